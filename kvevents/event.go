@@ -1,0 +1,81 @@
+package kvevents
+
+// EngineHash is an engine's identifier for one KV block. Consumers treat it as
+// opaque: vLLM may send it as an unsigned or (in old versions) signed integer,
+// or as raw bytes when integer hashes are off. Integers are kept bit-for-bit
+// (a negative int64 becomes its two's-complement uint64); byte strings are
+// folded to 64 bits with xxh3. kvmesh never derives its own block keys from an
+// EngineHash: it only uses one to find the entries a later BlockRemoved means.
+type EngineHash uint64
+
+// Seq is a publisher's batch sequence number: 0 for the first batch after the
+// engine starts, +1 per batch. A smaller number than the last one seen means
+// the engine restarted.
+type Seq uint64
+
+// ReplayEnd is the sequence number that ends a replay reply stream; it is sent
+// with an empty payload.
+const ReplayEnd Seq = 0xFFFFFFFFFFFFFFFF
+
+// Kind names an event type as vLLM spells it on the wire.
+type Kind uint8
+
+const (
+	KindBlockStored Kind = iota + 1
+	KindBlockRemoved
+	KindAllBlocksCleared
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindBlockStored:
+		return "BlockStored"
+	case KindBlockRemoved:
+		return "BlockRemoved"
+	case KindAllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return "Unknown"
+}
+
+// Event is one KV-cache event. Exactly one of the pointer fields of a decoded
+// Event is set, as Kind says; the zero Event is invalid.
+type Event struct {
+	Kind    Kind
+	Stored  *BlockStored
+	Removed *BlockRemoved
+}
+
+// BlockStored reports blocks that became full and cached, in prompt order.
+// Fields follow vLLM's BlockStored in wire order; fields vLLM added later are
+// zero when an older engine omits them.
+type BlockStored struct {
+	BlockHashes []EngineHash
+	// ParentBlockHash is the hash of the block before BlockHashes[0];
+	// HasParent is false when BlockHashes[0] is a sequence's first block.
+	ParentBlockHash EngineHash
+	HasParent       bool
+	// TokenIDs holds len(BlockHashes)*BlockSize tokens, block by block.
+	TokenIDs  []uint32
+	BlockSize int
+	// LoRAID is nil when no adapter is active.
+	LoRAID *int64
+	// Medium is "GPU", "CPU", ... or "" when the engine did not say.
+	Medium   string
+	LoRAName string
+}
+
+// BlockRemoved reports blocks evicted from Medium.
+type BlockRemoved struct {
+	BlockHashes []EngineHash
+	Medium      string
+}
+
+// Batch is one published message: the events of one engine step.
+type Batch struct {
+	// TS is the engine's wall clock in seconds since the Unix epoch.
+	TS     float64
+	Events []Event
+	// DataParallelRank is nil when the engine does not use data parallelism.
+	DataParallelRank *int64
+}

@@ -1,0 +1,21 @@
+// Package tokenizer turns prompt text into token IDs: a byte tokenizer for
+// tests and AIBrix-style character mode, and a real BPE tokenizer (tiktoken
+// cl100k_base, loaded offline) whose counts look like a real model's.
+//
+// Contract:
+//
+//   - New(name) returns a Tokenizer: "bytes"/"character" (Bytes) or
+//     "tiktoken"/"cl100k_base" (*Tiktoken, vocabulary loaded once, lazily,
+//     and shared). Unknown names wrap ErrUnknownTokenizer.
+//   - Every Tokenizer and Decoder here is safe for concurrent use, never
+//     blocks on I/O after New returns, and never keeps its input.
+//     Encode appends to dst, so callers can reuse buffers.
+//   - Encode is a pure function of the text: the same text always gives the
+//     same tokens. Special-token text ("<|endoftext|>") is ordinary text.
+//   - RenderChat and ParseMessages are the one chat rendering shared by
+//     the simulator and the gateway: deterministic ChatML-like text; text
+//     parts only (other parts wrap ErrUnsupportedContent).
+//
+// The package starts no goroutines and logs nothing (prompt text never
+// leaves it except as tokens).
+package tokenizer

@@ -1,0 +1,38 @@
+// Package sim is a vLLM-compatible engine simulator: one Server is one vLLM
+// replica serving one model, with vLLM's OpenAI-compatible HTTP API, its
+// Prometheus metric names and its KV-cache events, so that everything kvmesh
+// routes to can be tested and measured without a GPU.
+//
+// The package has two layers.
+//
+// Engine is the pure model: a block pool with prefix caching by chained
+// block hashes and vLLM's LRU free-block queue, a continuous-batching
+// scheduler with chunked prefill and recompute preemption, and a step-time
+// model taken from a Profile. Engine starts no goroutines and reads no
+// clock: callers Add requests and call Step(now), which returns what the step
+// did and how long it takes in model time. Tests drive it with a fake clock;
+// a discrete-event simulator can drive it directly.
+//
+// Server wraps an Engine with a driver goroutine that runs steps in real
+// time (model durations divided by Config.Speed), an HTTP server, Prometheus
+// metrics on a private registry and an EventPublisher for KV events. Several
+// Servers can run in one process.
+//
+// Fidelity choices, where vLLM leaves room or where the simulator differs:
+//   - Generation always produces exactly max_tokens tokens (as if ignore_eos
+//     were set); finish_reason is "length". Output tokens are a fixed
+//     deterministic word sequence, one word per token.
+//   - When blocks run out, the scheduler preempts the most recently admitted
+//     running request (recompute, as vLLM v1): its blocks are freed and it
+//     goes back to the head of the waiting queue. A request whose prompt plus
+//     max_tokens could never fit in the pool is refused at admission with
+//     HTTP 400 instead of waiting forever.
+//   - Prefix-cache queries and hits are counted in tokens each time a waiting
+//     request with no computed tokens is looked up, as vLLM does; a request
+//     that cannot be admitted in a step is looked up (and counted) again.
+//   - A full block whose hash is already cached by another block is not
+//     cached a second time (and emits no BlockStored).
+//   - Model time runs Config.Speed times faster than wall time; metrics
+//     (TTFT histogram) are in model seconds, so they read like the modelled
+//     hardware.
+package sim

@@ -1,0 +1,524 @@
+package sim
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// RequestID names one request inside an Engine.
+type RequestID string
+
+// FinishReason is vLLM's finish_reason.
+type FinishReason string
+
+// FinishLength is the only reason the simulator finishes a request: it
+// always generates exactly max_tokens.
+const FinishLength FinishReason = "length"
+
+// EngineConfig configures the pure engine model.
+type EngineConfig struct {
+	// MaxModelLen bounds prompt plus generated tokens (vLLM --max-model-len).
+	MaxModelLen int
+	// MaxNumSeqs bounds the running batch (vLLM --max-num-seqs).
+	MaxNumSeqs int
+	// MaxNumBatchedTokens is the per-step token budget; prefills longer than
+	// it are chunked (vLLM --max-num-batched-tokens).
+	MaxNumBatchedTokens int
+	// BlockSize is the number of tokens per KV block (vLLM --block-size).
+	BlockSize int
+	// NumBlocks is the KV pool capacity in blocks
+	// (vLLM --num-gpu-blocks-override).
+	NumBlocks int
+	// Profile is the step-time model.
+	Profile Profile
+	// HashSeed seeds the engine block hash. Server picks a random one.
+	HashSeed uint64
+	// EmitEvents makes Step and ResetPrefixCache return KV events.
+	EmitEvents bool
+}
+
+// Validate checks every field.
+func (c EngineConfig) Validate() error {
+	switch {
+	case c.MaxModelLen < 1:
+		return fmt.Errorf("%w: max model len %d < 1", ErrInvalidConfig, c.MaxModelLen)
+	case c.MaxNumSeqs < 1:
+		return fmt.Errorf("%w: max num seqs %d < 1", ErrInvalidConfig, c.MaxNumSeqs)
+	case c.MaxNumBatchedTokens < 1:
+		return fmt.Errorf("%w: max num batched tokens %d < 1", ErrInvalidConfig, c.MaxNumBatchedTokens)
+	case c.BlockSize < 1:
+		return fmt.Errorf("%w: block size %d < 1", ErrInvalidConfig, c.BlockSize)
+	case c.NumBlocks < 1:
+		return fmt.Errorf("%w: num blocks %d < 1", ErrInvalidConfig, c.NumBlocks)
+	}
+	return c.Profile.Validate()
+}
+
+// Request is one generation request handed to Engine.Add.
+type Request struct {
+	ID RequestID
+	// Prompt is the prompt's token IDs; the engine keeps the slice.
+	Prompt []uint32
+	// MaxTokens is the exact number of tokens to generate.
+	MaxTokens int
+}
+
+// Output is one generated token.
+type Output struct {
+	ID RequestID
+	// Index is the token's position in the output, from 0.
+	Index int
+	Token uint32
+	// TTFT is set on the first token (Index 0): model time from Add to the
+	// end of the step that produced it.
+	TTFT time.Duration
+}
+
+// Finished describes a request that completed in a step.
+type Finished struct {
+	ID           RequestID
+	Reason       FinishReason
+	PromptTokens int
+	OutputTokens int
+	// CachedTokens is the prefix-cache hit of the request's first
+	// admission, what vLLM reports as prompt_tokens_details.cached_tokens.
+	CachedTokens int
+	// E2E is model time from Add to the end of the final step.
+	E2E time.Duration
+}
+
+// Scheduled is what one step computed for one request.
+type Scheduled struct {
+	ID RequestID
+	// NumTokens is the number of tokens computed (1 for a decode).
+	NumTokens int
+	// Decode is true for a one-token decode, false for (a chunk of) prefill.
+	Decode bool
+}
+
+// StepResult is what one step did. Its outputs and events take effect at
+// Start+Duration.
+type StepResult struct {
+	Start    time.Time
+	Duration time.Duration
+	// Scheduled lists the requests computed in this step, running first.
+	Scheduled []Scheduled
+	// PrefillTokens and DecodeSeqs are the inputs of the step-time model.
+	PrefillTokens int
+	DecodeSeqs    int
+	Outputs       []Output
+	Finished      []Finished
+	// Preempted lists running requests sent back to the waiting queue.
+	Preempted []RequestID
+	// Events are the KV events of the step, in order.
+	Events []kvevents.Event
+}
+
+// Idle reports whether the step computed nothing.
+func (r StepResult) Idle() bool { return len(r.Scheduled) == 0 }
+
+// End is when the step's results take effect.
+func (r StepResult) End() time.Time { return r.Start.Add(r.Duration) }
+
+// Stats is a snapshot of the engine's gauges and counters.
+type Stats struct {
+	Running, Waiting int
+	// KVUsage is the fraction of blocks referenced by a request.
+	KVUsage float64
+	// CachedBlocks is the number of blocks holding a cached hash.
+	CachedBlocks int
+	// PrefixQueries and PrefixHits count tokens, as vLLM's
+	// prefix_cache_queries/hits.
+	PrefixQueries, PrefixHits uint64
+	PromptTokens              uint64
+	GenerationTokens          uint64
+	Preemptions               uint64
+	Finished                  map[FinishReason]uint64
+}
+
+// CachedBlock is one block the engine can currently reuse: what a consumer
+// of the engine's KV events should hold.
+type CachedBlock struct {
+	Hash      kvevents.EngineHash
+	Parent    kvevents.EngineHash
+	HasParent bool
+	Tokens    []uint32
+	// InUse is true while a request references the block.
+	InUse bool
+}
+
+type seqState uint8
+
+const (
+	stateWaiting seqState = iota + 1
+	stateRunning
+)
+
+type seq struct {
+	id          RequestID
+	tokens      []uint32 // prompt then outputs
+	promptLen   int
+	maxTokens   int
+	outputs     int
+	numComputed int
+	blocks      []*block
+	// hashes[i] is the chained hash of full block i of tokens.
+	hashes []kvevents.EngineHash
+	// numCachedBlocks is how many leading blocks were offered to the cache.
+	numCachedBlocks int
+	cachedTokens    int
+	admitted        bool
+	arrival         time.Time
+	state           seqState
+}
+
+// Engine is the pure engine model. It is not safe for concurrent use: the
+// caller serialises Add, Abort, Step and the readers.
+type Engine struct {
+	cfg     EngineConfig
+	pool    *blockPool
+	waiting []*seq
+	running []*seq
+	byID    map[RequestID]*seq
+	stats   Stats
+	scratch []*block
+}
+
+// NewEngine returns an idle engine with an empty cache.
+func NewEngine(cfg EngineConfig) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Engine{
+		cfg:   cfg,
+		pool:  newBlockPool(cfg.NumBlocks, cfg.BlockSize, cfg.HashSeed, cfg.EmitEvents),
+		byID:  make(map[RequestID]*seq),
+		stats: Stats{Finished: make(map[FinishReason]uint64)},
+	}, nil
+}
+
+// Config returns the engine's configuration.
+func (e *Engine) Config() EngineConfig { return e.cfg }
+
+// Check validates a request's size against the model and the pool without
+// adding it.
+func (e *Engine) Check(promptLen, maxTokens int) error {
+	if promptLen < 1 {
+		return fmt.Errorf("%w: empty prompt", ErrBadRequest)
+	}
+	if maxTokens < 1 {
+		return fmt.Errorf("%w: max_tokens must be at least 1, got %d", ErrBadRequest, maxTokens)
+	}
+	if promptLen+maxTokens > e.cfg.MaxModelLen {
+		return fmt.Errorf("%w: this model's maximum context length is %d tokens, however you requested %d tokens (%d in the prompt, %d in the completion)",
+			ErrPromptTooLong, e.cfg.MaxModelLen, promptLen+maxTokens, promptLen, maxTokens)
+	}
+	if need := (promptLen + maxTokens + e.cfg.BlockSize - 1) / e.cfg.BlockSize; need > e.cfg.NumBlocks {
+		return fmt.Errorf("%w: needs %d blocks, the pool has %d", ErrRequestTooLarge, need, e.cfg.NumBlocks)
+	}
+	return nil
+}
+
+// Add queues a request at the back of the waiting queue. now is its arrival.
+func (e *Engine) Add(r Request, now time.Time) error {
+	if err := e.Check(len(r.Prompt), r.MaxTokens); err != nil {
+		return err
+	}
+	if _, dup := e.byID[r.ID]; dup {
+		return fmt.Errorf("%w: duplicate request id %q", ErrBadRequest, r.ID)
+	}
+	s := &seq{
+		id:        r.ID,
+		tokens:    append(make([]uint32, 0, len(r.Prompt)+r.MaxTokens), r.Prompt...),
+		promptLen: len(r.Prompt),
+		maxTokens: r.MaxTokens,
+		arrival:   now,
+		state:     stateWaiting,
+	}
+	e.byID[r.ID] = s
+	e.waiting = append(e.waiting, s)
+	return nil
+}
+
+// Abort removes a waiting or running request and frees its blocks (they stay
+// cached). It reports whether the request was known.
+func (e *Engine) Abort(id RequestID) bool {
+	s, ok := e.byID[id]
+	if !ok {
+		return false
+	}
+	delete(e.byID, id)
+	switch s.state {
+	case stateWaiting:
+		e.waiting = removeSeq(e.waiting, s)
+	case stateRunning:
+		e.running = removeSeq(e.running, s)
+	}
+	e.pool.free(s.blocks)
+	s.blocks = nil
+	return true
+}
+
+func removeSeq(q []*seq, s *seq) []*seq {
+	for i, x := range q {
+		if x == s {
+			return append(q[:i], q[i+1:]...)
+		}
+	}
+	return q
+}
+
+// ResetPrefixCache drops every cached block hash, like vLLM's
+// /reset_prefix_cache. It refuses (false) while any request holds blocks.
+// On success the returned events hold one AllBlocksCleared (if events are on).
+func (e *Engine) ResetPrefixCache() (bool, []kvevents.Event) {
+	ok := e.pool.reset()
+	return ok, e.pool.takeEvents()
+}
+
+// Stats returns the current gauges and counters.
+func (e *Engine) Stats() Stats {
+	s := e.stats
+	s.Finished = make(map[FinishReason]uint64, len(e.stats.Finished))
+	for k, v := range e.stats.Finished {
+		s.Finished[k] = v
+	}
+	s.Running, s.Waiting = len(e.running), len(e.waiting)
+	s.KVUsage = e.pool.usage()
+	s.CachedBlocks = len(e.pool.cache)
+	return s
+}
+
+// CachedBlocks returns every block whose hash is cached, in block-id order.
+// The token slices are copies.
+func (e *Engine) CachedBlocks() []CachedBlock {
+	out := make([]CachedBlock, 0, len(e.pool.cache))
+	for i := range e.pool.blocks {
+		b := &e.pool.blocks[i]
+		if !b.cached {
+			continue
+		}
+		out = append(out, CachedBlock{
+			Hash: b.hash, Parent: b.parent, HasParent: b.hasParent,
+			Tokens: append([]uint32(nil), b.tokens...), InUse: b.refCnt > 0,
+		})
+	}
+	return out
+}
+
+// HashTokens returns the engine's chained hashes of the full blocks of
+// tokens, what the engine would report for them.
+func (e *Engine) HashTokens(tokens []uint32) []kvevents.EngineHash {
+	bs := e.cfg.BlockSize
+	var out []kvevents.EngineHash
+	var parent kvevents.EngineHash
+	for i := 0; (i+1)*bs <= len(tokens); i++ {
+		parent = e.pool.hashBlock(parent, i > 0, tokens[i*bs:(i+1)*bs])
+		out = append(out, parent)
+	}
+	return out
+}
+
+// blockHash returns the hash of full block i of s, extending s.hashes.
+func (e *Engine) blockHash(s *seq, i int) kvevents.EngineHash {
+	bs := e.cfg.BlockSize
+	for len(s.hashes) <= i {
+		j := len(s.hashes)
+		var parent kvevents.EngineHash
+		if j > 0 {
+			parent = s.hashes[j-1]
+		}
+		s.hashes = append(s.hashes, e.pool.hashBlock(parent, j > 0, s.tokens[j*bs:(j+1)*bs]))
+	}
+	return s.hashes[i]
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+type schedEntry struct {
+	s      *seq
+	n      int
+	decode bool
+}
+
+// Step schedules and runs one engine step starting at now. All state
+// changes (allocation, caching, new tokens, completion) are applied at once;
+// the result says when they take effect. An idle engine returns an idle
+// result with zero duration.
+func (e *Engine) Step(now time.Time) StepResult {
+	res := StepResult{Start: now}
+	budget := e.cfg.MaxNumBatchedTokens
+	bs := e.cfg.BlockSize
+	var sched []schedEntry
+	preempted := false
+
+	// Running requests first, in admission order; preempt from the back.
+	for i := 0; i < len(e.running) && budget > 0; {
+		s := e.running[i]
+		n := min(len(s.tokens)-s.numComputed, budget)
+		need := ceilDiv(s.numComputed+n, bs) - len(s.blocks)
+		scheduled := true
+		for need > e.pool.numFree() {
+			victim := e.running[len(e.running)-1]
+			e.preempt(victim)
+			res.Preempted = append(res.Preempted, victim.id)
+			preempted = true
+			if victim == s {
+				scheduled = false
+				break
+			}
+		}
+		if !scheduled {
+			break
+		}
+		if need > 0 {
+			s.blocks = e.pool.allocate(need, s.blocks)
+		}
+		decode := s.outputs > 0 && n == 1 && s.numComputed == len(s.tokens)-1
+		sched = append(sched, schedEntry{s: s, n: n, decode: decode})
+		budget -= n
+		i++
+	}
+
+	// Then waiting requests, FCFS, unless this step had to preempt.
+	for !preempted && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
+		s := e.waiting[0]
+		// Prefix lookup over full blocks, leaving at least one token to
+		// compute (vLLM recomputes the last token of a fully cached prompt).
+		hit := e.scratch[:0]
+		freeHits := 0
+		for i := 0; i < (len(s.tokens)-1)/bs; i++ {
+			b := e.pool.lookup(e.blockHash(s, i))
+			if b == nil {
+				break
+			}
+			hit = append(hit, b)
+			if b.refCnt == 0 {
+				freeHits++
+			}
+		}
+		e.scratch = hit[:0]
+		e.stats.PrefixQueries += uint64(len(s.tokens))
+		e.stats.PrefixHits += uint64(len(hit) * bs)
+		computed := len(hit) * bs
+		n := min(len(s.tokens)-computed, budget)
+		need := ceilDiv(computed+n, bs) - len(hit)
+		if need > e.pool.numFree()-freeHits {
+			break
+		}
+		for _, b := range hit {
+			e.pool.touch(b)
+		}
+		s.blocks = append(s.blocks[:0], hit...)
+		s.blocks = e.pool.allocate(need, s.blocks)
+		s.numComputed = computed
+		s.numCachedBlocks = len(hit)
+		if !s.admitted {
+			s.admitted = true
+			s.cachedTokens = computed
+		}
+		e.waiting = e.waiting[1:]
+		s.state = stateRunning
+		e.running = append(e.running, s)
+		sched = append(sched, schedEntry{s: s, n: n})
+		budget -= n
+	}
+
+	if len(sched) == 0 {
+		res.Events = e.pool.takeEvents()
+		return res
+	}
+	for _, x := range sched {
+		res.Scheduled = append(res.Scheduled, Scheduled{ID: x.s.id, NumTokens: x.n, Decode: x.decode})
+		if x.decode {
+			res.DecodeSeqs++
+		} else {
+			res.PrefillTokens += x.n
+		}
+	}
+	res.Duration = e.cfg.Profile.StepTime(res.PrefillTokens, res.DecodeSeqs)
+	end := res.End()
+
+	// Apply the step: cache newly full blocks, sample, finish.
+	for _, x := range sched {
+		s := x.s
+		s.numComputed += x.n
+		if full := s.numComputed / bs; full > s.numCachedBlocks {
+			e.cacheBlocks(s, s.numCachedBlocks, full)
+			s.numCachedBlocks = full
+		}
+		if s.numComputed < len(s.tokens) {
+			continue // a prefill chunk that did not reach the end
+		}
+		idx := s.outputs
+		tok := OutputTokenID(idx)
+		s.tokens = append(s.tokens, tok)
+		s.outputs++
+		e.stats.GenerationTokens++
+		out := Output{ID: s.id, Index: idx, Token: tok}
+		if idx == 0 {
+			out.TTFT = end.Sub(s.arrival)
+			e.stats.PromptTokens += uint64(s.promptLen)
+		}
+		res.Outputs = append(res.Outputs, out)
+		if s.outputs >= s.maxTokens {
+			res.Finished = append(res.Finished, Finished{
+				ID: s.id, Reason: FinishLength, PromptTokens: s.promptLen,
+				OutputTokens: s.outputs, CachedTokens: s.cachedTokens, E2E: end.Sub(s.arrival),
+			})
+			e.stats.Finished[FinishLength]++
+			e.running = removeSeq(e.running, s)
+			delete(e.byID, s.id)
+			e.pool.free(s.blocks)
+			s.blocks = nil
+		}
+	}
+	res.Events = e.pool.takeEvents()
+	return res
+}
+
+func (e *Engine) cacheBlocks(s *seq, from, to int) {
+	bs := e.cfg.BlockSize
+	hashes := make([]kvevents.EngineHash, 0, to-from)
+	toks := make([][]uint32, 0, to-from)
+	for i := from; i < to; i++ {
+		hashes = append(hashes, e.blockHash(s, i))
+		toks = append(toks, s.tokens[i*bs:(i+1)*bs])
+	}
+	var parent kvevents.EngineHash
+	if from > 0 {
+		parent = e.blockHash(s, from-1)
+	}
+	e.pool.cacheRun(s.blocks[from:to], hashes, toks, parent, from > 0)
+}
+
+// preempt sends a running request back to the head of the waiting queue,
+// freeing its blocks (recompute preemption).
+func (e *Engine) preempt(s *seq) {
+	e.running = removeSeq(e.running, s)
+	e.pool.free(s.blocks)
+	s.blocks = nil
+	s.numComputed = 0
+	s.numCachedBlocks = 0
+	s.state = stateWaiting
+	e.waiting = append([]*seq{s}, e.waiting...)
+	e.stats.Preemptions++
+}
+
+// outputWords is the deterministic output vocabulary: output token i is
+// outputWords[i%len] with ID outputTokenBase+i%len.
+var outputWords = [...]string{
+	" The", " service", " tracks", " request", " latency", ",", " token",
+	" throughput", ",", " cache", " utilization", ",", " and", " healthy",
+	" replicas", ".",
+}
+
+const outputTokenBase = 1 << 20
+
+// OutputTokenID is the token ID of output position i.
+func OutputTokenID(i int) uint32 { return outputTokenBase + uint32(i%len(outputWords)) }
+
+// OutputTokenText is the text of output position i: one word per token.
+func OutputTokenText(i int) string { return outputWords[i%len(outputWords)] }

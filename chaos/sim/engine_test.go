@@ -1,0 +1,363 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+func testEngineConfig() EngineConfig {
+	return EngineConfig{
+		MaxModelLen: 4096, MaxNumSeqs: 4, MaxNumBatchedTokens: 256,
+		BlockSize: 16, NumBlocks: 256, Profile: ProfileFast, HashSeed: 7, EmitEvents: true,
+	}
+}
+
+// mirror applies KV events to a naive set, as an event consumer would.
+type mirror map[kvevents.EngineHash]kvevents.EngineHash // hash -> parent
+
+func (m mirror) apply(t *testing.T, evs []kvevents.Event) {
+	t.Helper()
+	for _, ev := range evs {
+		switch ev.Kind {
+		case kvevents.KindBlockStored:
+			st := ev.Stored
+			require.Len(t, st.TokenIDs, len(st.BlockHashes)*st.BlockSize)
+			require.Equal(t, MediumGPU, st.Medium)
+			parent := st.ParentBlockHash
+			for _, h := range st.BlockHashes {
+				_, dup := m[h]
+				require.False(t, dup, "BlockStored for an already stored block %x", h)
+				m[h] = parent
+				parent = h
+			}
+		case kvevents.KindBlockRemoved:
+			for _, h := range ev.Removed.BlockHashes {
+				_, ok := m[h]
+				require.True(t, ok, "BlockRemoved for a block never stored %x", h)
+				delete(m, h)
+			}
+		case kvevents.KindAllBlocksCleared:
+			clear(m)
+		}
+	}
+}
+
+func (m mirror) requireMatches(t *testing.T, e *Engine) {
+	t.Helper()
+	got := make(map[kvevents.EngineHash]kvevents.EngineHash)
+	for _, b := range e.CachedBlocks() {
+		got[b.Hash] = b.Parent
+	}
+	require.Equal(t, map[kvevents.EngineHash]kvevents.EngineHash(m), got)
+}
+
+// runUntilIdle steps e with a fake clock until nothing is scheduled.
+func runUntilIdle(t *testing.T, e *Engine, now time.Time, each func(StepResult)) time.Time {
+	t.Helper()
+	for range 1_000_000 {
+		r := e.Step(now)
+		if r.Idle() {
+			return now
+		}
+		each(r)
+		now = r.End()
+	}
+	t.Fatal("engine did not go idle")
+	return now
+}
+
+func TestSchedulerInvariants(t *testing.T) {
+	cfg := testEngineConfig()
+	cfg.NumBlocks = 96 // tight: forces preemption and eviction
+	e, err := NewEngine(cfg)
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(1, 2))
+	now := time.Unix(1000, 0)
+	want := map[RequestID]int{}
+	for i := range 60 {
+		// a few shared prefixes so hits, evictions and preemptions all happen
+		p := make([]uint32, 100+rng.IntN(500))
+		fam := uint32(rng.IntN(4))
+		for j := range p {
+			p[j] = fam*1000 + uint32(j)
+		}
+		p[len(p)-1] = uint32(i)
+		id := RequestID(fmt.Sprint("r", i))
+		mt := 1 + rng.IntN(40)
+		require.NoError(t, e.Add(Request{ID: id, Prompt: p, MaxTokens: mt}, now))
+		want[id] = mt
+	}
+	got := map[RequestID]int{}
+	finished := map[RequestID]bool{}
+	m := mirror{}
+	steps := 0
+	runUntilIdle(t, e, now, func(r StepResult) {
+		steps++
+		st := e.Stats()
+		require.LessOrEqual(t, st.Running, cfg.MaxNumSeqs)
+		require.LessOrEqual(t, len(r.Scheduled), cfg.MaxNumSeqs)
+		sum := 0
+		for _, s := range r.Scheduled {
+			require.Positive(t, s.NumTokens)
+			sum += s.NumTokens
+		}
+		require.LessOrEqual(t, sum, cfg.MaxNumBatchedTokens)
+		require.Equal(t, cfg.Profile.StepTime(r.PrefillTokens, r.DecodeSeqs), r.Duration)
+		for _, o := range r.Outputs {
+			require.Equal(t, got[o.ID], o.Index, "outputs of %s in order", o.ID)
+			got[o.ID]++
+		}
+		for _, f := range r.Finished {
+			require.False(t, finished[f.ID])
+			finished[f.ID] = true
+			require.Equal(t, want[f.ID], f.OutputTokens)
+		}
+		m.apply(t, r.Events)
+		m.requireMatches(t, e)
+	})
+	require.Equal(t, want, got)
+	require.Len(t, finished, len(want))
+	st := e.Stats()
+	require.Zero(t, st.Running)
+	require.Zero(t, st.Waiting)
+	require.Zero(t, st.KVUsage)
+	require.Positive(t, st.Preemptions, "the tight pool should have forced preemption")
+	t.Logf("%d steps, %d preemptions, hits %d/%d tokens", steps, st.Preemptions, st.PrefixHits, st.PrefixQueries)
+}
+
+func TestPrefixHitOnRepeatedPrompt(t *testing.T) {
+	e, err := NewEngine(testEngineConfig())
+	require.NoError(t, err)
+	prompt := make([]uint32, 100) // 6 full blocks + 4 tokens
+	for i := range prompt {
+		prompt[i] = uint32(i + 1)
+	}
+	now := time.Unix(0, 0)
+	var fin []Finished
+	var stored int
+	collect := func(r StepResult) {
+		fin = append(fin, r.Finished...)
+		for _, ev := range r.Events {
+			if ev.Kind == kvevents.KindBlockStored {
+				stored += len(ev.Stored.BlockHashes)
+			}
+		}
+	}
+	require.NoError(t, e.Add(Request{ID: "a", Prompt: prompt, MaxTokens: 4}, now))
+	now = runUntilIdle(t, e, now, collect)
+	// 100 prompt + 3 computed outputs = 103 computed tokens = 6 full blocks.
+	require.Equal(t, 6, stored)
+	require.NoError(t, e.Add(Request{ID: "b", Prompt: prompt, MaxTokens: 4}, now))
+	stored = 0
+	runUntilIdle(t, e, now, collect)
+	require.Len(t, fin, 2)
+	require.Equal(t, 0, fin[0].CachedTokens)
+	require.Equal(t, 96, fin[1].CachedTokens)
+	require.Equal(t, 0, stored, "a prefix hit must not re-emit BlockStored")
+	st := e.Stats()
+	require.Equal(t, uint64(200), st.PrefixQueries)
+	require.Equal(t, uint64(fin[0].CachedTokens+fin[1].CachedTokens), st.PrefixHits)
+}
+
+func TestFullyCachedPromptRecomputesLastToken(t *testing.T) {
+	e, err := NewEngine(testEngineConfig())
+	require.NoError(t, err)
+	prompt := make([]uint32, 64) // exactly 4 blocks
+	for i := range prompt {
+		prompt[i] = uint32(i + 1)
+	}
+	now := time.Unix(0, 0)
+	var fin []Finished
+	for _, id := range []RequestID{"a", "b"} {
+		require.NoError(t, e.Add(Request{ID: id, Prompt: prompt, MaxTokens: 1}, now))
+		now = runUntilIdle(t, e, now, func(r StepResult) { fin = append(fin, r.Finished...) })
+	}
+	require.Equal(t, 48, fin[1].CachedTokens, "the last block is recomputed so at least one token runs")
+}
+
+func TestEvictionEmitsExactlyEvictedBlocks(t *testing.T) {
+	cfg := testEngineConfig()
+	cfg.NumBlocks = 10
+	e, err := NewEngine(cfg)
+	require.NoError(t, err)
+	now := time.Unix(0, 0)
+	m := mirror{}
+	mk := func(base uint32) []uint32 {
+		p := make([]uint32, 96) // 6 blocks
+		for i := range p {
+			p[i] = base + uint32(i)
+		}
+		return p
+	}
+	require.NoError(t, e.Add(Request{ID: "a", Prompt: mk(0), MaxTokens: 1}, now))
+	now = runUntilIdle(t, e, now, func(r StepResult) { m.apply(t, r.Events) })
+	before := e.CachedBlocks()
+	require.Len(t, before, 6)
+	// b needs 7 blocks (96 prompt + 1 slot for the sampled token is not
+	// computed: 96 tokens = 6 blocks); 4 are free and uncached, so 2 of a's
+	// cached blocks must go, the LRU ones: a's tail blocks first.
+	require.NoError(t, e.Add(Request{ID: "b", Prompt: mk(5000), MaxTokens: 1}, now))
+	var removed []kvevents.EngineHash
+	runUntilIdle(t, e, now, func(r StepResult) {
+		for _, ev := range r.Events {
+			if ev.Kind == kvevents.KindBlockRemoved {
+				removed = append(removed, ev.Removed.BlockHashes...)
+			}
+		}
+		m.apply(t, r.Events)
+		m.requireMatches(t, e)
+	})
+	require.ElementsMatch(t, []kvevents.EngineHash{before[5].Hash, before[4].Hash}, removed)
+	after := map[kvevents.EngineHash]bool{}
+	for _, b := range e.CachedBlocks() {
+		after[b.Hash] = true
+	}
+	for i, b := range before {
+		require.Equal(t, i < 4, after[b.Hash], "block %d", i)
+	}
+}
+
+func TestResetPrefixCache(t *testing.T) {
+	e, err := NewEngine(testEngineConfig())
+	require.NoError(t, err)
+	now := time.Unix(0, 0)
+	p := make([]uint32, 40)
+	require.NoError(t, e.Add(Request{ID: "a", Prompt: p, MaxTokens: 3}, now))
+	r := e.Step(now) // a is now running and holds blocks
+	ok, evs := e.ResetPrefixCache()
+	require.False(t, ok, "reset must refuse while blocks are in use")
+	require.Empty(t, evs)
+	runUntilIdle(t, e, r.End(), func(StepResult) {})
+	require.NotEmpty(t, e.CachedBlocks())
+	ok, evs = e.ResetPrefixCache()
+	require.True(t, ok)
+	require.Equal(t, []kvevents.Event{{Kind: kvevents.KindAllBlocksCleared}}, evs)
+	require.Empty(t, e.CachedBlocks())
+}
+
+func TestAbortFreesBlocks(t *testing.T) {
+	e, err := NewEngine(testEngineConfig())
+	require.NoError(t, err)
+	now := time.Unix(0, 0)
+	require.NoError(t, e.Add(Request{ID: "a", Prompt: make([]uint32, 50), MaxTokens: 100}, now))
+	r := e.Step(now)
+	require.Positive(t, e.Stats().KVUsage)
+	require.True(t, e.Abort("a"))
+	require.False(t, e.Abort("a"))
+	require.Zero(t, e.Stats().KVUsage)
+	require.Zero(t, e.Stats().Running)
+	require.True(t, e.Step(r.End()).Idle())
+}
+
+func TestCheckRejects(t *testing.T) {
+	cfg := testEngineConfig()
+	cfg.NumBlocks = 4
+	e, err := NewEngine(cfg)
+	require.NoError(t, err)
+	require.ErrorIs(t, e.Check(0, 1), ErrBadRequest)
+	require.ErrorIs(t, e.Check(1, 0), ErrBadRequest)
+	require.ErrorIs(t, e.Check(4000, 100), ErrPromptTooLong)
+	require.ErrorIs(t, e.Check(60, 10), ErrRequestTooLarge)
+	require.NoError(t, e.Check(60, 4))
+}
+
+// seedPrompt builds the seed study's prompt shape.
+func seedPrompt(salt string, doc, question int) string {
+	var b strings.Builder
+	b.WriteString(salt)
+	fmt.Fprintf(&b, "\nDocument %d\n", doc)
+	for range 300 {
+		b.WriteString("The service tracks request latency, token throughput, cache utilization, and healthy replicas.\n")
+	}
+	fmt.Fprintf(&b, "Question %06d: Explain the operational tradeoffs in detail.", question)
+	return b.String()
+}
+
+// seedTokens is a token-level stand-in for the seed prompt under a BPE
+// tokenizer (cl100k gives ~5K tokens): a 256-hex-char salt as 130 unique
+// tokens, "Document 1" as 3, the 16-token sentence ×300, and a 12-token
+// question that varies with q.
+func seedTokens(q int) []uint32 {
+	p := make([]uint32, 0, 5100)
+	for i := range 130 {
+		p = append(p, uint32(50_000+i))
+	}
+	p = append(p, 100, 101, 102)
+	for range 300 {
+		for j := range 16 {
+			p = append(p, uint32(200+j))
+		}
+	}
+	for j := range 12 {
+		p = append(p, uint32(300+j+q*12))
+	}
+	return p
+}
+
+// TestCalibrationL20 reports the l20-qwen27b-fp8 profile's TTFT for a
+// seed-shaped prompt in model time (fake clock) and checks it stays in the
+// band the seed implies.
+func TestCalibrationL20(t *testing.T) {
+	name, enc := "synthetic", seedTokens
+	if tok, err := newTokenizer("tiktoken"); err == nil {
+		salt := strings.Repeat("0123456789abcdef", 16)
+		name, enc = tok.Name(), func(q int) []uint32 { return tok.Encode(nil, seedPrompt(salt, 1, q)) }
+	}
+	prompt, prompt2 := enc(1), enc(2)
+	for _, bs := range []int{16, 1568} {
+		cfg := EngineConfig{
+			MaxModelLen: 32768, MaxNumSeqs: 8, MaxNumBatchedTokens: 8192,
+			BlockSize: bs, NumBlocks: 200_000 / bs, Profile: ProfileL20Qwen27BFP8, HashSeed: 1,
+		}
+		e, err := NewEngine(cfg)
+		require.NoError(t, err)
+		now := time.Unix(0, 0)
+		ttft := func(id RequestID, p []uint32) (time.Duration, time.Duration) {
+			require.NoError(t, e.Add(Request{ID: id, Prompt: p, MaxTokens: 128}, now))
+			var first, last time.Time
+			var tt time.Duration
+			now = runUntilIdle(t, e, now, func(r StepResult) {
+				for _, o := range r.Outputs {
+					if o.Index == 0 {
+						tt, first = o.TTFT, r.End()
+					}
+					last = r.End()
+				}
+			})
+			return tt, last.Sub(first) / 127
+		}
+		cold, tpot1 := ttft("cold", prompt)
+		warm, _ := ttft("warm", prompt2)
+		// TPOT at batch 8: 8 warm requests at once.
+		var batchTPOT time.Duration
+		var firsts []time.Time
+		start := now
+		for i := range 8 {
+			require.NoError(t, e.Add(Request{ID: RequestID(fmt.Sprint("b", i)), Prompt: enc(10 + i), MaxTokens: 128}, now))
+		}
+		var last time.Time
+		runUntilIdle(t, e, now, func(r StepResult) {
+			for _, o := range r.Outputs {
+				if o.Index == 0 {
+					firsts = append(firsts, r.End())
+				}
+				last = r.End()
+			}
+		})
+		batchTPOT = last.Sub(firsts[len(firsts)-1]) / 127
+		t.Logf("l20-qwen27b-fp8 (%s tokenizer, block %d): prompt %d tokens: cold TTFT %v, warm TTFT %v, TPOT batch1 %v, TPOT batch8 %v (batch of 8 warm: last first-token at +%v)",
+			name, bs, len(prompt), cold, warm, tpot1, batchTPOT, firsts[len(firsts)-1].Sub(start))
+		require.Greater(t, cold, 1500*time.Millisecond)
+		require.Less(t, cold, 3500*time.Millisecond)
+		require.Less(t, warm, 400*time.Millisecond)
+		require.Greater(t, batchTPOT, 50*time.Millisecond)
+		require.Less(t, batchTPOT, 70*time.Millisecond)
+	}
+}

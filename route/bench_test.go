@@ -1,0 +1,108 @@
+package route
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/index"
+)
+
+// benchCandidates is the benchmark shape: a 5K-token prompt (the
+// study's 28.6 KB prompt in 128-character blocks: 223 blocks) and 16
+// replicas with mixed matches and loads, engine figures scraped.
+func benchCandidates() (Request, []Candidate) {
+	req := Request{TotalBlocks: 223, BlockTokens: 128, PromptTokens: 28600, MaxTokens: 256, SessionKey: 0xfeedface}
+	cands := make([]Candidate, 16)
+	for i := range cands {
+		cands[i] = Candidate{
+			ID:                  index.ReplicaID(i),
+			Name:                fmt.Sprintf("replica-%02d", i),
+			Matched:             (i * 37) % 224,
+			InFlight:            (i * 7) % 13,
+			LocalInFlight:       (i * 3) % 5,
+			Running:             (i * 5) % 9,
+			Waiting:             i % 3,
+			KVUsage:             float64(i) / 20,
+			QueuedPrefillTokens: (i * 911) % 4096,
+		}
+	}
+	return req, cands
+}
+
+func benchStrategies(tb testing.TB) []Strategy {
+	set, err := NewSet(DefaultConfig())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := make([]Strategy, 0, len(Names()))
+	for _, n := range Names() {
+		s, err := set.Get(n)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// BenchmarkPick is the routing-decision figure: Pick over 16
+// candidates whose match lengths are already known (keys → pick; the index
+// match is benchmarked in index/). Target ≤ 15 µs/op, ≤ 2 allocs/op.
+func BenchmarkPick(b *testing.B) {
+	req, cands := benchCandidates()
+	for _, s := range benchStrategies(b) {
+		b.Run(s.Name(), func(b *testing.B) {
+			rng := NewRand(1)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				req.SessionKey = uint64(i)
+				_ = s.Pick(&req, cands, &rng, nil)
+			}
+		})
+	}
+}
+
+// BenchmarkPickExplain measures the /debug/route path (explanation reused).
+func BenchmarkPickExplain(b *testing.B) {
+	req, cands := benchCandidates()
+	for _, s := range benchStrategies(b) {
+		b.Run(s.Name(), func(b *testing.B) {
+			rng := NewRand(1)
+			var ex Explanation
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				req.SessionKey = uint64(i)
+				_ = s.Pick(&req, cands, &rng, &ex)
+			}
+		})
+	}
+}
+
+// TestPickDoesNotAllocate is the STYLE 9 ceiling: zero allocations per
+// Pick for every strategy, with and without a reused Explanation.
+func TestPickDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector makes sync.Pool drop items, which allocates")
+	}
+	req, cands := benchCandidates()
+	for _, s := range benchStrategies(t) {
+		rng := NewRand(7)
+		var ex Explanation
+		_ = s.Pick(&req, cands, &rng, &ex) // warm: ring build, explanation slice
+		key := uint64(0)
+		if got := testing.AllocsPerRun(200, func() {
+			key++
+			req.SessionKey = key
+			_ = s.Pick(&req, cands, &rng, nil)
+		}); got != 0 {
+			t.Errorf("%s: %.1f allocs per Pick, want 0", s.Name(), got)
+		}
+		if got := testing.AllocsPerRun(200, func() {
+			key++
+			req.SessionKey = key
+			_ = s.Pick(&req, cands, &rng, &ex)
+		}); got != 0 {
+			t.Errorf("%s: %.1f allocs per Pick with explanation, want 0", s.Name(), got)
+		}
+	}
+}

@@ -1,0 +1,191 @@
+package route
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// ConsistentHashConfig holds consistent-hash's parameters.
+type ConsistentHashConfig struct {
+	// VirtualNodes is the number of ring points per replica. More points
+	// spread keys more evenly (the standard deviation of a replica's share
+	// falls roughly as 1/√VirtualNodes) at the cost of a larger ring.
+	// Default 100. Must be ≥ 1.
+	VirtualNodes int
+	// LoadFactor is c in the bounded-load rule: a replica takes a new
+	// request only while InFlight+1 ≤ ceil(c · (total InFlight + 1) / n).
+	// 1 forces near-perfect balance (little affinity); large values
+	// approach plain consistent hashing. Default 1.25 (Mirrokni et al.;
+	// the Ray affinity router's fixed "queue > 16" cut-off does not scale
+	// with cluster load). Must be ≥ 1.
+	LoadFactor float64
+}
+
+// DefaultConsistentHashConfig returns 100 virtual nodes and c = 1.25.
+func DefaultConsistentHashConfig() ConsistentHashConfig {
+	return ConsistentHashConfig{VirtualNodes: 100, LoadFactor: 1.25}
+}
+
+// Validate reports a parameter out of range.
+func (c ConsistentHashConfig) Validate() error {
+	if c.VirtualNodes < 1 || c.VirtualNodes > 10000 {
+		return fmt.Errorf("%w: consistent-hash VirtualNodes %d not in [1, 10000]", ErrInvalidConfig, c.VirtualNodes)
+	}
+	if !(c.LoadFactor >= 1) || math.IsInf(c.LoadFactor, 0) {
+		return fmt.Errorf("%w: consistent-hash LoadFactor %v must be finite and ≥ 1", ErrInvalidConfig, c.LoadFactor)
+	}
+	return nil
+}
+
+// ConsistentHash maps Request.SessionKey onto a ring of replicas with
+// virtual nodes and walks clockwise to the first candidate under its
+// bounded-load capacity (consistent hashing with bounded loads). The key's
+// own replica wins with "hash_affinity"; a replica further round the ring
+// with "hash_spillover". Replicas on the ring that are not candidates
+// (ejected, unhealthy) are skipped, which is the same as a ring built
+// without them, so ejecting and readmitting a replica moves only its keys.
+//
+// The ring is built once per membership: call SetMembers when the replica
+// pool changes. If Pick meets a candidate the ring does not know, it rebuilds
+// the ring once (members ∪ candidates) under a mutex and reuses it after.
+//
+// Use it for multi-turn sessions (give a session id) where affinity should
+// not depend on index state, e.g. when the index is cold or the gateway has
+// no KV events; it ignores how much of the prompt each replica holds.
+type ConsistentHash struct {
+	cfg     ConsistentHashConfig
+	ring    atomic.Pointer[Ring]
+	mu      sync.Mutex // serializes rebuilds
+	scratch sync.Pool  // *[]int32, member → candidate index
+}
+
+var _ Strategy = (*ConsistentHash)(nil)
+
+// NewConsistentHash returns the strategy with cfg, which must be valid, and
+// an empty ring.
+func NewConsistentHash(cfg ConsistentHashConfig) (*ConsistentHash, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &ConsistentHash{cfg: cfg}, nil
+}
+
+// Name returns "consistent-hash".
+func (h *ConsistentHash) Name() string { return NameConsistentHash }
+
+// SetMembers rebuilds the ring for the replica pool. Safe for concurrent use
+// with Pick; it allocates.
+func (h *ConsistentHash) SetMembers(members []RingMember) error {
+	r, err := NewRing(members, h.cfg.VirtualNodes)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.ring.Store(r)
+	h.mu.Unlock()
+	return nil
+}
+
+// Ring returns the current ring (nil before the first SetMembers or Pick).
+func (h *ConsistentHash) Ring() *Ring { return h.ring.Load() }
+
+// ringFor returns a ring covering cands, rebuilding it if it does not.
+func (h *ConsistentHash) ringFor(cands []Candidate) *Ring {
+	if r := h.ring.Load(); r != nil && r.covers(cands) {
+		return r
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := h.ring.Load()
+	if old != nil && old.covers(cands) {
+		return old
+	}
+	members := make([]RingMember, 0, len(cands)+8)
+	for i := range cands {
+		members = append(members, RingMember{ID: cands[i].ID, Name: cands[i].Name})
+	}
+	if old != nil {
+		// Keep the old members unless a candidate took over their ID or name.
+		members = append(members, old.members...)
+	}
+	r, err := NewRing(members, h.cfg.VirtualNodes)
+	if err != nil { // unreachable: the config was validated
+		panic(err)
+	}
+	h.ring.Store(r)
+	return r
+}
+
+// Pick walks the ring from the key's position; see the type documentation.
+func (h *ConsistentHash) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision {
+	r := h.ringFor(cands)
+	n := len(cands)
+	total := 0
+	for i := range cands {
+		total += cands[i].InFlight
+	}
+	capacity := int(math.Ceil(h.cfg.LoadFactor * float64(total+1) / float64(n)))
+
+	if explain != nil {
+		explain.begin(NameConsistentHash, req, cands)
+		explain.ScoreUnit = "ring_order"
+		explain.Bound = float64(capacity)
+		for i := range explain.Replicas {
+			explain.Replicas[i].Filtered = FilteredNotReached
+		}
+	}
+
+	sp, _ := h.scratch.Get().(*[]int32)
+	if sp == nil {
+		sp = new([]int32)
+	}
+	candOf := *sp
+	if cap(candOf) < len(r.members) {
+		candOf = make([]int32, len(r.members))
+	}
+	candOf = candOf[:len(r.members)]
+	for i := range candOf {
+		candOf[i] = -1
+	}
+	for i := range cands {
+		candOf[r.member(cands[i].ID)] = int32(i)
+	}
+
+	d := Decision{Index: -1, Selection: SelectionHashAffinity}
+	seen := 0
+	for step, start := 0, r.start(req.SessionKey); step < len(r.points) && seen < n; step++ {
+		p := r.points[(start+step)%len(r.points)]
+		ci := candOf[p.member]
+		if ci < 0 {
+			continue
+		}
+		candOf[p.member] = -1 // visit each candidate once
+		seen++
+		if explain != nil {
+			explain.Replicas[ci].Score = float64(seen)
+		}
+		if cands[ci].InFlight+1 <= capacity {
+			d.Index = int(ci)
+			break
+		}
+		d.Selection = SelectionHashSpillover
+		if explain != nil {
+			explain.Replicas[ci].Filtered = FilteredOverCapacity
+		}
+	}
+	*sp = candOf
+	h.scratch.Put(sp)
+
+	if d.Index < 0 {
+		// Unreachable by arithmetic (the least-loaded replica is always
+		// under capacity when LoadFactor ≥ 1); kept so Pick never fails.
+		d.Index = leastInFlight(cands, rng)
+		d.Selection = SelectionHashSpillover
+	}
+	if explain != nil {
+		explain.finish(cands, d)
+	}
+	return d
+}

@@ -1,0 +1,46 @@
+// Package route decides which replica serves a request: the strategies
+// (filter → score → pick), their configuration, the cost model that learns
+// replica speed online, and the explanation of a decision.
+//
+// # Contract
+//
+// The package is pure (STYLE 1): it starts no goroutines, opens no sockets
+// and never reads the clock (Request.Now carries time). Every random choice
+// comes from the *Rand passed to Pick, so given the same inputs and seed a
+// strategy makes the same decision; golden traces in testdata/ rely on it.
+//
+// Inputs are numbers, not index state: the caller matches the prompt's
+// block keys against the index and fills one Candidate per healthy replica
+// with its match length (Matched, in blocks) and its load view (cluster-wide
+// and local in-flight counts, engine-scraped running/waiting/KV usage,
+// queued prefill tokens). The caller owns the []Candidate and may reuse it;
+// no strategy keeps it. Pick requires len(cands) ≥ 1 (answering "no healthy
+// replica" is the caller's job) and returns an index into cands plus a
+// Selection label for metrics.
+//
+// Concurrency: every Strategy may be called concurrently. A *Rand and an
+// *Explanation must not be shared between concurrent Picks. Model.Observe
+// may be called from any goroutine (it takes a write lock); the cost
+// strategy reads the model under one read lock per Pick. ConsistentHash's
+// ring is rebuilt only when membership changes (SetMembers, or once when
+// Pick meets an unknown candidate) and swapped atomically.
+//
+// Allocation: Pick does not allocate in steady state for any strategy
+// (tests assert it with testing.AllocsPerRun; benchmarks report it). Pass a
+// nil *Explanation on the hot path; an Explanation reuses its slice.
+//
+// # Strategies
+//
+//   - random: uniform (Random).
+//   - least-request: fewest cluster-wide in-flight, random tie-break
+//     (LeastRequest).
+//   - prefix-cache: AIBrix v0.7.0 semantics, thresholds configurable
+//     (PrefixCache).
+//   - consistent-hash: ring with virtual nodes, bounded-load spillover
+//     (ConsistentHash, Ring).
+//   - cost: estimated TTFT from queued prefill, this request's uncached
+//     prefill, decode interference and slot wait, with per-replica rates
+//     learned online (Cost, Model).
+//
+// Set holds one of each, built from a Config (DefaultConfig + Validate).
+package route

@@ -1,0 +1,128 @@
+package route
+
+import "github.com/kvmesh/kvmesh/index"
+
+// FilterReason says why a strategy set a candidate aside.
+type FilterReason uint8
+
+const (
+	// NotFiltered: the candidate stayed in the running.
+	NotFiltered FilterReason = iota
+	// FilteredImbalance: prefix-cache's imbalance gate kept only the
+	// least-loaded replicas and this one was not among them.
+	FilteredImbalance
+	// FilteredNoMatch: prefix-cache considered only matching replicas and
+	// this one matched nothing.
+	FilteredNoMatch
+	// FilteredOverLoadBound: the candidate's load was above prefix-cache's
+	// mean + k·stddev bound.
+	FilteredOverLoadBound
+	// FilteredOverCapacity: consistent-hash skipped the candidate because
+	// its load was at its bounded-load capacity.
+	FilteredOverCapacity
+	// FilteredNotReached: consistent-hash picked a replica before reaching
+	// this one on the ring.
+	FilteredNotReached
+	numFilterReasons
+)
+
+var filterReasonNames = [numFilterReasons]string{
+	NotFiltered:           "",
+	FilteredImbalance:     "imbalance_gate",
+	FilteredNoMatch:       "no_match",
+	FilteredOverLoadBound: "over_load_bound",
+	FilteredOverCapacity:  "over_capacity",
+	FilteredNotReached:    "not_reached",
+}
+
+// String returns the reason's name ("" for NotFiltered).
+func (f FilterReason) String() string {
+	if f < numFilterReasons {
+		return filterReasonNames[f]
+	}
+	return "unknown"
+}
+
+// MarshalText makes a FilterReason marshal as its name in JSON.
+func (f FilterReason) MarshalText() ([]byte, error) { return []byte(f.String()), nil }
+
+// Explanation is a decision's reasoning, served at GET /debug/route. The
+// caller owns it and may reuse it across Picks (its Replicas slice is
+// reused); it is not safe for concurrent use.
+type Explanation struct {
+	// Strategy is the strategy's name.
+	Strategy string `json:"strategy"`
+	// Picked is the picked candidate's position; PickedName its name.
+	Picked     int    `json:"picked"`
+	PickedName string `json:"picked_name"`
+	// Selection is the decision's label.
+	Selection Selection `json:"selection"`
+	// LoadImbalanced: prefix-cache's imbalance gate tripped.
+	LoadImbalanced bool `json:"load_imbalanced,omitempty"`
+	// Bound is the strategy's load bound when it has one: prefix-cache's
+	// mean + k·stddev of in-flight counts, consistent-hash's per-replica
+	// capacity.
+	Bound float64 `json:"bound,omitempty"`
+	// ScoreUnit says what ExplainedReplica.Score measures.
+	ScoreUnit string `json:"score_unit,omitempty"`
+	// Replicas holds one entry per candidate, in candidate order.
+	Replicas []ExplainedReplica `json:"replicas"`
+}
+
+// ExplainedReplica is one candidate's part of an Explanation.
+type ExplainedReplica struct {
+	ID            index.ReplicaID `json:"id"`
+	Name          string          `json:"name"`
+	Matched       int             `json:"matched_blocks"`
+	MatchFraction float64         `json:"match_fraction"`
+	InFlight      int             `json:"in_flight"`
+	LocalInFlight int             `json:"local_in_flight"`
+	Running       int             `json:"running"`
+	Waiting       int             `json:"waiting"`
+	KVUsage       float64         `json:"kv_usage"`
+	// Score is the strategy's figure for this candidate (see
+	// Explanation.ScoreUnit): cost's estimated TTFT in seconds,
+	// prefix-cache's match percent, consistent-hash's ring order.
+	Score float64 `json:"score"`
+	// Filtered says why the candidate was set aside, if it was.
+	Filtered FilterReason `json:"filtered,omitempty"`
+	// Picked marks the chosen candidate.
+	Picked bool `json:"picked,omitempty"`
+}
+
+// begin resets e for a decision over cands, filling the load view.
+func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
+	e.Strategy = strategy
+	e.Picked = -1
+	e.PickedName = ""
+	e.Selection = SelectionNone
+	e.LoadImbalanced = false
+	e.Bound = 0
+	e.ScoreUnit = ""
+	if cap(e.Replicas) < len(cands) {
+		e.Replicas = make([]ExplainedReplica, len(cands))
+	}
+	e.Replicas = e.Replicas[:len(cands)]
+	for i := range cands {
+		c := &cands[i]
+		frac := 0.0
+		if req.TotalBlocks > 0 {
+			frac = float64(c.Matched) / float64(req.TotalBlocks)
+		}
+		e.Replicas[i] = ExplainedReplica{
+			ID: c.ID, Name: c.Name, Matched: c.Matched, MatchFraction: frac,
+			InFlight: c.InFlight, LocalInFlight: c.LocalInFlight,
+			Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage,
+		}
+	}
+}
+
+// finish records the decision d in e.
+func (e *Explanation) finish(cands []Candidate, d Decision) {
+	e.Picked = d.Index
+	e.PickedName = cands[d.Index].Name
+	e.Selection = d.Selection
+	e.LoadImbalanced = d.LoadImbalanced
+	e.Replicas[d.Index].Picked = true
+	e.Replicas[d.Index].Filtered = NotFiltered
+}

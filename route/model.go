@@ -1,0 +1,230 @@
+package route
+
+import (
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/kvmesh/kvmesh/index"
+)
+
+// CostConfig holds the cost model's priors and engine facts. The priors are
+// what the model assumes about a replica until observations replace them.
+type CostConfig struct {
+	// PriorPrefillTokensPerSecond is the assumed prefill throughput of a
+	// replica with no observations. Default 8000 tokens/s (a ~30B dense
+	// model in FP8 on one L20/L40-class GPU prefills a 4K-token prompt in
+	// roughly half a second).
+	PriorPrefillTokensPerSecond float64
+	// PriorDecodeStepSeconds is the assumed time of one decode step (what
+	// TPOT measures). Default 0.03 s.
+	PriorDecodeStepSeconds float64
+	// PriorOutputTokens is the assumed output length of a request, used to
+	// estimate how long a running request holds its slot. Default 256.
+	PriorOutputTokens float64
+	// PrefillOverheadSeconds is a fixed part of every TTFT (scheduling,
+	// first sampling step, network) that does not scale with prompt length.
+	// Default 0.02 s.
+	PrefillOverheadSeconds float64
+	// ChunkTokens is the engine's prefill chunk (vLLM max_num_batched_tokens
+	// with chunked prefill): each chunk shares its step with the running
+	// decode batch. Default 2048. Must be ≥ 1.
+	ChunkTokens int
+	// MaxRunning is the engine's running-set size (vLLM --max-num-seqs), 0
+	// if unknown. When unknown, a replica counts as saturated only when it
+	// reports waiting requests or KV usage ≥ KVSaturation. Default 0.
+	MaxRunning int
+	// KVSaturation is the KV-cache usage at or above which the engine
+	// cannot admit more sequences (new requests wait for a slot). Default
+	// 0.98. Must be in (0, 1].
+	KVSaturation float64
+	// Alpha is the EWMA weight of a new observation. Default 0.2 (about
+	// the last ten observations dominate). Must be in (0, 1].
+	Alpha float64
+	// MinSampleTokens: prefill observations with fewer uncached tokens are
+	// not used to learn the prefill rate, because their TTFT is mostly
+	// fixed overhead. Default 256.
+	MinSampleTokens int
+}
+
+// DefaultCostConfig returns the defaults documented on CostConfig.
+func DefaultCostConfig() CostConfig {
+	return CostConfig{
+		PriorPrefillTokensPerSecond: 8000,
+		PriorDecodeStepSeconds:      0.03,
+		PriorOutputTokens:           256,
+		PrefillOverheadSeconds:      0.02,
+		ChunkTokens:                 2048,
+		MaxRunning:                  0,
+		KVSaturation:                0.98,
+		Alpha:                       0.2,
+		MinSampleTokens:             256,
+	}
+}
+
+func positiveFinite(v float64) bool { return v > 0 && !math.IsInf(v, 0) }
+
+// Validate reports a parameter out of range.
+func (c CostConfig) Validate() error {
+	switch {
+	case !positiveFinite(c.PriorPrefillTokensPerSecond):
+		return fmt.Errorf("%w: cost PriorPrefillTokensPerSecond %v must be > 0", ErrInvalidConfig, c.PriorPrefillTokensPerSecond)
+	case !positiveFinite(c.PriorDecodeStepSeconds):
+		return fmt.Errorf("%w: cost PriorDecodeStepSeconds %v must be > 0", ErrInvalidConfig, c.PriorDecodeStepSeconds)
+	case !positiveFinite(c.PriorOutputTokens):
+		return fmt.Errorf("%w: cost PriorOutputTokens %v must be > 0", ErrInvalidConfig, c.PriorOutputTokens)
+	case !(c.PrefillOverheadSeconds >= 0) || math.IsInf(c.PrefillOverheadSeconds, 0):
+		return fmt.Errorf("%w: cost PrefillOverheadSeconds %v must be ≥ 0", ErrInvalidConfig, c.PrefillOverheadSeconds)
+	case c.ChunkTokens < 1:
+		return fmt.Errorf("%w: cost ChunkTokens %d must be ≥ 1", ErrInvalidConfig, c.ChunkTokens)
+	case c.MaxRunning < 0:
+		return fmt.Errorf("%w: cost MaxRunning %d must be ≥ 0", ErrInvalidConfig, c.MaxRunning)
+	case !(c.KVSaturation > 0 && c.KVSaturation <= 1):
+		return fmt.Errorf("%w: cost KVSaturation %v must be in (0, 1]", ErrInvalidConfig, c.KVSaturation)
+	case !(c.Alpha > 0 && c.Alpha <= 1):
+		return fmt.Errorf("%w: cost Alpha %v must be in (0, 1]", ErrInvalidConfig, c.Alpha)
+	case c.MinSampleTokens < 1:
+		return fmt.Errorf("%w: cost MinSampleTokens %d must be ≥ 1", ErrInvalidConfig, c.MinSampleTokens)
+	}
+	return nil
+}
+
+// Observation is what the gateway saw of one finished (or first-token)
+// request on a replica.
+type Observation struct {
+	// UncachedTokens is the prompt work the engine had to prefill: the
+	// engine's own figure (prompt − usage.prompt_tokens_details.cached_tokens)
+	// when it reports one, else the estimate made at routing time.
+	UncachedTokens int
+	// TTFT is the time from dispatch to first token, in seconds; 0 if none.
+	TTFT float64
+	// QueueSeconds is the part of TTFT spent waiting before this request's
+	// prefill ran (Decision.EstimatedQueue, or a better figure if known).
+	QueueSeconds float64
+	// TPOT is the mean time per output token after the first, in seconds;
+	// 0 if unknown (e.g. a single output token).
+	TPOT float64
+	// OutputTokens is the number of tokens generated; 0 if unknown.
+	OutputTokens int
+}
+
+// Rates is the model's current belief about one replica.
+type Rates struct {
+	PrefillTokensPerSecond float64 `json:"prefill_tokens_per_second"`
+	DecodeStepSeconds      float64 `json:"decode_step_seconds"`
+	OutputTokens           float64 `json:"output_tokens"`
+	PrefillSamples         uint32  `json:"prefill_samples"`
+	DecodeSamples          uint32  `json:"decode_samples"`
+}
+
+type replicaRates struct {
+	prefillSecPerToken float64
+	decodeStep         float64
+	outputTokens       float64
+	prefillSamples     uint32
+	decodeSamples      uint32
+	known              bool
+}
+
+// Model learns per-replica prefill and decode speed online from
+// observations, starting from the priors in its CostConfig.
+//
+// Model is safe for concurrent use: Observe and Forget take a write lock;
+// the cost strategy reads all candidates' rates under one read lock per
+// Pick. It is pure: no goroutines, no clock.
+type Model struct {
+	cfg   CostConfig
+	mu    sync.RWMutex
+	rates []replicaRates // indexed by ReplicaID, grown on Observe
+}
+
+// NewModel returns a model with cfg, which must be valid.
+func NewModel(cfg CostConfig) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Model{cfg: cfg}, nil
+}
+
+// Config returns the model's configuration.
+func (m *Model) Config() CostConfig { return m.cfg }
+
+func (m *Model) prior() replicaRates {
+	return replicaRates{
+		prefillSecPerToken: 1 / m.cfg.PriorPrefillTokensPerSecond,
+		decodeStep:         m.cfg.PriorDecodeStepSeconds,
+		outputTokens:       m.cfg.PriorOutputTokens,
+	}
+}
+
+// rate returns id's rates; the caller holds m.mu (read or write).
+func (m *Model) rate(id index.ReplicaID) replicaRates {
+	if int(id) < len(m.rates) && m.rates[id].known {
+		return m.rates[id]
+	}
+	return m.prior()
+}
+
+// Observe folds one observation of replica id into its rates:
+//   - prefill: seconds per uncached token, from
+//     (TTFT − QueueSeconds − PrefillOverheadSeconds) / UncachedTokens, when
+//     UncachedTokens ≥ MinSampleTokens and the remainder is positive;
+//   - decode step seconds, from TPOT when > 0;
+//   - output length, from OutputTokens when > 0.
+//
+// Each is an EWMA with weight Alpha; a prefill sample more than 4× away
+// from the current estimate is clipped to 4×, so one outlier (a request
+// that queued behind a peer's burst) cannot swing the estimate, while a
+// genuinely different replica still converges geometrically.
+func (m *Model) Observe(id index.ReplicaID, obs Observation) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if int(id) >= len(m.rates) {
+		m.rates = append(m.rates, make([]replicaRates, int(id)+1-len(m.rates))...)
+	}
+	r := m.rate(id)
+	a := m.cfg.Alpha
+	if obs.UncachedTokens >= m.cfg.MinSampleTokens && obs.TTFT > 0 {
+		t := obs.TTFT - obs.QueueSeconds - m.cfg.PrefillOverheadSeconds
+		if t > 0 && !math.IsInf(t, 0) {
+			s := t / float64(obs.UncachedTokens)
+			s = min(max(s, r.prefillSecPerToken/4), r.prefillSecPerToken*4)
+			r.prefillSecPerToken += a * (s - r.prefillSecPerToken)
+			r.prefillSamples++
+		}
+	}
+	if obs.TPOT > 0 && !math.IsInf(obs.TPOT, 0) {
+		s := min(max(obs.TPOT, r.decodeStep/4), r.decodeStep*4)
+		r.decodeStep += a * (s - r.decodeStep)
+		r.decodeSamples++
+	}
+	if obs.OutputTokens > 0 {
+		r.outputTokens += a * (float64(obs.OutputTokens) - r.outputTokens)
+	}
+	r.known = true
+	m.rates[id] = r
+}
+
+// Forget drops what the model learned about id (replica replaced or
+// removed); it returns to the priors.
+func (m *Model) Forget(id index.ReplicaID) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if int(id) < len(m.rates) {
+		m.rates[id] = replicaRates{}
+	}
+}
+
+// Rates returns the model's current belief about id.
+func (m *Model) Rates(id index.ReplicaID) Rates {
+	m.mu.RLock()
+	r := m.rate(id)
+	m.mu.RUnlock()
+	return Rates{
+		PrefillTokensPerSecond: 1 / r.prefillSecPerToken,
+		DecodeStepSeconds:      r.decodeStep,
+		OutputTokens:           r.outputTokens,
+		PrefillSamples:         r.prefillSamples,
+		DecodeSamples:          r.decodeSamples,
+	}
+}

@@ -1,0 +1,176 @@
+package route
+
+import (
+	"fmt"
+	"math"
+)
+
+// PrefixCacheConfig holds prefix-cache's thresholds.
+type PrefixCacheConfig struct {
+	// ImbalanceAbsCount: when max − min in-flight across the candidates is
+	// greater than this, only the least-loaded candidates may win by prefix
+	// match (AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT).
+	// Default 16: the value the study ran with (AIBrix v0.7.0's Helm chart);
+	// AIBrix's compiled-in default is 8.
+	ImbalanceAbsCount int
+	// StdDevFactor is k in the load bound mean + k·stddev of the
+	// candidates' in-flight counts (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR;
+	// AIBrix reads an integer, a fraction is allowed here). Default 2, as in
+	// the study; AIBrix's compiled-in default is 1. Must be ≥ 0.
+	StdDevFactor float64
+}
+
+// DefaultPrefixCacheConfig returns the thresholds the study ran AIBrix
+// v0.7.0 with: abs count 16, k = 2.
+func DefaultPrefixCacheConfig() PrefixCacheConfig {
+	return PrefixCacheConfig{ImbalanceAbsCount: 16, StdDevFactor: 2}
+}
+
+// Validate reports a threshold out of range.
+func (c PrefixCacheConfig) Validate() error {
+	if c.ImbalanceAbsCount < 0 {
+		return fmt.Errorf("%w: prefix-cache ImbalanceAbsCount %d < 0", ErrInvalidConfig, c.ImbalanceAbsCount)
+	}
+	if c.StdDevFactor < 0 || math.IsNaN(c.StdDevFactor) || math.IsInf(c.StdDevFactor, 0) {
+		return fmt.Errorf("%w: prefix-cache StdDevFactor %v must be finite and ≥ 0", ErrInvalidConfig, c.StdDevFactor)
+	}
+	return nil
+}
+
+// PrefixCache reproduces AIBrix v0.7.0's prefix-cache router (the local
+// index branch, pkg/plugins/gateway/algorithms/prefix_cache.go) given
+// per-replica match lengths. Load is Candidate.InFlight (AIBrix uses the
+// gateway's own running-request counter).
+//
+//  1. Imbalance gate: if max − min load > ImbalanceAbsCount, only the
+//     replicas at the minimum load (all of them, if tied) may win by prefix
+//     match. Decision.LoadImbalanced is set (AIBrix counts it in
+//     prefix_cache_load_imbalance_total; it is not a selection label).
+//  2. Matching replicas (Matched > 0, among those allowed) are ordered by
+//     match percent = Matched·100/TotalBlocks (integer division, as AIBrix
+//     computes it) descending, then load ascending; exact ties are broken
+//     uniformly at random (AIBrix shuffles, then sorts stably).
+//  3. The first whose load ≤ mean + k·stddev wins: "prefix_match". Mean and
+//     stddev are over ALL candidates' loads, and stddev is the sample
+//     standard deviation (n−1 denominator; 0 for one candidate), as in
+//     AIBrix's standardDeviation helper.
+//  4. Otherwise least-request over ALL candidates (not just the gated
+//     ones), uniform among ties: "prefix_match_skipped" if some allowed
+//     replica matched but all were above the bound,
+//     "least_request_fallback" if none matched.
+//
+// Consequences worth knowing (each is a golden or property test): with two
+// replicas and k ≥ 1/√2 the bound never excludes the busier one; under the
+// gate a matching least-loaded replica is always within the bound, so
+// "prefix_match_skipped" only happens when the gate did not trip.
+//
+// Use it to reproduce AIBrix's behaviour (the study's baseline) or where
+// load is light and locality is what matters; under a hotspot it lets one
+// replica queue up to ImbalanceAbsCount requests deeper than the others.
+type PrefixCache struct {
+	cfg PrefixCacheConfig
+}
+
+var _ Strategy = (*PrefixCache)(nil)
+
+// NewPrefixCache returns the strategy with cfg, which must be valid.
+func NewPrefixCache(cfg PrefixCacheConfig) (*PrefixCache, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &PrefixCache{cfg: cfg}, nil
+}
+
+// Name returns "prefix-cache".
+func (p *PrefixCache) Name() string { return NamePrefixCache }
+
+// Config returns the strategy's thresholds.
+func (p *PrefixCache) Config() PrefixCacheConfig { return p.cfg }
+
+// matchPercent is AIBrix's per-pod match figure: the percentage of the
+// prompt's full blocks matched, truncated.
+func matchPercent(req *Request, matched int) int {
+	if req.TotalBlocks <= 0 || matched <= 0 {
+		return 0
+	}
+	if matched > req.TotalBlocks {
+		matched = req.TotalBlocks
+	}
+	return matched * 100 / req.TotalBlocks
+}
+
+// Pick implements the four steps in the type's documentation.
+func (p *PrefixCache) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision {
+	n := len(cands)
+	minLoad, maxLoad, sum := cands[0].InFlight, cands[0].InFlight, 0
+	for i := range cands {
+		l := cands[i].InFlight
+		sum += l
+		minLoad = min(minLoad, l)
+		maxLoad = max(maxLoad, l)
+	}
+	mean := float64(sum) / float64(n)
+	std := 0.0
+	if n > 1 {
+		ss := 0.0
+		for i := range cands {
+			d := float64(cands[i].InFlight) - mean
+			ss += d * d
+		}
+		std = math.Sqrt(ss / float64(n-1))
+	}
+	bound := mean + p.cfg.StdDevFactor*std
+	imbalanced := maxLoad-minLoad > p.cfg.ImbalanceAbsCount
+
+	if explain != nil {
+		explain.begin(NamePrefixCache, req, cands)
+		explain.ScoreUnit = "match_percent"
+		explain.Bound = bound
+	}
+
+	best, ties, bestPct := -1, 0, 0
+	anyMatched := false
+	for i := range cands {
+		c := &cands[i]
+		pct := matchPercent(req, c.Matched)
+		var why FilterReason
+		switch {
+		case imbalanced && c.InFlight != minLoad:
+			why = FilteredImbalance
+		case c.Matched <= 0 || req.TotalBlocks <= 0:
+			why = FilteredNoMatch
+		default:
+			anyMatched = true
+			if float64(c.InFlight) > bound {
+				why = FilteredOverLoadBound
+				break
+			}
+			switch {
+			case best < 0 || pct > bestPct || (pct == bestPct && c.InFlight < cands[best].InFlight):
+				best, ties, bestPct = i, 1, pct
+			case pct == bestPct && c.InFlight == cands[best].InFlight:
+				ties++
+				if rng.IntN(ties) == 0 {
+					best = i
+				}
+			}
+		}
+		if explain != nil {
+			explain.Replicas[i].Score = float64(pct)
+			explain.Replicas[i].Filtered = why
+		}
+	}
+
+	d := Decision{Index: best, Selection: SelectionPrefixMatch, LoadImbalanced: imbalanced}
+	if best < 0 {
+		d.Index = leastInFlight(cands, rng)
+		d.Selection = SelectionLeastRequestFallback
+		if anyMatched {
+			d.Selection = SelectionPrefixMatchSkipped
+		}
+	}
+	if explain != nil {
+		explain.finish(cands, d)
+	}
+	return d
+}

@@ -1,0 +1,214 @@
+package route
+
+import (
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/index"
+)
+
+// Unknown marks an engine-scraped load figure (Running, Waiting, KVUsage)
+// that the gateway has not scraped yet or could not scrape.
+const Unknown = -1
+
+// Candidate is one healthy replica as a strategy sees it: how much of this
+// prompt the index believes it holds, and the load view. The caller owns the
+// slice of Candidates and may reuse it for the next request; strategies never
+// keep it.
+type Candidate struct {
+	// ID is the replica's process-local handle.
+	ID index.ReplicaID
+	// Name is the replica's stable name. consistent-hash places replicas on
+	// its ring by Name, so every gateway maps a key to the same replica.
+	Name string
+	// Matched is the number of leading blocks of this prompt the index
+	// believes the replica holds (0..Request.TotalBlocks).
+	Matched int
+
+	// InFlight is the cluster-wide count of requests in flight to the
+	// replica as this gateway knows it: its own exact count plus the counts
+	// peers last reported. This is the "load" of random-free strategies.
+	InFlight int
+	// LocalInFlight is this gateway's own exact in-flight count (≤ InFlight).
+	LocalInFlight int
+	// Running and Waiting are the engine's vllm:num_requests_running and
+	// vllm:num_requests_waiting at the last scrape, or Unknown.
+	Running, Waiting int
+	// KVUsage is vllm:kv_cache_usage_perc (0..1) at the last scrape, or
+	// Unknown.
+	KVUsage float64
+	// QueuedPrefillTokens is the uncached prompt tokens this gateway has sent
+	// to the replica and not yet seen a first token for: prefill work queued
+	// ahead of a new request (input to the cost model).
+	QueuedPrefillTokens int
+}
+
+// Request is what strategies know about the request being routed.
+type Request struct {
+	// TotalBlocks is the number of full blocks of the prompt (the blocks the
+	// index can match; a partial tail block is not counted).
+	TotalBlocks int
+	// BlockTokens is the number of tokens (or characters, with the character
+	// tokenizer) per block.
+	BlockTokens int
+	// PromptTokens is the prompt length in the same unit; 0 means
+	// TotalBlocks·BlockTokens.
+	PromptTokens int
+	// MaxTokens is the request's max_tokens, 0 if not given.
+	MaxTokens int
+	// SessionKey is the consistent-hash key: a hash of the session id when
+	// the client gave one, else a hash of the first blocks' keys.
+	SessionKey uint64
+	// Now is the routing time in nanoseconds (Unix or monotonic, as long as
+	// the caller is consistent). Strategies do not read the clock.
+	Now int64
+}
+
+// uncachedTokens is the prompt work a replica holding matched leading
+// blocks still has to prefill: the unmatched full blocks plus the tail.
+func (r *Request) uncachedTokens(matched int) int {
+	prompt := r.PromptTokens
+	full := r.TotalBlocks * r.BlockTokens
+	if prompt < full {
+		prompt = full
+	}
+	if matched > r.TotalBlocks {
+		matched = r.TotalBlocks
+	}
+	if matched < 0 {
+		matched = 0
+	}
+	return prompt - matched*r.BlockTokens
+}
+
+// Decision is a strategy's pick.
+type Decision struct {
+	// Index is the position of the picked replica in the candidates slice.
+	Index int
+	// Selection says which branch of the strategy picked it (a metric label).
+	Selection Selection
+	// LoadImbalanced reports that prefix-cache's imbalance gate tripped
+	// (AIBrix counts this separately from the selection label).
+	LoadImbalanced bool
+	// EstimatedTTFT is cost's estimated time to first token on the picked
+	// replica, in seconds (0 for other strategies).
+	EstimatedTTFT float64
+	// EstimatedQueue is the part of EstimatedTTFT spent before this
+	// request's own prefill starts, in seconds. Pass it back in
+	// Observation.QueueSeconds so the model learns prefill speed from the
+	// rest.
+	EstimatedQueue float64
+}
+
+// Strategy picks one replica among candidates.
+//
+// Pick may be called concurrently from many goroutines. It does not block,
+// does not allocate in steady state, and does not keep req, cands or
+// explain. cands has at least one element (the caller answers "no healthy
+// replica" itself). rng supplies every random choice, so a decision is
+// reproducible from the seed; it must not be shared between concurrent
+// calls. explain, when non-nil, is reset and filled with the per-candidate
+// reasoning; pass nil on the hot path.
+type Strategy interface {
+	// Name is the strategy's name as the routing-strategy header spells it.
+	Name() string
+	// Pick chooses one of cands; see the interface documentation.
+	Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision
+}
+
+// Strategy names, as the routing-strategy request header spells them.
+const (
+	NameRandom         = "random"
+	NameLeastRequest   = "least-request"
+	NamePrefixCache    = "prefix-cache"
+	NameConsistentHash = "consistent-hash"
+	NameCost           = "cost"
+)
+
+// Names lists every strategy name this package implements.
+func Names() []string {
+	return []string{NameRandom, NameLeastRequest, NamePrefixCache, NameConsistentHash, NameCost}
+}
+
+// ParseName checks that s names a strategy and returns it.
+func ParseName(s string) (string, error) {
+	for _, n := range Names() {
+		if s == n {
+			return n, nil
+		}
+	}
+	return "", fmt.Errorf("%w: %q (want one of %v)", ErrUnknownStrategy, s, Names())
+}
+
+// Selection labels the branch of a strategy that made a decision; it is the
+// `selection` label of kvmesh_route_decisions_total.
+type Selection uint8
+
+const (
+	// SelectionNone is the zero value; no strategy returns it.
+	SelectionNone Selection = iota
+	// SelectionRandom: random picked uniformly.
+	SelectionRandom
+	// SelectionLeastRequest: least-request picked the fewest in-flight.
+	SelectionLeastRequest
+	// SelectionPrefixMatch: prefix-cache picked the best-matching replica
+	// within the load bound (AIBrix "prefix_match").
+	SelectionPrefixMatch
+	// SelectionPrefixMatchSkipped: some replica matched, but every matching
+	// replica was above mean + k·stddev, so least-request picked (AIBrix
+	// "prefix_match_skipped").
+	SelectionPrefixMatchSkipped
+	// SelectionLeastRequestFallback: no (eligible) replica matched, so
+	// least-request picked (AIBrix "least_request_fallback").
+	SelectionLeastRequestFallback
+	// SelectionHashAffinity: consistent-hash picked the key's own replica.
+	SelectionHashAffinity
+	// SelectionHashSpillover: the key's own replica was over the load bound
+	// and consistent-hash walked the ring to the next one within it.
+	SelectionHashSpillover
+	// SelectionCostLocality: cost picked a replica holding the longest match
+	// available (locality paid).
+	SelectionCostLocality
+	// SelectionCostSpread: cost picked a replica with a shorter match than
+	// the best available, because queueing there would cost more than
+	// recomputing elsewhere.
+	SelectionCostSpread
+	// SelectionCostCold: no candidate held any of the prompt; cost picked
+	// the fastest estimated start.
+	SelectionCostCold
+	numSelections
+)
+
+var selectionNames = [numSelections]string{
+	SelectionNone:                 "none",
+	SelectionRandom:               "random",
+	SelectionLeastRequest:         "least_request",
+	SelectionPrefixMatch:          "prefix_match",
+	SelectionPrefixMatchSkipped:   "prefix_match_skipped",
+	SelectionLeastRequestFallback: "least_request_fallback",
+	SelectionHashAffinity:         "hash_affinity",
+	SelectionHashSpillover:        "hash_spillover",
+	SelectionCostLocality:         "cost_locality",
+	SelectionCostSpread:           "cost_spread",
+	SelectionCostCold:             "cost_cold",
+}
+
+// String returns the label value, e.g. "prefix_match".
+func (s Selection) String() string {
+	if s < numSelections {
+		return selectionNames[s]
+	}
+	return "unknown"
+}
+
+// MarshalText makes a Selection marshal as its label in JSON.
+func (s Selection) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Selections lists every label a strategy can return, for pre-registering
+// metric series.
+func Selections() []Selection {
+	out := make([]Selection, 0, numSelections-1)
+	for s := SelectionRandom; s < numSelections; s++ {
+		out = append(out, s)
+	}
+	return out
+}

@@ -1,0 +1,68 @@
+// Package index is kvmesh's prefix index: which replica holds which prompt
+// blocks, learned from routing decisions (history and speculative ledgers)
+// and from the engines' own KV events (confirmed ledger).
+//
+// The package is pure: it starts no goroutines, opens no sockets and reads
+// no clock. Time is an argument, now, in Unix nanoseconds (int64); stored
+// timestamps have 10 ms resolution.
+//
+// # Keys
+//
+// A Hasher turns tokens (or, in character mode, bytes) into chained 64-bit
+// block keys, k_i = xxh3(k_{i-1} || tokens of block i), rooted at
+// Hasher.Root(model, lora, salt), which mixes in the cluster seed. Only full
+// blocks have keys. Hasher methods are safe for concurrent use and append to
+// a caller's slice without allocating otherwise.
+//
+// # Ledgers and modes
+//
+// Each (block, replica) pair may be held in any of three ledgers (see
+// Ledger). Match trusts the ledgers Mode names: ModeHistory the history
+// ledger, ModeKVEvents confirmed plus unexpired speculative, ModeHybrid the
+// latter for replicas marked with SetPublishesEvents and history for the
+// others. TTLs are kept per (block, ledger): a Record of a block in a ledger
+// refreshes that ledger's clock for every replica holding the block there;
+// a Record that finds the ledger already expired first drops its stale
+// entries. Expired entries are invisible to Match at once and removed by
+// Expire, which does bounded work per call.
+//
+// # Capacity
+//
+// Capacity bounds (block, replica) entries over all ledgers. When a write
+// exceeds it, whole blocks (every replica's entries for one key) are evicted
+// in CLOCK order, an approximation of LRU (GCLOCK): a new block starts with
+// use count 1, a Match or a repeated write raises it to 3, and the clock hand
+// decrements it and evicts the block at 0. Evicting a block removes every
+// replica's entries for that key.
+// Evicted entries are counted in Stats.Evictions.
+//
+// # Engine hashes
+//
+// ApplyStored computes keys from an event's tokens, chained from the parent
+// engine block's key in that replica's engine map, and maps each engine hash
+// to its keys; ApplyRemoved uses the map so a BlockRemoved affects only the
+// replica that sent it. The engine map is bounded by the engine's own cache,
+// since the engine reports every eviction; index evictions leave it alone.
+// If two engine hashes of one replica map to the same key (for example the
+// same block on two media), removing either removes the confirmed entry.
+//
+// # Layout
+//
+// A block is a 48-byte pointer-free node in a flat arena: the key, one
+// 64-bit replica mask per ledger for replica ids below 64, the ledgers'
+// timestamps, a CLOCK use counter and flag bits, and the index of the most recent
+// successor block. An open-addressing table of uint32 node indices finds a
+// key. Writers link consecutive keys, so Match follows the chain from block
+// to block and probes the table only when the chain hint misses. Replica ids
+// of 64 and above live in a per-key overflow map: supported, but slower.
+//
+// # Concurrency and ownership
+//
+// All Index methods are safe for concurrent use. Match and Stats take the
+// read lock once per call (never per block) and may run in parallel with
+// each other; writers (Record, ApplyStored, ApplyRemoved, ClearReplica,
+// DropReplica, Expire, SetReplicaRoot, SetPublishesEvents, Restore) take the
+// write lock once per call. No method keeps a reference to a slice or map it
+// is given, and none blocks other than on the lock. AppendSnapshot holds the
+// read lock while it encodes.
+package index

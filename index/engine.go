@@ -1,0 +1,197 @@
+package index
+
+import "fmt"
+
+// StoredBlocks is one engine BlockStored event, decoded: engine blocks in
+// prompt order with their tokens.
+type StoredBlocks struct {
+	// Hashes are the engine's block hashes, opaque to the index.
+	Hashes []uint64
+	// ParentHash is the engine hash of the block before Hashes[0]; HasParent
+	// is false when Hashes[0] starts a sequence (the chain starts at the root).
+	ParentHash uint64
+	HasParent  bool
+	// Tokens holds len(Hashes)*BlockTokens token ids, block by block.
+	Tokens []uint32
+	// BlockTokens is the engine block size in tokens. It must be a positive
+	// multiple of the index block size.
+	BlockTokens int
+	// Root, when HasRoot is set, overrides the replica's root (for example for
+	// a LoRA adapter's requests); otherwise SetReplicaRoot's value is used.
+	Root    BlockKey
+	HasRoot bool
+}
+
+func (x *Index) replica(r ReplicaID) *replicaState {
+	rs := x.replicas[r]
+	if rs == nil {
+		rs = &replicaState{eng: make(map[uint64]BlockKey)}
+		x.replicas[r] = rs
+	}
+	return rs
+}
+
+// SetReplicaRoot sets the root key (Hasher.Root of the engine's model, LoRA
+// and salt) that ApplyStored chains from for r's parentless blocks.
+func (x *Index) SetReplicaRoot(r ReplicaID, root BlockKey) {
+	x.mu.Lock()
+	rs := x.replica(r)
+	rs.root, rs.hasRoot = root, true
+	x.mu.Unlock()
+}
+
+// ApplyStored records a BlockStored event of replica r in the confirmed
+// ledger. The kvmesh keys are computed from the tokens, chained from the
+// parent's key (looked up in r's engine map; no parent: the root), so they
+// never depend on the engine's hash algorithm. Each engine hash is mapped to
+// the index blocks it contains so that ApplyRemoved can remove them all.
+// Speculative entries of r for these blocks are promoted (cleared from the
+// speculative ledger, counted in Stats.Promoted).
+//
+// Engine block size must be a positive multiple of the index block size:
+// otherwise ErrBlockSize, and nothing changes. (Engine blocks smaller than
+// index blocks would need partial-token carry state; kvmesh runs the index
+// at the engine's block size or a divisor of it instead.) If the parent is
+// unknown, the blocks are skipped, counted, and ErrUnknownParent returned.
+// ApplyStored keeps nothing of s.
+func (x *Index) ApplyStored(r ReplicaID, s StoredBlocks) error {
+	bs := x.h.tokens
+	if s.BlockTokens <= 0 || s.BlockTokens%bs != 0 {
+		return fmt.Errorf("%w: engine %d tokens, index %d", ErrBlockSize, s.BlockTokens, bs)
+	}
+	if len(s.Tokens) != len(s.Hashes)*s.BlockTokens {
+		return fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrMalformedStored, len(s.Tokens), len(s.Hashes), s.BlockTokens)
+	}
+	if len(s.Hashes) == 0 {
+		return nil
+	}
+	per := s.BlockTokens / bs
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	rs := x.replica(r)
+	var k BlockKey
+	switch {
+	case s.HasParent:
+		pk, ok := rs.eng[s.ParentHash]
+		if !ok {
+			x.st.unknownParent += uint64(len(s.Hashes))
+			return fmt.Errorf("%w: replica %d parent %#x (%d blocks skipped)", ErrUnknownParent, r, s.ParentHash, len(s.Hashes))
+		}
+		k = pk
+	case s.HasRoot:
+		k = s.Root
+	case rs.hasRoot:
+		k = rs.root
+	default:
+		return fmt.Errorf("%w: replica %d", ErrNoRoot, r)
+	}
+	var prev uint32
+	for i, eh := range s.Hashes {
+		x.scratch = x.h.AppendKeys(x.scratch[:0], k, s.Tokens[i*s.BlockTokens:(i+1)*s.BlockTokens])
+		for _, key := range x.scratch {
+			idx := x.insert(key, prev)
+			x.set(idx, r, Confirmed)
+			if x.has(idx, r, Speculative) {
+				x.clear(idx, r, Speculative) // node stays: it is confirmed now
+				x.st.promoted++
+			}
+			if prev != 0 {
+				x.nodes[prev].next = idx
+			}
+			prev = idx
+		}
+		k = x.scratch[len(x.scratch)-1]
+		rs.eng[eh] = k
+		if per > 1 {
+			if rs.multi == nil {
+				rs.multi = make(map[uint64][]BlockKey)
+			}
+			rs.multi[eh] = append(rs.multi[eh][:0], x.scratch...)
+		} else if rs.multi != nil {
+			delete(rs.multi, eh)
+		}
+	}
+	x.enforceCapacity()
+	return nil
+}
+
+// ApplyRemoved applies a BlockRemoved event of replica r: for each engine
+// hash, the confirmed entries of r for the index blocks it maps to are
+// removed, and the mapping forgotten. Other replicas are untouched. Hashes r
+// never stored are counted in Stats.UnknownRemoved. It returns the number of
+// entries removed and keeps nothing of hashes.
+func (x *Index) ApplyRemoved(r ReplicaID, hashes []uint64) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	rs := x.replicas[r]
+	removed := 0
+	for _, eh := range hashes {
+		var k BlockKey
+		ok := false
+		if rs != nil {
+			k, ok = rs.eng[eh]
+		}
+		if !ok {
+			x.st.unknownRemoved++
+			continue
+		}
+		delete(rs.eng, eh)
+		if ks, multi := rs.multi[eh]; multi {
+			delete(rs.multi, eh)
+			for _, key := range ks {
+				removed += x.removeConfirmed(key, r)
+			}
+			continue
+		}
+		removed += x.removeConfirmed(k, r)
+	}
+	return removed
+}
+
+func (x *Index) removeConfirmed(k BlockKey, r ReplicaID) int {
+	if idx := x.probe(k); idx != 0 && x.clear(idx, r, Confirmed) {
+		return 1
+	}
+	return 0
+}
+
+// ClearReplica removes every confirmed entry of r and its engine map (an
+// AllBlocksCleared event, an engine restart or an unrecoverable gap). The
+// root, the publisher flag and other ledgers stay. It returns the number of
+// entries removed. Cost is proportional to the number of blocks.
+func (x *Index) ClearReplica(r ReplicaID) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if rs := x.replicas[r]; rs != nil {
+		rs.eng = make(map[uint64]BlockKey)
+		rs.multi = nil
+	}
+	return x.clearAll(r, 1<<Confirmed)
+}
+
+// DropReplica removes every entry of r in all ledgers and everything the
+// index knows about it (root, engine map, publisher flag): the replica left.
+// It returns the number of entries removed.
+func (x *Index) DropReplica(r ReplicaID) int {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.replicas, r)
+	x.publishers[r/64] &^= 1 << (r % 64)
+	return x.clearAll(r, 1<<History|1<<Speculative|1<<Confirmed)
+}
+
+func (x *Index) clearAll(r ReplicaID, ledgers uint8) int {
+	removed := 0
+	for i := 1; i < len(x.nodes); i++ {
+		idx := uint32(i)
+		if x.nodes[idx].flags.Load()&flagLive == 0 {
+			continue
+		}
+		for l := range numLedgers {
+			if ledgers&(1<<l) != 0 && x.nodes[idx].flags.Load()&flagLive != 0 && x.clear(idx, r, l) {
+				removed++
+			}
+		}
+	}
+	return removed
+}

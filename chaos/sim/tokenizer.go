@@ -6,11 +6,14 @@ import (
 	"github.com/kvmesh/kvmesh/node/tokenizer"
 )
 
-// newTokenizer returns the named tokenizer.
+// newTokenizer returns the named tokenizer ("" means bytes).
 func newTokenizer(name string) (tokenizer.Tokenizer, error) {
-	switch name {
-	case "bytes", "":
-		return tokenizer.Bytes{}, nil
+	if name == "" {
+		name = tokenizer.NameBytes
 	}
-	return nil, fmt.Errorf("%w: tokenizer %q", ErrInvalidConfig, name)
+	tok, err := tokenizer.New(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return tok, nil
 }

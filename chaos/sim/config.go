@@ -1,0 +1,166 @@
+package sim
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+)
+
+// KVEventsConfig is vLLM's --kv-events-config, field for field, plus the
+// simulator-only wire options.
+type KVEventsConfig struct {
+	// EnableKVCacheEvents turns publishing on.
+	EnableKVCacheEvents bool `json:"enable_kv_cache_events"`
+	// Publisher must be "zmq" (vLLM also has "null").
+	Publisher string `json:"publisher"`
+	// Endpoint is the PUB endpoint; it binds when it contains "*" or "::"
+	// and connects otherwise. vLLM's default is tcp://*:5557.
+	Endpoint string `json:"endpoint"`
+	// ReplayEndpoint is the replay ROUTER endpoint (always binds); empty
+	// disables replay.
+	ReplayEndpoint string `json:"replay_endpoint"`
+	// Topic is the first frame of every message.
+	Topic string `json:"topic"`
+	// BufferSteps is how many batches the replay buffer keeps.
+	BufferSteps int `json:"buffer_steps"`
+	// HWM is the PUB socket's send high-water mark.
+	HWM int `json:"hwm"`
+	// Encoding is the payload form: "map" (v0.26 map events in an array
+	// batch), "array" (older tagged-array events) or "map-envelope" (the
+	// batch is a map too). Not part of vLLM's JSON.
+	Encoding string `json:"-"`
+	// LegacyReplay makes replay replies [seq, payload] (vLLM <= v0.25)
+	// instead of [topic, seq, payload]. Not part of vLLM's JSON.
+	LegacyReplay bool `json:"-"`
+}
+
+// DefaultKVEventsConfig returns vLLM's defaults with events off.
+func DefaultKVEventsConfig() KVEventsConfig {
+	return KVEventsConfig{
+		Publisher:   "zmq",
+		Endpoint:    "tcp://*:5557",
+		BufferSteps: 10_000, // vLLM's default replay buffer
+		HWM:         100_000,
+		Encoding:    "map",
+	}
+}
+
+// Config configures one simulated replica.
+type Config struct {
+	// Host and Port are where the HTTP API listens (vLLM --host/--port).
+	// Port 0 picks a free port; Addr reports it.
+	Host string
+	Port int
+	// ServedModelName is the one model this replica serves; requests naming
+	// another model get 404.
+	ServedModelName string
+	// MaxModelLen bounds prompt plus output tokens (vLLM --max-model-len).
+	MaxModelLen int
+	// MaxNumSeqs bounds the running batch. 8 as in the seed study.
+	MaxNumSeqs int
+	// MaxNumBatchedTokens is the per-step token budget (chunked prefill).
+	// 8192 is vLLM v1's default for online serving.
+	MaxNumBatchedTokens int
+	// BlockSize is tokens per KV block; 16 is vLLM's default.
+	BlockSize int
+	// NumGPUBlocks is the KV pool capacity (vLLM --num-gpu-blocks-override).
+	// The default, 12,500 blocks of 16 (200K tokens), roughly matches what
+	// an L20 48 GB has left for KV after 27 GB of FP8 weights.
+	NumGPUBlocks int
+	// Profile is the step-time model; see LookupProfile.
+	Profile Profile
+	// Speed divides every modelled duration: 10 runs ten times faster than
+	// the modelled hardware. Must be > 0.
+	Speed float64
+	// Tokenizer names the tokenizer: "tiktoken" (cl100k) or "bytes".
+	Tokenizer string
+	// KVEvents configures KV-event publishing.
+	KVEvents KVEventsConfig
+	// Publisher, if set, receives KV events instead of a publisher built
+	// from KVEvents (which then only needs EnableKVCacheEvents). The Server
+	// closes it on Shutdown.
+	Publisher EventPublisher
+	// EnableResetEndpoint serves POST /reset_prefix_cache.
+	EnableResetEndpoint bool
+	// HashSeed seeds the engine block hash; 0 picks a random seed, as vLLM's
+	// default hash is unpredictable to consumers.
+	HashSeed uint64
+	// Logger receives the server's logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns a replica shaped like the seed study's: port 8000,
+// l20-qwen27b-fp8, max-num-seqs 8, 32K context.
+func DefaultConfig() Config {
+	return Config{
+		Host:                "0.0.0.0",
+		Port:                8000,
+		ServedModelName:     "qwen38-27b-fp8",
+		MaxModelLen:         32768,
+		MaxNumSeqs:          8,
+		MaxNumBatchedTokens: 8192,
+		BlockSize:           16,
+		NumGPUBlocks:        12_500,
+		Profile:             ProfileL20Qwen27BFP8,
+		Speed:               1,
+		Tokenizer:           "tiktoken",
+		KVEvents:            DefaultKVEventsConfig(),
+	}
+}
+
+// LocalConfig is a test preset: 127.0.0.1 port 0, the fast profile, the
+// byte tokenizer, a small pool and the reset endpoint on.
+func LocalConfig() Config {
+	c := DefaultConfig()
+	c.Host, c.Port = "127.0.0.1", 0
+	c.ServedModelName = "sim-model"
+	c.MaxModelLen = 4096
+	c.MaxNumSeqs = 4
+	c.MaxNumBatchedTokens = 512
+	c.NumGPUBlocks = 1024
+	c.Profile = ProfileFast
+	c.Tokenizer = "bytes"
+	c.EnableResetEndpoint = true
+	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"
+	return c
+}
+
+// Validate checks every field.
+func (c Config) Validate() error {
+	if c.Port < 0 || c.Port > 65535 {
+		return fmt.Errorf("%w: port %d", ErrInvalidConfig, c.Port)
+	}
+	if c.ServedModelName == "" {
+		return fmt.Errorf("%w: empty served model name", ErrInvalidConfig)
+	}
+	if !(c.Speed > 0) {
+		return fmt.Errorf("%w: speed %v must be > 0", ErrInvalidConfig, c.Speed)
+	}
+	if c.KVEvents.EnableKVCacheEvents && c.Publisher == nil {
+		if c.KVEvents.Publisher != "zmq" {
+			return fmt.Errorf("%w: kv events publisher %q (only zmq)", ErrInvalidConfig, c.KVEvents.Publisher)
+		}
+		if c.KVEvents.Endpoint == "" {
+			return fmt.Errorf("%w: kv events endpoint is empty", ErrInvalidConfig)
+		}
+	}
+	return c.engineConfig().Validate()
+}
+
+func (c Config) engineConfig() EngineConfig {
+	return EngineConfig{
+		MaxModelLen:         c.MaxModelLen,
+		MaxNumSeqs:          c.MaxNumSeqs,
+		MaxNumBatchedTokens: c.MaxNumBatchedTokens,
+		BlockSize:           c.BlockSize,
+		NumBlocks:           c.NumGPUBlocks,
+		Profile:             c.Profile,
+		HashSeed:            c.HashSeed,
+		EmitEvents:          c.KVEvents.EnableKVCacheEvents || c.Publisher != nil,
+	}
+}
+
+func (c Config) listenAddr() string {
+	return net.JoinHostPort(c.Host, strconv.Itoa(c.Port))
+}

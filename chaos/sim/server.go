@@ -1,0 +1,383 @@
+package sim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/node/tokenizer"
+)
+
+// reqEvent is what the driver hands a request's HTTP handler: one output
+// token, or the request's completion.
+type reqEvent struct {
+	out Output
+	fin *Finished
+}
+
+type pending struct {
+	ch chan reqEvent // capacity MaxTokens+1: the driver never blocks
+}
+
+// Server is one simulated vLLM replica: engine, real-time driver, HTTP API,
+// metrics and KV-event publisher. Create with NewServer, then Start; call
+// Shutdown once done (it is idempotent). Methods are safe for concurrent use.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	tok     tokenizer.Tokenizer
+	metrics *metrics
+
+	mu      sync.Mutex // guards eng, pending, pub publishing order
+	eng     *Engine
+	pending map[RequestID]*pending
+	nextID  uint64
+	pub     EventPublisher
+
+	epoch     time.Time // wall time at model time epoch
+	wake      chan struct{}
+	stop      chan struct{}
+	driverWG  sync.WaitGroup
+	httpSrv   *http.Server
+	ln        net.Listener
+	serveErr  chan error
+	startOnce sync.Once
+	started   bool
+	shutOnce  sync.Once
+	stopOnce  sync.Once
+	shutErr   error
+}
+
+// NewServer validates cfg and builds a Server; nothing runs until Start.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.HashSeed == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		cfg.HashSeed = binary.LittleEndian.Uint64(b[:]) | 1
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	tok, err := newTokenizer(cfg.Tokenizer)
+	if err != nil {
+		return nil, err
+	}
+	eng, err := NewEngine(cfg.engineConfig())
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      log.With("component", "vllmsim", "model", cfg.ServedModelName),
+		tok:      tok,
+		eng:      eng,
+		pending:  make(map[RequestID]*pending),
+		pub:      cfg.Publisher,
+		wake:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		serveErr: make(chan error, 1),
+	}
+	s.metrics = newMetrics(cfg.ServedModelName, s.Stats)
+	return s, nil
+}
+
+// NewPublisherFunc builds the ZMQ publisher for a KVEventsConfig; cmd/vllmsim
+// and in-process harnesses set it (to a kvevents.Publisher constructor) so
+// the engine package does not depend on a socket library. Server.Start uses
+// it when events are enabled and Config.Publisher is nil.
+var NewPublisherFunc func(KVEventsConfig, *slog.Logger) (EventPublisher, error)
+
+// Start opens the listener and the publisher and starts the driver and the
+// HTTP server. It returns once the server accepts connections. ctx only
+// bounds startup.
+func (s *Server) Start(ctx context.Context) error {
+	err := fmt.Errorf("%w: Start called twice", ErrInvalidConfig)
+	s.startOnce.Do(func() { err = s.start(ctx) })
+	return err
+}
+
+func (s *Server) start(ctx context.Context) error {
+	if s.pub == nil && s.cfg.KVEvents.EnableKVCacheEvents {
+		if NewPublisherFunc == nil {
+			return fmt.Errorf("%w: kv events enabled but no publisher available", ErrInvalidConfig)
+		}
+		pub, err := NewPublisherFunc(s.cfg.KVEvents, s.log)
+		if err != nil {
+			return fmt.Errorf("sim: start kv events publisher: %w", err)
+		}
+		s.pub = pub
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", s.cfg.listenAddr())
+	if err != nil {
+		if s.pub != nil {
+			_ = s.pub.Close()
+		}
+		return fmt.Errorf("sim: listen: %w", err)
+	}
+	s.ln = ln
+	s.httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.epoch = time.Now()
+	s.mu.Lock()
+	s.started = true
+	s.mu.Unlock()
+	s.driverWG.Add(2)
+	go func() {
+		defer s.driverWG.Done()
+		s.drive()
+	}()
+	go func() {
+		defer s.driverWG.Done()
+		if err := s.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.serveErr <- err
+		}
+	}()
+	s.log.Info("vllmsim started", "addr", ln.Addr().String(), "profile", s.cfg.Profile.Name, "speed", s.cfg.Speed,
+		"block_size", s.cfg.BlockSize, "num_gpu_blocks", s.cfg.NumGPUBlocks, "max_num_seqs", s.cfg.MaxNumSeqs)
+	return nil
+}
+
+// Addr is the HTTP listen address ("" before Start).
+func (s *Server) Addr() string {
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// URL is "http://" + Addr().
+func (s *Server) URL() string { return "http://" + s.Addr() }
+
+// Shutdown stops accepting requests, waits for in-flight HTTP handlers until
+// ctx ends (then closes their connections), stops the driver and closes the
+// publisher. It is idempotent; later calls return the first result.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutOnce.Do(func() {
+		var errs []error
+		if s.httpSrv != nil {
+			// Handlers waiting on the engine end when the driver stops, so
+			// stop the driver if the grace period runs out.
+			done := make(chan struct{})
+			go func() {
+				select {
+				case <-ctx.Done():
+					s.stopDriver()
+				case <-done:
+				}
+			}()
+			if err := s.httpSrv.Shutdown(ctx); err != nil {
+				errs = append(errs, err)
+				_ = s.httpSrv.Close()
+			}
+			close(done)
+		}
+		s.stopDriver()
+		s.driverWG.Wait()
+		s.mu.Lock()
+		if s.pub != nil {
+			if err := s.pub.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		s.mu.Unlock()
+		select {
+		case err := <-s.serveErr:
+			errs = append(errs, err)
+		default:
+		}
+		s.shutErr = errors.Join(errs...)
+	})
+	return s.shutErr
+}
+
+func (s *Server) stopDriver() { s.stopOnce.Do(func() { close(s.stop) }) }
+
+// modelNow maps wall time to model time: Speed model seconds per wall second.
+func (s *Server) modelNow() time.Time {
+	el := time.Since(s.epoch)
+	return s.epoch.Add(time.Duration(float64(el) * s.cfg.Speed))
+}
+
+// drive runs engine steps in real time until stop.
+func (s *Server) drive() {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		s.mu.Lock()
+		res := s.eng.Step(s.modelNow())
+		s.publishLocked(res.Events)
+		s.mu.Unlock()
+		if res.Idle() {
+			select {
+			case <-s.wake:
+				continue
+			case <-s.stop:
+				s.failPending()
+				return
+			}
+		}
+		timer.Reset(time.Duration(float64(res.Duration) / s.cfg.Speed))
+		select {
+		case <-timer.C:
+		case <-s.stop:
+			timer.Stop()
+			s.failPending()
+			return
+		}
+		s.deliver(res)
+	}
+}
+
+// deliver hands a finished step's outputs to the waiting handlers.
+func (s *Server) deliver(res StepResult) {
+	for _, o := range res.Outputs {
+		if o.Index == 0 {
+			s.metrics.ttft.Observe(o.TTFT.Seconds())
+		}
+	}
+	s.metrics.genTokens.Add(float64(len(res.Outputs)))
+	for _, f := range res.Finished {
+		s.metrics.success.WithLabelValues(string(f.Reason)).Inc()
+		s.metrics.e2e.Observe(f.E2E.Seconds())
+		s.metrics.prompt.Add(float64(f.PromptTokens))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range res.Outputs {
+		if p := s.pending[o.ID]; p != nil {
+			s.send(p, reqEvent{out: o})
+		}
+	}
+	for i := range res.Finished {
+		f := &res.Finished[i]
+		if p := s.pending[f.ID]; p != nil {
+			s.send(p, reqEvent{fin: f})
+			delete(s.pending, f.ID)
+		}
+	}
+}
+
+func (s *Server) send(p *pending, ev reqEvent) {
+	select {
+	case p.ch <- ev:
+	default:
+		// Cannot happen: capacity is MaxTokens+1. Never block the driver.
+		s.log.Error("vllmsim: request channel full, dropping event")
+	}
+}
+
+// failPending closes every waiting handler's channel on stop.
+func (s *Server) failPending() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, p := range s.pending {
+		close(p.ch)
+		delete(s.pending, id)
+	}
+}
+
+// publishLocked publishes evs as one batch; s.mu is held so batches leave
+// in engine order.
+func (s *Server) publishLocked(evs []kvevents.Event) {
+	if len(evs) == 0 || s.pub == nil {
+		return
+	}
+	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: evs}
+	if _, err := s.pub.Publish(b); err != nil {
+		s.metrics.pubErrors.Inc()
+		s.log.Warn("vllmsim: publish kv events", "err", err)
+		return
+	}
+	s.metrics.published.Inc()
+}
+
+// submit adds a request to the engine; the returned channel yields its
+// outputs then its Finished, or is closed if the server stops.
+func (s *Server) submit(prefix string, prompt []uint32, maxTokens int) (RequestID, <-chan reqEvent, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.stop:
+		return "", nil, ErrClosed
+	default:
+	}
+	if !s.started {
+		return "", nil, ErrClosed
+	}
+	s.nextID++
+	id := RequestID(fmt.Sprintf("%s-%016x", prefix, s.nextID))
+	if err := s.eng.Add(Request{ID: id, Prompt: prompt, MaxTokens: maxTokens}, s.modelNow()); err != nil {
+		return "", nil, err
+	}
+	p := &pending{ch: make(chan reqEvent, maxTokens+1)}
+	s.pending[id] = p
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return id, p.ch, nil
+}
+
+// abort drops a request whose client went away, freeing its blocks.
+func (s *Server) abort(id RequestID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.pending[id]; !ok {
+		return
+	}
+	delete(s.pending, id)
+	if s.eng.Abort(id) {
+		s.metrics.aborted.Inc()
+	}
+}
+
+// Stats returns the engine's current gauges and counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.Stats()
+}
+
+// CachedBlocks returns the blocks the engine can currently reuse (hash,
+// parent, token chain): the truth a KV-event consumer's index should match
+// once it has caught up.
+func (s *Server) CachedBlocks() []CachedBlock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.CachedBlocks()
+}
+
+// HashTokens returns the engine hashes of the full blocks of tokens.
+func (s *Server) HashTokens(tokens []uint32) []kvevents.EngineHash {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.HashTokens(tokens)
+}
+
+// ResetPrefixCache clears the engine's cached blocks and publishes
+// AllBlocksCleared. It refuses (false) while requests hold blocks.
+func (s *Server) ResetPrefixCache() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok, evs := s.eng.ResetPrefixCache()
+	s.publishLocked(evs)
+	return ok
+}
+
+// Tokenize encodes text with the server's tokenizer.
+func (s *Server) Tokenize(text string) []uint32 { return s.tok.Encode(nil, text) }
+
+// Config returns the server's configuration (with the chosen hash seed).
+func (s *Server) Config() Config { return s.cfg }

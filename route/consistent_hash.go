@@ -21,11 +21,21 @@ type ConsistentHashConfig struct {
 	// the Ray affinity router's fixed "queue > 16" cut-off does not scale
 	// with cluster load). Must be ≥ 1.
 	LoadFactor float64
+	// MinCapacity is a floor under the bounded-load capacity: a replica with
+	// fewer than MinCapacity requests in flight is never over capacity. At
+	// low load c·average is below one request, and without a floor a
+	// session would leave its replica as soon as that replica had one
+	// request more than the others, giving up affinity exactly when it is
+	// free. Default 4 (an engine batches a few sequences at almost no extra
+	// step cost; the Ray router in the seeds used a fixed 16). 1 gives the
+	// textbook algorithm. Must be ≥ 1.
+	MinCapacity int
 }
 
-// DefaultConsistentHashConfig returns 100 virtual nodes and c = 1.25.
+// DefaultConsistentHashConfig returns 100 virtual nodes, c = 1.25 and a
+// capacity floor of 4.
 func DefaultConsistentHashConfig() ConsistentHashConfig {
-	return ConsistentHashConfig{VirtualNodes: 100, LoadFactor: 1.25}
+	return ConsistentHashConfig{VirtualNodes: 100, LoadFactor: 1.25, MinCapacity: 4}
 }
 
 // Validate reports a parameter out of range.
@@ -36,12 +46,16 @@ func (c ConsistentHashConfig) Validate() error {
 	if !(c.LoadFactor >= 1) || math.IsInf(c.LoadFactor, 0) {
 		return fmt.Errorf("%w: consistent-hash LoadFactor %v must be finite and ≥ 1", ErrInvalidConfig, c.LoadFactor)
 	}
+	if c.MinCapacity < 1 {
+		return fmt.Errorf("%w: consistent-hash MinCapacity %d must be ≥ 1", ErrInvalidConfig, c.MinCapacity)
+	}
 	return nil
 }
 
 // ConsistentHash maps Request.SessionKey onto a ring of replicas with
 // virtual nodes and walks clockwise to the first candidate under its
-// bounded-load capacity (consistent hashing with bounded loads). The key's
+// bounded-load capacity max(ceil(c·(total in-flight+1)/n), MinCapacity)
+// (consistent hashing with bounded loads, with a floor). The key's
 // own replica wins with "hash_affinity"; a replica further round the ring
 // with "hash_spillover". Replicas on the ring that are not candidates
 // (ejected, unhealthy) are skipped, which is the same as a ring built
@@ -126,7 +140,7 @@ func (h *ConsistentHash) Pick(req *Request, cands []Candidate, rng *Rand, explai
 	for i := range cands {
 		total += cands[i].InFlight
 	}
-	capacity := int(math.Ceil(h.cfg.LoadFactor * float64(total+1) / float64(n)))
+	capacity := max(int(math.Ceil(h.cfg.LoadFactor*float64(total+1)/float64(n))), h.cfg.MinCapacity)
 
 	if explain != nil {
 		explain.begin(NameConsistentHash, req, cands)

@@ -35,6 +35,7 @@ func TestConfigValidate(t *testing.T) {
 		func(c *Config) { c.PrefixCache.StdDevFactor = -0.5 },
 		func(c *Config) { c.ConsistentHash.VirtualNodes = 0 },
 		func(c *Config) { c.ConsistentHash.LoadFactor = 0.9 },
+		func(c *Config) { c.ConsistentHash.MinCapacity = 0 },
 		func(c *Config) { c.Cost.PriorPrefillTokensPerSecond = 0 },
 		func(c *Config) { c.Cost.PriorDecodeStepSeconds = -1 },
 		func(c *Config) { c.Cost.PriorOutputTokens = 0 },

@@ -12,6 +12,12 @@
 //     Encode appends to dst, so callers can reuse buffers.
 //   - Encode is a pure function of the text: the same text always gives the
 //     same tokens. Special-token text ("<|endoftext|>") is ordinary text.
+//   - Cached (NewCached) wraps Bytes or the tiktoken tokenizer with a
+//     bytes-bounded LRU cache of tokenized prefixes. Its output is token
+//     for token identical to the wrapped tokenizer's: it splits text only
+//     at points where that is provably true (split.go states the argument,
+//     cached_test.go checks it differentially and by fuzzing). Stats
+//     exposes hit/miss counters for the caller's metrics.
 //   - RenderChat and ParseMessages are the one chat rendering shared by
 //     the simulator and the gateway: deterministic ChatML-like text; text
 //     parts only (other parts wrap ErrUnsupportedContent).

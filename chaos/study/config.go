@@ -1,0 +1,193 @@
+package study
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Config is one study: the grid of axes and the workload parameters. It is
+// written verbatim into results.json's "config".
+type Config struct {
+	// Engine names the engine the study runs on ("live"); informational.
+	Engine string `json:"engine"`
+	// Scenarios to run, in order (cold, warm, hot50, hot90, multiturn).
+	Scenarios []string `json:"scenarios"`
+	// Strategies in round-1 order; odd rounds run them in this order, even
+	// rounds in reverse (the seed's counterbalancing).
+	Strategies []string `json:"strategies"`
+	// Modes are the gateway index modes (history, kv-events, hybrid).
+	Modes []string `json:"modes"`
+	// Gateways lists gateway counts; arrivals rotate over the gateways.
+	Gateways []int `json:"gateways"`
+	// GatewaysIsolated records that gateways do not share an index (no
+	// replication yet): a count > 1 measures isolated gateways.
+	GatewaysIsolated bool `json:"gateways_isolated"`
+	// Rounds is the number of repetitions (seed: 2).
+	Rounds int `json:"rounds"`
+	// Replicas is the number of engine replicas (seed: 2).
+	Replicas int `json:"replicas"`
+	// Seed drives salts and arrival sequences; round r uses Seed+r−1 for its
+	// arrival sequence (the seed study used 102 and 103).
+	Seed uint64 `json:"seed"`
+	// Speed is the simulator's time compression; every reported time is
+	// model time (wall × Speed).
+	Speed float64 `json:"speed"`
+	// Profile is the simulator's engine profile.
+	Profile string `json:"profile"`
+	// RPS is the fixed arrival rate in model time (seed: 1.6).
+	RPS float64 `json:"rps"`
+	// Arrivals per phase (seed: 96).
+	Arrivals int `json:"arrivals"`
+	// InflightCap is the client's in-flight limit; an arrival that finds it
+	// full is not sent and counts as a failure (seed: 48).
+	InflightCap int `json:"inflight_cap"`
+	// MaxTokens per measured request (seed: 128).
+	MaxTokens int `json:"max_tokens"`
+	// InitMaxTokens per initialisation request (seed: 16 after its fix log).
+	InitMaxTokens int `json:"init_max_tokens"`
+	// Groups is the number of logical prefix groups (seed: 8).
+	Groups int `json:"groups"`
+	// Candidates is the number of hot-spot candidates (seed: 16; at least
+	// 2·Groups).
+	Candidates int `json:"candidates"`
+	// InitRetries is how often the hot-spot initialisation may retry with
+	// fresh salts after a reset (seed: 3).
+	InitRetries int `json:"init_retries"`
+	// Turns per multi-turn session (Ray seed: 5).
+	Turns int `json:"turns"`
+	// Think is the model time between a turn's answer and the next turn.
+	Think time.Duration `json:"think_ns"`
+	// SampleEvery is the model-time period of engine gauge samples (seed: 5 s).
+	SampleEvery time.Duration `json:"sample_every_ns"`
+	// SLO is the pass rule.
+	SLO SLO `json:"slo_ns"`
+}
+
+// Known strategy names (the gateway's).
+var Strategies = []string{"random", "least-request", "prefix-cache", "consistent-hash", "cost"}
+
+// Modes are the gateway index modes.
+var Modes = []string{"history", "kv-events", "hybrid"}
+
+// DefaultConfig returns the default grid: the seed's four scenarios and
+// three strategies plus cost, in history mode (the seed's calibration) and
+// hybrid mode (where cost is meant to win), one gateway, two replicas, two
+// rounds, at speed 10 so the whole grid finishes within 15 minutes on two
+// cores.
+func DefaultConfig() Config {
+	return Config{
+		Engine:        "live",
+		Scenarios:     []string{ScenarioCold, ScenarioWarm, ScenarioHot50, ScenarioHot90},
+		Strategies:    []string{"random", "least-request", "prefix-cache", "cost"},
+		Modes:         []string{"history", "hybrid"},
+		Gateways:      []int{1},
+		Rounds:        2,
+		Replicas:      2,
+		Seed:          102,
+		Speed:         10,
+		Profile:       "l20-qwen27b-fp8",
+		RPS:           1.6,
+		Arrivals:      96,
+		InflightCap:   48,
+		MaxTokens:     128,
+		InitMaxTokens: 16,
+		Groups:        8,
+		Candidates:    16,
+		InitRetries:   3,
+		Turns:         5,
+		Think:         2 * time.Second,
+		SampleEvery:   5 * time.Second,
+		SLO:           DefaultSLO(),
+	}
+}
+
+// QuickConfig returns the reduced grid behind --quick: one round of hot50 and
+// warm with least-request, prefix-cache and cost in history mode, 48
+// arrivals per phase, at speed 20; it finishes in well under 3 minutes.
+func QuickConfig() Config {
+	c := DefaultConfig()
+	c.Scenarios = []string{ScenarioWarm, ScenarioHot50}
+	c.Strategies = []string{"least-request", "prefix-cache", "cost"}
+	c.Modes = []string{"history"}
+	c.Rounds = 1
+	c.Arrivals = 48
+	c.Speed = 20
+	return c
+}
+
+// Validate reports the first problem with c.
+func (c *Config) Validate() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(f, a...))
+	}
+	if len(c.Scenarios) == 0 || len(c.Strategies) == 0 || len(c.Modes) == 0 || len(c.Gateways) == 0 {
+		return bad("scenarios, strategies, modes and gateways must be non-empty")
+	}
+	for _, s := range c.Scenarios {
+		if !slices.Contains(Scenarios, s) {
+			return fmt.Errorf("%w: %q", ErrUnknownScenario, s)
+		}
+	}
+	for _, s := range c.Strategies {
+		if !slices.Contains(Strategies, s) {
+			return bad("unknown strategy %q (want one of %v)", s, Strategies)
+		}
+	}
+	for _, m := range c.Modes {
+		if !slices.Contains(Modes, m) {
+			return bad("unknown mode %q (want one of %v)", m, Modes)
+		}
+	}
+	for _, g := range c.Gateways {
+		if g < 1 {
+			return bad("gateway count %d < 1", g)
+		}
+	}
+	switch {
+	case c.Rounds < 1:
+		return bad("rounds %d < 1", c.Rounds)
+	case c.Replicas < 1:
+		return bad("replicas %d < 1", c.Replicas)
+	case !(c.Speed > 0):
+		return bad("speed must be > 0")
+	case !(c.RPS > 0):
+		return bad("rps must be > 0")
+	case c.Arrivals < 1:
+		return bad("arrivals %d < 1", c.Arrivals)
+	case c.InflightCap < 1:
+		return bad("inflight cap %d < 1", c.InflightCap)
+	case c.MaxTokens < 1 || c.InitMaxTokens < 1:
+		return bad("max tokens must be >= 1")
+	case c.Groups < 2:
+		return bad("groups %d < 2", c.Groups)
+	case c.Groups < c.Replicas:
+		return bad("groups %d < replicas %d: every replica needs a group", c.Groups, c.Replicas)
+	case c.InitRetries < 0:
+		return bad("init retries < 0")
+	case c.Turns < 1:
+		return bad("turns %d < 1", c.Turns)
+	case c.Think < 0:
+		return bad("think < 0")
+	case c.SampleEvery <= 0:
+		return bad("sample period must be > 0")
+	case c.SLO.TTFT <= 0 || c.SLO.TPOT <= 0 || c.SLO.E2E <= 0:
+		return bad("SLO bounds must be > 0")
+	}
+	for _, s := range c.Scenarios {
+		if (s == ScenarioHot50 || s == ScenarioHot90) && HotArrivals(s, c.Arrivals) >= c.Arrivals {
+			return bad("%s needs more than %d arrivals", s, c.Arrivals)
+		}
+	}
+	return nil
+}
+
+// RoundStrategies returns the strategies in the order round r (1-based)
+// runs them: as configured in odd rounds, reversed in even rounds.
+func (c *Config) RoundStrategies(r int) []string {
+	s := slices.Clone(c.Strategies)
+	if r%2 == 0 {
+		slices.Reverse(s)
+	}
+	return s
+}

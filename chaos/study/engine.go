@@ -1,0 +1,165 @@
+package study
+
+import (
+	"context"
+	"time"
+)
+
+// Target says where a request goes: through a gateway with a routing
+// strategy, or straight to one engine replica (bypassing every gateway, as
+// the warm scenario's engine pre-warming does).
+type Target struct {
+	// Direct sends the request straight to engine Replica instead of a
+	// gateway.
+	Direct bool
+	// Replica is the engine index (0-based, in Engine.Replicas order) for a
+	// direct request.
+	Replica int
+	// Gateway is the gateway index (0-based) for a routed request.
+	Gateway int
+	// Strategy is the routing strategy a routed request asks for (the
+	// routing-strategy header).
+	Strategy string
+}
+
+// Request is one completion request as the scenarios build it. The engine
+// adds the model name and the fixed sampling fields (temperature 0,
+// ignore_eos, stream with include_usage).
+type Request struct {
+	// Prompt is the full prompt text.
+	Prompt string
+	// MaxTokens is the number of tokens to generate; a request succeeds only
+	// if usage reports exactly this many completion tokens.
+	MaxTokens int
+	// Session identifies a multi-turn session ("" for single-turn
+	// requests); engines pass it to the gateway so session-affine
+	// strategies can use it.
+	Session string
+	// Target is where the request goes.
+	Target Target
+}
+
+// Outcome is what the client observed for one request. Offsets are model
+// time; Start is on the engine's clock (Engine.Now), the others are relative
+// to Start.
+type Outcome struct {
+	// Start is the model time at which the POST began.
+	Start time.Duration
+	// Status is the HTTP status (0 when no response arrived).
+	Status int
+	// Replica is the replica that served the request, from the gateway's
+	// x-kvmesh-replica header (or the engine's name for direct requests).
+	Replica string
+	// FirstContent is the time from Start to the first chunk with content
+	// (the TTFT); zero when no content arrived.
+	FirstContent time.Duration
+	// LastContent is the time from Start to the last chunk with content.
+	LastContent time.Duration
+	// End is the time from Start to the end of the stream (E2E).
+	End time.Duration
+	// ContentChunks counts stream chunks that carried content.
+	ContentChunks int
+	// GotDone reports whether the stream ended with "data: [DONE]".
+	GotDone bool
+	// HasUsage reports whether a usage object arrived.
+	HasUsage bool
+	// PromptTokens and CompletionTokens are the usage the server reported.
+	PromptTokens     int
+	CompletionTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens when the
+	// server reports it (vLLM does when asked to), else -1.
+	CachedTokens int
+	// Text is the generated content (needed to build the next turn of a
+	// multi-turn session). It is never logged.
+	Text string
+	// Err describes a transport or protocol failure ("" if none).
+	Err string
+}
+
+// Observation is one sample of the engines' gauges, indexed like
+// Engine.Replicas.
+type Observation struct {
+	// At is the model time of the sample.
+	At time.Duration `json:"at_ns"`
+	// Running and Waiting are vllm:num_requests_running and
+	// vllm:num_requests_waiting per replica (-1 when a scrape failed).
+	Running []int `json:"running"`
+	Waiting []int `json:"waiting"`
+}
+
+// Counters are cumulative engine and gateway counters at one instant; the
+// study reports deltas between two snapshots.
+type Counters struct {
+	// Queries and Hits are vllm:prefix_cache_queries_total and
+	// vllm:prefix_cache_hits_total per replica.
+	Queries []float64
+	Hits    []float64
+	// Success is vllm:request_success_total per replica.
+	Success []float64
+	// Selections is kvmesh_route_decisions_total summed over gateways, keyed
+	// by a label of the decision ("strategy/selection"); nil when the
+	// gateways do not expose it.
+	Selections map[string]float64
+}
+
+// Engine is the world a study runs in. It is a reactor: At, Send and Observe
+// register work whose callbacks run, one at a time, on the goroutine that
+// calls Run; Run returns when no work is pending. The methods are not safe
+// for concurrent use: call them before Run or from callbacks. The control
+// operations (ResetCaches, Counters, WaitIdle) are only valid while Run is
+// not running.
+type Engine interface {
+	// Replicas returns the replica names, as the gateways' x-kvmesh-replica
+	// header spells them, in a fixed order (index 0 is "A" in the seed's
+	// terms, 1 is "B").
+	Replicas() []string
+	// Gateways returns how many gateways there are.
+	Gateways() int
+	// Now returns the current model time.
+	Now() time.Duration
+	// At schedules fn at model time t (immediately if t has passed).
+	At(t time.Duration, fn func())
+	// Send starts req and calls done with its outcome. It never retries.
+	Send(req Request, done func(Outcome))
+	// Observe samples the engines' gauges and calls done with the sample.
+	Observe(done func(Observation))
+	// Run executes callbacks until nothing is pending or ctx ends; on ctx's
+	// end it abandons pending timers, waits for in-flight requests to stop
+	// and returns ctx's error.
+	Run(ctx context.Context) error
+	// ResetCaches clears every engine's prefix cache and fails unless each
+	// engine reports success.
+	ResetCaches(ctx context.Context) error
+	// Counters returns a snapshot of the cumulative counters.
+	Counters(ctx context.Context) (Counters, error)
+	// WaitIdle blocks until no engine has running or waiting requests.
+	WaitIdle(ctx context.Context) error
+	// Close releases the engine; it is idempotent.
+	Close() error
+}
+
+// Cell is one setting of the grid axes that need their own world: the index
+// mode and the number of gateways. An EngineFactory builds an Engine for it.
+type Cell struct {
+	Mode     string
+	Gateways int
+	Replicas int
+}
+
+// EngineFactory builds a fresh Engine for a cell. The Runner closes it when
+// the cell is done.
+type EngineFactory func(ctx context.Context, cell Cell) (Engine, error)
+
+// Do sends reqs concurrently on e, runs e until all complete, and returns
+// their outcomes in order. It is a convenience for initialisation steps and
+// must not be called while e.Run is running.
+func Do(ctx context.Context, e Engine, reqs ...Request) ([]Outcome, error) {
+	out := make([]Outcome, len(reqs))
+	for i := range reqs {
+		e.Send(reqs[i], func(o Outcome) { out[i] = o })
+	}
+	if err := e.Run(ctx); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

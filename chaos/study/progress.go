@@ -1,0 +1,79 @@
+package study
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+)
+
+// NewProgress returns a Progress that draws a bar per phase on w when w is
+// a terminal and writes one plain line per phase otherwise.
+func NewProgress(w io.Writer) Progress {
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		return &barProgress{w: w}
+	}
+	return &lineProgress{w: w}
+}
+
+type barProgress struct {
+	w     io.Writer
+	bar   *progressbar.ProgressBar
+	start time.Time
+}
+
+func (p *barProgress) PhaseStart(name string, total int) {
+	p.start = time.Now()
+	p.bar = progressbar.NewOptions(total,
+		progressbar.OptionSetWriter(p.w),
+		progressbar.OptionSetDescription(fmt.Sprintf("%-44s", name)),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionShowCount(),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionSetPredictTime(false),
+	)
+}
+
+func (p *barProgress) Step() {
+	if p.bar != nil {
+		_ = p.bar.Add(1)
+	}
+}
+
+func (p *barProgress) PhaseDone(name string, run *Run, err error) {
+	if p.bar != nil {
+		_ = p.bar.Finish()
+		p.bar = nil
+	}
+	fmt.Fprintln(p.w)
+	fmt.Fprintln(p.w, phaseLine(name, run, err, time.Since(p.start)))
+}
+
+type lineProgress struct {
+	w     io.Writer
+	start time.Time
+}
+
+func (p *lineProgress) PhaseStart(name string, total int) {
+	p.start = time.Now()
+	fmt.Fprintf(p.w, "phase %s: %d arrivals\n", name, total)
+}
+
+func (p *lineProgress) Step() {}
+
+func (p *lineProgress) PhaseDone(name string, run *Run, err error) {
+	fmt.Fprintln(p.w, phaseLine(name, run, err, time.Since(p.start)))
+}
+
+func phaseLine(name string, run *Run, err error, wall time.Duration) string {
+	if run == nil {
+		return fmt.Sprintf("phase %s: not measured: %v", name, err)
+	}
+	return fmt.Sprintf("phase %s: pass %d/%d, failed %d, TTFT P95 %s s, TPOT P95 %s ms, hit %s, per replica %v (wall %s)",
+		name, run.SLOPass, run.Arrivals, run.Failed, fnum(run.TTFTP95, 3), fnum(run.TPOTP95, 1),
+		fpct(run.TokenHitRate), run.PerReplica, wall.Round(100*time.Millisecond))
+}

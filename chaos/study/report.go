@@ -1,0 +1,462 @@
+package study
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"unicode/utf8"
+)
+
+// Table is a rendered-agnostic table: a header and rows of cells.
+type Table struct {
+	Title  string
+	Header []string
+	Rows   [][]string
+	Notes  []string
+}
+
+// Markdown writes t as a GitHub-flavoured Markdown table.
+func (t *Table) Markdown(w io.Writer) {
+	if t.Title != "" {
+		fmt.Fprintf(w, "### %s\n\n", t.Title)
+	}
+	fmt.Fprintf(w, "| %s |\n", strings.Join(t.Header, " | "))
+	seps := make([]string, len(t.Header))
+	for i := range seps {
+		seps[i] = "---"
+	}
+	fmt.Fprintf(w, "|%s|\n", strings.Join(seps, "|"))
+	for _, r := range t.Rows {
+		fmt.Fprintf(w, "| %s |\n", strings.Join(r, " | "))
+	}
+	fmt.Fprintln(w)
+	for _, n := range t.Notes {
+		fmt.Fprintf(w, "%s\n\n", n)
+	}
+}
+
+// Text writes t as an aligned plain-text table for a terminal.
+func (t *Table) Text(w io.Writer) {
+	width := make([]int, len(t.Header))
+	for i, h := range t.Header {
+		width[i] = utf8.RuneCountInString(h)
+	}
+	for _, r := range t.Rows {
+		for i, c := range r {
+			if i < len(width) {
+				width[i] = max(width[i], utf8.RuneCountInString(c))
+			}
+		}
+	}
+	line := func(cells []string) {
+		var b strings.Builder
+		for i, c := range cells {
+			if i > 0 {
+				b.WriteString("  ")
+			}
+			b.WriteString(c)
+			if i < len(cells)-1 {
+				b.WriteString(strings.Repeat(" ", width[i]-utf8.RuneCountInString(c)))
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+	if t.Title != "" {
+		fmt.Fprintf(w, "== %s ==\n", t.Title)
+	}
+	line(t.Header)
+	for _, r := range t.Rows {
+		line(r)
+	}
+	for _, n := range t.Notes {
+		fmt.Fprintln(w, n)
+	}
+	fmt.Fprintln(w)
+}
+
+func fnum(v Num, prec int) string {
+	f := float64(v)
+	if math.IsNaN(f) {
+		return "—"
+	}
+	return fmt.Sprintf("%.*f", prec, f)
+}
+
+func fpct(v Num) string {
+	f := float64(v)
+	if math.IsNaN(f) {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f%%", 100*f)
+}
+
+// replicaNames returns the replica names of the runs, sorted.
+func replicaNames(runs []Run) []string {
+	seen := map[string]bool{}
+	for _, r := range runs {
+		for n := range r.PerReplica {
+			seen[n] = true
+		}
+		for n := range r.MaxWaiting {
+			seen[n] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func joinCounts(m map[string]int, names []string) string {
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprint(m[n])
+	}
+	return strings.Join(parts, " / ")
+}
+
+func selectionString(m map[string]int) string {
+	if m == nil {
+		return "—"
+	}
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+// CellLabel describes a cell for table titles; gateways > 1 are labelled
+// isolated while the gateways share no index.
+func CellLabel(mode string, gateways int, isolated bool) string {
+	if gateways == 1 {
+		return mode + " · 1 gateway"
+	}
+	if isolated {
+		return fmt.Sprintf("%s · %d gateways (isolated: no index replication yet)", mode, gateways)
+	}
+	return fmt.Sprintf("%s · %d gateways", mode, gateways)
+}
+
+type cellKey struct {
+	mode     string
+	gateways int
+}
+
+// ScenarioTables returns one table per (scenario, cell), rounds separate,
+// rows in the order the runs appear.
+func ScenarioTables(res *Results) []Table {
+	var out []Table
+	for _, sc := range scenariosOf(res) {
+		for _, ck := range cellsOf(res) {
+			var runs []Run
+			for _, r := range res.Runs {
+				if r.Scenario == sc && r.Mode == ck.mode && r.Gateways == ck.gateways {
+					runs = append(runs, r)
+				}
+			}
+			if len(runs) == 0 {
+				continue
+			}
+			out = append(out, runTable(sc+" — "+CellLabel(ck.mode, ck.gateways, res.Config.GatewaysIsolated), runs))
+		}
+	}
+	return out
+}
+
+func runTable(title string, runs []Run) Table {
+	names := replicaNames(runs)
+	rs := slices.Clone(runs)
+	slices.SortStableFunc(rs, func(a, b Run) int { return a.Round - b.Round })
+	t := Table{
+		Title: title,
+		Header: []string{"round", "strategy", "TTFT P95 s", "TPOT P95 ms", "E2E P95 s", "token hit",
+			"pass / arrivals", "failed", strings.Join(names, " / ") + " requests",
+			"max waiting " + strings.Join(names, " / "), "selection"},
+	}
+	for _, r := range rs {
+		t.Rows = append(t.Rows, []string{
+			fmt.Sprint(r.Round), r.Strategy, fnum(r.TTFTP95, 3), fnum(r.TPOTP95, 1), fnum(r.E2EP95, 2),
+			fpct(r.TokenHitRate), fmt.Sprintf("%d / %d", r.SLOPass, r.Arrivals), fmt.Sprint(r.Failed),
+			joinCounts(r.PerReplica, names), joinCounts(r.MaxWaiting, names), selectionString(r.Selection),
+		})
+	}
+	return t
+}
+
+func scenariosOf(res *Results) []string {
+	var out []string
+	for _, r := range res.Runs {
+		if !slices.Contains(out, r.Scenario) {
+			out = append(out, r.Scenario)
+		}
+	}
+	return out
+}
+
+func cellsOf(res *Results) []cellKey {
+	var out []cellKey
+	for _, r := range res.Runs {
+		k := cellKey{r.Mode, r.Gateways}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// Verdict returns the one-line verdict for a scenario: the strategy (and
+// cell) with the most SLO passes summed over rounds (lower worst TTFT P95
+// breaks ties), the one with the fewest, and how cost fared when it ran.
+func Verdict(res *Results, scenario string) string {
+	type agg struct {
+		label    string
+		pass     []int
+		arrivals int
+		ttft     float64
+		maxShare float64
+	}
+	var aggs []*agg
+	find := func(label string) *agg {
+		for _, a := range aggs {
+			if a.label == label {
+				return a
+			}
+		}
+		a := &agg{label: label}
+		aggs = append(aggs, a)
+		return a
+	}
+	multiCell := len(cellsOf(res)) > 1
+	for _, r := range res.Runs {
+		if r.Scenario != scenario {
+			continue
+		}
+		label := r.Strategy
+		if multiCell {
+			label = fmt.Sprintf("%s@%s/g%d", r.Strategy, r.Mode, r.Gateways)
+		}
+		a := find(label)
+		a.pass = append(a.pass, r.SLOPass)
+		a.arrivals += r.Arrivals
+		if t := float64(r.TTFTP95); !math.IsNaN(t) && t > a.ttft {
+			a.ttft = t
+		}
+		tot, top := 0, 0
+		for _, c := range r.PerReplica {
+			tot += c
+			top = max(top, c)
+		}
+		if tot > 0 {
+			a.maxShare = max(a.maxShare, float64(top)/float64(tot))
+		}
+	}
+	if len(aggs) == 0 {
+		return fmt.Sprintf("**%s**: not measured.", scenario)
+	}
+	total := func(a *agg) int {
+		s := 0
+		for _, p := range a.pass {
+			s += p
+		}
+		return s
+	}
+	slices.SortStableFunc(aggs, func(a, b *agg) int {
+		if d := total(b) - total(a); d != 0 {
+			return d
+		}
+		switch {
+		case a.ttft < b.ttft:
+			return -1
+		case a.ttft > b.ttft:
+			return 1
+		}
+		return 0
+	})
+	desc := func(a *agg) string {
+		ps := make([]string, len(a.pass))
+		for i, p := range a.pass {
+			ps[i] = fmt.Sprint(p)
+		}
+		return fmt.Sprintf("%s (%s = %d/%d pass, worst TTFT P95 %.2f s, busiest replica %.0f%%)",
+			a.label, strings.Join(ps, "+"), total(a), a.arrivals, a.ttft, 100*a.maxShare)
+	}
+	best, worst := aggs[0], aggs[len(aggs)-1]
+	line := fmt.Sprintf("**%s**: best %s", scenario, desc(best))
+	if worst != best {
+		line += "; worst " + desc(worst)
+	}
+	return line + "."
+}
+
+// CalibrationTable sets the history-mode, one-gateway runs next to the seed's
+// published rows, scenario by scenario and round by round. It returns false
+// when there is nothing to compare.
+func CalibrationTable(res *Results) (Table, bool) {
+	t := Table{
+		Title: "Calibration: ours vs the seed study (history mode, 1 gateway)",
+		Header: []string{"scenario / round", "strategy", "TTFT P95 s ours | seed", "TPOT P95 ms ours | seed",
+			"token hit ours | seed", "pass ours | seed (of 96)", "A / B ours | seed"},
+		Notes: []string{"Seed: AIBrix v0.7.0, 2× vLLM Qwen3.8-27B-FP8 on one L20 each, tables in study-zh.txt §4–5. " +
+			"Ours: the simulator profile named in the config, in model time. A/B = the first / second replica; " +
+			"in hot scenarios B (the second) holds the hot group, as in the seed."},
+	}
+	for _, sr := range SeedTable {
+		for _, r := range res.Runs {
+			if r.Mode != "history" || r.Gateways != 1 || r.Scenario != sr.Scenario || r.Round != sr.Round || r.Strategy != sr.Strategy {
+				continue
+			}
+			names := replicaNames([]Run{r})
+			t.Rows = append(t.Rows, []string{
+				fmt.Sprintf("%s / %d", sr.Scenario, sr.Round), sr.Strategy,
+				fmt.Sprintf("%s | %.3f", fnum(r.TTFTP95, 3), sr.TTFTP95),
+				fmt.Sprintf("%s | %.1f", fnum(r.TPOTP95, 1), sr.TPOTP95),
+				fmt.Sprintf("%s | %.1f%%", fpct(r.TokenHitRate), 100*sr.HitRate),
+				fmt.Sprintf("%d/%d | %d", r.SLOPass, r.Arrivals, sr.SLOPass),
+				fmt.Sprintf("%s | %d / %d", joinCounts(r.PerReplica, names), sr.A, sr.B),
+			})
+		}
+	}
+	return t, len(t.Rows) > 0
+}
+
+// BeatCheck evaluates issue 5's goal for cost in kv-events or hybrid mode:
+// per scenario and round, SLO pass ≥ the best of least-request and
+// prefix-cache (same cell), TTFT P95 ≤ least-request's, token hit rate ≥
+// prefix-cache's minus 2 points. It returns false when cost did not run in
+// those modes next to both baselines.
+func BeatCheck(res *Results) (Table, bool) {
+	t := Table{
+		Title:  "Beat-it check: cost vs least-request and prefix-cache (same mode, gateways, round)",
+		Header: []string{"scenario / round", "cell", "pass cost | best(LR,PC)", "TTFT P95 cost | LR", "hit cost | PC−2pt", "verdict"},
+	}
+	get := func(k PhaseKey) *Run {
+		for i := range res.Runs {
+			if res.Runs[i].Key() == k {
+				return &res.Runs[i]
+			}
+		}
+		return nil
+	}
+	for _, c := range res.Runs {
+		if c.Strategy != "cost" || c.Mode == "history" {
+			continue
+		}
+		k := c.Key()
+		k.Strategy = "least-request"
+		lr := get(k)
+		k.Strategy = "prefix-cache"
+		pc := get(k)
+		if lr == nil || pc == nil {
+			continue
+		}
+		best := max(lr.SLOPass, pc.SLOPass)
+		okPass := c.SLOPass >= best
+		okTTFT := float64(c.TTFTP95) <= float64(lr.TTFTP95)
+		okHit := float64(c.TokenHitRate) >= float64(pc.TokenHitRate)-0.02
+		var miss []string
+		if !okPass {
+			miss = append(miss, "pass")
+		}
+		if !okTTFT {
+			miss = append(miss, "TTFT")
+		}
+		if !okHit {
+			miss = append(miss, "hit rate")
+		}
+		v := "meets"
+		if len(miss) > 0 {
+			v = "misses " + strings.Join(miss, ", ")
+		}
+		t.Rows = append(t.Rows, []string{
+			fmt.Sprintf("%s / %d", c.Scenario, c.Round), fmt.Sprintf("%s/g%d", c.Mode, c.Gateways),
+			fmt.Sprintf("%d | %d", c.SLOPass, best),
+			fmt.Sprintf("%s | %s", fnum(c.TTFTP95, 3), fnum(lr.TTFTP95, 3)),
+			fmt.Sprintf("%s | %s", fpct(c.TokenHitRate), fpct(pc.TokenHitRate-0.02)),
+			v,
+		})
+	}
+	return t, len(t.Rows) > 0
+}
+
+// WriteTables writes every table and verdict as plain text (stdout).
+func WriteTables(w io.Writer, res *Results) {
+	for _, t := range ScenarioTables(res) {
+		t.Text(w)
+	}
+	for _, sc := range scenariosOf(res) {
+		fmt.Fprintln(w, strings.ReplaceAll(Verdict(res, sc), "**", ""))
+	}
+	fmt.Fprintln(w)
+	if t, ok := CalibrationTable(res); ok {
+		t.Text(w)
+	}
+	if t, ok := BeatCheck(res); ok {
+		t.Text(w)
+	}
+	if bad := unmeasured(res); len(bad) > 0 {
+		fmt.Fprintf(w, "Not measured (initialisation failed): %s\n", strings.Join(bad, ", "))
+	}
+}
+
+func unmeasured(res *Results) []string {
+	var out []string
+	for _, p := range res.Phases {
+		if !p.Measured {
+			out = append(out, p.Name)
+		}
+	}
+	return out
+}
+
+// WriteMarkdown writes report.md.
+func WriteMarkdown(w io.Writer, res *Results) error {
+	c := res.Config
+	fmt.Fprintf(w, "# kvbench report\n\n")
+	fmt.Fprintf(w, "Engine `%s`, profile `%s`, speed %g (all times are model time), %g RPS, %d arrivals per phase, "+
+		"in-flight cap %d, max_tokens %d, %d replicas, seed %d, %d round(s) (even rounds run the strategies in reverse).\n\n",
+		c.Engine, c.Profile, c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.MaxTokens, c.Replicas, c.Seed, c.Rounds)
+	fmt.Fprintf(w, "Pass = complete stream (HTTP 200, content, [DONE], exactly max_tokens completion tokens) and "+
+		"TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v, over scheduled arrivals (unsent arrivals count as failures). "+
+		"P95 by linear interpolation over successful requests. Token hit = Δvllm:prefix_cache_hits_total / "+
+		"Δvllm:prefix_cache_queries_total over the phase, summed over engines. Selection = Δkvmesh_route_decisions_total "+
+		"(— when the gateways do not expose it).\n\n", c.SLO.TTFT, c.SLO.TPOT, c.SLO.E2E)
+	if c.GatewaysIsolated && slices.ContainsFunc(c.Gateways, func(g int) bool { return g > 1 }) {
+		fmt.Fprintf(w, "Gateway counts above 1 run **isolated** gateways (arrivals round-robin, no shared index): "+
+			"the replication work is a later issue.\n\n")
+	}
+	fmt.Fprintf(w, "## Verdicts\n\n")
+	for _, sc := range scenariosOf(res) {
+		fmt.Fprintf(w, "- %s\n", Verdict(res, sc))
+	}
+	fmt.Fprintln(w)
+	if bad := unmeasured(res); len(bad) > 0 {
+		fmt.Fprintf(w, "Not measured (initialisation failed, as the seed's rule prescribes): %s. See phases.json.\n\n", strings.Join(bad, ", "))
+	}
+	fmt.Fprintf(w, "## Tables\n\n")
+	for _, t := range ScenarioTables(res) {
+		t.Markdown(w)
+	}
+	if t, ok := CalibrationTable(res); ok {
+		fmt.Fprintf(w, "## Calibration\n\n")
+		t.Markdown(w)
+	}
+	if t, ok := BeatCheck(res); ok {
+		fmt.Fprintf(w, "## Beating it\n\n")
+		t.Markdown(w)
+	}
+	return nil
+}

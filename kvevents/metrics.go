@@ -1,0 +1,57 @@
+package kvevents
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the subscriber-side counters, labelled by replica. One Metrics
+// is shared by all Subscribers of a process; register it once.
+type Metrics struct {
+	Batches       *prometheus.CounterVec // {replica}
+	Events        *prometheus.CounterVec // {replica,type}
+	IgnoredEvents *prometheus.CounterVec // {replica}: events of unknown type
+	Malformed     *prometheus.CounterVec // {replica}: payloads or frames that failed to decode
+	Gaps          *prometheus.CounterVec // {replica}: seq jumps forward
+	Replays       *prometheus.CounterVec // {replica,result}: complete|partial|failed
+	Resets        *prometheus.CounterVec // {replica,reason}
+	Duplicates    *prometheus.CounterVec // {replica}: batches already delivered
+	Dropped       *prometheus.CounterVec // {replica}: dropped on a full queue
+	Reconnects    *prometheus.CounterVec // {replica}: SUB connections re-established
+}
+
+// NewMetrics creates unregistered counters.
+func NewMetrics() *Metrics {
+	c := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "kvmesh", Subsystem: "kvevents", Name: name, Help: help,
+		}, labels)
+	}
+	return &Metrics{
+		Batches:       c("batches_total", "KV-event batches delivered to the handler.", "replica"),
+		Events:        c("events_total", "KV events delivered to the handler, by type.", "replica", "type"),
+		IgnoredEvents: c("ignored_events_total", "KV events of unknown type skipped.", "replica"),
+		Malformed:     c("malformed_total", "KV-event messages that failed to decode (including batches with no known events).", "replica"),
+		Gaps:          c("gaps_total", "Forward jumps in a replica's sequence numbers.", "replica"),
+		Replays:       c("replays_total", "Replay requests, by result (complete, partial, failed).", "replica", "result"),
+		Resets:        c("resets_total", "Times a replica's confirmed state was declared unknown, by reason.", "replica", "reason"),
+		Duplicates:    c("duplicates_total", "Batches dropped because their seq was already delivered.", "replica"),
+		Dropped:       c("dropped_total", "Batches dropped because the delivery queue was full.", "replica"),
+		Reconnects:    c("reconnects_total", "SUB connections (re)established to a replica's publisher.", "replica"),
+	}
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.Batches, m.Events, m.IgnoredEvents, m.Malformed, m.Gaps,
+		m.Replays, m.Resets, m.Duplicates, m.Dropped, m.Reconnects}
+}
+
+// Register registers every counter on r.
+func (m *Metrics) Register(r prometheus.Registerer) error {
+	var errs []error
+	for _, c := range m.collectors() {
+		errs = append(errs, r.Register(c))
+	}
+	return errors.Join(errs...)
+}

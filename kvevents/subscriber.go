@@ -1,0 +1,560 @@
+package kvevents
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// discardStdLogger silences zmq4's own stderr logging; connection trouble is
+// reported through slog by the loops that see it.
+var discardStdLogger = log.New(io.Discard, "", 0)
+
+// ResetReason says why a replica's confirmed state became unknown.
+type ResetReason uint8
+
+const (
+	// ResetRewind: the sequence went backwards, i.e. the engine restarted.
+	ResetRewind ResetReason = iota + 1
+	// ResetGapUnrecoverable: batches were missed and replay could not
+	// supply them (no replay endpoint, buffer rolled over, timeout).
+	ResetGapUnrecoverable
+	// ResetOverflow: the delivery queue was full and batches were dropped.
+	ResetOverflow
+)
+
+func (r ResetReason) String() string {
+	switch r {
+	case ResetRewind:
+		return "rewind"
+	case ResetGapUnrecoverable:
+		return "gap_unrecoverable"
+	case ResetOverflow:
+		return "overflow"
+	}
+	return fmt.Sprintf("ResetReason(%d)", uint8(r))
+}
+
+// Handler receives one replica's stream in order. A Subscriber calls it from
+// a single goroutine, so calls for one replica never overlap; Handlers shared
+// by several Subscribers must be safe for concurrent use across replicas.
+// A slow Handler delays only its own replica (its queue fills, then resets).
+type Handler interface {
+	// HandleBatch delivers the batch with sequence number seq. b and
+	// everything it points to are reused after HandleBatch returns: copy
+	// what you keep.
+	HandleBatch(replica string, seq Seq, b *Batch)
+	// HandleReset says the replica's confirmed state is unknown (engine
+	// restart, unrecoverable gap, queue overflow): drop it and rebuild from
+	// the batches that follow.
+	HandleReset(replica string, reason ResetReason)
+}
+
+// SubscriberConfig configures the consumer of one engine replica's events.
+type SubscriberConfig struct {
+	// Replica names the engine in Handler calls, metrics and logs.
+	Replica string
+	// Endpoint is the engine's PUB address, dialled (tcp://10.0.0.5:5557).
+	Endpoint string
+	// Bind listens on Endpoint instead, for engines whose publisher connects
+	// (kvmesh's kv-bind=); e.g. tcp://127.0.0.1:0 in tests.
+	Bind bool
+	// ReplayEndpoint is the engine's ROUTER for replay; "" = no replay, so
+	// every gap resets.
+	ReplayEndpoint string
+	// Topic is the subscription prefix; "" receives every topic.
+	Topic string
+	// ReconnectMin and ReconnectMax bound the exponential backoff between
+	// dial attempts after the publisher goes away (100ms..5s: quick after a
+	// blip, gentle on an engine that is down for a while).
+	ReconnectMin, ReconnectMax time.Duration
+	// QueueSize bounds the batches decoded but not yet handled; beyond it
+	// batches are dropped and the replica is reset. 1024 steps is several
+	// seconds of a busy engine.
+	QueueSize int
+	// ReplayTimeout bounds one replay request end to end (2s); live batches
+	// queue meanwhile.
+	ReplayTimeout time.Duration
+	// JoinReplay: when the first batch seen has seq > 0 (the subscriber
+	// started after the engine), first replay from seq 0 to learn what is
+	// already cached, as far as the engine's buffer reaches. Default true.
+	JoinReplay bool
+}
+
+// DefaultSubscriberConfig returns defaults; Replica and Endpoint must be set.
+func DefaultSubscriberConfig() SubscriberConfig {
+	return SubscriberConfig{
+		ReconnectMin:  100 * time.Millisecond,
+		ReconnectMax:  5 * time.Second,
+		QueueSize:     1024,
+		ReplayTimeout: 2 * time.Second,
+		JoinReplay:    true,
+	}
+}
+
+// Validate reports the first invalid field, wrapping ErrBadConfig.
+func (c SubscriberConfig) Validate() error {
+	switch {
+	case c.Replica == "":
+		return fmt.Errorf("%w: Replica is empty", ErrBadConfig)
+	case !strings.Contains(c.Endpoint, "://"):
+		return fmt.Errorf("%w: Endpoint %q is not a ZMQ address", ErrBadConfig, c.Endpoint)
+	case c.ReplayEndpoint != "" && !strings.Contains(c.ReplayEndpoint, "://"):
+		return fmt.Errorf("%w: ReplayEndpoint %q is not a ZMQ address", ErrBadConfig, c.ReplayEndpoint)
+	case c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin:
+		return fmt.Errorf("%w: reconnect backoff %v..%v", ErrBadConfig, c.ReconnectMin, c.ReconnectMax)
+	case c.QueueSize < 1:
+		return fmt.Errorf("%w: QueueSize %d < 1", ErrBadConfig, c.QueueSize)
+	case c.ReplayTimeout <= 0:
+		return fmt.Errorf("%w: ReplayTimeout %v <= 0", ErrBadConfig, c.ReplayTimeout)
+	}
+	return nil
+}
+
+// item is one live message on its way from the reader to the writer.
+type item struct {
+	seq     Seq
+	b       *Batch // nil when err != nil
+	err     error
+	ignored int
+	// afterOverflow: messages before this one were dropped on a full queue.
+	afterOverflow bool
+}
+
+// Subscriber consumes one engine replica's KV events: a reader goroutine
+// receives and decodes into a bounded queue (it never waits on the
+// Handler), a writer goroutine tracks sequence numbers, replays gaps through
+// a DEALER, resets on rewinds, and calls the Handler in order.
+type Subscriber struct {
+	cfg   SubscriberConfig
+	h     Handler
+	log   *slog.Logger
+	topic []byte
+	q     chan item
+	pool  sync.Pool
+
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	cancel   context.CancelFunc
+	sock     zmq4.Socket
+	addr     string
+	wg       sync.WaitGroup
+	closeErr error
+	once     sync.Once
+
+	// dropLive is a test hook: live messages whose seq it accepts are
+	// discarded by the reader as if never received.
+	dropLive func(Seq) bool
+
+	// Writer state, owned by the writer goroutine.
+	hasLast  bool
+	last     Seq // last seq delivered (or accounted as malformed)
+	hasLive  bool
+	lastLive Seq // last live seq seen, for rewind detection
+	dec      *Decoder
+
+	mBatches, mIgnored, mMalformed, mGaps, mDup, mDropped, mReconnects prometheus.Counter
+	mEvents                                                            [4]prometheus.Counter
+	mResets                                                            [4]prometheus.Counter
+	mReplays                                                           map[string]prometheus.Counter
+}
+
+// NewSubscriber validates cfg; nothing is opened before Start. m may be
+// nil (counters are then kept but not exported); logger may be nil.
+func NewSubscriber(cfg SubscriberConfig, h Handler, m *Metrics, logger *slog.Logger) (*Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, fmt.Errorf("%w: nil Handler", ErrBadConfig)
+	}
+	if m == nil {
+		m = NewMetrics()
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	r := cfg.Replica
+	s := &Subscriber{
+		cfg:         cfg,
+		h:           h,
+		log:         logger.With("component", "kvevents.subscriber", "replica", r),
+		topic:       []byte(cfg.Topic),
+		q:           make(chan item, cfg.QueueSize),
+		pool:        sync.Pool{New: func() any { return new(Batch) }},
+		dec:         NewDecoder(),
+		mBatches:    m.Batches.WithLabelValues(r),
+		mIgnored:    m.IgnoredEvents.WithLabelValues(r),
+		mMalformed:  m.Malformed.WithLabelValues(r),
+		mGaps:       m.Gaps.WithLabelValues(r),
+		mDup:        m.Duplicates.WithLabelValues(r),
+		mDropped:    m.Dropped.WithLabelValues(r),
+		mReconnects: m.Reconnects.WithLabelValues(r),
+		mReplays:    map[string]prometheus.Counter{},
+	}
+	for _, k := range []Kind{KindBlockStored, KindBlockRemoved, KindAllBlocksCleared} {
+		s.mEvents[k] = m.Events.WithLabelValues(r, k.String())
+	}
+	for _, rr := range []ResetReason{ResetRewind, ResetGapUnrecoverable, ResetOverflow} {
+		s.mResets[rr] = m.Resets.WithLabelValues(r, rr.String())
+	}
+	for _, res := range []string{replayComplete, replayPartial, replayFailed} {
+		s.mReplays[res] = m.Replays.WithLabelValues(r, res)
+	}
+	return s, nil
+}
+
+const (
+	replayComplete = "complete"
+	replayPartial  = "partial"
+	replayFailed   = "failed"
+)
+
+// Start opens the SUB socket (listening on Endpoint in Bind mode, which is
+// where an error can come from) and starts the reader and writer. Dialling
+// happens in the background with backoff, so an engine that is not up yet
+// is not an error. Cancelling ctx stops the Subscriber like Close. A second
+// Start is a no-op; Start after Close returns ErrClosed.
+func (s *Subscriber) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if s.started {
+		return nil
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	sock := zmq4.NewSub(runCtx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(discardStdLogger))
+	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
+		cancel()
+		_ = sock.Close()
+		return fmt.Errorf("kvevents: subscribe: %w", err)
+	}
+	s.addr = s.cfg.Endpoint
+	if s.cfg.Bind {
+		if err := sock.Listen(s.cfg.Endpoint); err != nil {
+			cancel()
+			_ = sock.Close()
+			return fmt.Errorf("kvevents: bind SUB %s: %w", s.cfg.Endpoint, err)
+		}
+		s.addr = sockAddr(sock, s.cfg.Endpoint)
+	}
+	s.sock, s.cancel, s.started = sock, cancel, true
+	s.wg.Add(2)
+	go s.readLoop(runCtx)
+	go s.writeLoop(runCtx)
+	s.log.Info("kv-event subscriber started", "endpoint", s.addr, "bind", s.cfg.Bind, "replay", s.cfg.ReplayEndpoint)
+	return nil
+}
+
+// Addr is the SUB's resolved listening address in Bind mode (after Start),
+// else Endpoint.
+func (s *Subscriber) Addr() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addr
+}
+
+// Close stops both goroutines and closes the socket, waiting for a Handler
+// call in progress (so never call Close from a Handler). Idempotent.
+func (s *Subscriber) Close() error {
+	s.once.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		started := s.started
+		s.mu.Unlock()
+		if !started {
+			return
+		}
+		s.cancel()
+		s.closeErr = s.sock.Close()
+		s.wg.Wait()
+		s.log.Info("kv-event subscriber closed")
+	})
+	return s.closeErr
+}
+
+// readLoop receives, decodes and enqueues; it never blocks on the writer.
+func (s *Subscriber) readLoop(ctx context.Context) {
+	defer s.wg.Done()
+	backoff := s.cfg.ReconnectMin
+	wait := func() bool {
+		t := time.NewTimer(backoff)
+		defer t.Stop()
+		backoff = min(2*backoff, s.cfg.ReconnectMax)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	connected := s.cfg.Bind
+	overflow := false
+	dec := NewDecoder()
+	for ctx.Err() == nil {
+		if !connected {
+			if err := s.sock.Dial(s.cfg.Endpoint); err != nil {
+				s.log.Debug("kv-event dial failed", "endpoint", s.cfg.Endpoint, "err", err, "retry_in", backoff)
+				if !wait() {
+					return
+				}
+				continue
+			}
+			connected, backoff = true, s.cfg.ReconnectMin
+			s.mReconnects.Inc()
+			s.log.Info("kv-event subscriber connected", "endpoint", s.cfg.Endpoint)
+		}
+		msg, err := s.sock.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// zmq4 reports a publisher going away as an error (io.EOF):
+			// redial. A bound SUB keeps listening for the publisher to
+			// come back.
+			s.log.Info("kv-event publisher went away", "err", err)
+			if !s.cfg.Bind {
+				connected = false
+			} else if !wait() {
+				return
+			}
+			continue
+		}
+		backoff = s.cfg.ReconnectMin
+		f := msg.Frames
+		if len(f) != 3 || len(f[1]) != 8 || !bytes.HasPrefix(f[0], s.topic) {
+			s.mMalformed.Inc()
+			s.log.Warn("kv-event message with unexpected frames", "frames", len(f))
+			continue
+		}
+		it := item{seq: Seq(binary.BigEndian.Uint64(f[1]))}
+		if s.dropLive != nil && s.dropLive(it.seq) {
+			continue
+		}
+		b := s.pool.Get().(*Batch)
+		it.ignored, it.err = dec.Decode(f[2], b)
+		if it.err != nil {
+			s.pool.Put(b)
+		} else {
+			it.b = b
+		}
+		it.afterOverflow = overflow
+		select {
+		case s.q <- it:
+			overflow = false
+		default:
+			if it.b != nil {
+				s.pool.Put(it.b)
+			}
+			s.mDropped.Inc()
+			if !overflow {
+				s.log.Warn("kv-event queue full, dropping batches", "seq", uint64(it.seq), "queue", s.cfg.QueueSize)
+			}
+			overflow = true
+		}
+	}
+}
+
+// writeLoop delivers queued batches in order, replaying gaps.
+func (s *Subscriber) writeLoop(ctx context.Context) {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case it := <-s.q:
+			s.live(ctx, it)
+		}
+	}
+}
+
+// live applies the sequence rules to one live message.
+func (s *Subscriber) live(ctx context.Context, it item) {
+	joinReplay := s.cfg.JoinReplay
+	if it.afterOverflow {
+		s.reset(ResetOverflow)
+		s.hasLive = false
+		// A replay now would feed more into a handler that just fell behind.
+		joinReplay = false
+	}
+	if s.hasLive {
+		switch {
+		case it.seq < s.lastLive:
+			s.log.Info("kv-event sequence rewound: engine restarted", "seq", uint64(it.seq), "last", uint64(s.lastLive))
+			s.reset(ResetRewind)
+			s.hasLive = false
+		case it.seq == s.lastLive:
+			s.mDup.Inc()
+			s.recycle(it.b)
+			return
+		}
+	}
+	s.hasLive, s.lastLive = true, it.seq
+
+	if !s.hasLast {
+		if joinReplay && it.seq > 0 && s.cfg.ReplayEndpoint != "" {
+			s.replay(ctx, 0, it.seq)
+		}
+	} else if it.seq > s.last+1 {
+		s.mGaps.Inc()
+		s.log.Info("kv-event gap", "expected", uint64(s.last+1), "got", uint64(it.seq))
+		if s.cfg.ReplayEndpoint != "" {
+			s.replay(ctx, s.last+1, it.seq)
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if s.hasLast {
+		switch {
+		case it.seq <= s.last:
+			// Already delivered by a replay.
+			s.mDup.Inc()
+			s.recycle(it.b)
+			return
+		case it.seq > s.last+1:
+			s.reset(ResetGapUnrecoverable)
+		}
+	}
+	s.deliver(it.seq, it.b, it.err, it.ignored)
+}
+
+// replay asks the engine's ROUTER for batches from `from` on and delivers
+// those before `until` (the live batch that revealed the gap) in order.
+// Batches it cannot place after the last delivered one trigger a reset.
+func (s *Subscriber) replay(ctx context.Context, from, until Seq) {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+	defer cancel()
+	result := replayFailed
+	defer func() {
+		if ctx.Err() == nil {
+			s.mReplays[result].Inc()
+		}
+	}()
+	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(discardStdLogger))
+	defer d.Close()
+	if err := d.Dial(s.cfg.ReplayEndpoint); err != nil {
+		s.log.Warn("kv-event replay: dial failed", "endpoint", s.cfg.ReplayEndpoint, "err", err)
+		return
+	}
+	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(from))); err != nil {
+		s.log.Warn("kv-event replay: request failed", "err", err)
+		return
+	}
+	delivered, contiguous := 0, true
+	for {
+		msg, err := d.Recv()
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("kv-event replay incomplete", "from", uint64(from), "until", uint64(until), "delivered", delivered, "err", err)
+			}
+			break
+		}
+		seq, payload, ok := parseReplayReply(msg.Frames)
+		if !ok {
+			s.mMalformed.Inc()
+			continue
+		}
+		if seq == ReplayEnd || seq >= until {
+			break
+		}
+		if s.hasLast && seq <= s.last {
+			continue
+		}
+		if s.hasLast && seq != s.last+1 {
+			// The engine's buffer no longer holds what we missed.
+			s.log.Info("kv-event replay cannot cover the gap", "expected", uint64(s.last+1), "oldest", uint64(seq))
+			s.reset(ResetGapUnrecoverable)
+			contiguous = false
+		}
+		if delivered == 0 && seq != from {
+			contiguous = false
+		}
+		b := s.pool.Get().(*Batch)
+		ignored, derr := s.dec.Decode(payload, b)
+		s.deliver(seq, b, derr, ignored)
+		delivered++
+	}
+	switch {
+	case contiguous && s.hasLast && s.last+1 == until:
+		result = replayComplete
+	case delivered > 0:
+		result = replayPartial
+	}
+	s.log.Debug("kv-event replay done", "from", uint64(from), "until", uint64(until), "delivered", delivered, "result", result)
+}
+
+// parseReplayReply accepts both reply forms as a DEALER sees them: an empty
+// delimiter frame, then [seq, payload] (vLLM <= v0.25) or [topic, seq,
+// payload] (v0.26). A leading empty frame is dropped when at least three
+// frames arrive; that also reads an undelimited [topic="", seq, payload]
+// correctly.
+func parseReplayReply(f [][]byte) (Seq, []byte, bool) {
+	if len(f) >= 3 && len(f[0]) == 0 {
+		f = f[1:]
+	}
+	var seqFrame, payload []byte
+	switch len(f) {
+	case 2:
+		seqFrame, payload = f[0], f[1]
+	case 3:
+		seqFrame, payload = f[1], f[2]
+	default:
+		return 0, nil, false
+	}
+	if len(seqFrame) != 8 {
+		return 0, nil, false
+	}
+	return Seq(binary.BigEndian.Uint64(seqFrame)), payload, true
+}
+
+// deliver hands one batch to the Handler (or counts it malformed) and
+// advances the delivered sequence.
+func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) {
+	s.hasLast, s.last = true, seq
+	if ignored > 0 {
+		s.mIgnored.Add(float64(ignored))
+	}
+	if err != nil {
+		// The batch is lost; its seq is consumed so it does not look like a
+		// gap. Its content cannot be recovered by replay either.
+		s.mMalformed.Inc()
+		s.log.Warn("kv-event batch failed to decode", "seq", uint64(seq), "err", err)
+		s.recycle(b)
+		return
+	}
+	s.h.HandleBatch(s.cfg.Replica, seq, b)
+	s.mBatches.Inc()
+	for i := range b.Events {
+		if k := b.Events[i].Kind; int(k) < len(s.mEvents) && s.mEvents[k] != nil {
+			s.mEvents[k].Inc()
+		}
+	}
+	s.recycle(b)
+}
+
+func (s *Subscriber) reset(r ResetReason) {
+	s.mResets[r].Inc()
+	s.log.Warn("kv-event replica state reset", "reason", r.String())
+	s.h.HandleReset(s.cfg.Replica, r)
+	s.hasLast = false
+}
+
+func (s *Subscriber) recycle(b *Batch) {
+	if b != nil {
+		s.pool.Put(b)
+	}
+}

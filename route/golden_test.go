@@ -23,7 +23,7 @@ var update = flag.Bool("update", false, "rewrite the expected outputs in testdat
 // Script format, one command per line (# starts a comment):
 //
 //	strategy NAME [key=value ...]   fresh strategy (and cost model); keys:
-//	                                prefix-cache abs k; consistent-hash vnodes c floor;
+//	                                prefix-cache abs k local; consistent-hash vnodes c floor;
 //	                                cost prefill decode out overhead chunk maxrun kvsat alpha minsample
 //	seed N                          reseed the random generator
 //	request key=value ...           blocks block_tokens prompt max_tokens session
@@ -275,6 +275,9 @@ func (sc *scenario) newStrategy(path string, line int, name string, kv map[strin
 	case NamePrefixCache:
 		sc.num(path, line, kv, "abs", &cfg.PrefixCache.ImbalanceAbsCount)
 		sc.flt(path, line, kv, "k", &cfg.PrefixCache.StdDevFactor)
+		var local int
+		sc.num(path, line, kv, "local", &local)
+		cfg.PrefixCache.LocalLoad = local != 0
 		s, err := NewPrefixCache(cfg.PrefixCache)
 		if err != nil {
 			sc.fatalf(path, line, "%v", err)

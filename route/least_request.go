@@ -28,13 +28,27 @@ func (LeastRequest) Pick(req *Request, cands []Candidate, rng *Rand, explain *Ex
 
 // leastInFlight returns the index of a candidate with the minimum InFlight,
 // uniform among ties (reservoir sampling: one pass, no scratch).
-func leastInFlight(cands []Candidate, rng *Rand) int {
-	best, ties := 0, 0
+func leastInFlight(cands []Candidate, rng *Rand) int { return leastLoaded(cands, rng, false) }
+
+// loadOf is a candidate's in-flight count: this gateway's own (local) or
+// the cluster-wide one.
+func loadOf(c *Candidate, local bool) int {
+	if local {
+		return c.LocalInFlight
+	}
+	return c.InFlight
+}
+
+// leastLoaded returns the index of a candidate with the minimum load,
+// uniform among ties.
+func leastLoaded(cands []Candidate, rng *Rand, local bool) int {
+	best, bestLoad, ties := 0, 0, 0
 	for i := range cands {
+		l := loadOf(&cands[i], local)
 		switch {
-		case i == 0 || cands[i].InFlight < cands[best].InFlight:
-			best, ties = i, 1
-		case cands[i].InFlight == cands[best].InFlight:
+		case i == 0 || l < bestLoad:
+			best, bestLoad, ties = i, l, 1
+		case l == bestLoad:
 			ties++
 			if rng.IntN(ties) == 0 {
 				best = i

@@ -18,6 +18,12 @@ type PrefixCacheConfig struct {
 	// AIBrix reads an integer, a fraction is allowed here). Default 2, as in
 	// the study; AIBrix's compiled-in default is 1. Must be ≥ 0.
 	StdDevFactor float64
+	// LocalLoad makes the strategy use this gateway's own in-flight counts
+	// (Candidate.LocalInFlight) instead of the cluster-wide ones, which is
+	// what AIBrix does without state sync: each gateway replica sees only
+	// the requests it sent. Set it to reproduce that failure mode; default
+	// false.
+	LocalLoad bool
 }
 
 // DefaultPrefixCacheConfig returns the thresholds the study ran AIBrix
@@ -39,8 +45,9 @@ func (c PrefixCacheConfig) Validate() error {
 
 // PrefixCache reproduces AIBrix v0.7.0's prefix-cache router (the local
 // index branch, pkg/plugins/gateway/algorithms/prefix_cache.go) given
-// per-replica match lengths. Load is Candidate.InFlight (AIBrix uses the
-// gateway's own running-request counter).
+// per-replica match lengths. Load is Candidate.InFlight, or LocalInFlight
+// with LocalLoad (AIBrix uses the gateway's own running-request counter,
+// which is the same thing with a single gateway).
 //
 //  1. Imbalance gate: if max − min load > ImbalanceAbsCount, only the
 //     replicas at the minimum load (all of them, if tied) may win by prefix
@@ -102,9 +109,10 @@ func matchPercent(req *Request, matched int) int {
 // Pick implements the four steps in the type's documentation.
 func (p *PrefixCache) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision {
 	n := len(cands)
-	minLoad, maxLoad, sum := cands[0].InFlight, cands[0].InFlight, 0
+	local := p.cfg.LocalLoad
+	minLoad, maxLoad, sum := loadOf(&cands[0], local), loadOf(&cands[0], local), 0
 	for i := range cands {
-		l := cands[i].InFlight
+		l := loadOf(&cands[i], local)
 		sum += l
 		minLoad = min(minLoad, l)
 		maxLoad = max(maxLoad, l)
@@ -114,7 +122,7 @@ func (p *PrefixCache) Pick(req *Request, cands []Candidate, rng *Rand, explain *
 	if n > 1 {
 		ss := 0.0
 		for i := range cands {
-			d := float64(cands[i].InFlight) - mean
+			d := float64(loadOf(&cands[i], local)) - mean
 			ss += d * d
 		}
 		std = math.Sqrt(ss / float64(n-1))
@@ -128,27 +136,28 @@ func (p *PrefixCache) Pick(req *Request, cands []Candidate, rng *Rand, explain *
 		explain.Bound = bound
 	}
 
-	best, ties, bestPct := -1, 0, 0
+	best, ties, bestPct, bestLoad := -1, 0, 0, 0
 	anyMatched := false
 	for i := range cands {
 		c := &cands[i]
 		pct := matchPercent(req, c.Matched)
+		load := loadOf(c, local)
 		var why FilterReason
 		switch {
-		case imbalanced && c.InFlight != minLoad:
+		case imbalanced && load != minLoad:
 			why = FilteredImbalance
 		case c.Matched <= 0 || req.TotalBlocks <= 0:
 			why = FilteredNoMatch
 		default:
 			anyMatched = true
-			if float64(c.InFlight) > bound {
+			if float64(load) > bound {
 				why = FilteredOverLoadBound
 				break
 			}
 			switch {
-			case best < 0 || pct > bestPct || (pct == bestPct && c.InFlight < cands[best].InFlight):
-				best, ties, bestPct = i, 1, pct
-			case pct == bestPct && c.InFlight == cands[best].InFlight:
+			case best < 0 || pct > bestPct || (pct == bestPct && load < bestLoad):
+				best, ties, bestPct, bestLoad = i, 1, pct, load
+			case pct == bestPct && load == bestLoad:
 				ties++
 				if rng.IntN(ties) == 0 {
 					best = i
@@ -163,7 +172,7 @@ func (p *PrefixCache) Pick(req *Request, cands []Candidate, rng *Rand, explain *
 
 	d := Decision{Index: best, Selection: SelectionPrefixMatch, LoadImbalanced: imbalanced}
 	if best < 0 {
-		d.Index = leastInFlight(cands, rng)
+		d.Index = leastLoaded(cands, rng, local)
 		d.Selection = SelectionLeastRequestFallback
 		if anyMatched {
 			d.Selection = SelectionPrefixMatchSkipped

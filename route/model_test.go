@@ -1,0 +1,189 @@
+package route
+
+import (
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/index"
+)
+
+// TestModelLearnsRates feeds synthetic observations generated from known
+// rates and checks the model converges to them.
+func TestModelLearnsRates(t *testing.T) {
+	cfg := DefaultCostConfig() // prior 8000 tok/s, 0.03 s/step, overhead 0.02 s
+	tests := []struct {
+		name        string
+		prefillRate float64 // true tokens/s
+		decodeStep  float64 // true seconds/step
+		outTokens   int
+		noise       float64 // ± multiplicative noise on the prefill time
+		outliers    float64 // fraction of samples with a 10× unreported queue
+		samples     int
+		tolerance   float64 // relative error allowed at the end
+	}{
+		{"slower than prior", 3000, 0.045, 400, 0, 0, 60, 0.01},
+		{"faster than prior", 30000, 0.012, 128, 0, 0, 80, 0.01},
+		{"far slower than prior", 500, 0.2, 64, 0, 0, 120, 0.01},
+		{"noisy", 5000, 0.03, 256, 0.10, 0, 200, 0.06},
+		{"outliers", 5000, 0.03, 256, 0, 0.10, 200, 0.30},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewModel(cfg)
+			require.NoError(t, err)
+			src := rand.New(rand.NewPCG(11, 12))
+			const id = index.ReplicaID(3)
+			for range tc.samples {
+				uncached := 500 + src.IntN(6000)
+				queue := src.Float64()
+				prefill := float64(uncached) / tc.prefillRate * (1 + tc.noise*(2*src.Float64()-1))
+				ttft := cfg.PrefillOverheadSeconds + queue + prefill
+				if src.Float64() < tc.outliers {
+					ttft += 10 * prefill // queued behind something the gateway did not see
+				}
+				m.Observe(id, Observation{
+					UncachedTokens: uncached, TTFT: ttft, QueueSeconds: queue,
+					TPOT: tc.decodeStep, OutputTokens: tc.outTokens,
+				})
+			}
+			r := m.Rates(id)
+			require.InEpsilon(t, tc.prefillRate, r.PrefillTokensPerSecond, tc.tolerance)
+			require.InEpsilon(t, tc.decodeStep, r.DecodeStepSeconds, 0.01)
+			require.InEpsilon(t, float64(tc.outTokens), r.OutputTokens, 0.01)
+			require.EqualValues(t, tc.samples, r.PrefillSamples)
+			require.EqualValues(t, tc.samples, r.DecodeSamples)
+
+			// Other replicas keep the prior.
+			o := m.Rates(id + 1)
+			require.InEpsilon(t, cfg.PriorPrefillTokensPerSecond, o.PrefillTokensPerSecond, 1e-9)
+			require.Zero(t, o.PrefillSamples)
+
+			m.Forget(id)
+			f := m.Rates(id)
+			require.InEpsilon(t, cfg.PriorPrefillTokensPerSecond, f.PrefillTokensPerSecond, 1e-9)
+			require.InEpsilon(t, cfg.PriorDecodeStepSeconds, f.DecodeStepSeconds, 1e-9)
+			require.Zero(t, f.PrefillSamples)
+		})
+	}
+}
+
+// TestModelIgnoresUninformativeObservations: tiny prompts (TTFT is mostly
+// overhead), TTFT not above the queueing, and missing figures teach nothing.
+func TestModelIgnoresUninformativeObservations(t *testing.T) {
+	cfg := DefaultCostConfig()
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	for _, obs := range []Observation{
+		{UncachedTokens: cfg.MinSampleTokens - 1, TTFT: 5},
+		{UncachedTokens: 4000, TTFT: 0.5, QueueSeconds: 0.6},
+		{UncachedTokens: 4000, TTFT: 0},
+		{UncachedTokens: 4000, TTFT: 0.01}, // below the fixed overhead
+		{},
+	} {
+		m.Observe(0, obs)
+	}
+	r := m.Rates(0)
+	require.Zero(t, r.PrefillSamples)
+	require.Zero(t, r.DecodeSamples)
+	require.InEpsilon(t, cfg.PriorPrefillTokensPerSecond, r.PrefillTokensPerSecond, 1e-9)
+	require.InEpsilon(t, cfg.PriorOutputTokens, r.OutputTokens, 1e-9)
+}
+
+// TestCostUsesLearnedRates: a cold request goes to the replica the model
+// has learned is faster, and the estimate follows the learned rate.
+func TestCostUsesLearnedRates(t *testing.T) {
+	m, err := NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	c := NewCost(m)
+	for range 50 {
+		m.Observe(0, Observation{UncachedTokens: 4000, TTFT: 0.02 + 4000.0/2000, TPOT: 0.05})
+		m.Observe(1, Observation{UncachedTokens: 4000, TTFT: 0.02 + 4000.0/16000, TPOT: 0.02})
+	}
+	req := Request{TotalBlocks: 32, BlockTokens: 128, PromptTokens: 4096}
+	cands := []Candidate{
+		{ID: 0, Name: "slow", Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
+		{ID: 1, Name: "fast", Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
+	}
+	rng := NewRand(1)
+	d := c.Pick(&req, cands, &rng, nil)
+	require.Equal(t, 1, d.Index)
+	require.Equal(t, SelectionCostCold, d.Selection)
+	require.InEpsilon(t, 0.02+4096.0/16000, d.EstimatedTTFT, 0.02)
+	require.Zero(t, d.EstimatedQueue)
+
+	// The slow replica holding the whole prompt beats recomputing on the
+	// fast one: 0.02 s vs 0.276 s.
+	cands[0].Matched = 32
+	d = c.Pick(&req, cands, &rng, nil)
+	require.Equal(t, 0, d.Index)
+	require.Equal(t, SelectionCostLocality, d.Selection)
+}
+
+// TestCostSpreadThreshold: locality holds while the holder's slot wait is
+// below the recompute on the idle replica and flips right after.
+func TestCostSpreadThreshold(t *testing.T) {
+	cfg := DefaultCostConfig()
+	cfg.MaxRunning = 8
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	c := NewCost(m)
+	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200}
+	recompute := cfg.PrefillOverheadSeconds + 5200/cfg.PriorPrefillTokensPerSecond
+	slot := cfg.PriorOutputTokens * cfg.PriorDecodeStepSeconds / 8
+	for inflight := 0; inflight <= 12; inflight++ {
+		cands := []Candidate{
+			{ID: 0, Name: "holder", Matched: 40, InFlight: inflight, Running: min(inflight, 8), Waiting: max(inflight-8, 0), KVUsage: 0.3},
+			{ID: 1, Name: "idle", InFlight: 0, Running: 0, Waiting: 0, KVUsage: 0},
+		}
+		rng := NewRand(1)
+		var ex Explanation
+		d := c.Pick(&req, cands, &rng, &ex)
+		holder := ex.Replicas[0].Score
+		if holder < recompute {
+			require.Equal(t, 0, d.Index, "in-flight %d: %.3f vs %.3f", inflight, holder, recompute)
+			require.Equal(t, SelectionCostLocality, d.Selection)
+		} else {
+			require.Equal(t, 1, d.Index, "in-flight %d", inflight)
+			require.Equal(t, SelectionCostSpread, d.Selection)
+		}
+		if inflight >= 8 {
+			require.Greater(t, holder, float64(inflight-7)*slot, "slot wait counted at %d", inflight)
+			require.Equal(t, 1, d.Index, "a full running set must spread at %d", inflight)
+		} else {
+			require.Equal(t, 0, d.Index, "free slots keep locality at %d", inflight)
+		}
+	}
+}
+
+// TestModelConcurrent: Observe from many goroutines while Pick reads (run
+// with -race).
+func TestModelConcurrent(t *testing.T) {
+	m, err := NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	c := NewCost(m)
+	req, cands := benchCandidates()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				m.Observe(index.ReplicaID((g*7+i)%20), Observation{UncachedTokens: 1000 + i, TTFT: 0.5, TPOT: 0.03, OutputTokens: 100})
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			rng := NewRand(uint64(g))
+			for range 2000 {
+				if d := c.Pick(&req, cands, &rng, nil); d.Index < 0 || d.Index >= len(cands) {
+					t.Errorf("index %d", d.Index)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}

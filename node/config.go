@@ -1,0 +1,456 @@
+package node
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// Tokenizer names accepted by Config.Tokenizer.
+const (
+	// TokenizerAuto picks TokenizerCharacter in history mode and
+	// TokenizerTiktoken when the index uses KV events, whose confirmed
+	// entries are keyed in token space.
+	TokenizerAuto = "auto"
+	// TokenizerCharacter is AIBrix's character mode: one token per byte.
+	TokenizerCharacter = "character"
+	// TokenizerTiktoken is a local BPE tokenizer (cl100k).
+	TokenizerTiktoken = "tiktoken"
+	// TokenizerRemote asks the engine's /tokenize endpoint, with a cache, a
+	// timeout and a fallback to TokenizerTiktoken.
+	TokenizerRemote = "remote"
+)
+
+// Config configures one gateway Node. Start from DefaultConfig (production)
+// or LocalConfig (tests), then set fields; Validate reports every problem.
+// The YAML keys are the snake_case names given in the field tags.
+type Config struct {
+	// HTTPAddr is the listen address of the OpenAI-compatible API, /metrics,
+	// /health and /debug/route. Default ":8080", vLLM-gateway convention;
+	// port 0 picks a free port (see Node.HTTPAddr).
+	HTTPAddr string `yaml:"http_addr"`
+
+	// Models are the replica pools, one per served model name. At least one
+	// model with at least one replica is required.
+	Models []ModelConfig `yaml:"models"`
+
+	// Strategy is the routing strategy used when a request carries no
+	// "routing-strategy" header: random, least-request, prefix-cache,
+	// consistent-hash or cost. Default "prefix-cache": AIBrix v0.7's
+	// behaviour, the baseline users migrate from.
+	Strategy string `yaml:"strategy"`
+
+	// IndexMode is history, kv-events or hybrid (see index.Mode). Default
+	// "history": it needs no engine configuration; hybrid uses KV events
+	// where a replica publishes them.
+	IndexMode string `yaml:"index_mode"`
+
+	// Tokenizer turns prompts into tokens for block hashing: auto,
+	// character, tiktoken or remote. Default "auto" (character in history
+	// mode, tiktoken otherwise, because confirmed entries from KV events are
+	// keyed by the engine's token ids).
+	Tokenizer string `yaml:"tokenizer"`
+
+	// BlockSize is the number of tokens per index block. Default 0 = auto:
+	// 128 with the character tokenizer (AIBrix's chunk size) and 16
+	// otherwise (vLLM's default block size; it must equal the engine's
+	// block size for KV-event matches).
+	BlockSize int `yaml:"block_size"`
+
+	// HashSeed is mixed into every block key's root. Every gateway of a
+	// cluster must use the same seed. Default 0.
+	HashSeed uint64 `yaml:"hash_seed"`
+
+	// IndexCapacity bounds the index in (block, replica) entries. Default
+	// 1<<20: about 200K prompt blocks on five replicas, what AIBrix's
+	// 200K-block default holds, with room for speculation.
+	IndexCapacity int `yaml:"index_capacity"`
+
+	// HistoryTTL is how long a history entry lives without being touched.
+	// Default 2h: history is a guess about engine caches that churn in
+	// minutes to hours.
+	HistoryTTL time.Duration `yaml:"history_ttl"`
+
+	// SpeculativeTTL is how long a routing decision counts as a
+	// speculative entry before a KV event confirms it. Default 10s: long
+	// enough for an engine to finish a 5K-token prefill under load.
+	SpeculativeTTL time.Duration `yaml:"speculative_ttl"`
+
+	// MaxBodyBytes is the largest accepted request body; larger bodies get
+	// 413. Default 32 MiB: far above a 128K-token prompt in JSON.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+
+	// ConnectTimeout bounds the TCP connect to a replica. Default 2s: a
+	// replica on the same network answers in milliseconds, and a failed
+	// connect is retried on another replica.
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+
+	// FirstByteTimeout bounds the wait for the response headers after the
+	// request is sent. Default 60s: vLLM sends streaming headers at once,
+	// but a non-streaming response arrives only when generation ends.
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+
+	// IdleTimeout bounds the silence between two chunks of a response body.
+	// Default 60s: a long prefill under load can delay the first token by
+	// tens of seconds, but a minute of silence means a stuck engine.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+
+	// MaxIdleConnsPerHost is the idle keep-alive pool per replica. Default
+	// 512: one gateway may hold hundreds of concurrent streams to one
+	// replica and reconnecting costs a handshake per request.
+	MaxIdleConnsPerHost int `yaml:"max_idle_conns_per_host"`
+
+	// UpstreamHTTP2 lets the transport negotiate HTTP/2 with replicas that
+	// offer it over TLS. Default false: vLLM serves HTTP/1.1, and one
+	// HTTP/2 connection would multiplex every stream over one TCP window.
+	UpstreamHTTP2 bool `yaml:"upstream_http2"`
+
+	// RetryConnectFailures retries a request once on the next-best replica
+	// when connecting to the picked one fails (nothing was sent, so the
+	// retry is safe). Default true.
+	RetryConnectFailures bool `yaml:"retry_connect_failures"`
+
+	// ScrapeInterval is how often each replica's /metrics is scraped for
+	// vllm:num_requests_running/waiting and vllm:kv_cache_usage_perc.
+	// Default 500ms: fresh enough for load-aware routing, cheap for vLLM.
+	// Zero disables scraping.
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+
+	// ScrapeTimeout bounds one scrape. Default 1s.
+	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
+
+	// HealthInterval is how often each replica's /health is polled.
+	// Default 2s. Zero disables active health checks (passive ejection
+	// still works).
+	HealthInterval time.Duration `yaml:"health_interval"`
+
+	// HealthTimeout bounds one health poll. Default 1s.
+	HealthTimeout time.Duration `yaml:"health_timeout"`
+
+	// EjectAfter is the number of consecutive failed requests (connect
+	// errors, timeouts, 5xx) that ejects a replica. Default 3: one failure
+	// is noise, three in a row is a pattern.
+	EjectAfter int `yaml:"eject_after"`
+
+	// EjectBackoff is the first ejection period; each further ejection
+	// without a success in between doubles it up to EjectMaxBackoff.
+	// Default 1s.
+	EjectBackoff time.Duration `yaml:"eject_backoff"`
+
+	// EjectMaxBackoff caps the ejection period. Default 30s.
+	EjectMaxBackoff time.Duration `yaml:"eject_max_backoff"`
+
+	// RemoteTokenizeTimeout bounds one call to an engine's /tokenize; on
+	// timeout the local tokenizer is used. Default 200ms: routing must not
+	// wait longer than a prefill would.
+	RemoteTokenizeTimeout time.Duration `yaml:"remote_tokenize_timeout"`
+
+	// RemoteTokenizeCacheSize is the number of prompts whose remote
+	// tokenization is cached (by prompt hash). Default 1024.
+	RemoteTokenizeCacheSize int `yaml:"remote_tokenize_cache_size"`
+
+	// Route holds the strategies' parameters (prefix-cache thresholds,
+	// consistent-hash ring, cost-model priors); see route.Config. Default
+	// route.DefaultConfig(). YAML keys are the lower-cased Go field names
+	// (route: {prefixcache: {...}, cost: {...}}).
+	Route route.Config `yaml:"route"`
+
+	// ShutdownGrace is how long the serve command lets streams drain on
+	// SIGTERM before cutting them. Default 30s.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+}
+
+// ModelConfig is one replica pool.
+type ModelConfig struct {
+	// Name is the model name clients send in "model".
+	Name string `yaml:"name"`
+	// Adapters are LoRA adapter names served by this pool's replicas;
+	// a request naming one routes to this pool with the adapter mixed into
+	// its block keys.
+	Adapters []string `yaml:"adapters"`
+	// Strategy overrides Config.Strategy for this model when non-empty.
+	Strategy string `yaml:"strategy"`
+	// Replicas are the engines serving the model.
+	Replicas []ReplicaConfig `yaml:"replicas"`
+}
+
+// ReplicaConfig is one engine.
+type ReplicaConfig struct {
+	// Name identifies the replica in headers, metrics and logs; unique
+	// across all pools.
+	Name string `yaml:"name"`
+	// URL is the engine's base URL, e.g. http://10.0.0.5:8000.
+	URL string `yaml:"url"`
+	// KVEndpoint is the engine's KV-event PUB endpoint to connect to
+	// (vLLM publishing on tcp://*:5557). Empty: no KV events.
+	KVEndpoint string `yaml:"kv"`
+	// KVBind is an endpoint this gateway binds for an engine whose
+	// publisher connects. Mutually exclusive with KVEndpoint.
+	KVBind string `yaml:"kv_bind"`
+	// ReplayEndpoint is the engine's replay ROUTER endpoint, used to fill
+	// sequence gaps. Empty: gaps reset the replica's confirmed entries.
+	ReplayEndpoint string `yaml:"replay"`
+}
+
+// PublishesKVEvents reports whether the replica has a KV-event source.
+func (r ReplicaConfig) PublishesKVEvents() bool { return r.KVEndpoint != "" || r.KVBind != "" }
+
+// DefaultConfig returns the production defaults documented on each field.
+// Models must still be filled in.
+func DefaultConfig() Config {
+	return Config{
+		HTTPAddr:                ":8080",
+		Strategy:                "prefix-cache",
+		IndexMode:               "history",
+		Tokenizer:               TokenizerAuto,
+		IndexCapacity:           1 << 20,
+		HistoryTTL:              2 * time.Hour,
+		SpeculativeTTL:          10 * time.Second,
+		MaxBodyBytes:            32 << 20,
+		ConnectTimeout:          2 * time.Second,
+		FirstByteTimeout:        60 * time.Second,
+		IdleTimeout:             60 * time.Second,
+		MaxIdleConnsPerHost:     512,
+		RetryConnectFailures:    true,
+		ScrapeInterval:          500 * time.Millisecond,
+		ScrapeTimeout:           time.Second,
+		HealthInterval:          2 * time.Second,
+		HealthTimeout:           time.Second,
+		EjectAfter:              3,
+		EjectBackoff:            time.Second,
+		EjectMaxBackoff:         30 * time.Second,
+		RemoteTokenizeTimeout:   200 * time.Millisecond,
+		RemoteTokenizeCacheSize: 1024,
+		ShutdownGrace:           30 * time.Second,
+		Route:                   route.DefaultConfig(),
+	}
+}
+
+// LocalConfig is the preset for tests and single-machine experiments:
+// loopback port 0 and short timeouts so failures surface in milliseconds.
+func LocalConfig() Config {
+	c := DefaultConfig()
+	c.HTTPAddr = "127.0.0.1:0"
+	c.ConnectTimeout = 500 * time.Millisecond
+	c.FirstByteTimeout = 10 * time.Second
+	c.IdleTimeout = 10 * time.Second
+	c.ScrapeInterval = 50 * time.Millisecond
+	c.ScrapeTimeout = 250 * time.Millisecond
+	c.HealthInterval = 100 * time.Millisecond
+	c.HealthTimeout = 250 * time.Millisecond
+	c.EjectBackoff = 200 * time.Millisecond
+	c.EjectMaxBackoff = 2 * time.Second
+	c.RemoteTokenizeTimeout = 500 * time.Millisecond
+	c.ShutdownGrace = 2 * time.Second
+	return c
+}
+
+// LoadConfigFile reads a YAML file over base: keys present in the file
+// replace base's values, absent keys keep them. Durations are Go duration
+// strings ("500ms").
+func LoadConfigFile(path string, base Config) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return base, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return ParseConfigYAML(data, base)
+}
+
+// ParseConfigYAML is LoadConfigFile for bytes.
+func ParseConfigYAML(data []byte, base Config) (Config, error) {
+	c := base
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return base, fmt.Errorf("%w: yaml: %w", ErrInvalidConfig, err)
+	}
+	return c, nil
+}
+
+// ParseReplicaSpec parses the --replica flag form
+// "name=url[,kv=endpoint][,kv-bind=endpoint][,replay=endpoint][,model=name]".
+// The returned model is "" when the spec names none.
+func ParseReplicaSpec(spec string) (ReplicaConfig, string, error) {
+	var r ReplicaConfig
+	var model string
+	parts := strings.Split(spec, ",")
+	name, u, ok := strings.Cut(parts[0], "=")
+	if !ok || name == "" || u == "" {
+		return r, "", fmt.Errorf("%w: %q: want name=url[,kv=...][,kv-bind=...][,replay=...][,model=...]", ErrBadReplicaSpec, spec)
+	}
+	r.Name, r.URL = name, u
+	for _, p := range parts[1:] {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || v == "" {
+			return r, "", fmt.Errorf("%w: %q: option %q wants key=value", ErrBadReplicaSpec, spec, p)
+		}
+		switch k {
+		case "kv":
+			r.KVEndpoint = v
+		case "kv-bind", "kv_bind":
+			r.KVBind = v
+		case "replay":
+			r.ReplayEndpoint = v
+		case "model":
+			model = v
+		default:
+			return r, "", fmt.Errorf("%w: %q: unknown option %q (want kv, kv-bind, replay or model)", ErrBadReplicaSpec, spec, k)
+		}
+	}
+	return r, model, nil
+}
+
+func knownStrategy(s string) bool {
+	_, err := route.ParseName(s)
+	return err == nil
+}
+
+// Mode returns the parsed IndexMode. Valid only after Validate succeeded.
+func (c *Config) Mode() index.Mode {
+	m, _ := index.ParseMode(c.IndexMode)
+	return m
+}
+
+// EffectiveTokenizer resolves TokenizerAuto.
+func (c *Config) EffectiveTokenizer() string {
+	if c.Tokenizer != TokenizerAuto && c.Tokenizer != "" {
+		return c.Tokenizer
+	}
+	if c.IndexMode == "history" || c.IndexMode == "" {
+		return TokenizerCharacter
+	}
+	return TokenizerTiktoken
+}
+
+// EffectiveBlockSize resolves BlockSize 0.
+func (c *Config) EffectiveBlockSize() int {
+	if c.BlockSize > 0 {
+		return c.BlockSize
+	}
+	if c.EffectiveTokenizer() == TokenizerCharacter {
+		return 128
+	}
+	return 16
+}
+
+// Validate reports every problem with c, joined, each wrapping
+// ErrInvalidConfig.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...))
+	}
+	if c.HTTPAddr == "" {
+		bad("http_addr is empty")
+	}
+	if !knownStrategy(c.Strategy) {
+		bad("strategy %q unknown (want one of %s)", c.Strategy, strings.Join(route.Names(), ", "))
+	}
+	if _, err := index.ParseMode(c.IndexMode); err != nil {
+		bad("index_mode: %v", err)
+	}
+	switch c.Tokenizer {
+	case TokenizerAuto, TokenizerCharacter, TokenizerTiktoken, TokenizerRemote:
+	default:
+		bad("tokenizer %q unknown (want auto, character, tiktoken or remote)", c.Tokenizer)
+	}
+	if c.BlockSize < 0 {
+		bad("block_size %d is negative", c.BlockSize)
+	}
+	if c.IndexCapacity <= 0 {
+		bad("index_capacity %d must be positive", c.IndexCapacity)
+	}
+	if c.HistoryTTL <= 0 || c.SpeculativeTTL <= 0 {
+		bad("history_ttl and speculative_ttl must be positive")
+	}
+	if c.MaxBodyBytes <= 0 {
+		bad("max_body_bytes %d must be positive", c.MaxBodyBytes)
+	}
+	for name, d := range map[string]time.Duration{
+		"connect_timeout": c.ConnectTimeout, "first_byte_timeout": c.FirstByteTimeout,
+		"idle_timeout": c.IdleTimeout, "scrape_timeout": c.ScrapeTimeout,
+		"health_timeout": c.HealthTimeout, "eject_backoff": c.EjectBackoff,
+		"eject_max_backoff": c.EjectMaxBackoff, "remote_tokenize_timeout": c.RemoteTokenizeTimeout,
+	} {
+		if d <= 0 {
+			bad("%s %v must be positive", name, d)
+		}
+	}
+	if c.ScrapeInterval < 0 || c.HealthInterval < 0 || c.ShutdownGrace < 0 {
+		bad("scrape_interval, health_interval and shutdown_grace must not be negative")
+	}
+	if c.EjectMaxBackoff < c.EjectBackoff {
+		bad("eject_max_backoff %v below eject_backoff %v", c.EjectMaxBackoff, c.EjectBackoff)
+	}
+	if c.EjectAfter <= 0 {
+		bad("eject_after %d must be positive", c.EjectAfter)
+	}
+	if c.MaxIdleConnsPerHost <= 0 {
+		bad("max_idle_conns_per_host %d must be positive", c.MaxIdleConnsPerHost)
+	}
+	if c.RemoteTokenizeCacheSize < 0 {
+		bad("remote_tokenize_cache_size %d is negative", c.RemoteTokenizeCacheSize)
+	}
+	if err := c.Route.Validate(); err != nil {
+		bad("route: %v", err)
+	}
+	if len(c.Models) == 0 {
+		bad("no models: give at least one model with replicas")
+	}
+	models := map[string]bool{}
+	replicas := map[string]bool{}
+	total := 0
+	for i, m := range c.Models {
+		if m.Name == "" {
+			bad("models[%d]: name is empty", i)
+		}
+		for _, n := range append([]string{m.Name}, m.Adapters...) {
+			if n == "" {
+				continue
+			}
+			if models[n] {
+				bad("model or adapter name %q appears twice", n)
+			}
+			models[n] = true
+		}
+		if m.Strategy != "" && !knownStrategy(m.Strategy) {
+			bad("model %q: strategy %q unknown", m.Name, m.Strategy)
+		}
+		if len(m.Replicas) == 0 {
+			bad("model %q has no replicas", m.Name)
+		}
+		for _, r := range m.Replicas {
+			total++
+			if r.Name == "" {
+				bad("model %q: a replica has no name", m.Name)
+			} else if replicas[r.Name] {
+				bad("replica name %q appears twice", r.Name)
+			}
+			replicas[r.Name] = true
+			u, err := url.Parse(r.URL)
+			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				bad("replica %q: url %q must be http(s)://host:port", r.Name, r.URL)
+			}
+			if r.KVEndpoint != "" && r.KVBind != "" {
+				bad("replica %q: kv and kv_bind are mutually exclusive", r.Name)
+			}
+			if r.ReplayEndpoint != "" && !r.PublishesKVEvents() {
+				bad("replica %q: replay needs kv or kv_bind", r.Name)
+			}
+		}
+	}
+	if total > index.MaxReplicas {
+		bad("%d replicas exceed %d", total, index.MaxReplicas)
+	}
+	return errors.Join(errs...)
+}

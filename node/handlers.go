@@ -1,0 +1,187 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// routes builds the Node's HTTP API.
+func (n *Node) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/v1/completions", n.serveInference(kindCompletions))
+	mux.Handle("/v1/chat/completions", n.serveInference(kindChat))
+	mux.HandleFunc("/v1/models", n.serveModels)
+	mux.HandleFunc("/health", n.serveHealth)
+	mux.HandleFunc("/debug/route", n.serveDebugRoute)
+	mux.Handle("/metrics", promhttp.HandlerFor(n.m.reg, promhttp.HandlerOpts{Registry: n.m.reg}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		n.refuse(w, &apiError{status: http.StatusNotFound, code: CodeNotFound, message: "no such endpoint"})
+	})
+	return n.recoverer(mux)
+}
+
+// trackingWriter remembers whether the response has started, so that the
+// recoverer knows whether it can still answer 500.
+type trackingWriter struct {
+	http.ResponseWriter
+	started bool
+}
+
+func (t *trackingWriter) WriteHeader(code int) {
+	t.started = true
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *trackingWriter) Write(b []byte) (int, error) {
+	t.started = true
+	return t.ResponseWriter.Write(b)
+}
+
+func (t *trackingWriter) Flush() {
+	if f, ok := t.ResponseWriter.(http.Flusher); ok {
+		t.started = true
+		f.Flush()
+	}
+}
+
+func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// recoverer turns a handler panic into a logged 500 (or, once the response
+// has started, an aborted connection) instead of a crashed gateway.
+func (n *Node) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tw := &trackingWriter{ResponseWriter: w}
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			n.log.Error("handler panic", "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+			if tw.started {
+				panic(http.ErrAbortHandler)
+			}
+			n.refuse(w, &apiError{status: http.StatusInternalServerError, code: CodeInternal, message: "internal error"})
+		}()
+		next.ServeHTTP(tw, r)
+	})
+}
+
+// serveHealth is the gateway's own liveness: 200 while serving, 503 once
+// shutting down (so load balancers drain it).
+func (n *Node) serveHealth(w http.ResponseWriter, r *http.Request) {
+	if n.stopping.Load() {
+		n.refuse(w, &apiError{status: http.StatusServiceUnavailable, code: CodeShuttingDown, message: "gateway is shutting down", retryAfter: 1})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"status":"ok"}`))
+}
+
+// modelEntry is one entry of GET /v1/models.
+type modelEntry map[string]any
+
+// serveModels lists every model name this gateway routes (each pool's
+// model and LoRA adapters), merged across pools. Each entry is the engine's
+// own /v1/models entry when the pool's first available replica lists that
+// name (asked within HealthTimeout), else a minimal OpenAI model object.
+func (n *Node) serveModels(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		n.refuse(w, &apiError{status: http.StatusMethodNotAllowed, code: CodeMethodNotAllowed, message: "use GET"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), n.cfg.HealthTimeout)
+	defer cancel()
+	lists := make([][]modelEntry, len(n.pools))
+	var wg sync.WaitGroup
+	for i, p := range n.pools {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lists[i] = n.poolModels(ctx, p)
+		}()
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	var data []modelEntry
+	for _, l := range lists {
+		for _, m := range l {
+			id, _ := m["id"].(string)
+			if id == "" || seen[id] {
+				continue
+			}
+			seen[id] = true
+			data = append(data, m)
+		}
+	}
+	sort.Slice(data, func(i, j int) bool { return data[i]["id"].(string) < data[j]["id"].(string) })
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+func (n *Node) poolModels(ctx context.Context, p *pool) []modelEntry {
+	names := []string{p.model}
+	for name, ref := range n.models {
+		if ref.pool == p && ref.lora != "" {
+			names = append(names, name)
+		}
+	}
+	engine := n.engineModels(ctx, p)
+	out := make([]modelEntry, 0, len(names))
+	for _, name := range names {
+		if e, ok := engine[name]; ok {
+			out = append(out, e)
+			continue
+		}
+		e := modelEntry{"id": name, "object": "model", "owned_by": "kvmesh", "created": time.Now().Unix()}
+		if name != p.model {
+			e["parent"] = p.model
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// engineModels asks the pool's first available replica for its models.
+func (n *Node) engineModels(ctx context.Context, p *pool) map[string]modelEntry {
+	now := nowNanos()
+	for _, rep := range p.replicas {
+		if !rep.available(now) {
+			continue
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, rep.endpoint("/v1/models"), nil)
+		if err != nil {
+			return nil
+		}
+		resp, err := n.client.Do(req)
+		if err != nil {
+			return nil
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Data []modelEntry `json:"data"`
+		}
+		if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&body) != nil {
+			return nil
+		}
+		out := make(map[string]modelEntry, len(body.Data))
+		for _, e := range body.Data {
+			if id, ok := e["id"].(string); ok {
+				out[id] = e
+			}
+		}
+		return out
+	}
+	return nil
+}

@@ -1,0 +1,95 @@
+package node
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Stable error codes of the HTTP API ("code" in the OpenAI-style error
+// body). Clients may match on them; they never change meaning.
+const (
+	CodeInvalidJSON        = "invalid_json"
+	CodeBodyTooLarge       = "body_too_large"
+	CodeMissingModel       = "missing_model"
+	CodeModelNotFound      = "model_not_found"
+	CodeMissingPrompt      = "missing_prompt"
+	CodeEmptyPrompt        = "empty_prompt"
+	CodeInvalidPrompt      = "invalid_prompt"
+	CodeBatchUnsupported   = "batch_prompt_unsupported"
+	CodeMissingMessages    = "missing_messages"
+	CodeEmptyMessages      = "empty_messages"
+	CodeInvalidMessages    = "invalid_messages"
+	CodeUnsupportedContent = "unsupported_content"
+	CodeInvalidField       = "invalid_field_type"
+	CodeUnknownStrategy    = "unknown_strategy"
+	CodeNoHealthyReplica   = "no_healthy_replica"
+	CodeUpstreamError      = "upstream_unavailable"
+	CodeUpstreamTimeout    = "upstream_timeout"
+	CodeStreamBroken       = "upstream_stream_broken"
+	CodeInternal           = "internal_error"
+	CodeMethodNotAllowed   = "method_not_allowed"
+	CodeNotFound           = "not_found"
+	CodeShuttingDown       = "shutting_down"
+)
+
+// apiError is an error answered to the client.
+type apiError struct {
+	status  int
+	code    string
+	message string
+	// retryAfter, when positive, is sent as Retry-After (seconds).
+	retryAfter int
+}
+
+func (e *apiError) Error() string { return e.code + ": " + e.message }
+
+func errBadRequest(code, msg string) *apiError {
+	return &apiError{status: http.StatusBadRequest, code: code, message: msg}
+}
+
+// errorType maps a status to OpenAI's error "type".
+func errorType(status int) string {
+	switch {
+	case status == http.StatusNotFound:
+		return "not_found_error"
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status < 500:
+		return "invalid_request_error"
+	case status == http.StatusServiceUnavailable:
+		return "service_unavailable"
+	default:
+		return "server_error"
+	}
+}
+
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Code    string `json:"code"`
+}
+
+// errorJSON renders the OpenAI-style error object.
+func errorJSON(status int, code, msg string) []byte {
+	b, _ := json.Marshal(errorBody{Error: errorDetail{Message: msg, Type: errorType(status), Code: code}})
+	return b
+}
+
+// writeError answers e as JSON. It must be called before any byte of the
+// response was written.
+func writeError(w http.ResponseWriter, e *apiError) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if e.retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(e.retryAfter))
+	}
+	body := errorJSON(e.status, e.code, e.message)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(e.status)
+	_, _ = w.Write(body)
+}

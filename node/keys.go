@@ -1,0 +1,194 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/node/tokenizer"
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// prepare turns a request's prompt into block keys (in s.keys) and the
+// route.Request a strategy sees. Now and the rng are set per attempt by the
+// caller.
+func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inferenceRequest, s *scratch) (route.Request, []index.BlockKey) {
+	root := n.hasher.Root(p.model, lora, req.cacheSalt)
+	s.keys = s.keys[:0]
+	promptTokens := 0
+	switch {
+	case req.tokens != nil:
+		// The client tokenized: use its tokens as they are.
+		s.keys = n.hasher.AppendKeys(s.keys, root, req.tokens)
+		promptTokens = len(req.tokens)
+	case n.tokName == TokenizerCharacter:
+		text := req.text
+		if req.kind == kindChat {
+			text = tokenizer.RenderChat(req.messages)
+		}
+		s.keys = n.hasher.AppendKeysString(s.keys, root, text)
+		promptTokens = len(text)
+	default:
+		toks := n.tokenize(ctx, p, req, s.tokens[:0])
+		s.tokens = toks
+		s.keys = n.hasher.AppendKeys(s.keys, root, toks)
+		promptTokens = len(toks)
+	}
+	rr := route.Request{
+		TotalBlocks:  len(s.keys),
+		BlockTokens:  n.hasher.BlockTokens(),
+		PromptTokens: promptTokens,
+		MaxTokens:    req.maxTokens,
+		SessionKey:   sessionKey(req.user, root, s.keys),
+	}
+	return rr, s.keys
+}
+
+// tokenize encodes the prompt with the remote tokenizer when configured
+// (falling back to the local one on any failure), else the local one.
+func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst []uint32) []uint32 {
+	if n.remote != nil {
+		if toks, err := n.remote.tokens(ctx, n, p, req); err == nil {
+			return append(dst, toks...)
+		} else if ctx.Err() == nil {
+			n.m.tokenizeCache.WithLabelValues("fallback").Inc()
+			n.m.upstreamErrors.WithLabelValues(p.model, reasonRemoteTokenize).Inc()
+			n.log.Debug("remote tokenize failed, using the local tokenizer", "model", p.model, "err", err)
+		}
+	}
+	text := req.text
+	if req.kind == kindChat {
+		text = tokenizer.RenderChat(req.messages)
+	}
+	return n.tok.Encode(dst, text)
+}
+
+// remoteTokenizer asks an engine's /tokenize and caches the answers by a
+// hash of the model and prompt. Cached token slices are shared read-only.
+type remoteTokenizer struct {
+	client *http.Client
+	size   int
+
+	mu    sync.Mutex
+	cache map[uint64][]uint32
+	ring  []uint64 // insertion order, for FIFO eviction
+	next  int
+}
+
+func newRemoteTokenizer(client *http.Client, size int) *remoteTokenizer {
+	return &remoteTokenizer{client: client, size: size, cache: make(map[uint64][]uint32, size)}
+}
+
+type tokenizeRequest struct {
+	Model    string          `json:"model"`
+	Prompt   string          `json:"prompt,omitempty"`
+	Messages json.RawMessage `json:"messages,omitempty"`
+}
+
+type tokenizeResponse struct {
+	Count  int      `json:"count"`
+	Tokens []uint32 `json:"tokens"`
+}
+
+func (t *remoteTokenizer) key(model string, req *inferenceRequest) uint64 {
+	h := xxh3.New()
+	_, _ = h.WriteString(model)
+	if req.kind == kindChat {
+		_, _ = h.WriteString("\x00chat\x00")
+		_, _ = h.Write(req.rawMessages)
+	} else {
+		_, _ = h.WriteString("\x00text\x00")
+		_, _ = h.WriteString(req.text)
+	}
+	return h.Sum64()
+}
+
+func (t *remoteTokenizer) get(k uint64) ([]uint32, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.cache[k]
+	return v, ok
+}
+
+func (t *remoteTokenizer) put(k uint64, toks []uint32) {
+	if t.size == 0 {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.cache[k]; ok {
+		return
+	}
+	if len(t.ring) < t.size {
+		t.ring = append(t.ring, k)
+	} else {
+		delete(t.cache, t.ring[t.next])
+		t.ring[t.next] = k
+		t.next = (t.next + 1) % t.size
+	}
+	t.cache[k] = toks
+}
+
+// tokens returns the engine's tokenization of req's prompt, from the cache
+// or from the first available replica of p, within RemoteTokenizeTimeout.
+func (t *remoteTokenizer) tokens(ctx context.Context, n *Node, p *pool, req *inferenceRequest) ([]uint32, error) {
+	k := t.key(p.model, req)
+	if toks, ok := t.get(k); ok {
+		n.m.tokenizeCache.WithLabelValues("hit").Inc()
+		return toks, nil
+	}
+	n.m.tokenizeCache.WithLabelValues("miss").Inc()
+	var rep *replica
+	now := nowNanos()
+	for _, r := range p.replicas {
+		if r.available(now) {
+			rep = r
+			break
+		}
+	}
+	if rep == nil {
+		return nil, fmt.Errorf("%w: %w", ErrRemoteTokenize, ErrNoHealthyReplica)
+	}
+	body := tokenizeRequest{Model: req.model}
+	if req.kind == kindChat {
+		body.Messages = req.rawMessages
+	} else {
+		body.Prompt = req.text
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRemoteTokenize, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.RemoteTokenizeTimeout)
+	defer cancel()
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, rep.endpoint("/tokenize"), bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrRemoteTokenize, err)
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	resp, err := t.client.Do(hr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrRemoteTokenize, rep.name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, fmt.Errorf("%w: %s: status %d", ErrRemoteTokenize, rep.name, resp.StatusCode)
+	}
+	var tr tokenizeResponse
+	if err := json.NewDecoder(io.LimitReader(resp.Body, n.cfg.MaxBodyBytes)).Decode(&tr); err != nil {
+		return nil, fmt.Errorf("%w: %s: %w", ErrRemoteTokenize, rep.name, err)
+	}
+	if len(tr.Tokens) == 0 {
+		return nil, fmt.Errorf("%w: %s: no tokens", ErrRemoteTokenize, rep.name)
+	}
+	t.put(k, tr.Tokens)
+	return tr.Tokens, nil
+}

@@ -1,0 +1,102 @@
+package node
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Upstream error reasons, the `reason` label of
+// kvmesh_proxy_upstream_errors_total.
+const (
+	reasonConnect        = "connect" // dial failed or timed out
+	reasonFirstByte      = "first_byte_timeout"
+	reasonIdle           = "idle_timeout"    // silence between chunks
+	reasonStatus5xx      = "status_5xx"      // the engine answered 5xx
+	reasonReset          = "reset"           // connection broke before the response
+	reasonMidStream      = "mid_stream"      // body broke after bytes were relayed
+	reasonHealthCheck    = "health_check"    // active /health poll failed
+	reasonScrape         = "scrape"          // /metrics scrape failed
+	reasonRemoteTokenize = "remote_tokenize" // /tokenize failed, local fallback used
+)
+
+// metrics are one Node's series, registered on the Node's private registry.
+type metrics struct {
+	reg *prometheus.Registry
+
+	decisions      *prometheus.CounterVec   // model, strategy, selection
+	matchFraction  *prometheus.HistogramVec // model
+	decisionTime   *prometheus.HistogramVec // strategy
+	inflight       *prometheus.GaugeVec     // replica
+	upstreamErrors *prometheus.CounterVec   // replica, reason
+	ttft           *prometheus.HistogramVec // replica
+	healthy        *prometheus.GaugeVec     // replica
+	ejections      *prometheus.CounterVec   // replica
+	retries        prometheus.Counter
+	requests       *prometheus.CounterVec // model, code
+	clientErrors   *prometheus.CounterVec // code
+	tokenizeCache  *prometheus.CounterVec // result
+	kvApplyErrors  *prometheus.CounterVec // replica, reason
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_route_decisions_total",
+		Help: "Routing decisions by model, strategy and the strategy branch that picked (selection).",
+	}, []string{"model", "strategy", "selection"})
+	m.matchFraction = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvmesh_route_match_fraction",
+		Help:    "Fraction of the prompt's full blocks the picked replica was believed to hold.",
+		Buckets: []float64{0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1},
+	}, []string{"model"})
+	m.decisionTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvmesh_route_decision_seconds",
+		Help:    "Time from block keys to a pick: index match, load view and strategy (tokenization excluded).",
+		Buckets: []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2},
+	}, []string{"strategy"})
+	m.inflight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvmesh_proxy_inflight",
+		Help: "Requests this gateway has in flight to each replica.",
+	}, []string{"replica"})
+	m.upstreamErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_proxy_upstream_errors_total",
+		Help: "Failures talking to a replica, by reason.",
+	}, []string{"replica", "reason"})
+	m.ttft = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvmesh_proxy_ttft_seconds",
+		Help:    "Time from sending a streaming request upstream to its first body byte, as the gateway sees it.",
+		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32},
+	}, []string{"replica"})
+	m.healthy = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvmesh_proxy_replica_healthy",
+		Help: "1 when the replica may get traffic (not ejected, /health passing), else 0.",
+	}, []string{"replica"})
+	m.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_proxy_ejections_total",
+		Help: "Passive ejections after consecutive failures.",
+	}, []string{"replica"})
+	m.retries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kvmesh_proxy_retries_total",
+		Help: "Requests retried on another replica after a connect failure.",
+	})
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_proxy_requests_total",
+		Help: "Proxied requests by model and HTTP status code class (2xx, 4xx, 5xx) or error.",
+	}, []string{"model", "code"})
+	m.clientErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_http_client_errors_total",
+		Help: "Requests refused by the gateway itself, by stable error code.",
+	}, []string{"code"})
+	m.tokenizeCache = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_tokenize_remote_total",
+		Help: "Remote tokenizations by result: hit (cache), miss (engine asked), fallback (local tokenizer used).",
+	}, []string{"result"})
+	m.kvApplyErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_index_kv_apply_errors_total",
+		Help: "KV-event batches or events the index could not apply, by replica and reason.",
+	}, []string{"replica", "reason"})
+	m.reg.MustRegister(m.decisions, m.matchFraction, m.decisionTime, m.inflight,
+		m.upstreamErrors, m.ttft, m.healthy, m.ejections, m.retries, m.requests,
+		m.clientErrors, m.tokenizeCache, m.kvApplyErrors,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	return m
+}

@@ -1,0 +1,383 @@
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/node/tokenizer"
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// Node is one gateway: the OpenAI-compatible proxy, its index, load view,
+// health checks and KV-event subscribers. Several Nodes may run in one
+// process; each has its own metrics registry.
+type Node struct {
+	cfg  Config
+	log  *slog.Logger
+	mode index.Mode
+
+	index   *index.Index
+	hasher  index.Hasher
+	tokName string
+	tok     tokenizer.Tokenizer
+	remote  *remoteTokenizer
+
+	pools    []*pool
+	models   map[string]modelRef
+	replicas []*replica
+	byName   map[string]*replica
+
+	transport *http.Transport
+	client    *http.Client // probes and remote tokenize
+	m         *metrics
+	handler   http.Handler
+	rngSeed   atomic.Uint64
+	peers     atomic.Pointer[peerHolder]
+
+	mu       sync.Mutex
+	started  bool
+	shutdown bool
+	srv      *http.Server
+	ln       net.Listener
+	bgCtx    context.Context
+	bgCancel context.CancelFunc
+	reqBase  context.Context
+	reqAbort context.CancelFunc
+	wg       sync.WaitGroup
+
+	shutOnce sync.Once
+	shutErr  error
+	stopping atomic.Bool
+}
+
+type peerHolder struct{ p PeerLoad }
+
+// modelRef resolves a request's "model": its pool and LoRA adapter ("" for
+// the base model).
+type modelRef struct {
+	pool *pool
+	lora string
+}
+
+// New builds a Node from cfg (validated here) without starting anything.
+// logger may be nil (logs are discarded).
+func New(cfg Config, logger *slog.Logger) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	n := &Node{cfg: cfg, log: logger, mode: cfg.Mode(), models: map[string]modelRef{}, byName: map[string]*replica{}}
+	n.rngSeed.Store(uint64(time.Now().UnixNano()))
+
+	icfg := index.DefaultConfig()
+	icfg.Seed = cfg.HashSeed
+	icfg.BlockTokens = cfg.EffectiveBlockSize()
+	icfg.Capacity = cfg.IndexCapacity
+	icfg.HistoryTTL = cfg.HistoryTTL
+	icfg.SpeculativeTTL = cfg.SpeculativeTTL
+	ix, err := index.New(icfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	n.index = ix
+	n.hasher = ix.Hasher()
+
+	n.tokName = cfg.EffectiveTokenizer()
+	local := n.tokName
+	if local == TokenizerRemote {
+		local = TokenizerTiktoken
+	}
+	if n.tok, err = tokenizer.New(local); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+
+	n.m = newMetrics()
+	n.transport = newTransport(cfg)
+	n.client = &http.Client{Transport: n.transport, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
+	if n.tokName == TokenizerRemote {
+		n.remote = newRemoteTokenizer(n.client, cfg.RemoteTokenizeCacheSize)
+	}
+
+	rcfg := cfg.Route
+	var id index.ReplicaID
+	for _, mc := range cfg.Models {
+		set, err := route.NewSet(rcfg)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set}
+		members := make([]route.RingMember, 0, len(mc.Replicas))
+		for _, rc := range mc.Replicas {
+			r, err := newReplica(id, rc, p)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+			}
+			r.mInflight = n.m.inflight.WithLabelValues(r.name)
+			r.mTTFT = n.m.ttft.WithLabelValues(r.name)
+			r.mHealthy = n.m.healthy.WithLabelValues(r.name)
+			r.mHealthy.Set(1)
+			p.replicas = append(p.replicas, r)
+			n.replicas = append(n.replicas, r)
+			n.byName[r.name] = r
+			members = append(members, route.RingMember{ID: r.id, Name: r.name})
+			ix.SetPublishesEvents(r.id, rc.PublishesKVEvents())
+			ix.SetReplicaRoot(r.id, n.hasher.Root(mc.Name, "", ""))
+			id++
+		}
+		if err := set.ConsistentHash.SetMembers(members); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		n.pools = append(n.pools, p)
+		n.models[mc.Name] = modelRef{pool: p}
+		for _, a := range mc.Adapters {
+			n.models[a] = modelRef{pool: p, lora: a}
+		}
+	}
+	n.registerIndexMetrics()
+	n.handler = n.routes()
+	return n, nil
+}
+
+// newTransport builds the one upstream transport: keep-alives sized for
+// hundreds of concurrent streams per replica, no transparent compression
+// (bytes are relayed as the engine sent them), HTTP/1.1 unless asked.
+func newTransport(cfg Config) *http.Transport {
+	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	t := &http.Transport{
+		DialContext:           d.DialContext,
+		MaxIdleConns:          0, // no global cap; per host below
+		MaxIdleConnsPerHost:   cfg.MaxIdleConnsPerHost,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: cfg.FirstByteTimeout,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     cfg.UpstreamHTTP2,
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+	if !cfg.UpstreamHTTP2 {
+		// A non-nil empty map disables HTTP/2 upgrades over TLS.
+		t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	}
+	return t
+}
+
+// SetPeerLoad installs the source of peers' in-flight counts. Safe to call
+// at any time; nil removes it.
+func (n *Node) SetPeerLoad(p PeerLoad) {
+	if p == nil {
+		n.peers.Store(nil)
+		return
+	}
+	n.peers.Store(&peerHolder{p: p})
+}
+
+func (n *Node) peerLoad() PeerLoad {
+	if h := n.peers.Load(); h != nil {
+		return h.p
+	}
+	return nil
+}
+
+// Registry is the Node's private metrics registry (served on /metrics).
+func (n *Node) Registry() *prometheus.Registry { return n.m.reg }
+
+// Handler is the Node's HTTP handler, for embedding in another server or
+// httptest. Start serves the same handler.
+func (n *Node) Handler() http.Handler { return n.handler }
+
+// Index is the Node's prefix index (for replication and tests).
+func (n *Node) Index() *index.Index { return n.index }
+
+// Config returns the configuration the Node was built with.
+func (n *Node) Config() Config { return n.cfg }
+
+// ReplicaID returns the process-local handle of the replica called name.
+func (n *Node) ReplicaID(name string) (index.ReplicaID, bool) {
+	r, ok := n.byName[name]
+	if !ok {
+		return 0, false
+	}
+	return r.id, true
+}
+
+// Start listens on HTTPAddr, starts the health checkers, scrapers, index
+// expiry and KV-event subscribers, and returns once the listener accepts
+// connections. ctx bounds the start only; the Node runs until Shutdown.
+func (n *Node) Start(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.shutdown {
+		return ErrShutdown
+	}
+	if n.started {
+		return ErrAlreadyStarted
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", n.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("node: listen %s: %w", n.cfg.HTTPAddr, err)
+	}
+	n.ln = ln
+	n.bgCtx, n.bgCancel = context.WithCancel(context.Background())
+	n.reqBase, n.reqAbort = context.WithCancel(context.Background())
+	n.srv = &http.Server{
+		Handler:           n.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return n.reqBase },
+		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelWarn),
+	}
+	if err := n.startKVEvents(ctx); err != nil {
+		n.bgCancel()
+		n.reqAbort()
+		_ = ln.Close()
+		n.wg.Wait()
+		return err
+	}
+	n.started = true
+	n.goFunc(func() {
+		if err := n.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.log.Error("http server stopped", "err", err)
+		}
+	})
+	for _, r := range n.replicas {
+		n.goFunc(func() { n.probeLoop(r) })
+	}
+	n.goFunc(n.expireLoop)
+	n.log.Info("gateway listening", "addr", ln.Addr().String(), "models", len(n.pools),
+		"replicas", len(n.replicas), "index_mode", n.cfg.IndexMode, "tokenizer", n.tokName,
+		"block_size", n.hasher.BlockTokens(), "strategy", n.cfg.Strategy)
+	return nil
+}
+
+// goFunc runs f on a goroutine the Node owns and waits for at Shutdown.
+func (n *Node) goFunc(f func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		f()
+	}()
+}
+
+// HTTPAddr is the address the Node listens on (with the real port when
+// HTTPAddr asked for port 0), or "" before Start.
+func (n *Node) HTTPAddr() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ln == nil {
+		return ""
+	}
+	return n.ln.Addr().String()
+}
+
+// Shutdown stops the Node: it stops accepting connections, lets in-flight
+// requests and streams finish until ctx is done, then cuts the rest (a
+// cut stream ends with an SSE error event when its upstream fails, or the
+// connection closes), stops subscribers, scrapers and health checkers, and
+// waits for every goroutine it started. It is idempotent: later calls
+// return the first call's result. Safe before Start.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.shutOnce.Do(func() {
+		n.mu.Lock()
+		n.shutdown = true
+		started := n.started
+		n.mu.Unlock()
+		n.stopping.Store(true)
+		if !started {
+			n.transport.CloseIdleConnections()
+			return
+		}
+		err := n.srv.Shutdown(ctx)
+		if err != nil {
+			// Deadline: abort the remaining requests, then close connections.
+			n.reqAbort()
+			_ = n.srv.Close()
+			n.log.Warn("shutdown deadline reached, cut the remaining streams", "err", err)
+		}
+		n.reqAbort()
+		n.bgCancel()
+		n.wg.Wait()
+		n.stopKVEvents()
+		n.transport.CloseIdleConnections()
+		n.shutErr = err
+		n.log.Info("gateway stopped")
+	})
+	return n.shutErr
+}
+
+// lookupModel resolves a request's model name.
+func (n *Node) lookupModel(name string) (*pool, string, *apiError) {
+	ref, ok := n.models[name]
+	if !ok {
+		return nil, "", &apiError{status: http.StatusNotFound, code: CodeModelNotFound,
+			message: fmt.Sprintf("model %q is not served by this gateway", name)}
+	}
+	return ref.pool, ref.lora, nil
+}
+
+// strategyFor returns the strategy named by the routing-strategy header,
+// else the pool's, else the node's default.
+func (n *Node) strategyFor(p *pool, header string) (route.Strategy, *apiError) {
+	name := header
+	if name == "" {
+		name = p.strategy
+	}
+	if name == "" {
+		name = n.cfg.Strategy
+	}
+	s, err := p.set.Get(name)
+	if err != nil {
+		return nil, errBadRequest(CodeUnknownStrategy, fmt.Sprintf("unknown routing strategy %q (want one of %v)", name, route.Names()))
+	}
+	return s, nil
+}
+
+// expireLoop drops expired history and speculative entries in bounded
+// slices so that Match never waits long for the write lock.
+func (n *Node) expireLoop() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.bgCtx.Done():
+			return
+		case <-t.C:
+			n.index.Expire(time.Now().UnixNano(), 1<<16)
+		}
+	}
+}
+
+func nowNanos() int64 { return time.Now().UnixNano() }
+
+// registerIndexMetrics exposes the index's entry counts per ledger.
+func (n *Node) registerIndexMetrics() {
+	for _, l := range []index.Ledger{index.History, index.Speculative, index.Confirmed} {
+		n.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "kvmesh_index_entries",
+			Help:        "(block, replica) entries in the prefix index, by ledger.",
+			ConstLabels: prometheus.Labels{"ledger": l.String()},
+		}, func() float64 { return float64(n.index.Stats().Entries[l]) }))
+	}
+	n.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvmesh_index_blocks",
+		Help: "Distinct block keys in the prefix index.",
+	}, func() float64 { return float64(n.index.Stats().Blocks) }))
+}

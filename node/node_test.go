@@ -1,0 +1,623 @@
+package node
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvmesh/kvmesh/index"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// httptest servers' and the transport's idle connections close
+		// asynchronously after Cleanup.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+	)
+}
+
+// startNode starts a Node for model "m" over the given replicas with
+// LocalConfig, mutated by tune, and shuts it down at cleanup.
+func startNode(t testing.TB, tune func(*Config), reps ...ReplicaConfig) *Node {
+	t.Helper()
+	cfg := LocalConfig()
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: reps}}
+	if tune != nil {
+		tune(&cfg)
+	}
+	n, err := New(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, n.Shutdown(ctx))
+	})
+	return n
+}
+
+func rc(name, url string) ReplicaConfig { return ReplicaConfig{Name: name, URL: url} }
+
+// closedURL returns an http URL on a port nothing listens on.
+func closedURL(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return "http://" + addr
+}
+
+func post(t testing.TB, n *Node, path, body string, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+n.HTTPAddr()+path, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	return resp
+}
+
+func readAll(t testing.TB, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+type errResp struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+func decodeErr(t testing.TB, body string) errResp {
+	t.Helper()
+	var e errResp
+	require.NoError(t, json.Unmarshal([]byte(body), &e), body)
+	return e
+}
+
+const streamReq = `{"model":"m","prompt":"hello world, a prompt long enough to fill a block or two of characters for the index to match against later on. padding padding padding padding","stream":true,"max_tokens":5}`
+
+func TestStreamingBytesIdenticalAndHeaders(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(20)
+	n := startNode(t, nil, rc("a", e.url()))
+
+	resp := post(t, n, "/v1/completions", streamReq, map[string]string{"Authorization": "Bearer xyz", HeaderStrategy: "least-request"})
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "a", resp.Header.Get(HeaderReplica))
+	assert.Equal(t, strings.TrimPrefix(e.url(), "http://"), resp.Header.Get(HeaderTargetPod))
+	assert.Equal(t, "a", resp.Header.Get("X-Engine"), "upstream headers pass through")
+	assert.Equal(t, "text/event-stream; charset=utf-8", resp.Header.Get("Content-Type"))
+	got := readAll(t, resp)
+	assert.Equal(t, streamBody("a", 20), got, "bytes must be identical to the upstream's")
+
+	e.mu.Lock()
+	hdr := e.headers[0]
+	body := e.bodies[0]
+	e.mu.Unlock()
+	assert.Equal(t, "Bearer xyz", hdr.Get("Authorization"), "client headers reach the engine")
+	assert.Empty(t, hdr.Get(HeaderStrategy), "the gateway's own header is not forwarded")
+	assert.Equal(t, streamReq, string(body), "the body is forwarded unchanged")
+
+	// The decision was recorded: the same prompt now matches replica a.
+	assert.Equal(t, 1.0, value(n.m.decisions.WithLabelValues("m", "least-request", "least_request")))
+	assert.Positive(t, n.Index().Stats().Entries[index.History])
+}
+
+func TestStreamIsRelayedChunkByChunk(t *testing.T) {
+	// The client must see the first event while the engine is still
+	// holding the rest back: no buffering of the stream.
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(3)
+	e.chunkDelay.Store(int64(time.Hour)) // the second event never comes on its own
+	n := startNode(t, nil, rc("a", e.url()))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", strings.NewReader(streamReq))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(line, `data: {"id":"cmpl-a"`), line)
+	cancel()
+	require.Eventually(t, func() bool { return e.cancelled.Load() == 1 }, 5*time.Second, 5*time.Millisecond,
+		"client disconnect must cancel the upstream request")
+	require.Eventually(t, func() bool { return value(n.m.inflight.WithLabelValues("a")) == 0 },
+		5*time.Second, 5*time.Millisecond)
+}
+
+func TestNonStreaming(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, nil, rc("a", e.url()))
+	resp := post(t, n, "/v1/completions", `{"model":"m","prompt":[1,2,3,4,5]}`, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "a", resp.Header.Get(HeaderReplica))
+	assert.Equal(t, `{"id":"cmpl-a","object":"text_completion","choices":[{"index":0,"text":"done"}],"usage":{"prompt_tokens":10,"completion_tokens":5}}`, readAll(t, resp))
+
+	resp = post(t, n, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	readAll(t, resp)
+}
+
+func TestRetryOnConnectFailure(t *testing.T) {
+	e := newFakeEngine(t, "live")
+	n := startNode(t, func(c *Config) { c.HealthInterval = 0 }, rc("dead", closedURL(t)), rc("live", e.url()))
+	prompt := strings.Repeat("x", 1000)
+	// Teach the index that "dead" holds the prompt, so prefix-cache picks it.
+	h := n.Index().Hasher()
+	keys := h.AppendKeysString(nil, h.Root("m", "", ""), prompt)
+	dead, _ := n.ReplicaID("dead")
+	require.NoError(t, n.Index().Record(keys, dead, index.History, time.Now().UnixNano()))
+
+	body := fmt.Sprintf(`{"model":"m","prompt":%q,"stream":true}`, prompt)
+	resp := post(t, n, "/v1/completions", body, map[string]string{HeaderStrategy: "prefix-cache"})
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "live", resp.Header.Get(HeaderReplica))
+	assert.Equal(t, streamBody("live", 5), readAll(t, resp))
+	assert.Equal(t, 1.0, value(n.m.retries))
+	assert.Equal(t, 1.0, value(n.m.upstreamErrors.WithLabelValues("dead", reasonConnect)))
+	assert.Equal(t, 1.0, value(n.m.decisions.WithLabelValues("m", "prefix-cache", "prefix_match")))
+}
+
+func TestConnectFailureWithoutRetryIs502(t *testing.T) {
+	n := startNode(t, func(c *Config) { c.HealthInterval = 0 }, rc("dead", closedURL(t)))
+	resp := post(t, n, "/v1/completions", streamReq, nil)
+	require.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	assert.Equal(t, CodeUpstreamError, decodeErr(t, readAll(t, resp)).Error.Code)
+}
+
+func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(5)
+	e.breakAfter.Store(2)
+	n := startNode(t, nil, rc("a", e.url()))
+	resp := post(t, n, "/v1/completions", streamReq, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	got := readAll(t, resp)
+	events := strings.SplitAfter(streamBody("a", 5), "\n\n")
+	prefix := events[0] + events[1] + events[2][:len(events[2])/2]
+	require.True(t, strings.HasPrefix(got, prefix), got)
+	rest := strings.TrimPrefix(got, prefix)
+	require.True(t, strings.HasPrefix(rest, "\n\ndata: {\"error\":"), rest)
+	require.True(t, strings.HasSuffix(rest, "}\n\n"), rest)
+	var ev errResp
+	require.NoError(t, json.Unmarshal([]byte(strings.TrimSuffix(strings.TrimPrefix(rest, "\n\ndata: "), "\n\n")), &ev))
+	assert.Equal(t, CodeStreamBroken, ev.Error.Code)
+	assert.Equal(t, 1.0, value(n.m.upstreamErrors.WithLabelValues("a", reasonMidStream)))
+}
+
+func TestIdleTimeoutEndsStream(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(3)
+	e.chunkDelay.Store(int64(time.Hour))
+	n := startNode(t, func(c *Config) { c.IdleTimeout = 100 * time.Millisecond }, rc("a", e.url()))
+	resp := post(t, n, "/v1/completions", streamReq, nil)
+	got := readAll(t, resp)
+	require.Contains(t, got, `"code":"upstream_stream_broken"`)
+	assert.Contains(t, got, "idle_timeout")
+	require.Eventually(t, func() bool { return e.cancelled.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+}
+
+func TestFirstByteTimeoutIs504(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.firstDelay.Store(int64(time.Hour))
+	n := startNode(t, func(c *Config) { c.FirstByteTimeout = 100 * time.Millisecond }, rc("a", e.url()))
+	resp := post(t, n, "/v1/completions", `{"model":"m","prompt":"hi"}`, nil)
+	require.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+	assert.Equal(t, CodeUpstreamTimeout, decodeErr(t, readAll(t, resp)).Error.Code)
+}
+
+func TestPassiveEjectionAnd503(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.status.Store(500)
+	n := startNode(t, func(c *Config) {
+		c.HealthInterval = 0
+		c.EjectAfter = 3
+		c.EjectBackoff = time.Hour
+		c.EjectMaxBackoff = 2 * time.Hour
+	}, rc("a", e.url()))
+	for i := 0; i < 3; i++ {
+		resp := post(t, n, "/v1/completions", streamReq, nil)
+		require.Equal(t, http.StatusInternalServerError, resp.StatusCode, "engine errors pass through")
+		readAll(t, resp)
+	}
+	resp := post(t, n, "/v1/completions", streamReq, nil)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, "3600", resp.Header.Get("Retry-After"))
+	assert.Equal(t, CodeNoHealthyReplica, decodeErr(t, readAll(t, resp)).Error.Code)
+	assert.EqualValues(t, 3, e.requests.Load(), "an ejected replica gets no traffic")
+	assert.Equal(t, 1.0, value(n.m.ejections.WithLabelValues("a")))
+}
+
+func TestEjectionBackoffGrows(t *testing.T) {
+	r, err := newReplica(0, rc("a", "http://127.0.0.1:1"), &pool{})
+	require.NoError(t, err)
+	now := int64(1e18)
+	for round, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
+		for i := 0; i < 2; i++ {
+			ej, _ := r.onFailure(now, 3, time.Second, 5*time.Second)
+			require.False(t, ej, "round %d", round)
+		}
+		ej, d := r.onFailure(now, 3, time.Second, 5*time.Second)
+		require.True(t, ej)
+		require.Equal(t, want, d, "round %d", round)
+		require.False(t, r.available(now))
+		require.True(t, r.available(now+int64(d)))
+	}
+	r.onSuccess()
+	for i := 0; i < 2; i++ {
+		r.onFailure(now, 3, time.Second, 5*time.Second)
+	}
+	_, d := r.onFailure(now, 3, time.Second, 5*time.Second)
+	require.Equal(t, time.Second, d, "a success resets the backoff")
+}
+
+func TestActiveHealthRemovesAndRestores(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	b := newFakeEngine(t, "b")
+	n := startNode(t, nil, rc("a", a.url()), rc("b", b.url()))
+	a.healthStatus.Store(503)
+	ra := n.byName["a"]
+	require.Eventually(t, func() bool { return !ra.available(nowNanos()) }, 5*time.Second, 5*time.Millisecond)
+	before := a.requests.Load()
+	for i := 0; i < 10; i++ {
+		resp := post(t, n, "/v1/completions", streamReq, map[string]string{HeaderStrategy: "random"})
+		require.Equal(t, "b", resp.Header.Get(HeaderReplica))
+		readAll(t, resp)
+	}
+	assert.Equal(t, before, a.requests.Load())
+	a.healthStatus.Store(0)
+	require.Eventually(t, func() bool { return ra.available(nowNanos()) }, 5*time.Second, 5*time.Millisecond)
+}
+
+func TestBadInput(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, func(c *Config) { c.MaxBodyBytes = 1 << 16 }, rc("a", e.url()))
+	big := `{"model":"m","prompt":"` + strings.Repeat("x", 1<<17) + `"}`
+	cases := []struct {
+		name, path, body string
+		hdr              map[string]string
+		status           int
+		code             string
+	}{
+		{"not json", "/v1/completions", `{"model":`, nil, 400, CodeInvalidJSON},
+		{"not an object", "/v1/completions", `[1,2]`, nil, 400, CodeInvalidJSON},
+		{"empty body", "/v1/completions", ``, nil, 400, CodeInvalidJSON},
+		{"missing model", "/v1/completions", `{"prompt":"hi"}`, nil, 400, CodeMissingModel},
+		{"unknown model", "/v1/completions", `{"model":"nope","prompt":"hi"}`, nil, 404, CodeModelNotFound},
+		{"missing prompt", "/v1/completions", `{"model":"m"}`, nil, 400, CodeMissingPrompt},
+		{"null prompt", "/v1/completions", `{"model":"m","prompt":null}`, nil, 400, CodeMissingPrompt},
+		{"empty prompt", "/v1/completions", `{"model":"m","prompt":""}`, nil, 400, CodeEmptyPrompt},
+		{"empty token list", "/v1/completions", `{"model":"m","prompt":[]}`, nil, 400, CodeEmptyPrompt},
+		{"batch of strings", "/v1/completions", `{"model":"m","prompt":["a","b"]}`, nil, 400, CodeBatchUnsupported},
+		{"batch of token lists", "/v1/completions", `{"model":"m","prompt":[[1],[2]]}`, nil, 400, CodeBatchUnsupported},
+		{"prompt object", "/v1/completions", `{"model":"m","prompt":{"a":1}}`, nil, 400, CodeInvalidPrompt},
+		{"prompt number", "/v1/completions", `{"model":"m","prompt":7}`, nil, 400, CodeInvalidPrompt},
+		{"negative token", "/v1/completions", `{"model":"m","prompt":[1,-2]}`, nil, 400, CodeInvalidPrompt},
+		{"mixed list", "/v1/completions", `{"model":"m","prompt":[1,"a"]}`, nil, 400, CodeInvalidPrompt},
+		{"stream not bool", "/v1/completions", `{"model":"m","prompt":"hi","stream":"yes"}`, nil, 400, CodeInvalidField},
+		{"model not string", "/v1/completions", `{"model":5,"prompt":"hi"}`, nil, 400, CodeInvalidField},
+		{"missing messages", "/v1/chat/completions", `{"model":"m"}`, nil, 400, CodeMissingMessages},
+		{"empty messages", "/v1/chat/completions", `{"model":"m","messages":[]}`, nil, 400, CodeEmptyMessages},
+		{"messages not array", "/v1/chat/completions", `{"model":"m","messages":"hi"}`, nil, 400, CodeInvalidMessages},
+		{"message without role", "/v1/chat/completions", `{"model":"m","messages":[{"content":"hi"}]}`, nil, 400, CodeInvalidMessages},
+		{"image content", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, nil, 400, CodeUnsupportedContent},
+		{"oversized body", "/v1/completions", big, nil, 413, CodeBodyTooLarge},
+		{"unknown strategy", "/v1/completions", `{"model":"m","prompt":"hi"}`, map[string]string{HeaderStrategy: "fastest"}, 400, CodeUnknownStrategy},
+		{"unknown path", "/v1/embeddings", `{}`, nil, 404, CodeNotFound},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := post(t, n, tc.path, tc.body, tc.hdr)
+			body := readAll(t, resp)
+			require.Equal(t, tc.status, resp.StatusCode, body)
+			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+			er := decodeErr(t, body)
+			assert.Equal(t, tc.code, er.Error.Code)
+			assert.NotEmpty(t, er.Error.Message)
+			assert.NotEmpty(t, er.Error.Type)
+		})
+	}
+	// Oversized body without Content-Length (chunked): still 413.
+	pr, pw := io.Pipe()
+	go func() {
+		_, _ = pw.Write([]byte(big))
+		_ = pw.Close()
+	}()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", pr)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	readAll(t, resp)
+
+	resp, err = http.Get("http://" + n.HTTPAddr() + "/v1/completions")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	readAll(t, resp)
+	assert.Zero(t, e.requests.Load(), "no bad request reaches an engine")
+}
+
+func TestSingleElementBatchIsRouted(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, nil, rc("a", e.url()))
+	for _, body := range []string{`{"model":"m","prompt":["hello"]}`, `{"model":"m","prompt":[[1,2,3]]}`} {
+		resp := post(t, n, "/v1/completions", body, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		readAll(t, resp)
+	}
+}
+
+func TestModelsMerged(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	cfg := func(c *Config) {
+		c.Models = append(c.Models, ModelConfig{Name: "other", Adapters: []string{"other-lora"}, Replicas: []ReplicaConfig{rc("z", closedURL(t))}})
+	}
+	n := startNode(t, cfg, rc("a", a.url()))
+	resp, err := http.Get("http://" + n.HTTPAddr() + "/v1/models")
+	require.NoError(t, err)
+	var list struct {
+		Object string           `json:"object"`
+		Data   []map[string]any `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(readAll(t, resp)), &list))
+	require.Equal(t, "list", list.Object)
+	var ids []string
+	for _, d := range list.Data {
+		ids = append(ids, d["id"].(string))
+	}
+	assert.Equal(t, []string{"m", "other", "other-lora"}, ids)
+	assert.Equal(t, "vllm", list.Data[0]["owned_by"], "the engine's own entry when it lists the model")
+	assert.Equal(t, "other", list.Data[2]["parent"])
+}
+
+func TestLoadViewScrapesEngineMetrics(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.running.Store(3)
+	e.waiting.Store(7)
+	n := startNode(t, nil, rc("a", e.url()))
+	r := n.byName["a"]
+	require.Eventually(t, func() bool {
+		run, wait, kv := r.load()
+		return run == 3 && wait == 7 && kv == 0.25
+	}, 5*time.Second, 5*time.Millisecond)
+}
+
+// debugReport mirrors RouteReport for decoding (Selection marshals one way).
+type debugReport struct {
+	RouteReport
+	Explanation *struct {
+		Selection string `json:"selection"`
+		Replicas  []struct {
+			Name     string `json:"name"`
+			Matched  int    `json:"matched_blocks"`
+			InFlight int    `json:"in_flight"`
+		} `json:"replicas"`
+	} `json:"explanation"`
+}
+
+type fixedPeers map[string]int
+
+func (f fixedPeers) InFlight(name string) int { return f[name] }
+
+func TestDebugRouteExplains(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	b := newFakeEngine(t, "b")
+	n := startNode(t, nil, rc("a", a.url()), rc("b", b.url()))
+	n.SetPeerLoad(fixedPeers{"a": 4})
+	prompt := strings.Repeat("abcdefgh", 64) // 512 chars = 4 blocks of 128
+	h := n.Index().Hasher()
+	keys := h.AppendKeysString(nil, h.Root("m", "", ""), prompt)
+	bid, _ := n.ReplicaID("b")
+	require.NoError(t, n.Index().Record(keys[:2], bid, index.History, time.Now().UnixNano()))
+
+	resp, err := http.Get("http://" + n.HTTPAddr() + "/debug/route?model=m&strategy=prefix-cache&prompt=" + prompt)
+	require.NoError(t, err)
+	body := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	var rep debugReport
+	require.NoError(t, json.Unmarshal([]byte(body), &rep))
+	assert.Equal(t, "b", rep.Pick)
+	assert.Equal(t, "prefix_match", rep.Selection)
+	assert.Equal(t, 4, rep.TotalBlocks)
+	assert.Equal(t, 512, rep.PromptTokens)
+	require.NotNil(t, rep.Explanation)
+	require.Len(t, rep.Explanation.Replicas, 2)
+	assert.Equal(t, 0, rep.Explanation.Replicas[0].Matched)
+	assert.Equal(t, 4, rep.Explanation.Replicas[0].InFlight, "peers' load is part of the view")
+	assert.Equal(t, 2, rep.Explanation.Replicas[1].Matched)
+	assert.Zero(t, a.requests.Load()+b.requests.Load(), "explaining proxies nothing")
+	assert.NotContains(t, body, "abcdefgh", "the report never echoes the prompt")
+
+	// POST with a chat body.
+	resp = post(t, n, "/debug/route", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, map[string]string{HeaderStrategy: "cost"})
+	body = readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	require.NoError(t, json.Unmarshal([]byte(body), &rep))
+	assert.Equal(t, "cost", rep.Strategy)
+	assert.NotEmpty(t, rep.Pick)
+}
+
+func TestRemoteTokenizerCachesAndFallsBack(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, func(c *Config) {
+		c.Tokenizer = TokenizerRemote
+		c.BlockSize = 4
+	}, rc("a", e.url()))
+	body := `{"model":"m","prompt":"hello tokenizer"}`
+	for i := 0; i < 2; i++ {
+		resp := post(t, n, "/v1/completions", body, nil)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		readAll(t, resp)
+	}
+	assert.Equal(t, 1.0, value(n.m.tokenizeCache.WithLabelValues("miss")))
+	assert.Equal(t, 1.0, value(n.m.tokenizeCache.WithLabelValues("hit")))
+	// The keys come from the engine's tokens (byte+1000), not the local BPE.
+	h := n.Index().Hasher()
+	var toks []uint32
+	for _, c := range []byte("hello tokenizer") {
+		toks = append(toks, uint32(c)+1000)
+	}
+	keys := h.AppendKeys(nil, h.Root("m", "", ""), toks)
+	out := make([]int32, 1)
+	aid, _ := n.ReplicaID("a")
+	assert.Equal(t, len(keys), n.Index().Match(keys, []index.ReplicaID{aid}, index.ModeHistory, time.Now().UnixNano(), out))
+}
+
+func TestMetricsEndpointIsPerNode(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n1 := startNode(t, nil, rc("a", e.url()))
+	n2 := startNode(t, nil, rc("a", e.url()))
+	readAll(t, post(t, n1, "/v1/completions", streamReq, nil))
+	get := func(n *Node) string {
+		resp, err := http.Get("http://" + n.HTTPAddr() + "/metrics")
+		require.NoError(t, err)
+		return readAll(t, resp)
+	}
+	m1, m2 := get(n1), get(n2)
+	assert.Contains(t, m1, `kvmesh_route_decisions_total{model="m",selection="least_request_fallback",strategy="prefix-cache"} 1`+"\n")
+	assert.NotContains(t, m2, `kvmesh_route_decisions_total{`)
+	for _, name := range []string{"kvmesh_index_entries", "kvmesh_proxy_inflight", "kvmesh_route_decision_seconds", "kvmesh_route_match_fraction", "kvmesh_proxy_ttft_seconds"} {
+		assert.Contains(t, m1, name)
+	}
+}
+
+func TestShutdownDrainsAndIsIdempotent(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(4)
+	e.chunkDelay.Store(int64(50 * time.Millisecond))
+	cfg := LocalConfig()
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url())}}}
+	n, err := New(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	require.ErrorIs(t, n.Start(context.Background()), ErrAlreadyStarted)
+
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/completions", "application/json", strings.NewReader(streamReq))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- string(b)
+	}()
+	<-e.started
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, n.Shutdown(ctx))
+	assert.Equal(t, streamBody("a", 4), <-done, "an in-flight stream drains completely")
+	require.NoError(t, n.Shutdown(ctx))
+	require.ErrorIs(t, n.Start(context.Background()), ErrShutdown)
+	_, err = net.Dial("tcp", n.HTTPAddr())
+	assert.Error(t, err, "the listener is closed")
+}
+
+func TestShutdownDeadlineCutsStreams(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(3)
+	e.chunkDelay.Store(int64(time.Hour))
+	cfg := LocalConfig()
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url())}}}
+	n, err := New(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/completions", "application/json", strings.NewReader(streamReq))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	<-e.started
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, n.Shutdown(ctx), context.DeadlineExceeded)
+	<-done
+	require.Eventually(t, func() bool { return e.cancelled.Load() == 1 }, 5*time.Second, 5*time.Millisecond)
+}
+
+func TestShutdownBeforeStart(t *testing.T) {
+	cfg := LocalConfig()
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
+	n, err := New(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, n.Shutdown(context.Background()))
+	require.ErrorIs(t, n.Start(context.Background()), ErrShutdown)
+	assert.Empty(t, n.HTTPAddr())
+}
+
+func TestParseEngineLoad(t *testing.T) {
+	text := `# HELP vllm:num_requests_running x
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="a b}c\"d"} 2
+vllm:num_requests_running{engine="1",model_name="m"} 3 1700000000000
+vllm:num_requests_waiting{model_name="m"} 4.0
+vllm:kv_cache_usage_perc{engine="0"} 0.5
+vllm:kv_cache_usage_perc{engine="1"} 0.75
+vllm:gpu_cache_usage_perc 0.1
+vllm:prefix_cache_hits_total{model_name="m"} 99
+vllm:num_requests_waiting{model_name="x"} NaN
+garbage line
+`
+	l, err := parseEngineLoad(strings.NewReader(text))
+	require.NoError(t, err)
+	assert.EqualValues(t, 5, l.running)
+	assert.EqualValues(t, 4, l.waiting)
+	assert.Equal(t, 0.75, l.kvUsage)
+
+	l, err = parseEngineLoad(strings.NewReader("vllm:gpu_cache_usage_perc 0.3\n"))
+	require.NoError(t, err)
+	assert.Equal(t, 0.3, l.kvUsage)
+	assert.EqualValues(t, -1, l.running)
+
+	_, err = parseEngineLoad(strings.NewReader("up 1\n"))
+	assert.ErrorIs(t, err, ErrUpstream)
+}
+
+func TestRecoverTurnsPanicInto500(t *testing.T) {
+	cfg := LocalConfig()
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
+	n, err := New(cfg, nil)
+	require.NoError(t, err)
+	h := n.recoverer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	rec := &recorder{header: http.Header{}}
+	h.ServeHTTP(rec, &http.Request{URL: mustURL("/x")})
+	assert.Equal(t, 500, rec.code)
+	assert.Equal(t, CodeInternal, decodeErr(t, rec.body.String()).Error.Code)
+}
+
+type recorder struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) WriteHeader(c int)           { r.code = c }
+func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }

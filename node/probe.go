@@ -1,0 +1,243 @@
+package node
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Engine metric names the load view scrapes.
+const (
+	metricRunning = "vllm:num_requests_running"
+	metricWaiting = "vllm:num_requests_waiting"
+	metricKVUsage = "vllm:kv_cache_usage_perc"
+	// metricGPUUsage is the name vLLM used for KV usage before v0.10.
+	metricGPUUsage = "vllm:gpu_cache_usage_perc"
+)
+
+// probeLoop owns one replica's active health checks and load scrapes until
+// the Node stops. The two run on their own tickers in this one goroutine,
+// so a replica never has two probes in flight.
+func (n *Node) probeLoop(r *replica) {
+	ctx := n.bgCtx
+	var scrapeC, healthC <-chan time.Time
+	if n.cfg.ScrapeInterval > 0 {
+		t := time.NewTicker(n.cfg.ScrapeInterval)
+		defer t.Stop()
+		scrapeC = t.C
+		n.scrape(ctx, r)
+	}
+	if n.cfg.HealthInterval > 0 {
+		t := time.NewTicker(n.cfg.HealthInterval)
+		defer t.Stop()
+		healthC = t.C
+		n.checkHealth(ctx, r)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-scrapeC:
+			n.scrape(ctx, r)
+		case <-healthC:
+			n.checkHealth(ctx, r)
+		}
+		if r.available(nowNanos()) {
+			r.mHealthy.Set(1)
+		} else {
+			r.mHealthy.Set(0)
+		}
+	}
+}
+
+// checkHealth polls /health; any 2xx within HealthTimeout is up.
+func (n *Node) checkHealth(ctx context.Context, r *replica) {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.HealthTimeout)
+	defer cancel()
+	up := false
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.endpoint("/health"), nil)
+	if err == nil {
+		var resp *http.Response
+		if resp, err = n.client.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			up = resp.StatusCode >= 200 && resp.StatusCode < 300
+			if !up {
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+		}
+	}
+	if n.bgCtx.Err() != nil {
+		return // stopping: the failure is ours, not the replica's
+	}
+	if !up {
+		n.m.upstreamErrors.WithLabelValues(r.name, reasonHealthCheck).Inc()
+	}
+	if r.setActive(up) {
+		if up {
+			n.log.Info("replica healthy again", "replica", r.name)
+		} else {
+			n.log.Warn("replica failed its health check", "replica", r.name, "err", err)
+		}
+	}
+}
+
+// scrape reads the engine's load figures from /metrics.
+func (n *Node) scrape(ctx context.Context, r *replica) {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.ScrapeTimeout)
+	defer cancel()
+	l, err := n.fetchLoad(ctx, r)
+	if err != nil {
+		if n.bgCtx.Err() == nil {
+			n.m.upstreamErrors.WithLabelValues(r.name, reasonScrape).Inc()
+			if r.scrapeOK.Swap(false) {
+				n.log.Debug("replica metrics scrape failed", "replica", r.name, "err", err)
+			}
+			// Stale figures would mislead the strategies: forget them.
+			r.running.Store(-1)
+			r.waiting.Store(-1)
+			r.kvUsage.Store(math.Float64bits(math.NaN()))
+		}
+		return
+	}
+	r.scrapeOK.Store(true)
+	r.running.Store(l.running)
+	r.waiting.Store(l.waiting)
+	r.kvUsage.Store(math.Float64bits(l.kvUsage))
+	r.scraped.Store(nowNanos())
+}
+
+func (n *Node) fetchLoad(ctx context.Context, r *replica) (engineLoad, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.endpoint("/metrics"), nil)
+	if err != nil {
+		return engineLoad{}, err
+	}
+	resp, err := n.client.Do(req)
+	if err != nil {
+		return engineLoad{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return engineLoad{}, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return parseEngineLoad(io.LimitReader(resp.Body, 16<<20))
+}
+
+// engineLoad is what one scrape yields. Counts are -1 and kvUsage NaN when
+// the engine did not export them.
+type engineLoad struct {
+	running, waiting int64
+	kvUsage          float64
+}
+
+// parseEngineLoad reads the Prometheus text exposition format and sums
+// running and waiting over all series (several engines or data-parallel
+// ranks behind one URL), taking the highest KV usage. It understands label
+// values with escaped quotes, braces and spaces, optional timestamps and
+// the special values NaN and ±Inf (which it ignores).
+func parseEngineLoad(rd io.Reader) (engineLoad, error) {
+	l := engineLoad{running: -1, waiting: -1, kvUsage: math.NaN()}
+	var running, waiting, kv float64
+	var haveR, haveW, haveKV, haveGPU bool
+	gpu := math.NaN()
+	sc := bufio.NewScanner(rd)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if len(line) == 0 || line[0] == '#' || !strings.HasPrefix(line, "vllm:") {
+			continue
+		}
+		name, v, ok := parseSample(line)
+		if !ok || math.IsNaN(v) || math.IsInf(v, 0) {
+			continue
+		}
+		switch name {
+		case metricRunning:
+			running += v
+			haveR = true
+		case metricWaiting:
+			waiting += v
+			haveW = true
+		case metricKVUsage:
+			if !haveKV || v > kv {
+				kv = v
+			}
+			haveKV = true
+		case metricGPUUsage:
+			if !haveGPU || v > gpu {
+				gpu = v
+			}
+			haveGPU = true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return l, err
+	}
+	if haveR {
+		l.running = int64(math.Round(running))
+	}
+	if haveW {
+		l.waiting = int64(math.Round(waiting))
+	}
+	switch {
+	case haveKV:
+		l.kvUsage = kv
+	case haveGPU:
+		l.kvUsage = gpu
+	}
+	if !haveR && !haveW && !haveKV && !haveGPU {
+		return l, fmt.Errorf("%w: no vllm load metrics in the exposition", ErrUpstream)
+	}
+	return l, nil
+}
+
+// parseSample splits one sample line into its metric name and value.
+func parseSample(line string) (string, float64, bool) {
+	i := strings.IndexAny(line, "{ \t")
+	if i <= 0 {
+		return "", 0, false
+	}
+	name := line[:i]
+	rest := line[i:]
+	if rest[0] == '{' {
+		// Skip the label set, honouring quoted values with escapes.
+		inQuote, esc := false, false
+		end := -1
+		for j := 1; j < len(rest); j++ {
+			c := rest[j]
+			switch {
+			case esc:
+				esc = false
+			case inQuote && c == '\\':
+				esc = true
+			case c == '"':
+				inQuote = !inQuote
+			case !inQuote && c == '}':
+				end = j
+			}
+			if end >= 0 {
+				break
+			}
+		}
+		if end < 0 {
+			return "", 0, false
+		}
+		rest = rest[end+1:]
+	}
+	fields := strings.Fields(rest)
+	if len(fields) == 0 {
+		return "", 0, false
+	}
+	v, err := strconv.ParseFloat(fields[0], 64)
+	if err != nil {
+		return "", 0, false
+	}
+	return name, v, true
+}

@@ -1,0 +1,438 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// Response headers the gateway adds.
+const (
+	// HeaderReplica names the replica that served the request.
+	HeaderReplica = "x-kvmesh-replica"
+	// HeaderTargetPod is AIBrix's header: the replica's host:port.
+	HeaderTargetPod = "target-pod"
+	// HeaderStrategy is the request header that selects a strategy.
+	HeaderStrategy = "routing-strategy"
+	// HeaderSession is the request header whose value is the
+	// consistent-hash session key (else the body's "user" field).
+	HeaderSession = "x-session-id"
+)
+
+var (
+	errIdleTimeout = fmt.Errorf("%w: no bytes for longer than the idle timeout", ErrUpstream)
+)
+
+// hopHeaders are connection-scoped and never forwarded (RFC 9110 §7.6.1).
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+func isHopHeader(h http.Header, k string) bool {
+	for _, hk := range hopHeaders {
+		if k == hk {
+			return true
+		}
+	}
+	for _, v := range h.Values("Connection") {
+		for _, f := range bytes.Split([]byte(v), []byte(",")) {
+			if http.CanonicalHeaderKey(string(bytes.TrimSpace(f))) == k {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// copyHeaders copies src to dst without hop-by-hop headers.
+func copyHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		if isHopHeader(src, k) {
+			continue
+		}
+		dst[k] = append(dst[k][:0:0], vs...)
+	}
+}
+
+// bufPool holds the relay buffers: 32 KiB is a few dozen SSE events, and
+// one read per Flush keeps latency per chunk, not per buffer.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// attemptResult says what the caller should do after one proxy attempt.
+type attemptResult uint8
+
+const (
+	attemptDone  attemptResult = iota // a response (or error) was written
+	attemptRetry                      // connect failed, nothing written: retry elsewhere
+)
+
+// serveInference is the handler of /v1/completions and /v1/chat/completions.
+func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			n.refuse(w, &apiError{status: http.StatusMethodNotAllowed, code: CodeMethodNotAllowed, message: "use POST"})
+			return
+		}
+		body, aerr := readBody(w, r, n.cfg.MaxBodyBytes)
+		if aerr != nil {
+			n.refuse(w, aerr)
+			return
+		}
+		req, aerr := parseInference(kind, body)
+		if aerr != nil {
+			n.refuse(w, aerr)
+			return
+		}
+		if sid := r.Header.Get(HeaderSession); sid != "" {
+			req.user = sid
+		}
+		p, lora, aerr := n.lookupModel(req.model)
+		if aerr != nil {
+			n.refuse(w, aerr)
+			return
+		}
+		strat, aerr := n.strategyFor(p, r.Header.Get(HeaderStrategy))
+		if aerr != nil {
+			n.refuse(w, aerr)
+			return
+		}
+		s := getScratch()
+		defer putScratch(s)
+		rr, keys := n.prepare(r.Context(), p, lora, req, s)
+
+		var exclude *replica
+		for attempt := 0; ; attempt++ {
+			rr.Now = time.Now().UnixNano()
+			s.rng = route.NewRand(n.rngSeed.Add(0x9e3779b97f4a7c15))
+			t0 := time.Now()
+			dec, earliest, err := n.routeOnce(p, strat, keys, &rr, s, exclude, nil)
+			if err != nil {
+				n.refuse(w, &apiError{status: http.StatusServiceUnavailable, code: CodeNoHealthyReplica,
+					message:    fmt.Sprintf("no healthy replica for model %q", req.model),
+					retryAfter: retryAfterSeconds(rr.Now, earliest)})
+				return
+			}
+			n.observeDecision(p, dec, time.Since(t0))
+			canRetry := attempt == 0 && n.cfg.RetryConnectFailures && s.available > 1
+			if n.proxy(w, r, req, body, dec, keys, canRetry) == attemptRetry {
+				n.m.retries.Inc()
+				exclude = dec.rep
+				continue
+			}
+			return
+		}
+	}
+}
+
+// refuse answers a client error and counts it.
+func (n *Node) refuse(w http.ResponseWriter, e *apiError) {
+	n.m.clientErrors.WithLabelValues(e.code).Inc()
+	writeError(w, e)
+}
+
+func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
+	name := dec.strategy.Name()
+	n.m.decisionTime.WithLabelValues(name).Observe(took.Seconds())
+	n.m.decisions.WithLabelValues(p.model, name, dec.d.Selection.String()).Inc()
+	frac := 0.0
+	if dec.req.TotalBlocks > 0 {
+		frac = float64(dec.matched) / float64(dec.req.TotalBlocks)
+	}
+	n.m.matchFraction.WithLabelValues(p.model).Observe(frac)
+}
+
+// proxy forwards one attempt to dec.rep and relays the response. When
+// canRetry is set and the connection could not be made, it writes nothing
+// and returns attemptRetry.
+func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceRequest, body []byte,
+	dec decision, keys []index.BlockKey, canRetry bool) attemptResult {
+	rep := dec.rep
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	target := rep.endpoint(req.kind.path())
+	if r.URL.RawQuery != "" {
+		target += "?" + r.URL.RawQuery
+	}
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+	if err != nil {
+		n.refuse(w, &apiError{status: http.StatusInternalServerError, code: CodeInternal, message: "cannot build upstream request"})
+		return attemptDone
+	}
+	copyHeaders(up.Header, r.Header)
+	up.Header.Del(HeaderStrategy)
+	up.ContentLength = int64(len(body))
+	up.Header.Set("Content-Length", strconv.Itoa(len(body)))
+
+	rep.inflight.Add(1)
+	rep.mInflight.Inc()
+	queued := int64(dec.uncached)
+	rep.queuedPrefill.Add(queued)
+	releaseQueued := func() {
+		if queued != 0 {
+			rep.queuedPrefill.Add(-queued)
+			queued = 0
+		}
+	}
+	defer func() {
+		releaseQueued()
+		rep.inflight.Add(-1)
+		rep.mInflight.Dec()
+	}()
+
+	start := time.Now()
+	resp, err := n.transport.RoundTrip(up)
+	if err != nil {
+		releaseQueued()
+		if r.Context().Err() != nil {
+			return attemptDone // the client left; nobody to answer
+		}
+		reason := classifyRoundTripError(ctx, err)
+		n.upstreamFailure(rep, reason)
+		if reason == reasonConnect && canRetry {
+			n.log.Warn("upstream connect failed, retrying on another replica",
+				"replica", rep.name, "err", err)
+			return attemptRetry
+		}
+		n.log.Warn("upstream request failed", "replica", rep.name, "reason", reason, "err", err)
+		e := &apiError{status: http.StatusBadGateway, code: CodeUpstreamError,
+			message: fmt.Sprintf("replica %s: %s", rep.name, reason)}
+		if reason == reasonFirstByte {
+			e.status, e.code = http.StatusGatewayTimeout, CodeUpstreamTimeout
+		}
+		n.m.requests.WithLabelValues(rep.pool.model, "error").Inc()
+		writeError(w, e)
+		return attemptDone
+	}
+	defer resp.Body.Close()
+
+	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
+	if ok {
+		n.recordDecision(rep, keys, start.UnixNano())
+	}
+	h := w.Header()
+	copyHeaders(h, resp.Header)
+	h.Set(HeaderReplica, rep.name)
+	h.Set(HeaderTargetPod, rep.targetPod)
+	w.WriteHeader(resp.StatusCode)
+	flusher, _ := w.(http.Flusher)
+	if flusher != nil {
+		flusher.Flush()
+	}
+
+	streaming := isEventStream(resp.Header)
+	res := n.relay(ctx, r.Context(), cancel, w, flusher, resp.Body, streaming)
+	releaseQueued()
+	n.m.requests.WithLabelValues(rep.pool.model, statusClass(resp.StatusCode)).Inc()
+
+	switch {
+	case res.clientGone:
+		// The client left: the deferred cancel aborts the upstream request.
+		return attemptDone
+	case res.err != nil:
+		reason := reasonMidStream
+		if errors.Is(context.Cause(ctx), errIdleTimeout) {
+			reason = reasonIdle
+		}
+		n.upstreamFailure(rep, reason)
+		n.log.Warn("upstream body failed", "replica", rep.name, "reason", reason,
+			"relayed_bytes", res.bytes, "err", res.err)
+		if streaming {
+			writeStreamError(w, flusher, res.tail, fmt.Sprintf("replica %s: %s after %d bytes", rep.name, reason, res.bytes))
+			return attemptDone
+		}
+		// A non-streaming body cannot carry an error: abort the connection so
+		// the client sees a truncated response, not a short "complete" one.
+		panic(http.ErrAbortHandler)
+	}
+	if resp.StatusCode >= 500 {
+		n.upstreamFailure(rep, reasonStatus5xx)
+	} else {
+		rep.onSuccess()
+	}
+	if ok && streaming && res.firstAt != 0 {
+		ttft := time.Duration(res.firstAt - start.UnixNano())
+		rep.mTTFT.Observe(ttft.Seconds())
+		n.observeCost(rep, dec, ttft, res)
+	}
+	return attemptDone
+}
+
+// relayResult is what relay saw of a response body.
+type relayResult struct {
+	bytes      int64
+	firstAt    int64 // unix nanos of the first body byte, 0 if none
+	lastAt     int64 // unix nanos of the last body byte
+	events     int   // SSE "data:" lines relayed (≈ output tokens + usage + [DONE])
+	tail       [2]byte
+	clientGone bool
+	err        error
+}
+
+var dataPrefix = []byte("data:")
+
+// relay copies body to w, flushing after every read so that each upstream
+// chunk reaches the client as soon as it arrives; the bytes are never
+// modified or held back. Silence longer than IdleTimeout cancels ctx with
+// errIdleTimeout.
+func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseFunc, w io.Writer, flusher http.Flusher,
+	body io.Reader, streaming bool) relayResult {
+	var res relayResult
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	idle := time.AfterFunc(n.cfg.IdleTimeout, func() { cancel(errIdleTimeout) })
+	defer idle.Stop()
+	for {
+		nr, rerr := body.Read(buf)
+		if nr > 0 {
+			now := time.Now().UnixNano()
+			if res.firstAt == 0 {
+				res.firstAt = now
+			}
+			res.lastAt = now
+			idle.Reset(n.cfg.IdleTimeout)
+			chunk := buf[:nr]
+			if streaming {
+				res.events += bytes.Count(chunk, dataPrefix)
+			}
+			if _, werr := w.Write(chunk); werr != nil {
+				res.clientGone = true
+				return res
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+			res.bytes += int64(nr)
+			if nr >= 2 {
+				res.tail = [2]byte{chunk[nr-2], chunk[nr-1]}
+			} else {
+				res.tail = [2]byte{res.tail[1], chunk[0]}
+			}
+		}
+		if rerr == io.EOF {
+			return res
+		}
+		if rerr != nil {
+			if clientCtx.Err() != nil {
+				// The client disconnected (or a forced shutdown cut it).
+				res.clientGone = true
+				return res
+			}
+			res.err = rerr
+			return res
+		}
+	}
+}
+
+// writeStreamError ends a broken SSE stream with an error event the client
+// can parse: it first terminates a partially relayed event.
+func writeStreamError(w io.Writer, flusher http.Flusher, tail [2]byte, msg string) {
+	var b bytes.Buffer
+	switch {
+	case tail == [2]byte{'\n', '\n'} || tail == [2]byte{}:
+	case tail[1] == '\n':
+		b.WriteByte('\n')
+	default:
+		b.WriteString("\n\n")
+	}
+	b.WriteString("data: ")
+	b.Write(errorJSON(http.StatusBadGateway, CodeStreamBroken, msg))
+	b.WriteString("\n\n")
+	_, _ = w.Write(b.Bytes())
+	if flusher != nil {
+		flusher.Flush()
+	}
+}
+
+func isEventStream(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	return len(ct) >= 17 && ct[:17] == "text/event-stream"
+}
+
+func statusClass(code int) string {
+	switch {
+	case code < 300:
+		return "2xx"
+	case code < 400:
+		return "3xx"
+	case code < 500:
+		return "4xx"
+	}
+	return "5xx"
+}
+
+// classifyRoundTripError names why a round trip failed before a response.
+func classifyRoundTripError(ctx context.Context, err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return reasonConnect
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return reasonFirstByte
+	}
+	if errors.Is(context.Cause(ctx), errIdleTimeout) {
+		return reasonIdle
+	}
+	return reasonReset
+}
+
+// upstreamFailure counts a failure against rep and ejects it after
+// EjectAfter in a row.
+func (n *Node) upstreamFailure(rep *replica, reason string) {
+	n.m.upstreamErrors.WithLabelValues(rep.name, reason).Inc()
+	ejected, d := rep.onFailure(time.Now().UnixNano(), n.cfg.EjectAfter, n.cfg.EjectBackoff, n.cfg.EjectMaxBackoff)
+	if ejected {
+		n.m.ejections.WithLabelValues(rep.name).Inc()
+		n.log.Warn("replica ejected after consecutive failures", "replica", rep.name,
+			"failures", n.cfg.EjectAfter, "for", d, "last_reason", reason)
+	}
+}
+
+// recordDecision writes the routing decision into the index: history or
+// speculative, per the index mode and whether the replica publishes KV
+// events.
+func (n *Node) recordDecision(rep *replica, keys []index.BlockKey, now int64) {
+	if len(keys) == 0 {
+		return
+	}
+	ledger := index.History
+	switch n.mode {
+	case index.ModeKVEvents:
+		ledger = index.Speculative
+	case index.ModeHybrid:
+		if rep.cfg.PublishesKVEvents() {
+			ledger = index.Speculative
+		}
+	}
+	if err := n.index.Record(keys, rep.id, ledger, now); err != nil {
+		n.log.Error("index record failed", "replica", rep.name, "err", err)
+	}
+}
+
+// observeCost feeds the cost model with what a finished stream showed.
+func (n *Node) observeCost(rep *replica, dec decision, ttft time.Duration, res relayResult) {
+	obs := route.Observation{
+		UncachedTokens: dec.uncached,
+		TTFT:           ttft.Seconds(),
+		QueueSeconds:   dec.d.EstimatedQueue,
+	}
+	// Events: one per output token, plus possibly a usage event and [DONE].
+	if out := res.events - 1; out > 1 {
+		obs.OutputTokens = out
+		obs.TPOT = time.Duration(res.lastAt-res.firstAt).Seconds() / float64(out-1)
+	}
+	rep.pool.set.Model().Observe(rep.id, obs)
+}

@@ -1,0 +1,148 @@
+package node
+
+import (
+	"math"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// PeerLoad reports the in-flight counts other gateways last published for
+// a replica, so that load-aware strategies see cluster-wide load. The
+// replication work implements it; a Node without one sees only its own
+// requests. InFlight is called on the routing hot path, concurrently, and
+// must not block or allocate.
+type PeerLoad interface {
+	// InFlight is the sum of the peers' in-flight requests to the replica
+	// named replica (0 when unknown).
+	InFlight(replica string) int
+}
+
+// replica is one engine as the node tracks it. Counters are atomics so that
+// the routing hot path reads them without a lock.
+type replica struct {
+	id        index.ReplicaID
+	name      string
+	cfg       ReplicaConfig
+	pool      *pool
+	base      *url.URL
+	targetPod string // host:port, AIBrix's target-pod header value
+
+	inflight      atomic.Int64 // requests this gateway has open to the replica
+	queuedPrefill atomic.Int64 // uncached prompt tokens sent, first byte not yet seen
+
+	// Engine-scraped load; -1 until the first successful scrape.
+	running  atomic.Int64
+	waiting  atomic.Int64
+	kvUsage  atomic.Uint64 // math.Float64bits; NaN bits when unknown
+	scraped  atomic.Int64  // unix nanos of the last successful scrape
+	scrapeOK atomic.Bool
+
+	// Health. ejectedUntil and activeDown are read lock-free by routing;
+	// mu serialises the bookkeeping that decides them.
+	ejectedUntil atomic.Int64 // unix nanos; 0 = not ejected
+	activeDown   atomic.Bool  // last /health poll failed
+	mu           sync.Mutex
+	consecFails  int
+	ejections    int // consecutive ejections without a success in between
+
+	// Pre-resolved metric children (label lookups cost a hash each).
+	mInflight prometheus.Gauge
+	mTTFT     prometheus.Observer
+	mHealthy  prometheus.Gauge
+}
+
+// pool is the replicas serving one model.
+type pool struct {
+	model    string
+	strategy string // "" = node default
+	set      *route.Set
+	replicas []*replica
+}
+
+func newReplica(id index.ReplicaID, cfg ReplicaConfig, p *pool) (*replica, error) {
+	u, err := url.Parse(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	r := &replica{id: id, name: cfg.Name, cfg: cfg, pool: p, base: u, targetPod: u.Host}
+	r.running.Store(-1)
+	r.waiting.Store(-1)
+	r.kvUsage.Store(math.Float64bits(math.NaN()))
+	return r, nil
+}
+
+// endpoint returns the replica's URL for path (which starts with "/").
+func (r *replica) endpoint(path string) string {
+	b := r.cfg.URL
+	for len(b) > 0 && b[len(b)-1] == '/' {
+		b = b[:len(b)-1]
+	}
+	return b + path
+}
+
+// available reports whether the replica may get traffic at now.
+func (r *replica) available(now int64) bool {
+	return !r.activeDown.Load() && now >= r.ejectedUntil.Load()
+}
+
+// availableAt is when an unavailable replica may get traffic again: the end
+// of its ejection, or now+probe for an actively-down one (the next poll).
+func (r *replica) availableAt(now int64, probe time.Duration) int64 {
+	t := r.ejectedUntil.Load()
+	if r.activeDown.Load() {
+		t = max(t, now+int64(probe))
+	}
+	return t
+}
+
+// onSuccess records a request that the replica served.
+func (r *replica) onSuccess() {
+	r.mu.Lock()
+	r.consecFails = 0
+	r.ejections = 0
+	r.mu.Unlock()
+}
+
+// onFailure records a failed request and ejects the replica after
+// ejectAfter consecutive failures, for backoff·2^(ejections) capped at
+// maxBackoff. It reports whether this failure ejected the replica.
+func (r *replica) onFailure(now int64, ejectAfter int, backoff, maxBackoff time.Duration) (bool, time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.consecFails++
+	if r.consecFails < ejectAfter {
+		return false, 0
+	}
+	d := backoff
+	for i := 0; i < r.ejections && d < maxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, maxBackoff)
+	r.ejections++
+	r.consecFails = 0
+	r.ejectedUntil.Store(now + int64(d))
+	return true, d
+}
+
+// setActive records the outcome of an active /health poll and reports
+// whether it changed the replica's state. It does not end a passive
+// ejection: a replica may answer /health while failing requests.
+func (r *replica) setActive(up bool) (changed bool) {
+	return r.activeDown.Swap(!up) != !up
+}
+
+// load returns the engine-scraped figures, -1 (route.Unknown) when unknown.
+func (r *replica) load() (running, waiting int, kv float64) {
+	kv = math.Float64frombits(r.kvUsage.Load())
+	if math.IsNaN(kv) {
+		kv = -1
+	}
+	return int(r.running.Load()), int(r.waiting.Load()), kv
+}

@@ -1,0 +1,369 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/kvmesh/kvmesh/node"
+)
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kvmesh",
+		Short:         "Prefix-cache-aware gateway for vLLM replicas",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newServeCmd(), newExplainCmd(), newVersionCmd())
+	return root
+}
+
+// serveFlags are the serve command's flags; each overrides the config file
+// only when given.
+type serveFlags struct {
+	configPath string
+	model      string
+	replicas   []string
+	logLevel   string
+	logFormat  string
+	cfg        node.Config // flag targets, copied over the file's values when set
+}
+
+func newServeCmd() *cobra.Command {
+	cmd, _ := newServeCmdFlags()
+	return cmd
+}
+
+// newServeCmdFlags returns the serve command and the flags it fills.
+func newServeCmdFlags() (*cobra.Command, *serveFlags) {
+	f := &serveFlags{cfg: node.DefaultConfig()}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a gateway",
+		Long: `Run a gateway in front of vLLM replicas.
+
+Replicas are given as --replica name=url[,kv=endpoint][,kv-bind=endpoint][,replay=endpoint][,model=name]
+(repeatable): kv= connects to an engine whose KV-event publisher binds (vLLM with
+tcp://*:5557), kv-bind= binds for engines whose publisher connects, replay= is the
+engine's replay ROUTER. Replicas without model= serve --model. A YAML file
+(--config) can describe several pools; flags given on the command line win.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.config(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			logger, err := newLogger(f.logLevel, f.logFormat, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			return serve(cmd.Context(), cfg, logger)
+		},
+	}
+	fl := cmd.Flags()
+	d := &f.cfg
+	fl.StringVar(&f.configPath, "config", "", "YAML config file (flags override it)")
+	fl.StringVar(&f.model, "model", "", "model name served by --replica flags that name none")
+	fl.StringArrayVar(&f.replicas, "replica", nil, "replica: name=url[,kv=...][,kv-bind=...][,replay=...][,model=...] (repeatable)")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
+	fl.StringVar(&d.HTTPAddr, "http-addr", d.HTTPAddr, "listen address of the API, /metrics and /debug/route")
+	fl.StringVar(&d.Strategy, "strategy", d.Strategy, "default routing strategy: random, least-request, prefix-cache, consistent-hash or cost")
+	fl.StringVar(&d.IndexMode, "index-mode", d.IndexMode, "index mode: history, kv-events or hybrid")
+	fl.StringVar(&d.Tokenizer, "tokenizer", d.Tokenizer, "auto, character, tiktoken or remote")
+	fl.IntVar(&d.BlockSize, "block-size", d.BlockSize, "tokens per index block (0: 128 for character, else 16)")
+	fl.Uint64Var(&d.HashSeed, "hash-seed", d.HashSeed, "block-key seed; equal on every gateway of a cluster")
+	fl.IntVar(&d.IndexCapacity, "index-capacity", d.IndexCapacity, "index capacity in (block, replica) entries")
+	fl.Int64Var(&d.MaxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "largest accepted request body")
+	fl.DurationVar(&d.ConnectTimeout, "connect-timeout", d.ConnectTimeout, "upstream connect timeout")
+	fl.DurationVar(&d.FirstByteTimeout, "first-byte-timeout", d.FirstByteTimeout, "upstream response-header timeout")
+	fl.DurationVar(&d.IdleTimeout, "idle-timeout", d.IdleTimeout, "longest silence between response chunks")
+	fl.DurationVar(&d.ScrapeInterval, "scrape-interval", d.ScrapeInterval, "replica /metrics scrape interval (0 disables)")
+	fl.DurationVar(&d.HealthInterval, "health-interval", d.HealthInterval, "replica /health poll interval (0 disables)")
+	fl.IntVar(&d.EjectAfter, "eject-after", d.EjectAfter, "consecutive failures that eject a replica")
+	fl.DurationVar(&d.EjectBackoff, "eject-backoff", d.EjectBackoff, "first ejection period (doubles per repeat)")
+	fl.DurationVar(&d.EjectMaxBackoff, "eject-max-backoff", d.EjectMaxBackoff, "longest ejection period")
+	fl.BoolVar(&d.RetryConnectFailures, "retry-connect-failures", d.RetryConnectFailures, "retry once on another replica when connecting fails")
+	fl.DurationVar(&d.ShutdownGrace, "shutdown-grace", d.ShutdownGrace, "how long SIGTERM lets streams drain")
+	return cmd, f
+}
+
+// config builds the Config: defaults, then the file, then the flags that
+// were given, then the replicas.
+func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
+	cfg := node.DefaultConfig()
+	if f.configPath != "" {
+		var err error
+		if cfg, err = node.LoadConfigFile(f.configPath, cfg); err != nil {
+			return cfg, err
+		}
+	}
+	set := func(name string, apply func()) {
+		if fs.Changed(name) {
+			apply()
+		}
+	}
+	d := &f.cfg
+	set("http-addr", func() { cfg.HTTPAddr = d.HTTPAddr })
+	set("strategy", func() { cfg.Strategy = d.Strategy })
+	set("index-mode", func() { cfg.IndexMode = d.IndexMode })
+	set("tokenizer", func() { cfg.Tokenizer = d.Tokenizer })
+	set("block-size", func() { cfg.BlockSize = d.BlockSize })
+	set("hash-seed", func() { cfg.HashSeed = d.HashSeed })
+	set("index-capacity", func() { cfg.IndexCapacity = d.IndexCapacity })
+	set("max-body-bytes", func() { cfg.MaxBodyBytes = d.MaxBodyBytes })
+	set("connect-timeout", func() { cfg.ConnectTimeout = d.ConnectTimeout })
+	set("first-byte-timeout", func() { cfg.FirstByteTimeout = d.FirstByteTimeout })
+	set("idle-timeout", func() { cfg.IdleTimeout = d.IdleTimeout })
+	set("scrape-interval", func() { cfg.ScrapeInterval = d.ScrapeInterval })
+	set("health-interval", func() { cfg.HealthInterval = d.HealthInterval })
+	set("eject-after", func() { cfg.EjectAfter = d.EjectAfter })
+	set("eject-backoff", func() { cfg.EjectBackoff = d.EjectBackoff })
+	set("eject-max-backoff", func() { cfg.EjectMaxBackoff = d.EjectMaxBackoff })
+	set("retry-connect-failures", func() { cfg.RetryConnectFailures = d.RetryConnectFailures })
+	set("shutdown-grace", func() { cfg.ShutdownGrace = d.ShutdownGrace })
+
+	for _, spec := range f.replicas {
+		r, model, err := node.ParseReplicaSpec(spec)
+		if err != nil {
+			return cfg, err
+		}
+		if model == "" {
+			model = f.model
+		}
+		if model == "" {
+			return cfg, fmt.Errorf("%w: --replica %q names no model: give --model or model=", node.ErrBadReplicaSpec, r.Name)
+		}
+		addReplica(&cfg, model, r)
+	}
+	if f.model != "" && len(f.replicas) == 0 && !hasModel(&cfg, f.model) {
+		return cfg, fmt.Errorf("%w: --model %q has no --replica", node.ErrInvalidConfig, f.model)
+	}
+	return cfg, cfg.Validate()
+}
+
+func hasModel(cfg *node.Config, name string) bool {
+	for _, m := range cfg.Models {
+		if m.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func addReplica(cfg *node.Config, model string, r node.ReplicaConfig) {
+	for i := range cfg.Models {
+		if cfg.Models[i].Name == model {
+			cfg.Models[i].Replicas = append(cfg.Models[i].Replicas, r)
+			return
+		}
+	}
+	cfg.Models = append(cfg.Models, node.ModelConfig{Name: model, Replicas: []node.ReplicaConfig{r}})
+}
+
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// serve runs a Node until SIGINT/SIGTERM (or ctx ends), then shuts it down
+// within ShutdownGrace.
+func serve(ctx context.Context, cfg node.Config, logger *slog.Logger) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	n, err := node.New(cfg, logger)
+	if err != nil {
+		return err
+	}
+	if err := n.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	stop()
+	logger.Info("shutting down", "grace", cfg.ShutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+	defer cancel()
+	if err := n.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+func newExplainCmd() *cobra.Command {
+	var addr, model, prompt, promptFile, strategy, session string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "explain",
+		Short: "Show how a gateway would route a prompt (per-replica match, load, score and the pick)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if promptFile != "" {
+				b, err := os.ReadFile(promptFile)
+				if err != nil {
+					return err
+				}
+				prompt = string(b)
+			}
+			if model == "" || prompt == "" {
+				return errors.New("explain needs --model and --prompt (or --prompt-file)")
+			}
+			return explain(cmd.Context(), cmd.OutOrStdout(), addr, model, prompt, strategy, session, asJSON)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&addr, "addr", "127.0.0.1:8080", "gateway address (host:port or URL)")
+	fl.StringVar(&model, "model", "", "model name")
+	fl.StringVar(&prompt, "prompt", "", "prompt text")
+	fl.StringVar(&promptFile, "prompt-file", "", "read the prompt from a file")
+	fl.StringVar(&strategy, "strategy", "", "strategy to explain (default: the gateway's)")
+	fl.StringVar(&session, "session", "", "session id (consistent-hash key)")
+	fl.BoolVar(&asJSON, "json", false, "print the gateway's JSON report")
+	return cmd
+}
+
+func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, session string, asJSON bool) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	base := addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	body, err := json.Marshal(map[string]string{"model": model, "prompt": prompt})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/debug/route", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if strategy != "" {
+		req.Header.Set(node.HeaderStrategy, strategy)
+	}
+	if session != "" {
+		req.Header.Set(node.HeaderSession, session)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("gateway answered %s: %s", resp.Status, strings.TrimSpace(string(data)))
+	}
+	if asJSON {
+		_, err := out.Write(data)
+		return err
+	}
+	var rep struct {
+		node.RouteReport
+		Explanation *struct {
+			ScoreUnit string  `json:"score_unit"`
+			Bound     float64 `json:"bound"`
+			Replicas  []struct {
+				Name          string  `json:"name"`
+				Matched       int     `json:"matched_blocks"`
+				MatchFraction float64 `json:"match_fraction"`
+				InFlight      int     `json:"in_flight"`
+				LocalInFlight int     `json:"local_in_flight"`
+				Running       int     `json:"running"`
+				Waiting       int     `json:"waiting"`
+				KVUsage       float64 `json:"kv_usage"`
+				Score         float64 `json:"score"`
+				Filtered      string  `json:"filtered"`
+				Picked        bool    `json:"picked"`
+			} `json:"replicas"`
+		} `json:"explanation"`
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return fmt.Errorf("cannot read the gateway's report: %w", err)
+	}
+	fmt.Fprintf(out, "model %s  strategy %s  index %s  tokenizer %s  prompt %d tokens = %d blocks of %d  (hash %s)\n",
+		rep.Model, rep.Strategy, rep.IndexMode, rep.Tokenizer, rep.PromptTokens, rep.TotalBlocks, rep.BlockSize, rep.PromptHash)
+	if rep.Pick == "" {
+		fmt.Fprintln(out, "no replica available")
+	} else {
+		fmt.Fprintf(out, "pick %s (%s)", rep.Pick, rep.Selection)
+		if rep.EstimatedTTFT > 0 {
+			fmt.Fprintf(out, "  estimated TTFT %.3fs", rep.EstimatedTTFT)
+		}
+		fmt.Fprintln(out)
+	}
+	if rep.Explanation != nil {
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
+		for _, r := range rep.Explanation.Replicas {
+			pick := ""
+			if r.Picked {
+				pick = "*"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%.4g\t%s\t%s\n", r.Name, r.Matched, r.MatchFraction,
+				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Score, r.Filtered, pick)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, u := range rep.Unavailable {
+		fmt.Fprintf(out, "unavailable: %s", u.Name)
+		if u.Down {
+			fmt.Fprint(out, " (health check failing)")
+		}
+		if !u.Until.IsZero() {
+			fmt.Fprintf(out, " (ejected until %s)", u.Until.Format(time.RFC3339))
+		}
+		fmt.Fprintln(out)
+	}
+	return nil
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			goVersion := "unknown"
+			if bi, ok := debug.ReadBuildInfo(); ok {
+				goVersion = bi.GoVersion
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "kvmesh %s (%s)\n", version, goVersion)
+		},
+	}
+}

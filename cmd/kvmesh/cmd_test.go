@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/node"
+)
+
+func parseServe(t *testing.T, args ...string) (node.Config, error) {
+	t.Helper()
+	cmd, f := newServeCmdFlags()
+	require.NoError(t, cmd.ParseFlags(args))
+	return f.config(cmd.Flags())
+}
+
+func TestServeOneLineStart(t *testing.T) {
+	// The exact one-line start from the issue.
+	line := "--http-addr 127.0.0.1:8080 --model M --replica a=http://127.0.0.1:8001 " +
+		"--replica b=http://127.0.0.1:8002,kv=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558 " +
+		"--index-mode hybrid --strategy cost"
+	cfg, err := parseServe(t, strings.Fields(line)...)
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:8080", cfg.HTTPAddr)
+	assert.Equal(t, "hybrid", cfg.IndexMode)
+	assert.Equal(t, "cost", cfg.Strategy)
+	require.Len(t, cfg.Models, 1)
+	assert.Equal(t, "M", cfg.Models[0].Name)
+	assert.Equal(t, []node.ReplicaConfig{
+		{Name: "a", URL: "http://127.0.0.1:8001"},
+		{Name: "b", URL: "http://127.0.0.1:8002", KVEndpoint: "tcp://127.0.0.1:5557", ReplayEndpoint: "tcp://127.0.0.1:5558"},
+	}, cfg.Models[0].Replicas)
+	assert.Equal(t, node.TokenizerTiktoken, cfg.EffectiveTokenizer(), "hybrid keys live in token space")
+	_, err = node.New(cfg, nil)
+	require.NoError(t, err, "the one-line config builds a Node")
+}
+
+func TestServeFlagsOverrideFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kvmesh.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(`
+http_addr: 127.0.0.1:9000
+strategy: random
+idle_timeout: 7s
+models:
+  - name: M
+    replicas: [{name: a, url: "http://127.0.0.1:8001"}]
+`), 0o600))
+	cfg, err := parseServe(t, "--config", path, "--strategy", "least-request", "--replica", "z=http://h:1,model=other")
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:9000", cfg.HTTPAddr, "file value kept when the flag is not given")
+	assert.Equal(t, "least-request", cfg.Strategy, "a given flag wins over the file")
+	assert.Equal(t, 7*time.Second, cfg.IdleTimeout)
+	require.Len(t, cfg.Models, 2)
+	assert.Equal(t, "other", cfg.Models[1].Name)
+}
+
+func TestServeFlagErrors(t *testing.T) {
+	_, err := parseServe(t, "--replica", "a=http://h:1")
+	assert.ErrorIs(t, err, node.ErrBadReplicaSpec, "a replica needs a model")
+	_, err = parseServe(t, "--model", "M", "--replica", "a=http://h:1", "--strategy", "nope")
+	assert.ErrorIs(t, err, node.ErrInvalidConfig)
+	_, err = parseServe(t, "--model", "M")
+	assert.ErrorIs(t, err, node.ErrInvalidConfig)
+}
+
+func TestExplainAgainstAGateway(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			_, _ = w.Write([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n"))
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer engine.Close()
+	cfg := node.LocalConfig()
+	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{{Name: "a", URL: engine.URL}, {Name: "b", URL: engine.URL}}}}
+	n, err := node.New(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	defer func() { require.NoError(t, n.Shutdown(context.Background())) }()
+
+	var out bytes.Buffer
+	require.NoError(t, explain(context.Background(), &out, n.HTTPAddr(), "M", strings.Repeat("p", 300), "least-request", "", false))
+	s := out.String()
+	assert.Contains(t, s, "strategy least-request")
+	assert.Contains(t, s, "prompt 300 tokens = 2 blocks of 128")
+	assert.Contains(t, s, "REPLICA")
+	assert.Regexp(t, `pick [ab] \(least_request\)`, s)
+
+	out.Reset()
+	require.NoError(t, explain(context.Background(), &out, "http://"+n.HTTPAddr(), "M", "hi", "", "", true))
+	assert.Contains(t, out.String(), `"pick"`)
+
+	err = explain(context.Background(), &out, n.HTTPAddr(), "nope", "hi", "", "", false)
+	assert.ErrorContains(t, err, "model_not_found")
+}
+
+func TestVersion(t *testing.T) {
+	cmd := newRootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"version"})
+	require.NoError(t, cmd.Execute())
+	assert.True(t, strings.HasPrefix(out.String(), "kvmesh dev ("), out.String())
+}

@@ -30,9 +30,13 @@ type KVEventsConfig struct {
 	// batch), "array" (older tagged-array events) or "map-envelope" (the
 	// batch is a map too). Not part of vLLM's JSON.
 	Encoding string `json:"-"`
-	// LegacyReplay makes replay replies [seq, payload] (vLLM <= v0.25)
-	// instead of [topic, seq, payload]. Not part of vLLM's JSON.
-	LegacyReplay bool `json:"-"`
+	// ReplayForm is the replay reply form: "with-topic" ([topic, seq,
+	// payload], vLLM v0.26) or "no-topic" ([seq, payload], vLLM <= v0.25).
+	// Not part of vLLM's JSON.
+	ReplayForm string `json:"-"`
+	// AlwaysBind binds Endpoint even without a wildcard (tests use
+	// tcp://127.0.0.1:0). Not part of vLLM's JSON.
+	AlwaysBind bool `json:"-"`
 }
 
 // DefaultKVEventsConfig returns vLLM's defaults with events off.
@@ -43,6 +47,7 @@ func DefaultKVEventsConfig() KVEventsConfig {
 		BufferSteps: 10_000, // vLLM's default replay buffer
 		HWM:         100_000,
 		Encoding:    "map",
+		ReplayForm:  "with-topic",
 	}
 }
 
@@ -123,6 +128,8 @@ func LocalConfig() Config {
 	c.Tokenizer = "bytes"
 	c.EnableResetEndpoint = true
 	c.KVEvents.Endpoint = "tcp://127.0.0.1:0"
+	c.KVEvents.ReplayEndpoint = "tcp://127.0.0.1:0"
+	c.KVEvents.AlwaysBind = true
 	return c
 }
 
@@ -141,8 +148,8 @@ func (c Config) Validate() error {
 		if c.KVEvents.Publisher != "zmq" {
 			return fmt.Errorf("%w: kv events publisher %q (only zmq)", ErrInvalidConfig, c.KVEvents.Publisher)
 		}
-		if c.KVEvents.Endpoint == "" {
-			return fmt.Errorf("%w: kv events endpoint is empty", ErrInvalidConfig)
+		if _, err := c.KVEvents.publisherConfig(); err != nil {
+			return err
 		}
 	}
 	return c.engineConfig().Validate()

@@ -41,6 +41,7 @@ type Server struct {
 	pending map[RequestID]*pending
 	nextID  uint64
 	pub     EventPublisher
+	zmq     *kvevents.Publisher // the publisher Start built, if any
 
 	epoch     time.Time // wall time at model time epoch
 	wake      chan struct{}
@@ -93,12 +94,6 @@ func NewServer(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// NewPublisherFunc builds the ZMQ publisher for a KVEventsConfig; cmd/vllmsim
-// and in-process harnesses set it (to a kvevents.Publisher constructor) so
-// the engine package does not depend on a socket library. Server.Start uses
-// it when events are enabled and Config.Publisher is nil.
-var NewPublisherFunc func(KVEventsConfig, *slog.Logger) (EventPublisher, error)
-
 // Start opens the listener and the publisher and starts the driver and the
 // HTTP server. It returns once the server accepts connections. ctx only
 // bounds startup.
@@ -110,14 +105,15 @@ func (s *Server) Start(ctx context.Context) error {
 
 func (s *Server) start(ctx context.Context) error {
 	if s.pub == nil && s.cfg.KVEvents.EnableKVCacheEvents {
-		if NewPublisherFunc == nil {
-			return fmt.Errorf("%w: kv events enabled but no publisher available", ErrInvalidConfig)
+		pcfg, err := s.cfg.KVEvents.publisherConfig()
+		if err != nil {
+			return err
 		}
-		pub, err := NewPublisherFunc(s.cfg.KVEvents, s.log)
+		pub, err := kvevents.NewPublisher(pcfg, s.log)
 		if err != nil {
 			return fmt.Errorf("sim: start kv events publisher: %w", err)
 		}
-		s.pub = pub
+		s.pub, s.zmq = pub, pub
 	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", s.cfg.listenAddr())
@@ -155,6 +151,23 @@ func (s *Server) Addr() string {
 		return ""
 	}
 	return s.ln.Addr().String()
+}
+
+// KVEventsAddr is the bound PUB address of the ZMQ publisher Start built
+// (e.g. tcp://127.0.0.1:41234), or "" when it connects or there is none.
+func (s *Server) KVEventsAddr() string {
+	if s.zmq == nil {
+		return ""
+	}
+	return s.zmq.Addr()
+}
+
+// KVReplayAddr is the bound replay ROUTER address, or "".
+func (s *Server) KVReplayAddr() string {
+	if s.zmq == nil {
+		return ""
+	}
+	return s.zmq.ReplayAddr()
 }
 
 // URL is "http://" + Addr().
@@ -204,10 +217,18 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 func (s *Server) stopDriver() { s.stopOnce.Do(func() { close(s.stop) }) }
 
-// modelNow maps wall time to model time: Speed model seconds per wall second.
+// modelNow maps wall time to model time: Speed model seconds per wall
+// second. Arrivals and steps share this clock, so a driver that falls behind
+// (host contention) shows up as a slower engine; at high Speed host jitter
+// is magnified by Speed.
 func (s *Server) modelNow() time.Time {
 	el := time.Since(s.epoch)
 	return s.epoch.Add(time.Duration(float64(el) * s.cfg.Speed))
+}
+
+// wallTime maps a model time back to wall time.
+func (s *Server) wallTime(model time.Time) time.Time {
+	return s.epoch.Add(time.Duration(float64(model.Sub(s.epoch)) / s.cfg.Speed))
 }
 
 // drive runs engine steps in real time until stop.
@@ -228,7 +249,9 @@ func (s *Server) drive() {
 				return
 			}
 		}
-		timer.Reset(time.Duration(float64(res.Duration) / s.cfg.Speed))
+		// Sleep until the step's end on the wall clock (an absolute
+		// deadline, so the driver's own overhead does not accumulate).
+		timer.Reset(time.Until(s.wallTime(res.End())))
 		select {
 		case <-timer.C:
 		case <-s.stop:

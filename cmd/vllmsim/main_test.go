@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvmesh/kvmesh/chaos/sim"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
+
+func TestParseFlagsVLLMNames(t *testing.T) {
+	cfg, _, err := parseFlags([]string{
+		"Qwen/Qwen3-8B", "--host", "127.0.0.1", "--port=0", "--max-model-len", "8192",
+		"--max-num-seqs", "4", "--max-num-batched-tokens", "2048", "--block-size", "32",
+		"--num-gpu-blocks-override", "500", "--profile", "fast", "--speed", "10",
+		"--tokenizer", "bytes", "--enable-reset-endpoint",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"t","buffer_steps":100,"hwm":10}`,
+		"--kv-events-encoding", "array", "--kv-events-replay-form", "no-topic",
+	}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "Qwen/Qwen3-8B", cfg.ServedModelName)
+	require.Equal(t, "127.0.0.1", cfg.Host)
+	require.Equal(t, 0, cfg.Port)
+	require.Equal(t, 8192, cfg.MaxModelLen)
+	require.Equal(t, 4, cfg.MaxNumSeqs)
+	require.Equal(t, 2048, cfg.MaxNumBatchedTokens)
+	require.Equal(t, 32, cfg.BlockSize)
+	require.Equal(t, 500, cfg.NumGPUBlocks)
+	require.Equal(t, sim.ProfileFast, cfg.Profile)
+	require.Equal(t, 10.0, cfg.Speed)
+	require.True(t, cfg.EnableResetEndpoint)
+	require.Equal(t, sim.KVEventsConfig{
+		EnableKVCacheEvents: true, Publisher: "zmq", Endpoint: "tcp://*:5557", ReplayEndpoint: "tcp://*:5558",
+		Topic: "t", BufferSteps: 100, HWM: 10, Encoding: "array", ReplayForm: "no-topic",
+	}, cfg.KVEvents)
+
+	_, _, err = parseFlags([]string{"--served-model-name", "m", "--kv-events-config", `{"enable_kv_cache_event":true}`}, io.Discard)
+	require.Error(t, err, "unknown kv-events-config field")
+	_, _, err = parseFlags([]string{"--profile", "h100"}, io.Discard)
+	require.ErrorIs(t, err, sim.ErrUnknownProfile)
+	_, _, err = parseFlags([]string{"--speed", "0"}, io.Discard)
+	require.ErrorIs(t, err, sim.ErrInvalidConfig)
+	_, _, err = parseFlags([]string{"--kv-events-encoding", "json", "--kv-events-config", `{"enable_kv_cache_events":true}`}, io.Discard)
+	require.ErrorIs(t, err, sim.ErrInvalidConfig)
+}
+
+func TestRunServesAndStopsOnCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan *sim.Server, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--profile", "fast", "--tokenizer", "bytes",
+			"--served-model-name", "m",
+			"--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:0","replay_endpoint":"tcp://127.0.0.1:0"}`},
+			io.Discard, func(s *sim.Server) { ready <- s })
+	}()
+	var s *sim.Server
+	select {
+	case s = <-ready:
+	case err := <-done:
+		t.Fatalf("run exited: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("server did not start")
+	}
+	require.NotEmpty(t, s.KVEventsAddr())
+	resp, err := http.Post(s.URL()+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hello","max_tokens":2}`))
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not stop")
+	}
+}

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -19,10 +20,38 @@ func benchPrompts(n int) []string {
 	return ps
 }
 
-// BenchmarkTiktokenFull is a plain tiktoken-go encode of the whole prompt.
+// BenchmarkTiktokenFull is a plain tiktoken-go encode of the whole prompt
+// (the reference; not what Tiktoken.Encode does any more).
 func BenchmarkTiktokenFull(b *testing.B) {
 	tk := mustTiktoken(b)
 	p := benchPrompts(1)[0]
+	b.SetBytes(int64(len(p)))
+	b.ReportAllocs()
+	var dst []uint32
+	for b.Loop() {
+		dst = tk.encodeReference(dst[:0], p)
+	}
+}
+
+// BenchmarkTiktokenNative is Tiktoken.Encode on the whole prompt: the
+// native ASCII encoder, no cache (the cold cost without Cached).
+func BenchmarkTiktokenNative(b *testing.B) {
+	tk := mustTiktoken(b)
+	p := benchPrompts(1)[0]
+	b.SetBytes(int64(len(p)))
+	b.ReportAllocs()
+	var dst []uint32
+	for b.Loop() {
+		dst = tk.Encode(dst[:0], p)
+	}
+}
+
+// BenchmarkTiktokenNativeMixed is Tiktoken.Encode on the prompt with a
+// non-ASCII word in every line, so every line goes through tiktoken-go's
+// regexp2 path for a few bytes.
+func BenchmarkTiktokenNativeMixed(b *testing.B) {
+	tk := mustTiktoken(b)
+	p := strings.ReplaceAll(benchPrompts(1)[0], "healthy", "héalthy")
 	b.SetBytes(int64(len(p)))
 	b.ReportAllocs()
 	var dst []uint32

@@ -28,11 +28,14 @@ var cl100kSpecial = map[string]int{
 // vocabulary embedded, no network). Obtain it with New("tiktoken"); every
 // value returned shares one vocabulary. It is safe for concurrent use.
 //
-// Encode is exact but slow on long prompts (about 9 ms for a 28.6 KB
-// prompt); wrap it in a Cached for prompts that share long prefixes.
+// Encode returns exactly tiktoken-go's tokens. It encodes ASCII text with
+// a native scanner and BPE (fast.go, about 20x faster than tiktoken-go)
+// and hands regions around non-ASCII bytes to tiktoken-go. Wrap it in a
+// Cached for prompts that share long prefixes.
 type Tiktoken struct {
-	tk     *tiktoken.Tiktoken
-	decode [][]byte // token ID -> bytes; nil for unused IDs
+	tk     *tiktoken.Tiktoken // the reference encoder
+	ranks  map[string]int     // token bytes -> ID (= BPE merge rank)
+	decode [][]byte           // token ID -> bytes; nil for unused IDs
 }
 
 var (
@@ -72,7 +75,7 @@ var loadCL100K = sync.OnceValues(func() (Tokenizer, error) {
 		MergeableRanks: ranks,
 		SpecialTokens:  cl100kSpecial,
 	}
-	return &Tiktoken{tk: tiktoken.NewTiktoken(bpe, enc, special), decode: dec}, nil
+	return &Tiktoken{tk: tiktoken.NewTiktoken(bpe, enc, special), ranks: ranks, decode: dec}, nil
 })
 
 // Name implements Tokenizer.
@@ -82,15 +85,7 @@ func (*Tiktoken) Name() string { return NameTiktoken }
 // is encoded as ordinary text. Invalid UTF-8 bytes are each encoded as
 // U+FFFD, as tiktoken-go does.
 func (t *Tiktoken) Encode(dst []uint32, text string) []uint32 {
-	if text == "" {
-		return dst
-	}
-	ids := t.tk.EncodeOrdinary(text)
-	dst = growU32(dst, len(ids))
-	for _, id := range ids {
-		dst = append(dst, uint32(id))
-	}
-	return dst
+	return t.encodeFast(dst, text)
 }
 
 // Decode implements Decoder.

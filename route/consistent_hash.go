@@ -164,7 +164,11 @@ func (h *ConsistentHash) Pick(req *Request, cands []Candidate, rng *Rand, explai
 		candOf[i] = -1
 	}
 	for i := range cands {
-		candOf[r.member(cands[i].ID)] = int32(i)
+		// A candidate whose ID and name disagree with the ring (the caller
+		// broke the one-to-one ID↔name contract) is simply not on it.
+		if m := r.member(cands[i].ID); m >= 0 && r.members[m].Name == cands[i].Name {
+			candOf[m] = int32(i)
+		}
 	}
 
 	d := Decision{Index: -1, Selection: SelectionHashAffinity}
@@ -193,8 +197,9 @@ func (h *ConsistentHash) Pick(req *Request, cands []Candidate, rng *Rand, explai
 	h.scratch.Put(sp)
 
 	if d.Index < 0 {
-		// Unreachable by arithmetic (the least-loaded replica is always
-		// under capacity when LoadFactor ≥ 1); kept so Pick never fails.
+		// Unreachable with consistent input (the least-loaded replica is
+		// always under capacity when LoadFactor ≥ 1, and every candidate is
+		// on the ring); kept so Pick never fails on inconsistent input.
 		d.Index = leastInFlight(cands, rng)
 		d.Selection = SelectionHashSpillover
 	}

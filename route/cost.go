@@ -75,7 +75,7 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates) (ttft, qu
 	if n >= capacity {
 		slotWait = float64(n-capacity+1) * r.outputTokens * r.decodeStep / float64(capacity)
 	}
-	uncached := req.uncachedTokens(cand.Matched)
+	uncached := req.UncachedTokens(cand.Matched)
 	queued := max(cand.QueuedPrefillTokens, 0)
 	queuedPrefill := float64(queued) * r.prefillSecPerToken
 	own := float64(uncached) * r.prefillSecPerToken

@@ -352,7 +352,7 @@ func (sc *scenario) pick(path string, line int, kv map[string]string, flags map[
 		}
 		if flags["commit"] {
 			c := &sc.cands[d.Index]
-			c.QueuedPrefillTokens += sc.req.uncachedTokens(c.Matched)
+			c.QueuedPrefillTokens += sc.req.UncachedTokens(c.Matched)
 			c.InFlight++
 			c.LocalInFlight++
 			c.Matched = sc.req.TotalBlocks

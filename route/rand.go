@@ -1,6 +1,11 @@
 package route
 
-import "math/bits"
+import (
+	"math/bits"
+	"math/rand/v2"
+)
+
+var _ rand.Source = (*Rand)(nil)
 
 // Rand is a small, allocation-free, deterministic pseudo-random generator
 // (SplitMix64). Strategies draw every random choice from the Rand passed to

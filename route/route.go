@@ -18,7 +18,8 @@ type Candidate struct {
 	// ID is the replica's process-local handle.
 	ID index.ReplicaID
 	// Name is the replica's stable name. consistent-hash places replicas on
-	// its ring by Name, so every gateway maps a key to the same replica.
+	// its ring by Name, so every gateway maps a key to the same replica. IDs
+	// and names must correspond one to one.
 	Name string
 	// Matched is the number of leading blocks of this prompt the index
 	// believes the replica holds (0..Request.TotalBlocks).
@@ -63,9 +64,10 @@ type Request struct {
 	Now int64
 }
 
-// uncachedTokens is the prompt work a replica holding matched leading
-// blocks still has to prefill: the unmatched full blocks plus the tail.
-func (r *Request) uncachedTokens(matched int) int {
+// UncachedTokens is the prompt work a replica holding matched leading
+// blocks still has to prefill: the unmatched full blocks plus the tail
+// (matched is clamped to [0, TotalBlocks]).
+func (r *Request) UncachedTokens(matched int) int {
 	prompt := r.PromptTokens
 	full := r.TotalBlocks * r.BlockTokens
 	if prompt < full {

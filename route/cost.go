@@ -25,10 +25,11 @@ import "math"
 //     there that has not produced a first token yet;
 //   - own prefill = uncached·p, uncached = (TotalBlocks−Matched)·BlockTokens
 //     plus the partial tail;
-//   - stretch: with decodes running, each prefill chunk (ChunkTokens) shares
-//     its step with the decode batch, adding about one decode step d per
-//     chunk (decode is memory-bound, so the batch costs ~d whatever its
-//     size): ceil((queued+uncached)/ChunkTokens)·d.
+//   - stretch (decode interference): with R = min(N, C) sequences
+//     decoding, each prefill chunk (ChunkTokens) shares its engine step
+//     with the decode batch, which adds one memory-bound decode pass (d,
+//     nearly independent of R) plus R tokens of compute (R·p):
+//     ceil((queued+uncached)/ChunkTokens)·(d + R·p).
 //
 // Everything but own prefill and overhead is returned as
 // Decision.EstimatedQueue, which the caller passes back in
@@ -80,9 +81,9 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates) (ttft, qu
 	queuedPrefill := float64(queued) * r.prefillSecPerToken
 	own := float64(uncached) * r.prefillSecPerToken
 	stretch := 0.0
-	if n > 0 {
+	if running := min(n, capacity); running > 0 {
 		chunks := (queued + uncached + cfg.ChunkTokens - 1) / cfg.ChunkTokens
-		stretch = float64(chunks) * r.decodeStep
+		stretch = float64(chunks) * (r.decodeStep + float64(running)*r.prefillSecPerToken)
 	}
 	queue = slotWait + queuedPrefill + stretch
 	return cfg.PrefillOverheadSeconds + queue + own, queue

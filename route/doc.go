@@ -43,4 +43,12 @@
 //     learned online (Cost, Model).
 //
 // Set holds one of each, built from a Config (DefaultConfig + Validate).
+//
+// # Tests
+//
+// testdata/*.txt are golden scenario scripts (format in golden_test.go);
+// `go test ./route -run TestGolden -update` regenerates their expected
+// outputs. prefix-cache is also checked against a literal transliteration
+// of AIBrix's code on random scenarios, and FuzzPick feeds every strategy
+// inconsistent inputs (`go test ./route -run XXX -fuzz FuzzPick`).
 package route

@@ -66,6 +66,15 @@ func (c PrefixCacheConfig) Validate() error {
 //     replica matched but all were above the bound,
 //     "least_request_fallback" if none matched.
 //
+// "prefix_match_skipped" is therefore not the imbalance label: the gate
+// shows up as Decision.LoadImbalanced alongside whichever label the request
+// got (prefix_match if a least-loaded replica matched, else
+// least_request_fallback).
+//
+// Version note: this is the gate of the AIBrix source that matches v0.7.0
+// (ABS_COUNT, strict >, least-loaded set); later AIBrix replaced it with a
+// factor + minimum-gap gate, which this strategy does not model.
+//
 // Consequences worth knowing (each is a golden or property test): with two
 // replicas and k ≥ 1/√2 the bound never excludes the busier one; under the
 // gate a matching least-loaded replica is always within the bound, so

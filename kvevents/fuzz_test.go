@@ -2,6 +2,8 @@ package kvevents
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -28,6 +30,15 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{0xc1})
 	f.Add([]byte{0xdd, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte("\x92\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x91\xdb\xff\xff\xff\xff"))
+
+	golden, _ := filepath.Glob(filepath.Join("testdata", "golden_*.msgpack"))
+	for _, g := range golden {
+		p, err := os.ReadFile(g)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(p)
+	}
 
 	d := NewDecoder()
 	var b Batch

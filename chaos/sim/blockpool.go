@@ -22,7 +22,10 @@ type block struct {
 	parent kvevents.EngineHash
 	// hasParent is false for a sequence's first block.
 	hasParent bool
-	tokens    []uint32
+	// prefix is the sequence's tokens from its first through this block's
+	// last; the block's own tokens are its last blockSize entries. It
+	// aliases the sequence's token array, whose written entries never change.
+	prefix []uint32
 
 	// free-queue links; inFree is true while the block is in the queue.
 	prev, next *block
@@ -82,6 +85,7 @@ type blockPool struct {
 	cache     map[kvevents.EngineHash]*block
 	seed      uint64
 	events    []kvevents.Event
+	hbuf      []byte // hashBlock scratch
 	// emitEvents turns event recording on; with it off the pool keeps no
 	// event backlog.
 	emitEvents bool
@@ -107,7 +111,12 @@ func newBlockPool(numBlocks, blockSize int, seed uint64, emitEvents bool) *block
 // config fixes it, so consumers cannot rely on the value, as with vLLM's
 // default hash.
 func (p *blockPool) hashBlock(parent kvevents.EngineHash, hasParent bool, tokens []uint32) kvevents.EngineHash {
-	buf := make([]byte, 9+4*len(tokens))
+	n := 9 + 4*len(tokens)
+	if cap(p.hbuf) < n {
+		p.hbuf = make([]byte, n)
+	}
+	buf := p.hbuf[:n]
+	clear(buf[:9])
 	if hasParent {
 		buf[0] = 1
 		binary.LittleEndian.PutUint64(buf[1:], uint64(parent))
@@ -170,7 +179,7 @@ func (p *blockPool) evict(b *block) {
 			Removed: &kvevents.BlockRemoved{BlockHashes: []kvevents.EngineHash{b.hash}, Medium: MediumGPU},
 		})
 	}
-	b.cached, b.hash, b.parent, b.hasParent, b.tokens = false, 0, 0, false, nil
+	b.cached, b.hash, b.parent, b.hasParent, b.prefix = false, 0, 0, false, nil
 }
 
 // free drops one reference from each block; blocks reaching zero go to the
@@ -187,10 +196,11 @@ func (p *blockPool) free(blocks []*block) {
 }
 
 // cacheRun registers newly full blocks of one sequence. hashes[i] and
-// tokens[i] belong to blocks[i]; parent/hasParent is the hash before
-// blocks[0]. A block whose hash is already cached elsewhere stays uncached.
-// One BlockStored is recorded per run of consecutive newly cached blocks.
-func (p *blockPool) cacheRun(blocks []*block, hashes []kvevents.EngineHash, tokens [][]uint32, parent kvevents.EngineHash, hasParent bool) {
+// prefixes[i] (the sequence's tokens through that block) belong to
+// blocks[i]; parent/hasParent is the hash before blocks[0]. A block whose
+// hash is already cached elsewhere stays uncached. One BlockStored is
+// recorded per run of consecutive newly cached blocks.
+func (p *blockPool) cacheRun(blocks []*block, hashes []kvevents.EngineHash, prefixes [][]uint32, parent kvevents.EngineHash, hasParent bool) {
 	var ev *kvevents.BlockStored
 	for i, b := range blocks {
 		h := hashes[i]
@@ -203,7 +213,7 @@ func (p *blockPool) cacheRun(blocks []*block, hashes []kvevents.EngineHash, toke
 			continue
 		}
 		b.cached, b.hash, b.parent, b.hasParent = true, h, par, hp
-		b.tokens = append([]uint32(nil), tokens[i]...)
+		b.prefix = prefixes[i]
 		p.cache[h] = b
 		if !p.emitEvents {
 			continue
@@ -213,7 +223,7 @@ func (p *blockPool) cacheRun(blocks []*block, hashes []kvevents.EngineHash, toke
 			p.events = append(p.events, kvevents.Event{Kind: kvevents.KindBlockStored, Stored: ev})
 		}
 		ev.BlockHashes = append(ev.BlockHashes, h)
-		ev.TokenIDs = append(ev.TokenIDs, tokens[i]...)
+		ev.TokenIDs = append(ev.TokenIDs, prefixes[i][len(prefixes[i])-p.blockSize:]...)
 	}
 }
 
@@ -225,7 +235,7 @@ func (p *blockPool) reset() bool {
 	}
 	for i := range p.blocks {
 		b := &p.blocks[i]
-		b.cached, b.hash, b.parent, b.hasParent, b.tokens = false, 0, 0, false, nil
+		b.cached, b.hash, b.parent, b.hasParent, b.prefix = false, 0, 0, false, nil
 	}
 	clear(p.cache)
 	if p.emitEvents {

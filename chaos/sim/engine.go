@@ -144,7 +144,13 @@ type CachedBlock struct {
 	Hash      kvevents.EngineHash
 	Parent    kvevents.EngineHash
 	HasParent bool
-	Tokens    []uint32
+	// Tokens are the block's own BlockSize tokens.
+	Tokens []uint32
+	// Prefix is the token chain from the first token of the sequence that
+	// cached the block through the block's last token (what a consumer
+	// hashes to derive its own key for the block). It is shared: do not
+	// modify it.
+	Prefix []uint32
 	// InUse is true while a request references the block.
 	InUse bool
 }
@@ -292,7 +298,7 @@ func (e *Engine) Stats() Stats {
 }
 
 // CachedBlocks returns every block whose hash is cached, in block-id order.
-// The token slices are copies.
+// The token slices alias the engine's immutable token arrays.
 func (e *Engine) CachedBlocks() []CachedBlock {
 	out := make([]CachedBlock, 0, len(e.pool.cache))
 	for i := range e.pool.blocks {
@@ -302,7 +308,7 @@ func (e *Engine) CachedBlocks() []CachedBlock {
 		}
 		out = append(out, CachedBlock{
 			Hash: b.hash, Parent: b.parent, HasParent: b.hasParent,
-			Tokens: append([]uint32(nil), b.tokens...), InUse: b.refCnt > 0,
+			Tokens: b.prefix[len(b.prefix)-e.cfg.BlockSize:], Prefix: b.prefix, InUse: b.refCnt > 0,
 		})
 	}
 	return out
@@ -482,16 +488,17 @@ func (e *Engine) Step(now time.Time) StepResult {
 func (e *Engine) cacheBlocks(s *seq, from, to int) {
 	bs := e.cfg.BlockSize
 	hashes := make([]kvevents.EngineHash, 0, to-from)
-	toks := make([][]uint32, 0, to-from)
+	prefixes := make([][]uint32, 0, to-from)
 	for i := from; i < to; i++ {
 		hashes = append(hashes, e.blockHash(s, i))
-		toks = append(toks, s.tokens[i*bs:(i+1)*bs])
+		end := (i + 1) * bs
+		prefixes = append(prefixes, s.tokens[:end:end])
 	}
 	var parent kvevents.EngineHash
 	if from > 0 {
 		parent = e.blockHash(s, from-1)
 	}
-	e.pool.cacheRun(s.blocks[from:to], hashes, toks, parent, from > 0)
+	e.pool.cacheRun(s.blocks[from:to], hashes, prefixes, parent, from > 0)
 }
 
 // preempt sends a running request back to the head of the waiting queue,

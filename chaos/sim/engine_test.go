@@ -49,11 +49,27 @@ func (m mirror) apply(t *testing.T, evs []kvevents.Event) {
 	}
 }
 
-func (m mirror) requireMatches(t *testing.T, e *Engine) {
+// cacheView is what both Engine and Server expose about their cache.
+type cacheView interface {
+	CachedBlocks() []CachedBlock
+	HashTokens([]uint32) []kvevents.EngineHash
+}
+
+func (m mirror) requireMatches(t *testing.T, e cacheView) {
 	t.Helper()
 	got := make(map[kvevents.EngineHash]kvevents.EngineHash)
 	for _, b := range e.CachedBlocks() {
+		bs := len(b.Tokens)
 		got[b.Hash] = b.Parent
+		// The token chain re-hashes to the block's hash and parent.
+		require.Zero(t, len(b.Prefix)%bs)
+		require.Equal(t, b.Prefix[len(b.Prefix)-bs:], b.Tokens)
+		hs := e.HashTokens(b.Prefix)
+		require.Equal(t, b.Hash, hs[len(hs)-1])
+		require.Equal(t, len(hs) > 1, b.HasParent)
+		if b.HasParent {
+			require.Equal(t, b.Parent, hs[len(hs)-2])
+		}
 	}
 	require.Equal(t, map[kvevents.EngineHash]kvevents.EngineHash(m), got)
 }

@@ -426,11 +426,7 @@ func TestConcurrentLoad(t *testing.T) {
 	require.Equal(t, uint64(24), st.Finished[FinishLength])
 	m := mirror{}
 	m.apply(t, pub.events())
-	got := map[kvevents.EngineHash]kvevents.EngineHash{}
-	for _, b := range s.CachedBlocks() {
-		got[b.Hash] = b.Parent
-	}
-	require.Equal(t, map[kvevents.EngineHash]kvevents.EngineHash(m), got)
+	m.requireMatches(t, s)
 }
 
 // TestSpeedCompressesModelTime runs a seed-sized cold prefill on the l20

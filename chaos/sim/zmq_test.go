@@ -172,7 +172,7 @@ func TestZMQLiveAndReplay(t *testing.T) {
 				m.apply(t, b.Events)
 			}
 			require.Equal(t, lastSeq+1, next, "replay returned every batch")
-			m.requireMatches(t, s.eng)
+			m.requireMatches(t, s)
 		})
 	}
 }

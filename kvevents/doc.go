@@ -3,4 +3,76 @@
 // ROUTER, and the subscriber that tracks sequence numbers, replays gaps and
 // resets on rewinds. The engine simulator publishes through the same code that
 // the gateway consumes with, so there is one implementation of the wire format.
+//
+// # Payloads
+//
+// Decoder reads, without being told which: (a) an array batch
+// [ts, [events], dp_rank?] with tagged-array events ["BlockStored", f1, ...]
+// whose trailing default fields may be omitted; (b) vLLM v0.26's array batch
+// with map events {"type": "BlockStored", ...}; (c) the newest map batch
+// {"ts", "events", "data_parallel_rank"}. Fields are vLLM's, in its struct
+// order (BlockStored: block_hashes, parent_block_hash, token_ids, block_size,
+// lora_id, medium, lora_name, then extra_keys, group_idx, ... which are
+// skipped). Block hashes are opaque EngineHash values: integers bit-for-bit
+// (negative int64 as two's complement), byte strings folded with
+// xxh3.Hash. Unknown fields and event types are skipped without error (the
+// ignored count says how many events); a payload that is not a batch wraps
+// ErrMalformed, and a well-formed batch with no known event wraps
+// ErrNoEvents: never a silent empty batch, never a panic (FuzzDecode). Token
+// ids are delivered as they are: converting them to kvmesh block keys is the
+// index's job.
+//
+// Encoder writes any of the three forms (Encoding) the way msgspec does.
+//
+// # Wire
+//
+// A message is [topic, seq (8-byte big-endian), payload], seq counting from 0
+// per engine start. Replay: a DEALER sends ["", start_seq(8)]; the ROUTER sees
+// [identity, "", start_seq] and answers every buffered batch with seq >=
+// start_seq as [identity, "", (topic,) seq, payload] — with the topic frame
+// in v0.26 (ReplayWithTopic), without in <= v0.25 (ReplayNoTopic) — then the
+// end marker ReplayEnd with an empty payload. The Subscriber reads both.
+//
+// # Publisher
+//
+// Publisher is vLLM's ZmqEventPublisher: the PUB binds when its endpoint
+// has "*" or "::" (or is ipc/inproc) and otherwise connects, redialling a
+// consumer that restarts; Publish assigns seq 0, 1, 2, ..., keeps the last
+// BufferSteps payloads for replay and never blocks on subscribers.
+//
+// # Subscriber
+//
+// One Subscriber per engine replica. Its reader goroutine receives,
+// decodes into pooled Batches and enqueues into a bounded queue; it never
+// waits for the Handler. Its writer goroutine applies the sequence rules and
+// calls the Handler in order:
+//
+//   - First batch of a stream (or after a reset): accepted at any seq. If
+//     seq > 0, JoinReplay is on and a replay endpoint is configured, it first
+//     replays from 0 to learn what the engine already cached (as far as its
+//     buffer reaches; a partial join is not a reset: there was no state).
+//   - seq == last+1: delivered.
+//   - Gap (seq > last+1): replay from last+1 through a DEALER; replayed
+//     batches are delivered in order, live ones that queued meanwhile and
+//     were already replayed are dropped as duplicates. If replay cannot
+//     cover the gap (no endpoint, buffer rolled over, timeout):
+//     HandleReset(ResetGapUnrecoverable), then delivery continues with what
+//     replay did return and the live stream.
+//   - Rewind (a live seq below the last live seq, e.g. 0 after an engine
+//     restart): HandleReset(ResetRewind), then as a first batch.
+//   - Same seq again: dropped and counted as a duplicate.
+//   - Full queue: the reader drops batches and the writer, on reaching the
+//     next batch that got through, calls HandleReset(ResetOverflow).
+//   - A batch that fails to decode consumes its seq (so it is no gap) and is
+//     counted in kvmesh_kvevents_malformed_total; it is not passed on.
+//
+// When the publisher goes away the reader redials with exponential backoff
+// (a bound SUB just waits for the publisher to reconnect). Handler must not
+// keep a *Batch after HandleBatch returns: batches are recycled.
+//
+// Known limits: a restarted engine whose new seq has already passed the
+// last seq seen before the restart is indistinguishable from a gap by seq
+// alone (the replay then serves the new engine's batches without a reset);
+// a publisher that vanishes without closing its TCP connection is not
+// detected (zmq4 has no heartbeats).
 package kvevents

@@ -79,7 +79,8 @@ type PublisherConfig struct {
 	// ReplayForm is the replay reply form (default ReplayWithTopic, v0.26).
 	ReplayForm ReplayForm
 	// RedialInterval is how often a connecting publisher checks that its
-	// consumer is still connected and subscribed, and redials if not.
+	// consumer is still connected and subscribed, and redials if not
+	// (0 = 500ms; about a second to notice a restarted consumer).
 	RedialInterval time.Duration
 }
 
@@ -113,8 +114,8 @@ func (c PublisherConfig) Validate() error {
 		return fmt.Errorf("%w: Encoding %v", ErrBadConfig, c.Encoding)
 	case c.ReplayForm > ReplayNoTopic:
 		return fmt.Errorf("%w: ReplayForm %v", ErrBadConfig, c.ReplayForm)
-	case c.RedialInterval <= 0:
-		return fmt.Errorf("%w: RedialInterval %v <= 0", ErrBadConfig, c.RedialInterval)
+	case c.RedialInterval < 0:
+		return fmt.Errorf("%w: RedialInterval %v < 0", ErrBadConfig, c.RedialInterval)
 	}
 	return nil
 }
@@ -164,6 +165,9 @@ func NewPublisher(cfg PublisherConfig, logger *slog.Logger) (*Publisher, error) 
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.RedialInterval == 0 {
+		cfg.RedialInterval = DefaultPublisherConfig().RedialInterval
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{

@@ -244,6 +244,57 @@ func TestPublisherConnectsToBoundSubscriber(t *testing.T) {
 	requireContiguous(t, h.snapshot(), first, n, 2)
 }
 
+// TestConnectingPublisherRedials: the consumer that a connecting PUB
+// dials restarts on the same address; the publisher notices and redials, and
+// the new consumer catches up through replay.
+func TestConnectingPublisherRedials(t *testing.T) {
+	h1 := &recorder{}
+	scfg := testSubscriberConfig("tcp://127.0.0.1:0", "")
+	scfg.Bind = true
+	s1, err := NewSubscriber(scfg, h1, nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, s1.Start(context.Background()))
+	t.Cleanup(func() { _ = s1.Close() })
+
+	pcfg := testPublisherConfig()
+	pcfg.Endpoint, pcfg.AlwaysBind = s1.Addr(), false
+	p := newPublisher(t, pcfg)
+	publishUntil(t, p, 12, func() bool { return h1.batches() > 0 })
+	require.NoError(t, s1.Close())
+
+	h2 := &recorder{}
+	scfg.Endpoint, scfg.ReplayEndpoint = s1.Addr(), p.ReplayAddr()
+	var s2 *Subscriber
+	require.Eventually(t, func() bool {
+		s, err := NewSubscriber(scfg, h2, nil, nil)
+		require.NoError(t, err)
+		if s.Start(context.Background()) != nil {
+			return false
+		}
+		s2 = s
+		return true
+	}, 5*time.Second, 10*time.Millisecond, "rebinding the consumer's address")
+	t.Cleanup(func() { _ = s2.Close() })
+	var n Seq
+	deadline := time.Now().Add(10 * time.Second)
+	for h2.batches() == 0 {
+		require.True(t, time.Now().Before(deadline), "publisher never reached the restarted consumer")
+		seq, err := p.Publish(batchFor(0, 12))
+		require.NoError(t, err)
+		n = seq + 1
+		waitFor(10*time.Millisecond, func() bool { return h2.batches() > 0 })
+	}
+	require.Eventually(t, func() bool { s, _ := h2.lastBatchSeq(); return s == n-1 }, 5*time.Second, 5*time.Millisecond)
+	// Everything from seq 0 arrived, the early part through replay.
+	want := Seq(0)
+	for _, r := range h2.snapshot() {
+		require.Zero(t, r.reset)
+		require.Equal(t, want, r.seq)
+		want++
+	}
+	require.Equal(t, n, want)
+}
+
 func TestGapReplayedBothReplyForms(t *testing.T) {
 	for _, form := range []ReplayForm{ReplayWithTopic, ReplayNoTopic} {
 		t.Run(form.String(), func(t *testing.T) {

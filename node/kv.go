@@ -1,9 +1,163 @@
 package node
 
-import "context"
+import (
+	"context"
+	"errors"
+	"fmt"
 
-// startKVEvents starts one subscriber per replica with a KV-event endpoint.
-func (n *Node) startKVEvents(ctx context.Context) error { return nil }
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
 
-// stopKVEvents stops the subscribers and waits for them.
-func (n *Node) stopKVEvents() {}
+// kvHandler applies one Node's KV-event streams to its index. A Subscriber
+// calls it from one goroutine per replica, so a replica's scratch buffer
+// is never shared.
+type kvHandler struct{ n *Node }
+
+var _ kvevents.Handler = kvHandler{}
+
+// newSubscribers builds (but does not start) a subscriber per replica with
+// a KV-event source.
+func (n *Node) newSubscribers() error {
+	for _, r := range n.replicas {
+		if !r.cfg.PublishesKVEvents() {
+			continue
+		}
+		sc := kvevents.DefaultSubscriberConfig()
+		sc.Replica = r.name
+		sc.Endpoint = r.cfg.KVEndpoint
+		if r.cfg.KVBind != "" {
+			sc.Endpoint, sc.Bind = r.cfg.KVBind, true
+		}
+		sc.ReplayEndpoint = r.cfg.ReplayEndpoint
+		sub, err := kvevents.NewSubscriber(sc, kvHandler{n}, n.kvMetrics, n.log.With("replica", r.name))
+		if err != nil {
+			return fmt.Errorf("%w: replica %s: %w", ErrInvalidConfig, r.name, err)
+		}
+		r.sub = sub
+	}
+	return nil
+}
+
+// startKVEvents starts the subscribers; they run until stopKVEvents. Only a
+// bind failure (kv_bind address in use) is an error: connecting happens in
+// the background.
+func (n *Node) startKVEvents(ctx context.Context) error {
+	for _, r := range n.replicas {
+		if r.sub == nil {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			n.stopKVEvents()
+			return err
+		}
+		if err := r.sub.Start(n.bgCtx); err != nil {
+			n.stopKVEvents()
+			return fmt.Errorf("node: replica %s: KV events: %w", r.name, err)
+		}
+	}
+	return nil
+}
+
+// stopKVEvents closes every subscriber and waits for it. Idempotent.
+func (n *Node) stopKVEvents() {
+	for _, r := range n.replicas {
+		if r.sub != nil {
+			if err := r.sub.Close(); err != nil && !errors.Is(err, kvevents.ErrClosed) {
+				n.log.Warn("closing KV-event subscriber", "replica", r.name, "err", err)
+			}
+		}
+	}
+}
+
+// KVBindAddr is the resolved address of the replica's kv_bind socket after
+// Start (so that kv_bind tcp://127.0.0.1:0 is usable), else its configured
+// KV endpoint, else "".
+func (n *Node) KVBindAddr(replica string) string {
+	r, ok := n.byName[replica]
+	if !ok || r.sub == nil {
+		return ""
+	}
+	return r.sub.Addr()
+}
+
+// counts GPU-tier events only: blocks offloaded to CPU or disk are another
+// tier whose removals vLLM reports separately, and the index keeps one
+// engine-hash map per replica.
+func gpuTier(medium string) bool { return medium == "" || medium == "GPU" || medium == "gpu" }
+
+// HandleBatch implements kvevents.Handler.
+func (h kvHandler) HandleBatch(name string, _ kvevents.Seq, b *kvevents.Batch) {
+	n := h.n
+	r, ok := n.byName[name]
+	if !ok {
+		return
+	}
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Kind {
+		case kvevents.KindBlockStored:
+			st := ev.Stored
+			if st == nil || !gpuTier(st.Medium) {
+				continue
+			}
+			r.kvHashes = appendHashes(r.kvHashes[:0], st.BlockHashes)
+			sb := index.StoredBlocks{
+				Hashes:      r.kvHashes,
+				ParentHash:  uint64(st.ParentBlockHash),
+				HasParent:   st.HasParent,
+				Tokens:      st.TokenIDs,
+				BlockTokens: st.BlockSize,
+			}
+			if st.LoRAName != "" {
+				sb.Root, sb.HasRoot = n.hasher.Root(r.pool.model, st.LoRAName, ""), true
+			}
+			if err := n.index.ApplyStored(r.id, sb); err != nil {
+				n.m.kvApplyErrors.WithLabelValues(r.name, applyErrorReason(err)).Inc()
+				n.log.Debug("KV event not applied", "replica", r.name, "err", err)
+			}
+		case kvevents.KindBlockRemoved:
+			rm := ev.Removed
+			if rm == nil || !gpuTier(rm.Medium) {
+				continue
+			}
+			r.kvHashes = appendHashes(r.kvHashes[:0], rm.BlockHashes)
+			n.index.ApplyRemoved(r.id, r.kvHashes)
+		case kvevents.KindAllBlocksCleared:
+			n.index.ClearReplica(r.id)
+		}
+	}
+}
+
+// HandleReset implements kvevents.Handler: the replica's confirmed entries
+// are no longer known, so they go; history and speculative stay.
+func (h kvHandler) HandleReset(name string, reason kvevents.ResetReason) {
+	r, ok := h.n.byName[name]
+	if !ok {
+		return
+	}
+	removed := h.n.index.ClearReplica(r.id)
+	h.n.log.Info("KV-event stream reset, confirmed entries dropped", "replica", name,
+		"reason", reason.String(), "entries", removed)
+}
+
+func appendHashes(dst []uint64, hs []kvevents.EngineHash) []uint64 {
+	for _, h := range hs {
+		dst = append(dst, uint64(h))
+	}
+	return dst
+}
+
+func applyErrorReason(err error) string {
+	switch {
+	case errors.Is(err, index.ErrUnknownParent):
+		return "unknown_parent"
+	case errors.Is(err, index.ErrBlockSize):
+		return "block_size"
+	case errors.Is(err, index.ErrMalformedStored):
+		return "malformed"
+	case errors.Is(err, index.ErrNoRoot):
+		return "no_root"
+	}
+	return "other"
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/node/tokenizer"
 	"github.com/kvmesh/kvmesh/route"
 )
@@ -41,6 +42,7 @@ type Node struct {
 	transport *http.Transport
 	client    *http.Client // probes and remote tokenize
 	m         *metrics
+	kvMetrics *kvevents.Metrics
 	handler   http.Handler
 	rngSeed   atomic.Uint64
 	peers     atomic.Pointer[peerHolder]
@@ -149,6 +151,13 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		}
 	}
 	n.registerIndexMetrics()
+	n.kvMetrics = kvevents.NewMetrics()
+	if err := n.kvMetrics.Register(n.m.reg); err != nil {
+		return nil, fmt.Errorf("node: register KV-event metrics: %w", err)
+	}
+	if err := n.newSubscribers(); err != nil {
+		return nil, err
+	}
 	n.handler = n.routes()
 	return n, nil
 }
@@ -302,6 +311,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		n.mu.Unlock()
 		n.stopping.Store(true)
 		if !started {
+			n.stopKVEvents()
 			n.transport.CloseIdleConnections()
 			return
 		}

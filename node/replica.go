@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/route"
 )
 
@@ -51,6 +52,12 @@ type replica struct {
 	mu           sync.Mutex
 	consecFails  int
 	ejections    int // consecutive ejections without a success in between
+
+	// KV events: the replica's subscriber (nil without a kv source) and
+	// the scratch its handler converts engine hashes into (only that
+	// subscriber's goroutine touches it).
+	sub      *kvevents.Subscriber
+	kvHashes []uint64
 
 	// Pre-resolved metric children (label lookups cost a hash each).
 	mInflight prometheus.Gauge

@@ -1,0 +1,168 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// startSim starts a simulated vLLM replica serving model "m" with KV events
+// on loopback.
+func startSim(t testing.TB, events bool) *sim.Server {
+	t.Helper()
+	cfg := sim.LocalConfig()
+	cfg.ServedModelName = "m"
+	cfg.KVEvents.EnableKVCacheEvents = events
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	s, err := sim.NewServer(cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return s
+}
+
+func simReplica(name string, s *sim.Server) ReplicaConfig {
+	return ReplicaConfig{Name: name, URL: s.URL(), KVEndpoint: s.KVEventsAddr(), ReplayEndpoint: s.KVReplayAddr()}
+}
+
+// debugRoute asks the node how it would route prompt.
+func debugRoute(t testing.TB, n *Node, strategy, prompt string) debugReport {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"model": "m", "prompt": prompt})
+	resp := post(t, n, "/debug/route", string(body), map[string]string{HeaderStrategy: strategy})
+	raw := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, raw)
+	var rep debugReport
+	require.NoError(t, json.Unmarshal([]byte(raw), &rep))
+	return rep
+}
+
+func matchedOf(rep debugReport, name string) int {
+	if rep.Explanation == nil {
+		return -1
+	}
+	for _, r := range rep.Explanation.Replicas {
+		if r.Name == name {
+			return r.Matched
+		}
+	}
+	return -1
+}
+
+func TestSimKVEventsConfirmRouteAndReset(t *testing.T) {
+	a, b := startSim(t, true), startSim(t, true)
+	n := startNode(t, func(c *Config) {
+		c.IndexMode = "kv-events"
+		c.Tokenizer = TokenizerCharacter // the simulator's byte tokenizer
+		c.BlockSize = 16
+		c.SpeculativeTTL = 300 * time.Millisecond
+	}, simReplica("a", a), simReplica("b", b))
+
+	prompt := "Document 7\n" + strings.Repeat("The service tracks request latency and healthy replicas. ", 12)
+	body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":4,"stream":true,"stream_options":{"include_usage":true}}`, prompt)
+	resp := post(t, n, "/v1/completions", body, map[string]string{HeaderStrategy: "prefix-cache"})
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	first := resp.Header.Get(HeaderReplica)
+	out := readAll(t, resp)
+	require.True(t, strings.HasSuffix(out, "data: [DONE]\n\n"), out)
+	blocks := len(prompt) / 16
+
+	// The engine's BlockStored events confirm the prompt's blocks.
+	require.Eventually(t, func() bool {
+		return matchedOf(debugRoute(t, n, "prefix-cache", prompt), first) == blocks
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return n.Index().Stats().Entries[index.Confirmed] >= blocks },
+		10*time.Second, 10*time.Millisecond)
+
+	// The same prefix sticks to the replica holding it.
+	for i := 0; i < 3; i++ {
+		resp := post(t, n, "/v1/completions", body, map[string]string{HeaderStrategy: "prefix-cache"})
+		require.Equal(t, first, resp.Header.Get(HeaderReplica))
+		readAll(t, resp)
+	}
+
+	// An engine cache reset (AllBlocksCleared) removes that replica's
+	// confirmed entries; the speculative ones the repeats left expire.
+	srv := map[string]*sim.Server{"a": a, "b": b}[first]
+	require.True(t, srv.ResetPrefixCache())
+	require.Eventually(t, func() bool { return n.Index().Stats().Entries[index.Confirmed] == 0 },
+		10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return matchedOf(debugRoute(t, n, "prefix-cache", prompt), first) == 0
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
+func TestSimStreamsThroughGateway(t *testing.T) {
+	a := startSim(t, false)
+	n := startNode(t, nil, rc("a", a.URL()))
+	body := `{"model":"m","prompt":"hello simulator","max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}`
+	resp := post(t, n, "/v1/completions", body, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	out := readAll(t, resp)
+	assert.Equal(t, 8+1+1, strings.Count(out, "data: "), "8 tokens, usage, [DONE]")
+	assert.Contains(t, out, `"completion_tokens":8`)
+
+	resp = post(t, n, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Contains(t, readAll(t, resp), `"completion_tokens":3`)
+
+	// Engine load figures come from its /metrics.
+	r := n.byName["a"]
+	require.Eventually(t, func() bool { run, _, kv := r.load(); return run == 0 && kv >= 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+func TestKVBindReceivesEventsFromAConnectingPublisher(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, func(c *Config) {
+		c.IndexMode = "hybrid"
+		c.Tokenizer = TokenizerCharacter
+		c.BlockSize = 4
+	}, ReplicaConfig{Name: "a", URL: e.url(), KVBind: "tcp://127.0.0.1:0"})
+	addr := n.KVBindAddr("a")
+	require.NotEqual(t, "tcp://127.0.0.1:0", addr, "the bound port is resolved")
+
+	pc := kvevents.DefaultPublisherConfig()
+	pc.Endpoint = addr // no wildcard: the engine connects, as vLLM does
+	pc.RedialInterval = 50 * time.Millisecond
+	pub, err := kvevents.NewPublisher(pc, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer pub.Close()
+
+	text := "abcdefgh" // two blocks of 4
+	toks := make([]uint32, len(text))
+	for i := range text {
+		toks[i] = uint32(text[i])
+	}
+	stored := kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.KindBlockStored, Stored: &kvevents.BlockStored{
+		BlockHashes: []kvevents.EngineHash{11, 12}, TokenIDs: toks, BlockSize: 4,
+	}}}}
+	// PUB/SUB drops what is sent before the subscription is up: resend.
+	require.Eventually(t, func() bool {
+		_, err := pub.Publish(stored)
+		require.NoError(t, err)
+		return matchedOf(debugRoute(t, n, "prefix-cache", text), "a") == 2
+	}, 10*time.Second, 20*time.Millisecond)
+
+	_, err = pub.Publish(kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.KindBlockRemoved, Removed: &kvevents.BlockRemoved{
+		BlockHashes: []kvevents.EngineHash{12},
+	}}}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return matchedOf(debugRoute(t, n, "prefix-cache", text), "a") == 1 },
+		10*time.Second, 10*time.Millisecond, "BlockRemoved drops that block of that replica")
+}

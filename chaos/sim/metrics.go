@@ -74,6 +74,8 @@ func newMetrics(model string, stats func() Stats) *metrics {
 		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func(s Stats) float64 { return float64(s.Running) }),
 		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func(s Stats) float64 { return float64(s.Waiting) }),
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func(s Stats) float64 { return s.KVUsage }),
+		// The pre-v0.10 name, still read by some gateways.
+		gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", func(s Stats) float64 { return s.KVUsage }),
 		counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", func(s Stats) float64 { return float64(s.PrefixQueries) }),
 		counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", func(s Stats) float64 { return float64(s.PrefixHits) }),
 		counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", func(s Stats) float64 { return float64(s.Preemptions) }),

@@ -51,7 +51,8 @@
 // A block is a 48-byte pointer-free node in a flat arena: the key, one
 // 64-bit replica mask per ledger for replica ids below 64, the ledgers'
 // timestamps, a CLOCK use counter and flag bits, and the index of the most recent
-// successor block. An open-addressing table of uint32 node indices finds a
+// successor block. An open-addressing table of 64-bit slots (a 32-bit hash
+// tag and the node index, so probing does not touch the arena) finds a
 // key. Writers link consecutive keys, so Match follows the chain from block
 // to block and probes the table only when the chain hint misses. Replica ids
 // of 64 and above live in a per-key overflow map: supported, but slower.

@@ -3,6 +3,7 @@ package index
 import (
 	"encoding/binary"
 	"fmt"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 )
@@ -15,6 +16,13 @@ const (
 	// stack buffer (8 + 4*MaxBlockTokens bytes) without allocating.
 	MaxBlockTokens = 1024
 )
+
+// littleEndian reports whether uint32s are stored little-endian in memory,
+// in which case AppendKeys copies tokens instead of encoding them one by one.
+var littleEndian = func() bool {
+	v := uint32(1)
+	return *(*byte)(unsafe.Pointer(&v)) == 1
+}()
 
 // Hasher computes block keys. The zero Hasher is not usable: build one with
 // NewHasher. A Hasher is a small immutable value, safe to copy and to use
@@ -74,8 +82,13 @@ func (h Hasher) AppendKeys(dst []BlockKey, parent BlockKey, tokens []uint32) []B
 		blk := tokens[i*bs : (i+1)*bs]
 		binary.LittleEndian.PutUint64(buf[:8], k)
 		b := buf[8:size]
-		for j, t := range blk {
-			binary.LittleEndian.PutUint32(b[4*j:], t)
+		if littleEndian {
+			// The tokens' memory already is the little-endian encoding.
+			copy(b, unsafe.Slice((*byte)(unsafe.Pointer(&blk[0])), 4*bs))
+		} else {
+			for j, t := range blk {
+				binary.LittleEndian.PutUint32(b[4*j:], t)
+			}
 		}
 		k = xxh3.Hash(buf[:size])
 		dst = append(dst, BlockKey(k))

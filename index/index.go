@@ -60,7 +60,7 @@ type Index struct {
 
 	nodes []node   // arena; index 0 is a permanently unused sentinel
 	free  []uint32 // free node indices
-	table []uint32 // open addressing, linear probing: node index, 0 = empty
+	table []uint64 // open addressing, linear probing: tag<<32 | node index, 0 = empty
 	shift uint     // 64 - log2(len(table))
 	live  int      // live nodes
 
@@ -103,7 +103,7 @@ func New(cfg Config) (*Index, error) {
 func (x *Index) reset() {
 	x.nodes = make([]node, 1, 1024)
 	x.free = nil
-	x.table = make([]uint32, 1024)
+	x.table = make([]uint64, 1024)
 	x.shift = 64 - 10
 	x.live = 0
 	x.clockHand, x.expireHand = 0, 0
@@ -119,17 +119,26 @@ func (x *Index) Hasher() Hasher { return x.h }
 // Config returns the configuration the index was built with.
 func (x *Index) Config() Config { return x.cfg }
 
-func (x *Index) slot(k BlockKey) uint64 {
-	return (uint64(k) * 0x9E3779B97F4A7C15) >> x.shift
-}
+// Table slots hold tag<<32 | node index (0 = empty), where tag is the top 32
+// bits of the key's multiplicative hash. Probes compare tags without touching
+// the node arena, and a slot's home position is the top bits of its tag, so
+// growing and deleting never read nodes either.
+func hashKey(k BlockKey) uint64 { return uint64(k) * 0x9E3779B97F4A7C15 }
+
+func (x *Index) home(tag uint32) uint64 { return uint64(tag) >> (x.shift - 32) }
 
 // probe returns the node index of k, or 0.
 func (x *Index) probe(k BlockKey) uint32 {
+	hk := hashKey(k)
+	tag := uint32(hk >> 32)
 	m := uint64(len(x.table) - 1)
-	for i := x.slot(k); ; i = (i + 1) & m {
-		idx := x.table[i]
-		if idx == 0 || x.nodes[idx].key == k {
-			return idx
+	for i := hk >> x.shift; ; i = (i + 1) & m {
+		e := x.table[i]
+		if e == 0 {
+			return 0
+		}
+		if uint32(e>>32) == tag && x.nodes[uint32(e)].key == k {
+			return uint32(e)
 		}
 	}
 }
@@ -151,12 +160,28 @@ func (x *Index) find(k BlockKey, prev uint32) uint32 {
 // marks it used. It may grow x.nodes: callers must not hold node pointers
 // across it.
 func (x *Index) insert(k BlockKey, prev uint32) uint32 {
-	if idx := x.find(k, prev); idx != 0 {
-		x.nodes[idx].flags.Or(flagUse)
-		return idx
+	if prev != 0 {
+		if nx := x.nodes[prev].next; nx != 0 {
+			if n := &x.nodes[nx]; n.key == k && n.flags.Load()&flagLive != 0 {
+				n.flags.Or(flagUse)
+				return nx
+			}
+		}
 	}
 	if (x.live+1)*4 > len(x.table)*3 {
 		x.grow()
+	}
+	// One probe finds either the node or the empty slot it goes into.
+	hk := hashKey(k)
+	tag := uint32(hk >> 32)
+	m := uint64(len(x.table) - 1)
+	i := hk >> x.shift
+	for ; x.table[i] != 0; i = (i + 1) & m {
+		e := x.table[i]
+		if uint32(e>>32) == tag && x.nodes[uint32(e)].key == k {
+			x.nodes[uint32(e)].flags.Or(flagUse)
+			return uint32(e)
+		}
 	}
 	var idx uint32
 	if n := len(x.free); n > 0 {
@@ -171,27 +196,25 @@ func (x *Index) insert(k BlockKey, prev uint32) uint32 {
 	n.masks = [numLedgers]uint64{}
 	n.next, n.htime, n.stime = 0, 0, 0
 	n.flags.Store(flagLive | useNew)
-	x.place(idx)
+	x.table[i] = uint64(tag)<<32 | uint64(idx)
 	x.live++
 	return idx
 }
 
-func (x *Index) place(idx uint32) {
-	m := uint64(len(x.table) - 1)
-	i := x.slot(x.nodes[idx].key)
-	for x.table[i] != 0 {
-		i = (i + 1) & m
-	}
-	x.table[i] = idx
-}
-
 func (x *Index) grow() {
-	x.table = make([]uint32, len(x.table)*2)
+	old := x.table
+	x.table = make([]uint64, len(old)*2)
 	x.shift--
-	for i := 1; i < len(x.nodes); i++ {
-		if x.nodes[i].flags.Load()&flagLive != 0 {
-			x.place(uint32(i))
+	m := uint64(len(x.table) - 1)
+	for _, e := range old {
+		if e == 0 {
+			continue
 		}
+		i := x.home(uint32(e >> 32))
+		for x.table[i] != 0 {
+			i = (i + 1) & m
+		}
+		x.table[i] = e
 	}
 }
 
@@ -199,19 +222,19 @@ func (x *Index) grow() {
 func (x *Index) unlink(idx uint32) {
 	n := &x.nodes[idx]
 	m := uint64(len(x.table) - 1)
-	i := x.slot(n.key)
-	for x.table[i] != idx {
+	i := hashKey(n.key) >> x.shift
+	for uint32(x.table[i]) != idx {
 		i = (i + 1) & m
 	}
 	for j := (i + 1) & m; ; j = (j + 1) & m {
-		t := x.table[j]
-		if t == 0 {
+		e := x.table[j]
+		if e == 0 {
 			break
 		}
-		home := x.slot(x.nodes[t].key)
-		// Move t back into the hole at i unless its home lies cyclically in (i, j].
+		home := x.home(uint32(e >> 32))
+		// Move e back into the hole at i unless its home lies cyclically in (i, j].
 		if (j-home)&m >= (j-i)&m {
-			x.table[i] = t
+			x.table[i] = e
 			i = j
 		}
 	}
@@ -656,7 +679,7 @@ func (x *Index) Stats() Stats {
 		UnknownParentBlocks: x.st.unknownParent,
 		UnknownRemoved:      x.st.unknownRemoved,
 	}
-	b := int64(cap(x.nodes))*48 + int64(cap(x.table))*4 + int64(cap(x.free))*4
+	b := int64(cap(x.nodes))*48 + int64(cap(x.table))*8 + int64(cap(x.free))*4
 	b += int64(len(x.ovf)) * 64
 	for _, rs := range x.replicas {
 		s.EngineHashes += len(rs.eng)

@@ -69,7 +69,7 @@ func (p Profile) Validate() error {
 //     hot replica's TTFT P95 comes out at ~12 s against the seed's 8.3 s,
 //     with 0.32 ms at ~8.5 s; cold phases come out at ~7.5 s against the
 //     seed's 5.6–9.2 s. A seed prompt (~5K tokens with cl100k: 256 hex salt
-//     + "Document N" + the sentence ×300 + question) then prefills cold in
+//   - "Document N" + the sentence ×300 + question) then prefills cold in
 //     ≈1.6 s on an idle replica.
 //   - Decode is memory bound: ~27 GB of FP8 weights / 864 GB/s ≈ 31 ms per
 //     forward pass (WeightRead), plus ~3 ms per sequence for KV reads and

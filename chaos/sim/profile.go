@@ -67,10 +67,10 @@ func (p Profile) Validate() error {
 //     seed's measurements under its load (TestCalibrationUnderLoad, fake
 //     clock, one replica at the seed's per-replica rates): with 0.54 ms the
 //     hot replica's TTFT P95 comes out at ~12 s against the seed's 8.3 s,
-//     with 0.32 ms at ~8.5 s; cold phases come out at ~7.5 s against the
-//     seed's 5.6–9.2 s. A seed prompt (~5K tokens with cl100k: 256 hex salt
-//   - "Document N" + the sentence ×300 + question) then prefills cold in
-//     ≈1.6 s on an idle replica.
+//     with 0.32 ms at ~8.6 s; cold phases come out at ~8 s against the
+//     seed's 5.6–9.2 s. A seed prompt (~5K tokens with cl100k: a 256 hex
+//     salt, "Document N", the sentence ×300 and the question) then prefills
+//     cold in ≈1.6 s on an idle replica.
 //   - Decode is memory bound: ~27 GB of FP8 weights / 864 GB/s ≈ 31 ms per
 //     forward pass (WeightRead), plus ~3 ms per sequence for KV reads and
 //     sampling and ~6 ms fixed step overhead, so a batch of 8 decodes in

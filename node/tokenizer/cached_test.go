@@ -28,6 +28,7 @@ var atoms = []string{
 	"🙂", "👩‍💻", "\u0301", "e\u0301",
 	"\xff", "\xc3", "\xe6\x97", "\x80",
 	"<|endoftext|>", "<|im_start|>", "<|im_end|>",
+	"ª", "µ", "¹", "\u00ad", "\u1680", "\u180e", "'é", "'ſ", "Ǆ", "ｓ", "ſ", "İ", "K", "\u00a0\n", "\u3000x",
 	"\v", "\f", "\x00", "\x1c", "\x1f", "\x7f", " \v\n", "\f ",
 }
 
@@ -339,4 +340,23 @@ func TestCachedConcurrent(t *testing.T) {
 	wg.Wait()
 	require.Empty(t, failures)
 	require.Positive(t, c.Stats().Hits)
+}
+
+// TestHotPathsDoNotAllocate pins the 0 allocs/op of the benchmarks: the
+// native encoder on ASCII text, and a warm Cached hit.
+func TestHotPathsDoNotAllocate(t *testing.T) {
+	tk := mustTiktoken(t)
+	c := newCachedT(t, tk, nil)
+	salt := seedSalt(rand.New(rand.NewPCG(8, 8)))
+	ps := []string{seedPrompt(salt, 1, 1), seedPrompt(salt, 1, 2), seedPrompt(salt, 1, 3)}
+	c.Encode(nil, ps[0])
+	dst := make([]uint32, 0, 8192)
+	i := 0
+	allocs := testing.AllocsPerRun(20, func() {
+		i++
+		dst = c.Encode(dst[:0], ps[1+i%2])
+	})
+	require.Zero(t, allocs, "warm Cached.Encode")
+	allocs = testing.AllocsPerRun(5, func() { dst = tk.Encode(dst[:0], ps[0]) })
+	require.Zero(t, allocs, "Tiktoken.Encode on ASCII")
 }

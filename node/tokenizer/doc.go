@@ -12,6 +12,9 @@
 //     Encode appends to dst, so callers can reuse buffers.
 //   - Encode is a pure function of the text: the same text always gives the
 //     same tokens. Special-token text ("<|endoftext|>") is ordinary text.
+//   - The tiktoken tokenizer returns exactly tiktoken-go's EncodeOrdinary
+//     tokens, computed by a native scanner and BPE (fast.go) about 50x
+//     faster; tests compare the two on random, Unicode and seed texts.
 //   - Cached (NewCached) wraps Bytes or the tiktoken tokenizer with a
 //     bytes-bounded LRU cache of tokenized prefixes. Its output is token
 //     for token identical to the wrapped tokenizer's: it splits text only

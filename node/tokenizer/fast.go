@@ -1,27 +1,34 @@
 package tokenizer
 
-// A native cl100k_base encoder for ASCII text.
+import (
+	"unicode"
+	"unicode/utf8"
+)
+
+// A native cl100k_base encoder.
 //
 // tiktoken-go spends ~7 ms on a 28 KB prompt, mostly in regexp2 and in
-// per-piece allocations. For ASCII text the pre-tokenizer regex
-// (cl100kPattern) is simple enough to run as a hand-written scanner, and
-// BPE can run on a stack buffer. Text with other bytes is cut at safe
-// split points (split.go) and only the regions holding non-ASCII bytes go
-// to tiktoken-go, so the result is always that of tiktoken-go (checked by
-// TestFastEncodeEqualsReference and FuzzFastEncode).
+// per-piece allocations. The pre-tokenizer regex (cl100kPattern) is simple
+// enough to run as a hand-written scanner, and BPE can run on a stack
+// buffer; together they are about 50x faster and allocate nothing.
 //
-// regexp2 evaluates \s, \p{L} and \p{N} with Go's unicode package, so on
-// ASCII they are exactly: \s = [\t\n\v\f\r ], \p{L} = [A-Za-z],
-// \p{N} = [0-9]. Every other ASCII byte (punctuation, the rest of the C0
-// controls, DEL) is "other": [^\s\p{L}\p{N}].
+// The scanner reproduces regexp2's matching exactly, because regexp2
+// classifies characters with Go's unicode package, the same tables this
+// binary uses: \s is unicode.IsSpace, \p{L} is unicode.Is(unicode.L, r),
+// \p{N} is unicode.Is(unicode.N, r), and (?i) compares unicode.ToLower of
+// the input, which maps no non-ASCII rune onto the letters of the
+// contractions. tiktoken-go matches on []rune(text), which turns each
+// invalid UTF-8 byte into U+FFFD; encodeFast does the same conversion
+// first. TestFastEncodeEqualsReference and FuzzFastEncode compare the
+// result with tiktoken-go.
 
-// ASCII byte classes.
+// Character classes of the pattern.
 const (
-	clOther = iota
-	clLetter
-	clDigit
-	clSpace   // \s other than \r and \n
-	clNewline // \r or \n
+	clOther   = iota // [^\s\p{L}\p{N}]
+	clLetter         // \p{L}
+	clDigit          // \p{N}
+	clSpace          // \s other than \r and \n
+	clNewline        // \r or \n
 )
 
 var asciiClass = func() (t [128]uint8) {
@@ -42,35 +49,33 @@ var asciiClass = func() (t [128]uint8) {
 	return t
 }()
 
-// isASCII reports whether s has no byte >= 0x80.
-func isASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
-			return false
-		}
+// classAt returns the class and byte length of the rune at s[i] (valid
+// UTF-8, i < len(s)).
+func classAt(s string, i int) (uint8, int) {
+	if c := s[i]; c < utf8.RuneSelf {
+		return asciiClass[c], 1
 	}
-	return true
+	r, n := utf8.DecodeRuneInString(s[i:])
+	switch {
+	case unicode.Is(unicode.L, r):
+		return clLetter, n
+	case unicode.Is(unicode.N, r):
+		return clDigit, n
+	case unicode.IsSpace(r):
+		return clSpace, n
+	}
+	return clOther, n
 }
 
-// indexNonASCII returns the index of the first byte >= 0x80, or -1.
-func indexNonASCII(s string) int {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= 0x80 {
-			return i
-		}
-	}
-	return -1
-}
-
-// nextPieceASCII returns the end of the pre-tokenizer piece that starts at
-// i (< len(s)) in ASCII text s. It follows the regex's alternatives in
-// order; the comments give each one.
-func nextPieceASCII(s string, i int) int {
+// nextPiece returns the end of the pre-tokenizer piece that starts at
+// i < len(s) in valid UTF-8 text s. It tries the pattern's alternatives in
+// order, as the regex engine does; the comments name each one.
+func nextPiece(s string, i int) int {
 	n := len(s)
 	c := s[i]
-	cl := asciiClass[c]
+	cl, size := classAt(s, i)
 
-	// (1) (?i:'s|'t|'re|'ve|'m|'ll|'d)
+	// (1) (?i:'s|'t|'re|'ve|'m|'ll|'d). A byte >= 0x80 never ORs to ASCII.
 	if c == '\'' && i+1 < n {
 		switch s[i+1] | 0x20 {
 		case 's', 't', 'm', 'd':
@@ -87,71 +92,103 @@ func nextPieceASCII(s string, i int) int {
 	}
 	// (2) [^\r\n\p{L}\p{N}]?\p{L}+
 	if cl == clLetter {
-		return letterRun(s, i+1)
+		return letterRun(s, i+size)
 	}
-	if (cl == clOther || cl == clSpace) && i+1 < n && asciiClass[s[i+1]] == clLetter {
-		return letterRun(s, i+2)
+	if (cl == clOther || cl == clSpace) && i+size < n {
+		if cl2, size2 := classAt(s, i+size); cl2 == clLetter {
+			return letterRun(s, i+size+size2)
+		}
 	}
 	// (3) \p{N}{1,3}
 	if cl == clDigit {
-		j := i + 1
-		for j < n && j < i+3 && asciiClass[s[j]] == clDigit {
-			j++
+		j := i + size
+		for k := 1; k < 3 && j < n; k++ {
+			cl2, size2 := classAt(s, j)
+			if cl2 != clDigit {
+				break
+			}
+			j += size2
 		}
 		return j
 	}
 	// (4) ' ?[^\s\p{L}\p{N}]+[\r\n]*'
 	j := i
-	if c == ' ' && i+1 < n && asciiClass[s[i+1]] == clOther {
-		j = i + 1
-	}
-	if asciiClass[s[j]] == clOther {
-		for j < n && asciiClass[s[j]] == clOther {
-			j++
+	if c == ' ' && i+1 < n {
+		if cl2, _ := classAt(s, i+1); cl2 == clOther {
+			j = i + 1
 		}
-		for j < n && asciiClass[s[j]] == clNewline {
+	}
+	if cl2, _ := classAt(s, j); cl2 == clOther {
+		for j < n {
+			cl2, size2 := classAt(s, j)
+			if cl2 != clOther {
+				break
+			}
+			j += size2
+		}
+		for j < n && (s[j] == '\r' || s[j] == '\n') {
 			j++
 		}
 		return j
 	}
-	// Only whitespace is left: cl is clSpace or clNewline. Find the run.
-	end := i
-	lastNL := -1
-	for end < n && (asciiClass[s[end]] == clSpace || asciiClass[s[end]] == clNewline) {
-		if asciiClass[s[end]] == clNewline {
+	// Only whitespace is left: cl is clSpace or clNewline. Find the run,
+	// its last newline and the start of its last rune.
+	end, last, lastNL := i, i, -1
+	for end < n {
+		cl2, size2 := classAt(s, end)
+		if cl2 != clSpace && cl2 != clNewline {
+			break
+		}
+		if cl2 == clNewline {
 			lastNL = end
 		}
-		end++
+		last = end
+		end += size2
 	}
-	// (5) \s*[\r\n]+ : \s* backs off to the last newline of the run.
+	// (5) \s*[\r\n]+ : \s* backs off to the run's last newline.
 	if lastNL >= 0 {
 		return lastNL + 1
 	}
 	// (6) \s+(?!\S) : the whole run at the end of text, else all but its
-	// last character (which then starts the next piece).
+	// last rune (which then starts the next piece).
 	if end == n {
 		return end
 	}
-	if end-1 > i {
-		return end - 1
+	if last > i {
+		return last
 	}
 	// (7) \s+
 	return end
 }
 
-// letterRun returns the end of the run of ASCII letters starting at j.
+// letterRun returns the end of the run of letters starting at j.
 func letterRun(s string, j int) int {
-	for j < len(s) && asciiClass[s[j]] == clLetter {
-		j++
+	for j < len(s) {
+		if c := s[j]; c < utf8.RuneSelf {
+			if asciiClass[c] != clLetter {
+				return j
+			}
+			j++
+			continue
+		}
+		cl, size := classAt(s, j)
+		if cl != clLetter {
+			return j
+		}
+		j += size
 	}
 	return j
 }
 
-// encodeASCII appends the tokens of ASCII text s.
-func (t *Tiktoken) encodeASCII(dst []uint32, s string) []uint32 {
-	for i := 0; i < len(s); {
-		j := nextPieceASCII(s, i)
-		dst = t.encodePiece(dst, s[i:j])
+// encodeFast appends the tokens of text, exactly as tiktoken-go's
+// EncodeOrdinary does.
+func (t *Tiktoken) encodeFast(dst []uint32, text string) []uint32 {
+	if !utf8.ValidString(text) {
+		text = string([]rune(text)) // each invalid byte becomes U+FFFD, as in tiktoken-go
+	}
+	for i := 0; i < len(text); {
+		j := nextPiece(text, i)
+		dst = t.encodePiece(dst, text[i:j])
 		i = j
 	}
 	return dst
@@ -219,35 +256,6 @@ func (t *Tiktoken) bytePairEncode(dst []uint32, piece string) []uint32 {
 	}
 	for i := 0; i < len(parts)-1; i++ {
 		dst = append(dst, uint32(t.ranks[piece[parts[i].start:parts[i+1].start]]))
-	}
-	return dst
-}
-
-// encodeFast appends the tokens of text: ASCII regions natively, regions
-// around non-ASCII bytes (cut at safe splits) with tiktoken-go.
-func (t *Tiktoken) encodeFast(dst []uint32, text string) []uint32 {
-	for pos := 0; pos < len(text); {
-		k := indexNonASCII(text[pos:])
-		if k < 0 {
-			return t.encodeASCII(dst, text[pos:])
-		}
-		k += pos
-		// The ASCII region before the last safe split at or before k.
-		a := pos
-		for p := k - 1; p > pos; p-- {
-			if isSafeSplit(text, p) {
-				a = p
-				break
-			}
-		}
-		dst = t.encodeASCII(dst, text[pos:a])
-		// The region holding the non-ASCII bytes, up to the next safe split.
-		b := nextSafeSplit(text, k+1)
-		if b < 0 {
-			b = len(text)
-		}
-		dst = t.encodeReference(dst, text[a:b])
-		pos = b
 	}
 	return dst
 }

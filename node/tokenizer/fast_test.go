@@ -81,6 +81,19 @@ func TestFastEncodeEqualsReference(t *testing.T) {
 		check(b.String())
 		b.Reset()
 	}
+	// Every ASCII byte next to runes of each class.
+	for _, u := range []string{"é", "ª", "²", "٣", "\u00a0", "\u2028", "\u0085", "\u200b", "🙂", "\u0301", "\xff"} {
+		for c := range 128 {
+			b.WriteByte(byte(c))
+			b.WriteString(u)
+			b.WriteByte(byte(c))
+			b.WriteString(" " + u + u)
+			b.WriteByte(byte(c))
+			b.WriteByte(byte(c))
+		}
+		check(b.String())
+		b.Reset()
+	}
 }
 
 func FuzzFastEncode(f *testing.F) {
@@ -104,7 +117,7 @@ func TestNextPieceASCII(t *testing.T) {
 	pieces := func(s string) []string {
 		var out []string
 		for i := 0; i < len(s); {
-			j := nextPieceASCII(s, i)
+			j := nextPiece(s, i)
 			out = append(out, s[i:j])
 			i = j
 		}

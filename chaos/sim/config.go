@@ -65,7 +65,8 @@ type Config struct {
 	// MaxNumSeqs bounds the running batch. 8 as in the seed study.
 	MaxNumSeqs int
 	// MaxNumBatchedTokens is the per-step token budget (chunked prefill).
-	// 8192 is vLLM v1's default for online serving.
+	// The default, 2048, is vLLM v1's default for the API server on GPUs
+	// below 70 GiB such as the L20 (8192 on H100-class cards).
 	MaxNumBatchedTokens int
 	// BlockSize is tokens per KV block; 16 is vLLM's default.
 	BlockSize int
@@ -104,7 +105,7 @@ func DefaultConfig() Config {
 		ServedModelName:     "qwen38-27b-fp8",
 		MaxModelLen:         32768,
 		MaxNumSeqs:          8,
-		MaxNumBatchedTokens: 8192,
+		MaxNumBatchedTokens: 2048,
 		BlockSize:           16,
 		NumGPUBlocks:        12_500,
 		Profile:             ProfileL20Qwen27BFP8,

@@ -335,7 +335,7 @@ func TestCalibrationL20(t *testing.T) {
 	prompt, prompt2 := enc(1), enc(2)
 	for _, bs := range []int{16, 1568} {
 		cfg := EngineConfig{
-			MaxModelLen: 32768, MaxNumSeqs: 8, MaxNumBatchedTokens: 8192,
+			MaxModelLen: 32768, MaxNumSeqs: 8, MaxNumBatchedTokens: DefaultConfig().MaxNumBatchedTokens,
 			BlockSize: bs, NumBlocks: 200_000 / bs, Profile: ProfileL20Qwen27BFP8, HashSeed: 1,
 		}
 		e, err := NewEngine(cfg)
@@ -438,7 +438,7 @@ func TestCalibrationUnderLoad(t *testing.T) {
 	for _, bs := range []int{16, 1568} {
 		mk := func() *Engine {
 			e, err := NewEngine(EngineConfig{
-				MaxModelLen: 32768, MaxNumSeqs: 8, MaxNumBatchedTokens: 8192,
+				MaxModelLen: 32768, MaxNumSeqs: 8, MaxNumBatchedTokens: DefaultConfig().MaxNumBatchedTokens,
 				BlockSize: bs, NumBlocks: 200_000 / bs, Profile: ProfileL20Qwen27BFP8, HashSeed: 1,
 			})
 			require.NoError(t, err)

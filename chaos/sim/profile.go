@@ -67,7 +67,7 @@ func (p Profile) Validate() error {
 //     seed's measurements under its load (TestCalibrationUnderLoad, fake
 //     clock, one replica at the seed's per-replica rates): with 0.54 ms the
 //     hot replica's TTFT P95 comes out at ~12 s against the seed's 8.3 s,
-//     with 0.32 ms at ~8.6 s; cold phases come out at ~8 s against the
+//     with 0.32 ms at ~8.6 s (block 1568); cold phases come out at ~8 s against the
 //     seed's 5.6–9.2 s. A seed prompt (~5K tokens with cl100k: a 256 hex
 //     salt, "Document N", the sentence ×300 and the question) then prefills
 //     cold in ≈1.6 s on an idle replica.

@@ -41,7 +41,11 @@
 // ApplyStored computes keys from an event's tokens, chained from the parent
 // engine block's key in that replica's engine map, and maps each engine hash
 // to its keys; ApplyRemoved uses the map so a BlockRemoved affects only the
-// replica that sent it. The engine map is bounded by the engine's own cache,
+// replica that sent it. Mappings are shared between replicas (ids below 64)
+// that map an engine hash to the same key, as engines with a fixed hash seed
+// do for common blocks, so a block cached on several replicas costs one map
+// entry; a replica whose mapping differs keeps it privately. The engine map
+// is bounded by the engine's own cache,
 // since the engine reports every eviction; index evictions leave it alone.
 // If two engine hashes of one replica map to the same key (for example the
 // same block on two media), removing either removes the confirmed entry.

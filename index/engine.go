@@ -25,7 +25,7 @@ type StoredBlocks struct {
 func (x *Index) replica(r ReplicaID) *replicaState {
 	rs := x.replicas[r]
 	if rs == nil {
-		rs = &replicaState{eng: make(map[uint64]BlockKey)}
+		rs = &replicaState{}
 		x.replicas[r] = rs
 	}
 	return rs
@@ -72,7 +72,7 @@ func (x *Index) ApplyStored(r ReplicaID, s StoredBlocks) error {
 	var k BlockKey
 	switch {
 	case s.HasParent:
-		pk, ok := rs.eng[s.ParentHash]
+		pk, ok := x.engLookup(r, rs, s.ParentHash)
 		if !ok {
 			x.st.unknownParent += uint64(len(s.Hashes))
 			return fmt.Errorf("%w: replica %d parent %#x (%d blocks skipped)", ErrUnknownParent, r, s.ParentHash, len(s.Hashes))
@@ -101,7 +101,7 @@ func (x *Index) ApplyStored(r ReplicaID, s StoredBlocks) error {
 			prev = idx
 		}
 		k = x.scratch[len(x.scratch)-1]
-		rs.eng[eh] = k
+		x.engStore(r, rs, eh, k)
 		if per > 1 {
 			if rs.multi == nil {
 				rs.multi = make(map[uint64][]BlockKey)
@@ -126,16 +126,11 @@ func (x *Index) ApplyRemoved(r ReplicaID, hashes []uint64) int {
 	rs := x.replicas[r]
 	removed := 0
 	for _, eh := range hashes {
-		var k BlockKey
-		ok := false
-		if rs != nil {
-			k, ok = rs.eng[eh]
-		}
+		k, ok := x.engRemove(r, rs, eh)
 		if !ok {
 			x.st.unknownRemoved++
 			continue
 		}
-		delete(rs.eng, eh)
 		if ks, multi := rs.multi[eh]; multi {
 			delete(rs.multi, eh)
 			for _, key := range ks {
@@ -162,10 +157,7 @@ func (x *Index) removeConfirmed(k BlockKey, r ReplicaID) int {
 func (x *Index) ClearReplica(r ReplicaID) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if rs := x.replicas[r]; rs != nil {
-		rs.eng = make(map[uint64]BlockKey)
-		rs.multi = nil
-	}
+	x.engClear(r)
 	return x.clearAll(r, 1<<Confirmed)
 }
 
@@ -175,6 +167,7 @@ func (x *Index) ClearReplica(r ReplicaID) int {
 func (x *Index) DropReplica(r ReplicaID) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.engClear(r)
 	delete(x.replicas, r)
 	x.publishers[r/64] &^= 1 << (r % 64)
 	return x.clearAll(r, 1<<History|1<<Speculative|1<<Confirmed)
@@ -194,4 +187,130 @@ func (x *Index) clearAll(r ReplicaID, ledgers uint8) int {
 		}
 	}
 	return removed
+}
+
+// engEntry is a shared engine-hash mapping: the kvmesh key of the last index
+// block of an engine block, and the replicas (ids < 64) it holds for.
+// Engines that hash deterministically (vLLM with a fixed PYTHONHASHSEED)
+// give a block the same hash everywhere, so replicas holding the same
+// blocks share one map entry instead of paying one each.
+type engEntry struct {
+	key  BlockKey
+	reps uint64
+}
+
+// engLookup returns r's mapping for engine hash h. A replica's mapping is
+// either in its private map (ids >= 64, or a key that differs from the
+// shared one) or in the shared map with its bit set, never both.
+func (x *Index) engLookup(r ReplicaID, rs *replicaState, h uint64) (BlockKey, bool) {
+	if rs != nil && rs.eng != nil {
+		if k, ok := rs.eng[h]; ok {
+			return k, true
+		}
+	}
+	if r < inlineReplicas {
+		if e, ok := x.eng[h]; ok && e.reps&(1<<r) != 0 {
+			return e.key, true
+		}
+	}
+	return 0, false
+}
+
+// engStore sets r's mapping for engine hash h to k.
+func (x *Index) engStore(r ReplicaID, rs *replicaState, h uint64, k BlockKey) {
+	if r < inlineReplicas {
+		b := uint64(1) << r
+		e, ok := x.eng[h]
+		if !ok || e.key == k || e.reps == b {
+			if rs.eng != nil {
+				if _, had := rs.eng[h]; had {
+					delete(rs.eng, h)
+					x.engCount--
+				}
+			}
+			if e.reps&b == 0 {
+				x.engCount++
+			}
+			x.eng[h] = engEntry{key: k, reps: e.reps | b}
+			return
+		}
+		// Another replica maps h to a different key: r's mapping goes private.
+		if e.reps&b != 0 {
+			e.reps &^= b
+			x.eng[h] = e
+			x.engCount--
+		}
+	}
+	if rs.eng == nil {
+		rs.eng = make(map[uint64]BlockKey)
+	}
+	if _, had := rs.eng[h]; !had {
+		x.engCount++
+	}
+	rs.eng[h] = k
+}
+
+// engRemove deletes r's mapping for engine hash h and returns it.
+func (x *Index) engRemove(r ReplicaID, rs *replicaState, h uint64) (BlockKey, bool) {
+	if rs != nil && rs.eng != nil {
+		if k, ok := rs.eng[h]; ok {
+			delete(rs.eng, h)
+			x.engCount--
+			return k, true
+		}
+	}
+	if r < inlineReplicas {
+		b := uint64(1) << r
+		if e, ok := x.eng[h]; ok && e.reps&b != 0 {
+			if e.reps &^= b; e.reps == 0 {
+				delete(x.eng, h)
+			} else {
+				x.eng[h] = e
+			}
+			x.engCount--
+			return e.key, true
+		}
+	}
+	return 0, false
+}
+
+// engClear deletes every engine mapping of r. It scans the shared map.
+func (x *Index) engClear(r ReplicaID) {
+	if rs := x.replicas[r]; rs != nil {
+		x.engCount -= len(rs.eng)
+		rs.eng, rs.multi = nil, nil
+	}
+	if r >= inlineReplicas {
+		return
+	}
+	b := uint64(1) << r
+	for h, e := range x.eng {
+		if e.reps&b == 0 {
+			continue
+		}
+		x.engCount--
+		if e.reps &^= b; e.reps == 0 {
+			delete(x.eng, h)
+		} else {
+			x.eng[h] = e
+		}
+	}
+}
+
+// engMappings returns every engine mapping of r (for snapshots).
+func (x *Index) engMappings(r ReplicaID) map[uint64]BlockKey {
+	m := make(map[uint64]BlockKey)
+	if r < inlineReplicas {
+		for h, e := range x.eng {
+			if e.reps&(1<<r) != 0 {
+				m[h] = e.key
+			}
+		}
+	}
+	if rs := x.replicas[r]; rs != nil {
+		for h, k := range rs.eng {
+			m[h] = k
+		}
+	}
+	return m
 }

@@ -44,7 +44,8 @@ type replicaState struct {
 	root    BlockKey
 	hasRoot bool
 	// eng maps an engine block hash to the kvmesh key of the last index
-	// block it contains (the chain parent of the engine's next block).
+	// block it contains (the chain parent of the engine's next block), for
+	// mappings not kept in the shared map (see engEntry). Nil when empty.
 	eng map[uint64]BlockKey
 	// multi holds every key of engine blocks that span several index blocks.
 	multi map[uint64][]BlockKey
@@ -70,6 +71,8 @@ type Index struct {
 	ovf        map[BlockKey][]ovfEntry
 	publishers [MaxReplicas / 64]uint64
 	replicas   map[ReplicaID]*replicaState
+	eng        map[uint64]engEntry // shared engine-hash mappings, see engEntry
+	engCount   int                 // (replica, engine hash) mappings in total
 
 	entries [numLedgers]int
 	st      counters
@@ -110,6 +113,8 @@ func (x *Index) reset() {
 	x.ovf = make(map[BlockKey][]ovfEntry)
 	x.publishers = [MaxReplicas / 64]uint64{}
 	x.replicas = make(map[ReplicaID]*replicaState)
+	x.eng = make(map[uint64]engEntry)
+	x.engCount = 0
 	x.entries = [numLedgers]int{}
 }
 
@@ -681,8 +686,9 @@ func (x *Index) Stats() Stats {
 	}
 	b := int64(cap(x.nodes))*48 + int64(cap(x.table))*8 + int64(cap(x.free))*4
 	b += int64(len(x.ovf)) * 64
+	s.EngineHashes = x.engCount
+	b += int64(len(x.eng)) * 36
 	for _, rs := range x.replicas {
-		s.EngineHashes += len(rs.eng)
 		b += int64(len(rs.eng)) * 24
 		for _, ks := range rs.multi {
 			b += 48 + int64(cap(ks))*8

@@ -402,3 +402,55 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestEngineMapSharing walks a replica's mapping for one engine hash between
+// the shared map and its private map, and checks removals stay scoped.
+func TestEngineMapSharing(t *testing.T) {
+	x := newTestIndex(t, nil)
+	h := x.Hasher()
+	rootA, rootB := h.Root("m", "", ""), h.Root("m", "lora", "")
+	toks := seqTokens(4, 1)
+	keyA, keyB := h.AppendKeys(nil, rootA, toks), h.AppendKeys(nil, rootB, toks)
+	for _, r := range []ReplicaID{1, 2, 3} {
+		x.SetReplicaRoot(r, rootA)
+	}
+	blk := func(r ReplicaID, root BlockKey) {
+		s := stored([]uint64{7}, 0, false, toks, 4)
+		s.Root, s.HasRoot = root, true
+		must(t, x.ApplyStored(r, s))
+	}
+	holds := func(keys []BlockKey, want []int32) {
+		t.Helper()
+		if got, _ := match(x, keys, []ReplicaID{1, 2, 3}, ModeKVEvents, t0); !eq(got, want) {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	blk(1, rootA)
+	blk(2, rootA) // shared: both map 7 -> keyA
+	blk(3, rootB) // conflict: 3 maps 7 -> keyB privately
+	if s := x.Stats(); s.EngineHashes != 3 || len(x.eng) != 1 {
+		t.Fatalf("engine hashes %d, shared %d", s.EngineHashes, len(x.eng))
+	}
+	blk(2, rootB) // 2 moves from shared to private
+	blk(3, rootA) // 3 moves from private to shared
+	if s := x.Stats(); s.EngineHashes != 3 || len(x.eng) != 1 || len(x.replicas[2].eng) != 1 || len(x.replicas[3].eng) != 0 {
+		t.Fatalf("engine hashes %d, shared %d", s.EngineHashes, len(x.eng))
+	}
+	// Removing hash 7 from replica 2 removes its keyB entry only (its keyA
+	// entry from the first store stays: the engine reported it under the
+	// same hash, which now means keyB).
+	if n := x.ApplyRemoved(2, []uint64{7}); n != 1 {
+		t.Fatalf("removed %d", n)
+	}
+	holds(keyA, []int32{1, 1, 1})
+	holds(keyB, []int32{0, 0, 1})
+	if n := x.ApplyRemoved(3, []uint64{7, 7}); n != 1 || x.Stats().UnknownRemoved != 1 {
+		t.Fatalf("removed %d, unknown %d", n, x.Stats().UnknownRemoved)
+	}
+	holds(keyA, []int32{1, 1, 0})
+	holds(keyB, []int32{0, 0, 1})
+	// Only replica 1 still maps 7 (to keyA); replica 1's removal empties the shared map.
+	if n := x.ApplyRemoved(1, []uint64{7}); n != 1 || len(x.eng) != 0 || x.Stats().EngineHashes != 0 {
+		t.Fatalf("removed %d, shared %d, mapped %d", n, len(x.eng), x.Stats().EngineHashes)
+	}
+}

@@ -187,6 +187,14 @@ func (m *refIndex) expire(now int64) int {
 	return n
 }
 
+func (m *refIndex) engineHashes() int {
+	n := 0
+	for _, e := range m.eng {
+		n += len(e)
+	}
+	return n
+}
+
 func (m *refIndex) entries() [numLedgers]int {
 	var e [numLedgers]int
 	for _, b := range m.blocks {
@@ -225,9 +233,15 @@ func newWorld(seed uint64, x *Index) *propWorld {
 	return w
 }
 
-// engineHash names engine block i of prompt p: equal chains, equal hashes.
-func (w *propWorld) engineHash(p, i int) uint64 {
-	return uint64(naiveKeys(1234, w.prompts[p][:(i+1)*w.ebs], w.ebs)[i])
+// engineHash names engine block i of prompt p on replica r: equal chains,
+// equal hashes, as vLLM with a fixed hash seed; replica 2 hashes with its
+// own seed, so its hashes are never shared.
+func (w *propWorld) engineHash(r ReplicaID, p, i int) uint64 {
+	seed := BlockKey(1234)
+	if r == 2 {
+		seed = 4321
+	}
+	return uint64(naiveKeys(seed, w.prompts[p][:(i+1)*w.ebs], w.ebs)[i])
 }
 
 func (w *propWorld) keys(h Hasher, p int) []BlockKey {
@@ -276,10 +290,10 @@ func (w *propWorld) step(t *testing.T, x *Index, m *refIndex, now *int64, exact 
 		hi := lo + 1 + w.rng.IntN(n-lo)
 		s := StoredBlocks{Tokens: w.prompts[p][lo*w.ebs : hi*w.ebs], BlockTokens: w.ebs}
 		for i := lo; i < hi; i++ {
-			s.Hashes = append(s.Hashes, w.engineHash(p, i))
+			s.Hashes = append(s.Hashes, w.engineHash(r, p, i))
 		}
 		if lo > 0 {
-			s.ParentHash, s.HasParent = w.engineHash(p, lo-1), true
+			s.ParentHash, s.HasParent = w.engineHash(r, p, lo-1), true
 		}
 		e1 := x.ApplyStored(r, s)
 		e2 := m.applyStored(r, s)
@@ -292,7 +306,7 @@ func (w *propWorld) step(t *testing.T, x *Index, m *refIndex, now *int64, exact 
 		var hs []uint64
 		for range 1 + w.rng.IntN(4) {
 			p := w.rng.IntN(len(w.prompts))
-			hs = append(hs, w.engineHash(p, w.rng.IntN(len(w.prompts[p])/w.ebs)))
+			hs = append(hs, w.engineHash(r, p, w.rng.IntN(len(w.prompts[p])/w.ebs)))
 		}
 		if a, b := x.ApplyRemoved(r, hs), m.applyRemoved(r, hs); differ(a, b) {
 			t.Fatalf("ApplyRemoved r%d: index %d, reference %d", r, a, b)
@@ -305,10 +319,16 @@ func (w *propWorld) step(t *testing.T, x *Index, m *refIndex, now *int64, exact 
 		m.pub[r] = pub
 		return fmt.Sprintf("publishes r%d %v", r, pub)
 	case op < 84:
-		r := w.replica()
-		x.SetReplicaRoot(r, w.root)
-		m.roots[r] = w.root
-		return fmt.Sprintf("root r%d", r)
+		// Usually the common root; sometimes another one (a LoRA adapter),
+		// whose keys differ while the engine hashes stay the same: the
+		// engine maps then hold conflicting mappings for one hash.
+		r, root := w.replica(), w.root
+		if w.rng.IntN(3) == 0 {
+			root = w.root ^ 0xa1
+		}
+		x.SetReplicaRoot(r, root)
+		m.roots[r] = root
+		return fmt.Sprintf("root r%d %x", r, root)
 	case op < 87:
 		r := w.replica()
 		a, b := x.ClearReplica(r), m.clearLedgers(r, Confirmed)
@@ -388,6 +408,9 @@ func TestPropertyMatchesReference(t *testing.T) {
 			w.checkMatches(t, x, m, now, true, trace)
 			if got, want := x.Stats().Entries, m.entries(); got != want {
 				t.Fatalf("seed %d: entries %v, reference %v\ntrace: %v", seed, got, want, tail(trace, 20))
+			}
+			if got, want := x.Stats().EngineHashes, m.engineHashes(); got != want {
+				t.Fatalf("seed %d: engine hashes %d, reference %d\ntrace: %v", seed, got, want, tail(trace, 20))
 			}
 		}
 	}

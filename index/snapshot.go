@@ -110,14 +110,15 @@ func (x *Index) AppendSnapshot(dst []byte, watermarks map[string]uint64, name fu
 		}
 		dst = append(dst, flags)
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(root))
-		if rs == nil {
-			dst = binary.AppendUvarint(dst, 0)
-			continue
+		var multi map[uint64][]BlockKey
+		if rs != nil {
+			multi = rs.multi
 		}
-		dst = binary.AppendUvarint(dst, uint64(len(rs.eng)))
-		for eh, k := range rs.eng {
+		eng := x.engMappings(r)
+		dst = binary.AppendUvarint(dst, uint64(len(eng)))
+		for eh, k := range eng {
 			dst = binary.LittleEndian.AppendUint64(dst, eh)
-			if ks, ok := rs.multi[eh]; ok {
+			if ks, ok := multi[eh]; ok {
 				dst = binary.AppendUvarint(dst, uint64(len(ks)))
 				for _, k := range ks {
 					dst = binary.LittleEndian.AppendUint64(dst, uint64(k))
@@ -334,7 +335,7 @@ func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool)) (ma
 			}
 			if ok && d.err == nil {
 				rs := y.replica(r)
-				rs.eng[eh] = last
+				y.engStore(r, rs, eh, last)
 				if nk > 1 {
 					if rs.multi == nil {
 						rs.multi = make(map[uint64][]BlockKey)
@@ -399,6 +400,7 @@ func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool)) (ma
 	x.nodes, x.free, x.table, x.shift, x.live = y.nodes, y.free, y.table, y.shift, y.live
 	x.clockHand, x.expireHand = 0, 0
 	x.ovf, x.publishers, x.replicas, x.entries = y.ovf, y.publishers, y.replicas, y.entries
+	x.eng, x.engCount = y.eng, y.engCount
 	x.st.evictions += y.st.evictions
 	return wm, nil
 }

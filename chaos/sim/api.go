@@ -131,6 +131,21 @@ type genParams struct {
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            json.RawMessage `json:"messages"`
+	N                   *int            `json:"n"`
+}
+
+// validate checks the sampling fields the simulator honours or refuses.
+func (p *genParams) validate() error {
+	if p.StreamOptions != nil && !p.Stream {
+		return fmt.Errorf("%w: stream_options can only be set when stream is true", ErrBadRequest)
+	}
+	if p.N != nil && *p.N != 1 {
+		return fmt.Errorf("%w: n must be 1 (the simulator generates one choice), got %d", ErrBadRequest, *p.N)
+	}
+	if p.Temperature != nil && *p.Temperature < 0 {
+		return fmt.Errorf("%w: temperature must be non-negative, got %v", ErrBadRequest, *p.Temperature)
+	}
+	return nil
 }
 
 // parsePrompt reads a completions prompt: a string, a token list, or a
@@ -283,7 +298,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 // generate runs one request through the engine and writes the response,
 // streamed or not. A client that goes away aborts the request.
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, p *genParams, prompt []uint32, chat bool) {
-	mt, err := s.maxTokens(p, len(prompt))
+	err := p.validate()
+	var mt int
+	if err == nil {
+		mt, err = s.maxTokens(p, len(prompt))
+	}
 	if err == nil {
 		err = s.eng.Check(len(prompt), mt) // Check reads only immutable config
 	}

@@ -12,7 +12,8 @@ import (
 type KVEventsConfig struct {
 	// EnableKVCacheEvents turns publishing on.
 	EnableKVCacheEvents bool `json:"enable_kv_cache_events"`
-	// Publisher must be "zmq" (vLLM also has "null").
+	// Publisher is "zmq", or "null" for vLLM's publisher that drops
+	// everything (then no events are produced at all).
 	Publisher string `json:"publisher"`
 	// Endpoint is the PUB endpoint; it binds when it contains "*" or "::"
 	// and connects otherwise. vLLM's default is tcp://*:5557.
@@ -26,6 +27,9 @@ type KVEventsConfig struct {
 	BufferSteps int `json:"buffer_steps"`
 	// HWM is the PUB socket's send high-water mark.
 	HWM int `json:"hwm"`
+	// MaxQueueSize is accepted for compatibility with vLLM's config and
+	// ignored: the simulator hands each batch to the publisher directly.
+	MaxQueueSize int `json:"max_queue_size"`
 	// Encoding is the payload form: "map" (v0.26 map events in an array
 	// batch), "array" (older tagged-array events) or "map-envelope" (the
 	// batch is a map too). Not part of vLLM's JSON.
@@ -145,9 +149,9 @@ func (c Config) Validate() error {
 	if !(c.Speed > 0) {
 		return fmt.Errorf("%w: speed %v must be > 0", ErrInvalidConfig, c.Speed)
 	}
-	if c.KVEvents.EnableKVCacheEvents && c.Publisher == nil {
+	if c.zmqEvents() {
 		if c.KVEvents.Publisher != "zmq" {
-			return fmt.Errorf("%w: kv events publisher %q (only zmq)", ErrInvalidConfig, c.KVEvents.Publisher)
+			return fmt.Errorf("%w: kv events publisher %q (zmq or null)", ErrInvalidConfig, c.KVEvents.Publisher)
 		}
 		if _, err := c.KVEvents.publisherConfig(); err != nil {
 			return err
@@ -165,8 +169,13 @@ func (c Config) engineConfig() EngineConfig {
 		NumBlocks:           c.NumGPUBlocks,
 		Profile:             c.Profile,
 		HashSeed:            c.HashSeed,
-		EmitEvents:          c.KVEvents.EnableKVCacheEvents || c.Publisher != nil,
+		EmitEvents:          c.zmqEvents() || c.Publisher != nil,
 	}
+}
+
+// zmqEvents reports whether Start must build a ZMQ publisher.
+func (c Config) zmqEvents() bool {
+	return c.KVEvents.EnableKVCacheEvents && c.KVEvents.Publisher != "null" && c.Publisher == nil
 }
 
 func (c Config) listenAddr() string {

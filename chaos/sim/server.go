@@ -104,7 +104,7 @@ func (s *Server) Start(ctx context.Context) error {
 }
 
 func (s *Server) start(ctx context.Context) error {
-	if s.pub == nil && s.cfg.KVEvents.EnableKVCacheEvents {
+	if s.cfg.zmqEvents() {
 		pcfg, err := s.cfg.KVEvents.publisherConfig()
 		if err != nil {
 			return err

@@ -46,6 +46,11 @@ func TestParseFlagsVLLMNames(t *testing.T) {
 
 	_, _, err = parseFlags([]string{"--served-model-name", "m", "--kv-events-config", `{"enable_kv_cache_event":true}`}, io.Discard)
 	require.Error(t, err, "unknown kv-events-config field")
+	cfg, _, err = parseFlags([]string{"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"null","max_queue_size":5}`}, io.Discard)
+	require.NoError(t, err, "vLLM's null publisher and max_queue_size are accepted")
+	require.Equal(t, "null", cfg.KVEvents.Publisher)
+	_, _, err = parseFlags([]string{"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"kafka"}`}, io.Discard)
+	require.ErrorIs(t, err, sim.ErrInvalidConfig)
 	_, _, err = parseFlags([]string{"--profile", "h100"}, io.Discard)
 	require.ErrorIs(t, err, sim.ErrUnknownProfile)
 	_, _, err = parseFlags([]string{"--speed", "0"}, io.Discard)

@@ -1,0 +1,260 @@
+// Package live is kvbench's live engine: for each grid cell it starts
+// in-process simulated vLLM replicas (chaos/sim) and kvmesh gateways
+// (node.Node) on 127.0.0.1 with port 0, wired through their Go APIs, with KV
+// events on loopback ZMQ when the index mode uses them, and drives them over
+// HTTP with package httpenv. Model time is wall time multiplied by the
+// simulators' speed factor; the gateways' time-based settings (scrape
+// interval, speculative TTL, stream timeouts) are scaled by the same factor
+// so that they mean the same in model time at any speed.
+//
+// Gateways share nothing with each other: a count above one measures
+// isolated gateways until replication lands.
+package live
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/chaos/study"
+	"github.com/kvmesh/kvmesh/chaos/study/httpenv"
+	"github.com/kvmesh/kvmesh/node"
+)
+
+// ErrInvalidConfig is returned by Config.Validate.
+var ErrInvalidConfig = errors.New("live: invalid config")
+
+// Config configures the live engine for one cell.
+type Config struct {
+	// Replicas is the number of simulated engines, named A, B, C, ...
+	Replicas int
+	// Gateways is the number of (isolated) gateways.
+	Gateways int
+	// Mode is the gateways' index mode: history, kv-events or hybrid.
+	Mode string
+	// Profile is the simulators' step-time profile (sim.LookupProfile).
+	Profile string
+	// Speed divides all modelled time in the simulators.
+	Speed float64
+	// Model is the served model name.
+	Model string
+	// EngineBlockSize is the simulators' KV block size in tokens. Default
+	// 16 (vLLM's default); with KV events the gateways use the same size.
+	EngineBlockSize int
+	// EngineTokens is the simulators' KV pool in tokens (rounded down to
+	// whole blocks). Default 200,000: what an L20 48 GB has left for KV
+	// next to 27 GB of FP8 weights (sim's default).
+	EngineTokens int
+	// Tokenizer is the simulators' tokenizer. Default "tiktoken": prompts
+	// of the seed's ~5K tokens.
+	Tokenizer string
+	// Logger receives the simulators' and gateways' logs; nil discards.
+	Logger *slog.Logger
+	// TuneSim and TuneNode, if set, adjust each simulator's and gateway's
+	// config last (tests use them).
+	TuneSim  func(*sim.Config)
+	TuneNode func(*node.Config)
+}
+
+// DefaultConfig returns two replicas behind one gateway in history mode,
+// on the calibrated L20 profile at speed 10.
+func DefaultConfig() Config {
+	return Config{
+		Replicas:        2,
+		Gateways:        1,
+		Mode:            "history",
+		Profile:         sim.ProfileL20Qwen27BFP8.Name,
+		Speed:           10,
+		Model:           "qwen38-27b-fp8",
+		EngineBlockSize: 16,
+		EngineTokens:    200_000,
+		Tokenizer:       "tiktoken",
+	}
+}
+
+// Validate reports the first problem with c.
+func (c *Config) Validate() error {
+	switch {
+	case c.Replicas < 1 || c.Replicas > 26:
+		return fmt.Errorf("%w: replicas %d not in 1..26", ErrInvalidConfig, c.Replicas)
+	case c.Gateways < 1:
+		return fmt.Errorf("%w: gateways %d < 1", ErrInvalidConfig, c.Gateways)
+	case !(c.Speed > 0):
+		return fmt.Errorf("%w: speed must be > 0", ErrInvalidConfig)
+	case c.Model == "":
+		return fmt.Errorf("%w: no model name", ErrInvalidConfig)
+	case c.EngineBlockSize < 1 || c.EngineTokens < c.EngineBlockSize:
+		return fmt.Errorf("%w: engine block size %d / tokens %d", ErrInvalidConfig, c.EngineBlockSize, c.EngineTokens)
+	}
+	if _, err := sim.LookupProfile(c.Profile); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	switch c.Mode {
+	case "history", "kv-events", "hybrid":
+	default:
+		return fmt.Errorf("%w: mode %q", ErrInvalidConfig, c.Mode)
+	}
+	return nil
+}
+
+// World is one cell's running engines and gateways; it is a study.Engine.
+type World struct {
+	*httpenv.Env
+	sims  []*sim.Server
+	nodes []*node.Node
+	once  sync.Once
+}
+
+var _ study.Engine = (*World)(nil)
+
+// scaled returns model-time d as wall time at speed, but at least floor.
+func scaled(d time.Duration, speed float64, floor time.Duration) time.Duration {
+	return max(time.Duration(float64(d)/speed), floor)
+}
+
+// Start starts the simulators and gateways of one cell and returns them
+// wired into an Env. On error everything already started is shut down.
+func Start(ctx context.Context, cfg Config) (*World, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	prof, _ := sim.LookupProfile(cfg.Profile)
+	events := cfg.Mode != "history"
+	w := &World{}
+	fail := func(err error) (*World, error) {
+		_ = w.shutdown()
+		return nil, err
+	}
+	var replicas []node.ReplicaConfig
+	var endpoints []httpenv.Endpoint
+	for i := range cfg.Replicas {
+		name := string(rune('A' + i))
+		sc := sim.DefaultConfig()
+		sc.Host, sc.Port = "127.0.0.1", 0
+		sc.ServedModelName = cfg.Model
+		sc.Profile = prof
+		sc.Speed = cfg.Speed
+		sc.Tokenizer = cfg.Tokenizer
+		sc.BlockSize = cfg.EngineBlockSize
+		sc.NumGPUBlocks = cfg.EngineTokens / cfg.EngineBlockSize
+		sc.EnableResetEndpoint = true
+		sc.Logger = log.With("sim", name)
+		sc.KVEvents.EnableKVCacheEvents = events
+		sc.KVEvents.Endpoint = "tcp://127.0.0.1:0"
+		sc.KVEvents.ReplayEndpoint = "tcp://127.0.0.1:0"
+		sc.KVEvents.AlwaysBind = true
+		if cfg.TuneSim != nil {
+			cfg.TuneSim(&sc)
+		}
+		s, err := sim.NewServer(sc)
+		if err != nil {
+			return fail(fmt.Errorf("live: simulator %s: %w", name, err))
+		}
+		if err := s.Start(ctx); err != nil {
+			return fail(fmt.Errorf("live: start simulator %s: %w", name, err))
+		}
+		w.sims = append(w.sims, s)
+		rc := node.ReplicaConfig{Name: name, URL: s.URL()}
+		if events {
+			rc.KVEndpoint = s.KVEventsAddr()
+			rc.ReplayEndpoint = s.KVReplayAddr()
+		}
+		replicas = append(replicas, rc)
+		endpoints = append(endpoints, httpenv.Endpoint{Name: name, URL: s.URL()})
+	}
+	var gateways []string
+	for g := range cfg.Gateways {
+		nc := node.LocalConfig()
+		nc.Models = []node.ModelConfig{{Name: cfg.Model, Replicas: replicas}}
+		nc.IndexMode = cfg.Mode
+		if events {
+			// Confirmed entries are keyed by the engine's tokens: same
+			// tokenizer, same block size.
+			nc.Tokenizer = node.TokenizerTiktoken
+			if cfg.Tokenizer != "tiktoken" {
+				nc.Tokenizer = node.TokenizerCharacter
+			}
+			nc.BlockSize = cfg.EngineBlockSize
+		}
+		nc.ScrapeInterval = scaled(500*time.Millisecond, cfg.Speed, 5*time.Millisecond)
+		nc.SpeculativeTTL = scaled(10*time.Second, cfg.Speed, 100*time.Millisecond)
+		nc.FirstByteTimeout = scaled(300*time.Second, cfg.Speed, 5*time.Second)
+		nc.IdleTimeout = scaled(300*time.Second, cfg.Speed, 5*time.Second)
+		nc.HealthInterval = scaled(2*time.Second, cfg.Speed, 50*time.Millisecond)
+		nc.HealthTimeout = max(nc.HealthTimeout, time.Second)
+		nc.ScrapeTimeout = max(nc.ScrapeTimeout, time.Second)
+		if cfg.TuneNode != nil {
+			cfg.TuneNode(&nc)
+		}
+		n, err := node.New(nc, log.With("gateway", g))
+		if err != nil {
+			return fail(fmt.Errorf("live: gateway %d: %w", g, err))
+		}
+		if err := n.Start(ctx); err != nil {
+			return fail(fmt.Errorf("live: start gateway %d: %w", g, err))
+		}
+		w.nodes = append(w.nodes, n)
+		gateways = append(gateways, "http://"+n.HTTPAddr())
+	}
+	ec := httpenv.DefaultConfig()
+	ec.Engines = endpoints
+	ec.Gateways = gateways
+	ec.Model = cfg.Model
+	ec.Speed = cfg.Speed
+	env, err := httpenv.New(ec)
+	if err != nil {
+		return fail(err)
+	}
+	w.Env = env
+	return w, nil
+}
+
+// Sims returns the simulators, in replica order.
+func (w *World) Sims() []*sim.Server { return w.sims }
+
+// Nodes returns the gateways.
+func (w *World) Nodes() []*node.Node { return w.nodes }
+
+// Close stops the Env, then the gateways, then the simulators. It is
+// idempotent.
+func (w *World) Close() error {
+	var err error
+	w.once.Do(func() { err = w.shutdown() })
+	return err
+}
+
+func (w *World) shutdown() error {
+	var errs []error
+	if w.Env != nil {
+		errs = append(errs, w.Env.Close())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, n := range w.nodes {
+		errs = append(errs, n.Shutdown(ctx))
+	}
+	for _, s := range w.sims {
+		errs = append(errs, s.Shutdown(ctx))
+	}
+	return errors.Join(errs...)
+}
+
+// Factory returns a study.EngineFactory that starts a World per cell from
+// base, taking the mode, gateway and replica counts from the cell.
+func Factory(base Config) study.EngineFactory {
+	return func(ctx context.Context, cell study.Cell) (study.Engine, error) {
+		c := base
+		c.Mode = cell.Mode
+		c.Gateways = cell.Gateways
+		c.Replicas = cell.Replicas
+		return Start(ctx, c)
+	}
+}

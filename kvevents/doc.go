@@ -59,7 +59,8 @@
 //     HandleReset(ResetGapUnrecoverable), then delivery continues with what
 //     replay did return and the live stream.
 //   - Rewind (a live seq below the last live seq, e.g. 0 after an engine
-//     restart): HandleReset(ResetRewind), then as a first batch.
+//     restart, or equal to it on a new connection): HandleReset(ResetRewind),
+//     then as a first batch.
 //   - Same seq again: dropped and counted as a duplicate.
 //   - Full queue: the reader drops batches and the writer, on reaching the
 //     next batch that got through, calls HandleReset(ResetOverflow).

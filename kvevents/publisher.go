@@ -262,6 +262,9 @@ func (p *Publisher) Close() error {
 			err = errors.Join(err, p.router.Close())
 		}
 		p.wg.Wait()
+		// zmq4 adds a connection whose Dial was in flight during Close
+		// after closing the others; close again now that nothing dials.
+		_ = p.pub.Close()
 		p.closeErr = err
 		p.log.Info("kv-event publisher closed", "next_seq", uint64(p.next))
 	})

@@ -129,6 +129,10 @@ type item struct {
 	ignored int
 	// afterOverflow: messages before this one were dropped on a full queue.
 	afterOverflow bool
+	// afterReconnect: the first message after the publisher went away. A
+	// new connection only carries new messages, so a seq not above the last
+	// one seen means a restarted engine, never a duplicate.
+	afterReconnect bool
 }
 
 // Subscriber consumes one engine replica's KV events: a reader goroutine
@@ -281,6 +285,9 @@ func (s *Subscriber) Close() error {
 		s.cancel()
 		s.closeErr = s.sock.Close()
 		s.wg.Wait()
+		// zmq4 adds a connection whose Dial was in flight during Close
+		// after closing the others; close again now that nothing dials.
+		_ = s.sock.Close()
 		s.log.Info("kv-event subscriber closed")
 	})
 	return s.closeErr
@@ -302,7 +309,7 @@ func (s *Subscriber) readLoop(ctx context.Context) {
 		}
 	}
 	connected := s.cfg.Bind
-	overflow := false
+	overflow, reconnected := false, false
 	dec := NewDecoder()
 	for ctx.Err() == nil {
 		if !connected {
@@ -326,6 +333,7 @@ func (s *Subscriber) readLoop(ctx context.Context) {
 			// redial. A bound SUB keeps listening for the publisher to
 			// come back.
 			s.log.Info("kv-event publisher went away", "err", err)
+			reconnected = true
 			if !s.cfg.Bind {
 				connected = false
 			} else if !wait() {
@@ -351,10 +359,10 @@ func (s *Subscriber) readLoop(ctx context.Context) {
 		} else {
 			it.b = b
 		}
-		it.afterOverflow = overflow
+		it.afterOverflow, it.afterReconnect = overflow, reconnected
 		select {
 		case s.q <- it:
-			overflow = false
+			overflow, reconnected = false, false
 		default:
 			if it.b != nil {
 				s.pool.Put(it.b)
@@ -392,7 +400,7 @@ func (s *Subscriber) live(ctx context.Context, it item) {
 	}
 	if s.hasLive {
 		switch {
-		case it.seq < s.lastLive:
+		case it.seq < s.lastLive, it.afterReconnect && it.seq == s.lastLive:
 			s.log.Info("kv-event sequence rewound: engine restarted", "seq", uint64(it.seq), "last", uint64(s.lastLive))
 			s.reset(ResetRewind)
 			s.hasLive = false

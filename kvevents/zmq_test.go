@@ -518,6 +518,37 @@ func TestSequenceRulesRawPub(t *testing.T) {
 	require.Zero(t, counterValue(t, m.Gaps.WithLabelValues("r1")))
 }
 
+// TestRewindToSameSeqOnNewConnection: an engine that restarts after
+// publishing only seq 0 publishes seq 0 again; on a new connection that is a
+// restart, not a duplicate.
+func TestRewindToSameSeqOnNewConnection(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub1 := zmq4.NewPub(ctx)
+	require.NoError(t, pub1.Listen("tcp://127.0.0.1:0"))
+	addr := "tcp://" + pub1.Addr().String()
+	h := &recorder{}
+	startSubscriber(t, testSubscriberConfig(addr, ""), h, nil, nil)
+	b := batchFor(0, 13)
+	payload, err := Encode(&b, EncodingMap)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		require.NoError(t, pub1.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(0), payload)))
+		return h.batches() > 0
+	}, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, pub1.Close())
+
+	pub2 := zmq4.NewPub(ctx)
+	defer pub2.Close()
+	require.Eventually(t, func() bool { return pub2.Listen(addr) == nil }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		require.NoError(t, pub2.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(0), payload)))
+		return h.batches() > 1
+	}, 5*time.Second, 10*time.Millisecond)
+	recs := h.snapshot()
+	require.Equal(t, []record{{seq: 0, hash: hashFor(0, 13), events: 1}, {reset: ResetRewind}, {seq: 0, hash: hashFor(0, 13), events: 1}}, recs[:3])
+}
+
 // TestReplayRouterFrames talks to the Publisher's ROUTER with a raw DEALER
 // and checks the exact frames of both reply forms.
 func TestReplayRouterFrames(t *testing.T) {

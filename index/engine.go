@@ -85,28 +85,30 @@ func (x *Index) ApplyStored(r ReplicaID, s StoredBlocks) error {
 	default:
 		return fmt.Errorf("%w: replica %d", ErrNoRoot, r)
 	}
+	// Engine blocks are consecutive, so the whole event is one chain.
+	x.scratch = x.h.AppendKeys(x.scratch[:0], k, s.Tokens)
+	x.touch(x.scratch)
 	var prev uint32
-	for i, eh := range s.Hashes {
-		x.scratch = x.h.AppendKeys(x.scratch[:0], k, s.Tokens[i*s.BlockTokens:(i+1)*s.BlockTokens])
-		for _, key := range x.scratch {
-			idx := x.insert(key, prev)
-			x.set(idx, r, Confirmed)
-			if x.has(idx, r, Speculative) {
-				x.clear(idx, r, Speculative) // node stays: it is confirmed now
-				x.st.promoted++
-			}
-			if prev != 0 {
-				x.nodes[prev].next = idx
-			}
-			prev = idx
+	for _, key := range x.scratch {
+		idx := x.insert(key, prev)
+		x.set(idx, r, Confirmed)
+		if x.has(idx, r, Speculative) {
+			x.clear(idx, r, Speculative) // node stays: it is confirmed now
+			x.st.promoted++
 		}
-		k = x.scratch[len(x.scratch)-1]
-		x.engStore(r, rs, eh, k)
+		if prev != 0 {
+			x.nodes[prev].next = idx
+		}
+		prev = idx
+	}
+	for i, eh := range s.Hashes {
+		keys := x.scratch[i*per : (i+1)*per]
+		x.engStore(r, rs, eh, keys[per-1])
 		if per > 1 {
 			if rs.multi == nil {
 				rs.multi = make(map[uint64][]BlockKey)
 			}
-			rs.multi[eh] = append(rs.multi[eh][:0], x.scratch...)
+			rs.multi[eh] = append(rs.multi[eh][:0], keys...)
 		} else if rs.multi != nil {
 			delete(rs.multi, eh)
 		}

@@ -70,13 +70,24 @@ func (h Hasher) Root(model, lora, salt string) BlockKey {
 // parent (a root or the key of the block before tokens[0]), to dst and
 // returns the extended slice. It allocates only if dst lacks capacity.
 func (h Hasher) AppendKeys(dst []BlockKey, parent BlockKey, tokens []uint32) []BlockKey {
+	// Size the stack buffer to the block: zeroing 4 KB per call would cost
+	// as much as hashing a few small blocks.
+	if h.tokens <= 64 {
+		var buf [8 + 4*64]byte
+		return h.appendKeys(dst, parent, tokens, buf[:])
+	}
 	var buf [8 + 4*MaxBlockTokens]byte
+	return h.appendKeys(dst, parent, tokens, buf[:])
+}
+
+func (h Hasher) appendKeys(dst []BlockKey, parent BlockKey, tokens []uint32, buf []byte) []BlockKey {
 	bs := h.tokens
-	n := len(tokens) / bs
 	if bs == 0 {
 		return dst
 	}
+	n := len(tokens) / bs
 	size := 8 + 4*bs
+	buf = buf[:size]
 	k := uint64(parent)
 	for i := range n {
 		blk := tokens[i*bs : (i+1)*bs]
@@ -90,7 +101,7 @@ func (h Hasher) AppendKeys(dst []BlockKey, parent BlockKey, tokens []uint32) []B
 				binary.LittleEndian.PutUint32(b[4*j:], t)
 			}
 		}
-		k = xxh3.Hash(buf[:size])
+		k = xxh3.Hash(buf)
 		dst = append(dst, BlockKey(k))
 	}
 	return dst
@@ -110,7 +121,7 @@ func (h Hasher) AppendKeysString(dst []BlockKey, parent BlockKey, text string) [
 }
 
 func appendByteKeys[T ~string | ~[]byte](h Hasher, dst []BlockKey, parent BlockKey, text T) []BlockKey {
-	var buf [8 + 4*MaxBlockTokens]byte
+	var buf [8 + 4*MaxBlockTokens]byte // once per call; character blocks are large
 	bs := h.tokens
 	if bs == 0 {
 		return dst

@@ -76,6 +76,7 @@ type Index struct {
 
 	entries [numLedgers]int
 	st      counters
+	sink    uint64 // keeps touch's loads from being optimised away
 	scratch []BlockKey
 }
 
@@ -204,6 +205,17 @@ func (x *Index) insert(k BlockKey, prev uint32) uint32 {
 	x.table[i] = uint64(tag)<<32 | uint64(idx)
 	x.live++
 	return idx
+}
+
+// touch loads the table slots of keys before a writer inserts them. The
+// loads are independent, so their cache misses overlap instead of being paid
+// one after another inside the insert loop.
+func (x *Index) touch(keys []BlockKey) {
+	var acc uint64
+	for _, k := range keys {
+		acc ^= x.table[hashKey(k)>>x.shift]
+	}
+	x.sink = acc
 }
 
 func (x *Index) grow() {

@@ -360,3 +360,23 @@ func TestHotPathsDoNotAllocate(t *testing.T) {
 	allocs = testing.AllocsPerRun(5, func() { dst = tk.Encode(dst[:0], ps[0]) })
 	require.Zero(t, allocs, "Tiktoken.Encode on ASCII")
 }
+
+// FuzzCached encodes a text and two variants sharing its prefix through a
+// small-stride Cached and compares each with tiktoken-go.
+func FuzzCached(f *testing.F) {
+	tk := mustTiktoken(f)
+	f.Add("The service\ntracks latency.\nQuestion ", "1: why?", "2: how?")
+	f.Add("a\nb\nc d e\n", "\n x", "'s")
+	f.Fuzz(func(t *testing.T, base, s1, s2 string) {
+		if len(base)+len(s1)+len(s2) > 3000 {
+			return
+		}
+		c, err := NewCached(tk, CachedConfig{MaxBytes: 1 << 20, SegmentBytes: 16, MaxTailProbes: 8})
+		require.NoError(t, err)
+		for _, text := range []string{base, base + s1, base + s2, base[:len(base)/2] + s1} {
+			if want, got := tk.encodeReference(nil, text), c.Encode(nil, text); !slices.Equal(want, got) {
+				t.Fatalf("cached encode differs from tiktoken-go for %q", text)
+			}
+		}
+	})
+}

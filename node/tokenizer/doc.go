@@ -19,8 +19,9 @@
 //     bytes-bounded LRU cache of tokenized prefixes. Its output is token
 //     for token identical to the wrapped tokenizer's: it splits text only
 //     at points where that is provably true (split.go states the argument,
-//     cached_test.go checks it differentially and by fuzzing). Stats
-//     exposes hit/miss counters for the caller's metrics.
+//     cached_test.go checks it differentially and by fuzzing). It keeps
+//     copies of prefix text (never the caller's memory) within its byte
+//     bound. Stats exposes hit/miss counters for the caller's metrics.
 //   - RenderChat and ParseMessages are the one chat rendering shared by
 //     the simulator and the gateway: deterministic ChatML-like text; text
 //     parts only (other parts wrap ErrUnsupportedContent).

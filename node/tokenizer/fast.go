@@ -180,6 +180,109 @@ func letterRun(s string, j int) int {
 	return j
 }
 
+// mergeCand is a candidate merge of the part starting at start with the
+// part after it, whose result has rank rank.
+type mergeCand struct {
+	rank  int
+	start int32
+}
+
+// less orders candidates by rank, then leftmost first: the order in which
+// the rescanning variant picks merges.
+func (a mergeCand) less(b mergeCand) bool {
+	return a.rank < b.rank || (a.rank == b.rank && a.start < b.start)
+}
+
+// bytePairEncodeLong is the same BPE as bytePairEncodeShort with the parts
+// in a linked list and the candidate merges in a min-heap. A popped
+// candidate is stale if its part was merged away or its rank changed since;
+// a (start, rank) pair that is still current names the same two parts,
+// because the rank fixes the merged bytes and so where they end.
+func (t *Tiktoken) bytePairEncodeLong(dst []uint32, piece string) []uint32 {
+	const dead = -1
+	n := len(piece)
+	next := make([]int32, n) // start of the next part, n after the last
+	prev := make([]int32, n) // start of the previous part, -1 for the first
+	rank := make([]int, n)   // rank of merging with the next part, noRank or dead
+	h := make([]mergeCand, 0, n)
+	push := func(c mergeCand) {
+		h = append(h, c)
+		for i := len(h) - 1; i > 0; {
+			p := (i - 1) / 2
+			if !h[i].less(h[p]) {
+				break
+			}
+			h[i], h[p] = h[p], h[i]
+			i = p
+		}
+	}
+	pop := func() mergeCand {
+		top := h[0]
+		last := len(h) - 1
+		h[0] = h[last]
+		h = h[:last]
+		for i := 0; ; {
+			l, m := 2*i+1, i
+			if l < len(h) && h[l].less(h[m]) {
+				m = l
+			}
+			if l+1 < len(h) && h[l+1].less(h[m]) {
+				m = l + 1
+			}
+			if m == i {
+				break
+			}
+			h[i], h[m] = h[m], h[i]
+			i = m
+		}
+		return top
+	}
+	pairRank := func(i int32) int {
+		j := next[i]
+		if int(j) >= n {
+			return noRank
+		}
+		if r, ok := t.ranks[piece[i:next[j]]]; ok {
+			return r
+		}
+		return noRank
+	}
+	for i := range n {
+		next[i], prev[i] = int32(i+1), int32(i-1)
+	}
+	for i := range int32(n) {
+		if rank[i] = pairRank(i); rank[i] != noRank {
+			push(mergeCand{rank[i], i})
+		}
+	}
+	for len(h) > 0 {
+		c := pop()
+		i := c.start
+		if rank[i] != c.rank {
+			continue // stale
+		}
+		j := next[i]
+		k := next[j]
+		rank[j] = dead
+		next[i] = k
+		if int(k) < n {
+			prev[k] = i
+		}
+		if rank[i] = pairRank(i); rank[i] != noRank {
+			push(mergeCand{rank[i], i})
+		}
+		if p := prev[i]; p >= 0 {
+			if rank[p] = pairRank(p); rank[p] != noRank {
+				push(mergeCand{rank[p], p})
+			}
+		}
+	}
+	for i := int32(0); int(i) < n; i = next[i] {
+		dst = append(dst, uint32(t.ranks[piece[i:next[i]]]))
+	}
+	return dst
+}
+
 // encodeFast appends the tokens of text, exactly as tiktoken-go's
 // EncodeOrdinary does.
 func (t *Tiktoken) encodeFast(dst []uint32, text string) []uint32 {
@@ -211,11 +314,24 @@ type bpePart struct {
 
 const noRank = int(^uint(0) >> 1)
 
+// longPiece is the piece length from which BPE uses the O(n log n) heap
+// variant: the simple variant rescans all parts per merge, O(n²), which a
+// long run of letters or punctuation would turn into seconds of CPU.
+const longPiece = 128
+
 // bytePairEncode runs BPE on piece: start from single bytes and repeatedly
 // merge the adjacent pair whose concatenation has the lowest rank (the
 // leftmost one on a tie) until no pair is a token.
 func (t *Tiktoken) bytePairEncode(dst []uint32, piece string) []uint32 {
-	var buf [64]bpePart
+	if len(piece) >= longPiece {
+		return t.bytePairEncodeLong(dst, piece)
+	}
+	return t.bytePairEncodeShort(dst, piece)
+}
+
+// bytePairEncodeShort is BPE by rescanning, on a stack buffer.
+func (t *Tiktoken) bytePairEncodeShort(dst []uint32, piece string) []uint32 {
+	var buf [longPiece + 1]bpePart
 	var parts []bpePart
 	if len(piece)+1 <= len(buf) {
 		parts = buf[:len(piece)+1]

@@ -145,3 +145,37 @@ func TestNextPieceASCII(t *testing.T) {
 		require.Equal(t, c.want, pieces(c.in), "%q", c.in)
 	}
 }
+
+// TestBytePairEncodeLong checks the heap BPE against the rescanning one
+// and against tiktoken-go on long pieces, and that a huge piece is fast.
+func TestBytePairEncodeLong(t *testing.T) {
+	tk := mustTiktoken(t)
+	r := rand.New(rand.NewPCG(41, 42))
+	var pieces []string
+	for _, alpha := range []string{"a", "ab", "abc", "etaoinshrdlu", "!@#$%^&*", "aaab", "é日"} {
+		for range 4 {
+			n := 1 + r.IntN(700)
+			b := make([]byte, 0, n)
+			for len(b) < n {
+				b = append(b, alpha[r.IntN(len(alpha))])
+			}
+			pieces = append(pieces, string(b))
+		}
+	}
+	pieces = append(pieces, strings.Repeat("a", 1000), strings.Repeat("ab", 300)+"c", strings.Repeat("the", 200))
+	for _, p := range pieces {
+		short := tk.bytePairEncodeShort(nil, p)
+		long := tk.bytePairEncodeLong(nil, p)
+		require.Equal(t, short, long, "piece of %d bytes", len(p))
+		if len(p) < 400 && strings.Trim(p, "abcdefghijklmnopqrstuvwxyz") == "" {
+			// A run of letters is one pre-tokenizer piece.
+			require.Equal(t, tk.encodeReference(nil, p), tk.Encode(nil, p))
+		}
+	}
+	// A 200 KB run of letters: quadratic BPE would take minutes.
+	huge := strings.Repeat("xq", 100_000)
+	out := tk.Encode(nil, huge)
+	dec, err := tk.Decode(nil, out)
+	require.NoError(t, err)
+	require.Equal(t, huge, string(dec))
+}

@@ -128,7 +128,8 @@ func flip(b []byte, i int) []byte {
 // FuzzRestore feeds arbitrary bytes to Restore. Because of the checksum,
 // most mutations fail early; the fuzzer also gets inputs with a valid
 // checksum recomputed over the mutated body, so the decoder itself is
-// exercised. Run: go test -run=^$ -fuzz=FuzzRestore ./index/
+// exercised. Run: go test -run=^$ -fuzz=FuzzRestore -fuzzminimizetime=2s ./index/
+// (minimising the large snapshot inputs otherwise stalls progress for ~60 s).
 func FuzzRestore(f *testing.F) {
 	x, _ := buildSnapshotIndex(f)
 	f.Add(x.AppendSnapshot(nil, map[string]uint64{"a": 1}, nil), false)

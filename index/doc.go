@@ -63,9 +63,10 @@
 //
 // # Concurrency and ownership
 //
-// All Index methods are safe for concurrent use. Match and Stats take the
-// read lock once per call (never per block) and may run in parallel with
-// each other; writers (Record, ApplyStored, ApplyRemoved, ClearReplica,
+// All Index methods are safe for concurrent use. Match, Stats,
+// AppendSnapshot, AppendEngineHashes and AppendReplicaKeys take the read lock
+// once per call (Match never per block) and may run in parallel with each
+// other; writers (Record, ApplyStored, ApplyRemoved, ClearReplica,
 // DropReplica, Expire, SetReplicaRoot, SetPublishesEvents, Restore) take the
 // write lock once per call. No method keeps a reference to a slice or map it
 // is given, and none blocks other than on the lock. AppendSnapshot holds the

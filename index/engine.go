@@ -316,3 +316,43 @@ func (x *Index) engMappings(r ReplicaID) map[uint64]BlockKey {
 	}
 	return m
 }
+
+// AppendEngineHashes appends every engine hash currently mapped for replica
+// r (stored and not yet removed or cleared), in no particular order. With
+// AppendReplicaKeys it lets an end-to-end test compare the index with an
+// engine's own block table. It takes the read lock; cost is proportional to
+// the engine maps' size.
+func (x *Index) AppendEngineHashes(dst []uint64, r ReplicaID) []uint64 {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if r < inlineReplicas {
+		for h, e := range x.eng {
+			if e.reps&(1<<r) != 0 {
+				dst = append(dst, h)
+			}
+		}
+	}
+	if rs := x.replicas[r]; rs != nil {
+		for h := range rs.eng {
+			dst = append(dst, h)
+		}
+	}
+	return dst
+}
+
+// AppendReplicaKeys appends the key of every block replica r holds in
+// ledger l, in no particular order, ignoring TTLs (entries Expire has not
+// removed yet are included). It takes the read lock and scans every block.
+func (x *Index) AppendReplicaKeys(dst []BlockKey, r ReplicaID, l Ledger) []BlockKey {
+	if l >= numLedgers {
+		return dst
+	}
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for i := 1; i < len(x.nodes); i++ {
+		if x.nodes[i].flags.Load()&flagLive != 0 && x.has(uint32(i), r, l) {
+			dst = append(dst, x.nodes[i].key)
+		}
+	}
+	return dst
+}

@@ -1,7 +1,9 @@
 package index
 
 import (
+	"cmp"
 	"errors"
+	"maps"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -185,6 +187,21 @@ func (m *refIndex) expire(now int64) int {
 		m.gc(k)
 	}
 	return n
+}
+
+func sorted[T cmp.Ordered](s []T) []T {
+	slices.Sort(s)
+	return s
+}
+
+func (m *refIndex) replicaKeys(r ReplicaID, l Ledger) []BlockKey {
+	var out []BlockKey
+	for k, b := range m.blocks {
+		if b.led[l][r] {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 func (m *refIndex) engineHashes() int {
@@ -411,6 +428,14 @@ func TestPropertyMatchesReference(t *testing.T) {
 			}
 			if got, want := x.Stats().EngineHashes, m.engineHashes(); got != want {
 				t.Fatalf("seed %d: engine hashes %d, reference %d\ntrace: %v", seed, got, want, tail(trace, 20))
+			}
+			r := w.replica()
+			if got, want := sorted(x.AppendEngineHashes(nil, r)), sorted(slices.Collect(maps.Keys(m.eng[r]))); !slices.Equal(got, want) {
+				t.Fatalf("seed %d: engine hashes of r%d %v, reference %v", seed, r, got, want)
+			}
+			l := Ledger(w.rng.IntN(int(numLedgers)))
+			if got, want := sorted(x.AppendReplicaKeys(nil, r, l)), sorted(m.replicaKeys(r, l)); !slices.Equal(got, want) {
+				t.Fatalf("seed %d: %v keys of r%d %v, reference %v", seed, l, r, got, want)
 			}
 		}
 	}

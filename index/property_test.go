@@ -3,8 +3,8 @@ package index
 import (
 	"cmp"
 	"errors"
-	"maps"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"

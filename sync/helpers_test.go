@@ -1,0 +1,199 @@
+package sync
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/index"
+)
+
+// staticReplicas is a fixed name <-> ReplicaID table, as a node builds from
+// its replica pools.
+type staticReplicas struct {
+	ids   map[string]index.ReplicaID
+	names []string
+}
+
+func newStaticReplicas(names ...string) *staticReplicas {
+	s := &staticReplicas{ids: make(map[string]index.ReplicaID), names: names}
+	for i, n := range names {
+		s.ids[n] = index.ReplicaID(i)
+	}
+	return s
+}
+
+func (s *staticReplicas) ReplicaID(name string) (index.ReplicaID, bool) {
+	id, ok := s.ids[name]
+	return id, ok
+}
+
+func (s *staticReplicas) ReplicaName(id index.ReplicaID) (string, bool) {
+	if int(id) >= len(s.names) {
+		return "", false
+	}
+	return s.names[id], true
+}
+
+// fakeLoad is a LoadSource with settable counts.
+type fakeLoad struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (f *fakeLoad) set(r string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = make(map[string]int)
+	}
+	f.m[r] = n
+}
+
+func (f *fakeLoad) AppendInFlight(dst []ReplicaLoad) []ReplicaLoad {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for r, n := range f.m {
+		dst = append(dst, ReplicaLoad{Replica: r, InFlight: n})
+	}
+	return dst
+}
+
+// gw is one gateway under test: its index, registry and cluster.
+type gw struct {
+	name string
+	ix   *index.Index
+	reg  *prometheus.Registry
+	load *fakeLoad
+	c    *Cluster
+}
+
+var testReplicas = []string{"r0", "r1", "r2"}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("KVMESH_SYNC_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+	}
+	return nil
+}
+
+func newIndex(t testing.TB) *index.Index {
+	icfg := index.DefaultConfig()
+	icfg.Capacity = 1 << 22
+	ix, err := index.New(icfg)
+	require.NoError(t, err)
+	h := ix.Hasher()
+	for i := range testReplicas {
+		ix.SetReplicaRoot(index.ReplicaID(i), h.Root("m", "", ""))
+		ix.SetPublishesEvents(index.ReplicaID(i), true)
+	}
+	return ix
+}
+
+// newGW builds (not starts) a gateway; mutate adjusts its config.
+func newGW(t testing.TB, name string, tr memberlist.Transport, mutate func(*Config)) *gw {
+	cfg := LocalConfig(name)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	g := &gw{name: name, ix: newIndex(t), reg: prometheus.NewRegistry(), load: &fakeLoad{}}
+	c, err := New(cfg, Deps{
+		Index: g.ix, Replicas: newStaticReplicas(testReplicas...), Load: g.load,
+		Registerer: g.reg, Logger: testLogger(t), Transport: tr,
+	})
+	require.NoError(t, err)
+	g.c = c
+	return g
+}
+
+func (g *gw) start(t testing.TB) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, g.c.Start(ctx))
+}
+
+func (g *gw) stop(t testing.TB) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, g.c.Shutdown(ctx))
+}
+
+// startCluster starts n gateways on loopback, each joining the first.
+func startCluster(t testing.TB, n int, tr func(name string) memberlist.Transport, mutate func(*Config)) []*gw {
+	gws := make([]*gw, n)
+	for i := range gws {
+		name := fmt.Sprintf("g%d", i)
+		var trans memberlist.Transport
+		if tr != nil {
+			trans = tr(name)
+		}
+		gws[i] = newGW(t, name, trans, func(c *Config) {
+			if i > 0 {
+				c.Join = []string{gws[0].c.GossipAddr()}
+			}
+			if mutate != nil {
+				mutate(c)
+			}
+		})
+		gws[i].start(t)
+		t.Cleanup(func() { gws[i].stop(t) })
+	}
+	waitMembers(t, gws, n)
+	return gws
+}
+
+func waitMembers(t testing.TB, gws []*gw, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		for _, g := range gws {
+			if len(g.c.Members()) != n {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 10*time.Millisecond, "members did not converge to %d", n)
+}
+
+// counter reads a counter or gauge value from a registry by name and labels.
+func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.Counter.GetValue()
+			case m.Gauge != nil:
+				sum += m.Gauge.GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return sum
+}

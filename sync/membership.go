@@ -1,0 +1,395 @@
+package sync
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// MemberEventKind says what happened to a member.
+type MemberEventKind uint8
+
+// Member event kinds.
+const (
+	// MemberJoin: a gateway of this cluster became alive (or this gateway
+	// started).
+	MemberJoin MemberEventKind = iota + 1
+	// MemberUpdate: a member's metadata changed.
+	MemberUpdate
+	// MemberLeave: a member left gracefully (Leave/Shutdown).
+	MemberLeave
+	// MemberFail: the failure detector declared a member dead.
+	MemberFail
+)
+
+func (k MemberEventKind) String() string {
+	switch k {
+	case MemberJoin:
+		return "join"
+	case MemberUpdate:
+		return "update"
+	case MemberLeave:
+		return "leave"
+	case MemberFail:
+		return "fail"
+	}
+	return "unknown"
+}
+
+// Member is a live gateway of the cluster as this gateway sees it.
+type Member struct {
+	Name string
+	Addr string // gossip host:port
+	Meta NodeMeta
+	Self bool
+}
+
+// MemberEvent is one membership change.
+type MemberEvent struct {
+	Kind   MemberEventKind
+	Member Member
+}
+
+// MemberListener receives membership changes. The Cluster calls every
+// listener from one goroutine, in event order, never concurrently and never
+// from memberlist's own goroutines; a listener should return quickly (it
+// delays later events, not gossip).
+type MemberListener interface {
+	MemberEvent(ev MemberEvent)
+}
+
+// MemberListenerFunc adapts a function to MemberListener.
+type MemberListenerFunc func(MemberEvent)
+
+// MemberEvent implements MemberListener.
+func (f MemberListenerFunc) MemberEvent(ev MemberEvent) { f(ev) }
+
+// maxQueuedEvents bounds membership events waiting for listeners; beyond it
+// events are dropped and counted (listeners resynchronise from Members on
+// the next event).
+const maxQueuedEvents = 4096
+
+// broadcastLimit is the largest user message queued for gossip: memberlist
+// packs broadcasts into UDP packets of UDPBufferSize (1400) with overhead.
+const broadcastLimit = 1200
+
+// membership wraps memberlist: it keeps the view of live members of this
+// cluster, fans events out to listeners from its own goroutine, and carries
+// the NATS-outage fallback broadcasts.
+type membership struct {
+	cfg    Config
+	log    *slog.Logger
+	m      *metrics
+	onMsg  func([]byte) // user messages (fallback deltas); must not block
+	ml     *memberlist.Memberlist
+	queue  *memberlist.TransmitLimitedQueue
+	meta   []byte
+	metaMu sync.RWMutex
+
+	mu        sync.Mutex
+	members   map[string]Member
+	events    []MemberEvent
+	listeners []MemberListener
+	signal    chan struct{}
+}
+
+func newMembership(cfg Config, log *slog.Logger, m *metrics, onMsg func([]byte)) *membership {
+	return &membership{
+		cfg:     cfg,
+		log:     log,
+		m:       m,
+		onMsg:   onMsg,
+		members: make(map[string]Member),
+		signal:  make(chan struct{}, 1),
+	}
+}
+
+// memberlistConfig builds memberlist's config from cfg.
+func (ms *membership) memberlistConfig(transport memberlist.Transport) (*memberlist.Config, error) {
+	var mc *memberlist.Config
+	if ms.cfg.GossipProfile == ProfileLocal {
+		mc = memberlist.DefaultLocalConfig()
+	} else {
+		mc = memberlist.DefaultLANConfig()
+	}
+	mc.Name = ms.cfg.NodeName
+	if transport != nil {
+		mc.Transport = transport
+	} else {
+		hp, err := splitHostPort(ms.cfg.GossipAddr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: GossipAddr: %w", ErrInvalidConfig, err)
+		}
+		mc.BindAddr, mc.BindPort = hp.host, hp.port
+		mc.AdvertisePort = hp.port
+	}
+	if ms.cfg.AdvertiseAddr != "" {
+		hp, err := splitHostPort(ms.cfg.AdvertiseAddr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: AdvertiseAddr: %w", ErrInvalidConfig, err)
+		}
+		mc.AdvertiseAddr, mc.AdvertisePort = hp.host, hp.port
+	}
+	if ms.cfg.ProbeInterval > 0 {
+		mc.ProbeInterval = ms.cfg.ProbeInterval
+	}
+	if ms.cfg.ProbeTimeout > 0 {
+		mc.ProbeTimeout = ms.cfg.ProbeTimeout
+	}
+	if ms.cfg.SuspicionMult > 0 {
+		mc.SuspicionMult = ms.cfg.SuspicionMult
+	}
+	if ms.cfg.GossipInterval > 0 {
+		mc.GossipInterval = ms.cfg.GossipInterval
+	}
+	if len(ms.cfg.SecretKey) > 0 {
+		mc.SecretKey = ms.cfg.SecretKey
+	}
+	mc.Delegate = (*mlDelegate)(ms)
+	mc.Events = (*mlEvents)(ms)
+	mc.Logger = slog.NewLogLogger(ms.log.With("component", "memberlist").Handler(), slog.LevelDebug)
+	return mc, nil
+}
+
+// start creates the memberlist (binding its sockets). Bind port 0 is
+// resolved: the advertised port is the bound one.
+func (ms *membership) start(meta []byte, transport memberlist.Transport) error {
+	ms.setMeta(meta)
+	mc, err := ms.memberlistConfig(transport)
+	if err != nil {
+		return err
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return fmt.Errorf("sync: memberlist: %w", err)
+	}
+	ms.ml = ml
+	ms.queue = &memberlist.TransmitLimitedQueue{
+		NumNodes:       ml.NumMembers,
+		RetransmitMult: mc.RetransmitMult,
+	}
+	return nil
+}
+
+// join contacts the seeds once; it reports how many answered.
+func (ms *membership) join(seeds []string) (int, error) {
+	if len(seeds) == 0 {
+		return 0, nil
+	}
+	n, err := ms.ml.Join(seeds)
+	if err != nil && n == 0 {
+		return 0, fmt.Errorf("sync: join %v: %w", seeds, err)
+	}
+	return n, nil
+}
+
+// joinLoop retries the seeds while this gateway is alone.
+func (ms *membership) joinLoop(ctx context.Context) {
+	t := time.NewTicker(ms.cfg.JoinRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if ms.ml.NumMembers() > 1 {
+			continue
+		}
+		if _, err := ms.join(ms.cfg.Join); err != nil {
+			ms.log.Debug("join retry failed", "err", err)
+		}
+	}
+}
+
+// eventLoop delivers queued events to listeners until ctx ends.
+func (ms *membership) eventLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ms.signal:
+		}
+		for {
+			ms.mu.Lock()
+			evs := ms.events
+			ms.events = nil
+			ls := ms.listeners
+			ms.mu.Unlock()
+			if len(evs) == 0 {
+				break
+			}
+			for _, ev := range evs {
+				for _, l := range ls {
+					l.MemberEvent(ev)
+				}
+			}
+		}
+	}
+}
+
+func (ms *membership) addListener(l MemberListener) {
+	ms.mu.Lock()
+	ms.listeners = append(ms.listeners, l)
+	ms.mu.Unlock()
+}
+
+func (ms *membership) setMeta(b []byte) {
+	ms.metaMu.Lock()
+	ms.meta = b
+	ms.metaMu.Unlock()
+}
+
+// updateMeta changes this gateway's metadata and gossips it.
+func (ms *membership) updateMeta(b []byte, timeout time.Duration) error {
+	ms.setMeta(b)
+	if ms.ml == nil {
+		return nil
+	}
+	return ms.ml.UpdateNode(timeout)
+}
+
+// snapshot returns the live members sorted by name.
+func (ms *membership) snapshot() []Member {
+	ms.mu.Lock()
+	out := make([]Member, 0, len(ms.members))
+	for _, m := range ms.members {
+		out = append(out, m)
+	}
+	ms.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+func (ms *membership) member(name string) (Member, bool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	m, ok := ms.members[name]
+	return m, ok
+}
+
+// broadcast queues msg for gossip to every member (best effort, bounded
+// retransmits). msg must be at most broadcastLimit bytes.
+func (ms *membership) broadcast(msg []byte) {
+	ms.queue.QueueBroadcast(userBroadcast(msg))
+	// Keep the queue bounded: a long outage at a high decision rate must
+	// not grow it without limit. Oldest, most retransmitted go first.
+	if ms.queue.NumQueued() > 4096 {
+		ms.queue.Prune(4096)
+	}
+}
+
+// leave broadcasts a graceful leave and waits up to timeout for it to spread.
+func (ms *membership) leave(timeout time.Duration) error {
+	if ms.ml == nil {
+		return nil
+	}
+	return ms.ml.Leave(timeout)
+}
+
+func (ms *membership) shutdown() error {
+	if ms.ml == nil {
+		return nil
+	}
+	return ms.ml.Shutdown()
+}
+
+// handle records a memberlist node event and queues it for listeners.
+// Called by memberlist with its state lock held: it must not block.
+func (ms *membership) handle(kind MemberEventKind, n *memberlist.Node) {
+	meta, err := DecodeMeta(n.Meta)
+	if err != nil {
+		ms.m.malformed.WithLabelValues("meta").Inc()
+		ms.log.Warn("ignoring member with malformed metadata", "member", n.Name, "err", err)
+		return
+	}
+	if meta.Cluster != ms.cfg.ClusterName {
+		ms.log.Warn("ignoring member of another cluster", "member", n.Name, "cluster", meta.Cluster)
+		return
+	}
+	mem := Member{
+		Name: n.Name,
+		Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))),
+		Meta: meta,
+		Self: n.Name == ms.cfg.NodeName,
+	}
+	ms.mu.Lock()
+	switch kind {
+	case MemberJoin, MemberUpdate:
+		ms.members[n.Name] = mem
+	default:
+		// memberlist does not say whether a node left or died (Node.State
+		// is not updated): a gateway that leaves gracefully first gossips
+		// metadata with Leaving set.
+		if old, ok := ms.members[n.Name]; !(ok && old.Meta.Leaving) && !meta.Leaving {
+			kind = MemberFail
+		}
+		delete(ms.members, n.Name)
+	}
+	ms.m.members.Set(float64(len(ms.members)))
+	if len(ms.events) < maxQueuedEvents {
+		ms.events = append(ms.events, MemberEvent{Kind: kind, Member: mem})
+	} else {
+		ms.m.eventsDropped.Inc()
+	}
+	ms.mu.Unlock()
+	select {
+	case ms.signal <- struct{}{}:
+	default:
+	}
+}
+
+// mlDelegate implements memberlist.Delegate.
+type mlDelegate membership
+
+var _ memberlist.Delegate = (*mlDelegate)(nil)
+
+func (d *mlDelegate) NodeMeta(limit int) []byte {
+	ms := (*membership)(d)
+	ms.metaMu.RLock()
+	defer ms.metaMu.RUnlock()
+	if len(ms.meta) > limit {
+		return nil
+	}
+	return ms.meta
+}
+
+func (d *mlDelegate) NotifyMsg(b []byte) {
+	if len(b) > 0 && d.onMsg != nil {
+		d.onMsg(b)
+	}
+}
+
+func (d *mlDelegate) GetBroadcasts(overhead, limit int) [][]byte {
+	if d.queue == nil {
+		return nil
+	}
+	return d.queue.GetBroadcasts(overhead, limit)
+}
+
+func (d *mlDelegate) LocalState(bool) []byte          { return nil }
+func (d *mlDelegate) MergeRemoteState([]byte, bool) {}
+
+// mlEvents implements memberlist.EventDelegate.
+type mlEvents membership
+
+var _ memberlist.EventDelegate = (*mlEvents)(nil)
+
+func (e *mlEvents) NotifyJoin(n *memberlist.Node)   { (*membership)(e).handle(MemberJoin, n) }
+func (e *mlEvents) NotifyLeave(n *memberlist.Node)  { (*membership)(e).handle(MemberLeave, n) }
+func (e *mlEvents) NotifyUpdate(n *memberlist.Node) { (*membership)(e).handle(MemberUpdate, n) }
+
+// userBroadcast is a fallback message gossiped by memberlist; it never
+// invalidates another (each batch has its own sequence number).
+type userBroadcast []byte
+
+func (b userBroadcast) Invalidates(memberlist.Broadcast) bool { return false }
+func (b userBroadcast) Message() []byte                       { return b }
+func (b userBroadcast) Finished()                             {}

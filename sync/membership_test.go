@@ -1,0 +1,113 @@
+package sync
+
+import (
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMembershipLoopbackUDP(t *testing.T) {
+	gws := startCluster(t, 3, nil, func(c *Config) {
+		c.HTTPAddr = "127.0.0.1:8080"
+		c.Version = "v-test"
+		c.SecretKey = []byte("0123456789abcdef")
+	})
+	for _, m := range gws[0].c.Members() {
+		require.Equal(t, "kvmesh", m.Meta.Cluster)
+		require.Equal(t, "v-test", m.Meta.Version)
+		require.Equal(t, "127.0.0.1:8080", m.Meta.HTTPAddr)
+		require.Equal(t, m.Name == "g0", m.Self)
+	}
+	require.Equal(t, 3.0, metricValue(t, gws[1].reg, "kvmesh_sync_members", nil))
+}
+
+func TestMembershipEventsMemNetwork(t *testing.T) {
+	net := &MemNetwork{}
+	type ev struct {
+		kind MemberEventKind
+		name string
+	}
+	evs := make(chan ev, 64)
+	gws := make([]*gw, 3)
+	for i, name := range []string{"a", "b", "c"} {
+		gws[i] = newGW(t, name, net.NewTransport(name), func(c *Config) {
+			if i > 0 {
+				c.Join = []string{gws[0].c.GossipAddr()}
+			}
+		})
+		if i == 0 {
+			gws[0].c.AddMemberListener(MemberListenerFunc(func(e MemberEvent) { evs <- ev{e.Kind, e.Member.Name} }))
+		}
+		gws[i].start(t)
+	}
+	defer gws[0].stop(t)
+	defer gws[1].stop(t)
+	defer gws[2].stop(t)
+	waitMembers(t, gws, 3)
+	seen := map[string]bool{}
+	for len(seen) < 3 {
+		select {
+		case e := <-evs:
+			require.Equal(t, MemberJoin, e.kind)
+			seen[e.name] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("join events: %v", seen)
+		}
+	}
+	// A graceful shutdown is a leave; a crash is a failure.
+	gws[2].stop(t)
+	waitFor(t, evs, ev{MemberLeave, "c"})
+	require.Len(t, gws[0].c.Members(), 2)
+	gws[1].c.kill()
+	waitFor(t, evs, ev{MemberFail, "b"})
+	require.Len(t, gws[0].c.Members(), 1)
+}
+
+func TestMembershipFailureDetection(t *testing.T) {
+	gws := startCluster(t, 3, nil, nil)
+	fails := make(chan string, 8)
+	gws[0].c.AddMemberListener(MemberListenerFunc(func(e MemberEvent) {
+		if e.Kind == MemberFail {
+			fails <- e.Member.Name
+		}
+	}))
+	start := time.Now()
+	gws[2].c.kill()
+	waitFor(t, fails, "g2")
+	t.Logf("failure detected after %v", time.Since(start))
+	require.Len(t, gws[0].c.Members(), 2)
+}
+
+func waitFor[T comparable](t *testing.T, ch <-chan T, want T) {
+	t.Helper()
+	deadline := time.After(15 * time.Second)
+	for {
+		select {
+		case got := <-ch:
+			if got == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("did not see %v", want)
+		}
+	}
+}
+
+func TestMetaRoundTripAndLimit(t *testing.T) {
+	m := NodeMeta{Cluster: "c", Version: "1", HTTPAddr: "h:1", PeerAddr: "p:2", RaftAddr: "r:3",
+		NATSRoute: "nats-route://x:4", NATSClient: "nats://y:5", IndexModes: "hybrid"}
+	b, err := AppendMeta(nil, m, memberlist.MetaMaxSize)
+	require.NoError(t, err)
+	got, err := DecodeMeta(b)
+	require.NoError(t, err)
+	require.Equal(t, m, got)
+	for i := range len(b) - 1 { // the trailing flags byte is optional
+		_, err := DecodeMeta(b[:i])
+		require.ErrorIs(t, err, ErrMalformed)
+	}
+	m.IndexModes = string(make([]byte, 600))
+	_, err = AppendMeta(nil, m, memberlist.MetaMaxSize)
+	require.ErrorIs(t, err, ErrMetaTooLarge)
+}

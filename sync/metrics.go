@@ -1,0 +1,95 @@
+package sync
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the cluster's Prometheus collectors (kvmesh_sync_*).
+type metrics struct {
+	members          prometheus.Gauge
+	eventsDropped    prometheus.Counter
+	published        *prometheus.CounterVec // {kind, transport}
+	applied          *prometheus.CounterVec // {kind}
+	dropped          *prometheus.CounterVec // {kind, reason}
+	malformed        *prometheus.CounterVec // {source}
+	lag              prometheus.Histogram
+	gaps             *prometheus.CounterVec // {kind}
+	bootstrapSeconds prometheus.Histogram
+	bootstrapBytes   prometheus.Counter
+	servedBytes      prometheus.Counter
+	bootstraps       *prometheus.CounterVec // {result}
+	ownerChanges     prometheus.Counter
+	owned            prometheus.Gauge
+	natsConnected    prometheus.Gauge
+	repairs          *prometheus.CounterVec // {result}
+	peerLoadReports  prometheus.Gauge
+}
+
+func newMetrics() *metrics {
+	const ns, sub = "kvmesh", "sync"
+	return &metrics{
+		members: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "members", Help: "Live gateways of this cluster, this one included."}),
+		eventsDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "member_events_dropped_total", Help: "Membership events dropped on a full listener queue."}),
+		published: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "messages_published_total", Help: "Peer messages published, by kind and transport (nats, gossip)."},
+			[]string{"kind", "transport"}),
+		applied: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "deltas_applied_total", Help: "Peer deltas applied to the index: decisions (entries) and kv (batches)."},
+			[]string{"kind"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "deltas_dropped_total", Help: "Deltas not applied, by kind and reason (duplicate, stale, queue_full, unknown_replica, pending_full, bootstrap_overflow, apply_error, publish_error)."},
+			[]string{"kind", "reason"}),
+		malformed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "messages_malformed_total", Help: "Peer messages that failed to decode, by source (nats, gossip, meta)."},
+			[]string{"source"}),
+		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "delta_propagation_seconds", Help: "Decision time at the origin to application here (clocks of two hosts).",
+			Buckets: []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5}}),
+		gaps: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "sequence_gaps_total", Help: "Sequence gaps seen in a source's stream (lost messages), by kind."},
+			[]string{"kind"}),
+		bootstrapSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "snapshot_pull_seconds", Help: "Duration of a snapshot pull and restore (bootstrap or repair).",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12)}),
+		bootstrapBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "snapshot_received_bytes_total", Help: "Snapshot bytes received from peers."}),
+		servedBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "snapshot_served_bytes_total", Help: "Snapshot bytes served to peers."}),
+		bootstraps: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "snapshot_pulls_total", Help: "Snapshot pulls by result (ok, error, no_peer)."},
+			[]string{"result"}),
+		ownerChanges: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "kv_owner_changes_total", Help: "KV-event sources this gateway started or stopped owning."}),
+		owned: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "kv_owned_sources", Help: "KV-event sources this gateway currently ingests."}),
+		natsConnected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "nats_connected", Help: "1 while the NATS connection is up, else 0 (deltas fall back to gossip)."}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "antientropy_repairs_total", Help: "Anti-entropy repairs (snapshot pulls after drift) by result."},
+			[]string{"result"}),
+		peerLoadReports: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "peer_load_reports", Help: "Peers whose load report is fresh."}),
+	}
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.members, m.eventsDropped, m.published, m.applied, m.dropped,
+		m.malformed, m.lag, m.gaps, m.bootstrapSeconds, m.bootstrapBytes, m.servedBytes, m.bootstraps,
+		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports}
+}
+
+func (m *metrics) register(r prometheus.Registerer) error {
+	if r == nil {
+		return nil
+	}
+	for _, c := range m.collectors() {
+		if err := r.Register(c); err != nil {
+			return fmt.Errorf("sync: register metrics: %w", err)
+		}
+	}
+	return nil
+}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -409,11 +411,24 @@ func (w *propWorld) checkMatches(t *testing.T, x *Index, m *refIndex, now int64,
 
 func tail(s []string, n int) []string { return s[max(0, len(s)-n):] }
 
-func TestPropertyMatchesReference(t *testing.T) {
-	seeds, steps := 40, 400
-	if testing.Short() {
-		seeds = 10
+// propertySeeds returns def, or INDEX_PROPERTY_SEEDS when set (for long
+// runs: INDEX_PROPERTY_SEEDS=2000 go test -run Property ./index/).
+func propertySeeds(t *testing.T, def int) int {
+	if v := os.Getenv("INDEX_PROPERTY_SEEDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("INDEX_PROPERTY_SEEDS=%q", v)
+		}
+		return n
 	}
+	if testing.Short() {
+		return def / 4
+	}
+	return def
+}
+
+func TestPropertyMatchesReference(t *testing.T) {
+	seeds, steps := propertySeeds(t, 40), 400
 	for seed := range uint64(seeds) {
 		x := newTestIndex(t, nil)
 		m := newRef(x)
@@ -442,12 +457,9 @@ func TestPropertyMatchesReference(t *testing.T) {
 }
 
 func TestPropertyCapacity(t *testing.T) {
-	seeds := 20
-	if testing.Short() {
-		seeds = 5
-	}
+	seeds := propertySeeds(t, 20)
 	for seed := range uint64(seeds) {
-		capacity := 10 + int(seed)*3
+		capacity := 10 + int(seed%20)*3
 		x := newTestIndex(t, func(c *Config) { c.Capacity = capacity })
 		m := newRef(x)
 		w := newWorld(seed+1000, x)

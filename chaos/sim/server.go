@@ -43,13 +43,19 @@ type Server struct {
 	pub     EventPublisher
 	zmq     *kvevents.Publisher // the publisher Start built, if any
 
-	epoch     time.Time // wall time at model time epoch
-	wake      chan struct{}
-	stop      chan struct{}
-	driverWG  sync.WaitGroup
-	httpSrv   *http.Server
-	ln        net.Listener
-	serveErr  chan error
+	epoch    time.Time // wall time at model time epoch
+	wake     chan struct{}
+	stop     chan struct{}
+	driverWG sync.WaitGroup
+	httpSrv  *http.Server
+	ln       net.Listener
+	serveErr chan error
+	// newConns tracks connections that have not sent a request yet:
+	// net/http's Shutdown waits up to 5 s for those, so Shutdown closes
+	// them (and any that arrive once closing is set).
+	connMu    sync.Mutex
+	newConns  map[net.Conn]struct{}
+	closing   bool
 	startOnce sync.Once
 	started   bool
 	shutOnce  sync.Once
@@ -124,7 +130,7 @@ func (s *Server) start(ctx context.Context) error {
 		return fmt.Errorf("sim: listen: %w", err)
 	}
 	s.ln = ln
-	s.httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	s.httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnState: s.trackConn}
 	s.epoch = time.Now()
 	s.mu.Lock()
 	s.started = true
@@ -190,6 +196,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 				case <-done:
 				}
 			}()
+			s.closeNewConns()
 			if err := s.httpSrv.Shutdown(ctx); err != nil {
 				errs = append(errs, err)
 				_ = s.httpSrv.Close()
@@ -200,7 +207,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.driverWG.Wait()
 		s.mu.Lock()
 		if s.pub != nil {
-			if err := s.pub.Close(); err != nil {
+			// zmq4 reports closing a peer connection that the peer already
+			// closed as net.ErrClosed: nothing is lost, so not an error.
+			if err := s.pub.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 				errs = append(errs, err)
 			}
 		}
@@ -213,6 +222,35 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.shutErr = errors.Join(errs...)
 	})
 	return s.shutErr
+}
+
+func (s *Server) trackConn(c net.Conn, st http.ConnState) {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if st != http.StateNew {
+		delete(s.newConns, c)
+		return
+	}
+	if s.closing {
+		_ = c.Close()
+		return
+	}
+	if s.newConns == nil {
+		s.newConns = make(map[net.Conn]struct{})
+	}
+	s.newConns[c] = struct{}{}
+}
+
+// closeNewConns closes connections that have not sent a request, so that a
+// client's spare pooled connections do not hold up Shutdown.
+func (s *Server) closeNewConns() {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	s.closing = true
+	for c := range s.newConns {
+		_ = c.Close()
+	}
+	clear(s.newConns)
 }
 
 func (s *Server) stopDriver() { s.stopOnce.Do(func() { close(s.stop) }) }

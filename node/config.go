@@ -150,6 +150,12 @@ type Config struct {
 	// EjectMaxBackoff caps the ejection period. Default 30s.
 	EjectMaxBackoff time.Duration `yaml:"eject_max_backoff"`
 
+	// TokenizerCacheBytes bounds the prefix cache of the local tiktoken
+	// tokenizer (node/tokenizer.Cached): prompts that share a long prefix
+	// with an earlier one only encode their new part. Default 64 MiB (about
+	// 1,300 distinct 28 KB documents). 0 disables the cache.
+	TokenizerCacheBytes int64 `yaml:"tokenizer_cache_bytes"`
+
 	// RemoteTokenizeTimeout bounds one call to an engine's /tokenize; on
 	// timeout the local tokenizer is used. Default 200ms: routing must not
 	// wait longer than a prefill would.
@@ -229,6 +235,7 @@ func DefaultConfig() Config {
 		EjectAfter:              3,
 		EjectBackoff:            time.Second,
 		EjectMaxBackoff:         30 * time.Second,
+		TokenizerCacheBytes:     64 << 20,
 		RemoteTokenizeTimeout:   200 * time.Millisecond,
 		RemoteTokenizeCacheSize: 1024,
 		ShutdownGrace:           30 * time.Second,
@@ -397,6 +404,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxIdleConnsPerHost <= 0 {
 		bad("max_idle_conns_per_host %d must be positive", c.MaxIdleConnsPerHost)
+	}
+	if c.TokenizerCacheBytes < 0 {
+		bad("tokenizer_cache_bytes %d is negative", c.TokenizerCacheBytes)
 	}
 	if c.RemoteTokenizeCacheSize < 0 {
 		bad("remote_tokenize_cache_size %d is negative", c.RemoteTokenizeCacheSize)

@@ -28,11 +28,12 @@ type Node struct {
 	log  *slog.Logger
 	mode index.Mode
 
-	index   *index.Index
-	hasher  index.Hasher
-	tokName string
-	tok     tokenizer.Tokenizer
-	remote  *remoteTokenizer
+	index    *index.Index
+	hasher   index.Hasher
+	tokName  string
+	tok      tokenizer.Tokenizer
+	tokCache *tokenizer.Cached // nil unless tok is a prefix-cached tiktoken
+	remote   *remoteTokenizer
 
 	pools    []*pool
 	models   map[string]modelRef
@@ -105,6 +106,14 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if n.tok, err = tokenizer.New(local); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if local == TokenizerTiktoken && cfg.TokenizerCacheBytes > 0 {
+		cc := tokenizer.DefaultCachedConfig()
+		cc.MaxBytes = cfg.TokenizerCacheBytes
+		if n.tokCache, err = tokenizer.NewCached(n.tok, cc); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		n.tok = n.tokCache
+	}
 
 	n.m = newMetrics()
 	n.transport = newTransport(cfg)
@@ -151,6 +160,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		}
 	}
 	n.registerIndexMetrics()
+	n.registerTokenizerMetrics()
 	n.kvMetrics = kvevents.NewMetrics()
 	if err := n.kvMetrics.Register(n.m.reg); err != nil {
 		return nil, fmt.Errorf("node: register KV-event metrics: %w", err)
@@ -373,6 +383,32 @@ func (n *Node) expireLoop() {
 			n.index.Expire(time.Now().UnixNano(), 1<<16)
 		}
 	}
+}
+
+// registerTokenizerMetrics exposes the prefix-cached tokenizer's counters.
+func (n *Node) registerTokenizerMetrics() {
+	if n.tokCache == nil {
+		return
+	}
+	c := n.tokCache
+	n.m.reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvmesh_tokenize_cache_hits_total",
+			Help: "Local tokenizations that reused a cached prompt prefix.",
+		}, func() float64 { return float64(c.Stats().Hits) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvmesh_tokenize_cache_misses_total",
+			Help: "Local tokenizations that found no cached prefix.",
+		}, func() float64 { return float64(c.Stats().Misses + c.Stats().Uncacheable) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvmesh_tokenize_cache_hit_bytes_total",
+			Help: "Prompt bytes whose tokens came from the prefix cache.",
+		}, func() float64 { return float64(c.Stats().HitBytes) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvmesh_tokenize_encoded_bytes_total",
+			Help: "Prompt bytes the local tokenizer encoded.",
+		}, func() float64 { return float64(c.Stats().EncodedBytes) }),
+	)
 }
 
 func nowNanos() int64 { return time.Now().UnixNano() }

@@ -43,19 +43,6 @@ type inferenceRequest struct {
 	rawMessages json.RawMessage // for the engine's /tokenize
 }
 
-// wireRequest holds the fields the gateway reads; the rest of the body is
-// ignored here and forwarded as is.
-type wireRequest struct {
-	Model               *string         `json:"model"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Messages            json.RawMessage `json:"messages"`
-	Stream              *bool           `json:"stream"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	CacheSalt           *string         `json:"cache_salt"`
-	User                *string         `json:"user"`
-}
-
 // readBody reads at most limit bytes of the request body.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *apiError) {
 	if r.ContentLength > limit {
@@ -74,47 +61,52 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *api
 	return body, nil
 }
 
-// parseInference reads the routing-relevant fields of body. Errors are
-// client errors with stable codes; their messages never quote prompt text.
+// parseInference reads the routing-relevant fields of body in one pass
+// (see jsonscan.go). Errors are client errors with stable codes; their
+// messages never quote prompt text.
 func parseInference(kind apiKind, body []byte) (*inferenceRequest, *apiError) {
-	trimmed := bytes.TrimSpace(body)
-	if len(trimmed) == 0 || trimmed[0] != '{' {
+	f, isObject, err := scanBody(body)
+	if err != nil || !isObject {
 		return nil, errBadRequest(CodeInvalidJSON, "request body must be a JSON object")
 	}
-	var w wireRequest
-	if err := json.Unmarshal(trimmed, &w); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return nil, errBadRequest(CodeInvalidField, fmt.Sprintf("field %q has the wrong type (got JSON %s, want %s)", te.Field, te.Value, te.Type))
-		}
-		return nil, errBadRequest(CodeInvalidJSON, "request body is not valid JSON")
+	wrongType := func(field, want string) *apiError {
+		return errBadRequest(CodeInvalidField, fmt.Sprintf("field %q must be %s", field, want))
 	}
 	req := &inferenceRequest{kind: kind}
-	if w.Model == nil || *w.Model == "" {
+	model, ok, err := f.model.string()
+	if err != nil {
+		return nil, wrongType("model", "a string")
+	}
+	if !ok || model == "" {
 		return nil, errBadRequest(CodeMissingModel, `"model" is required`)
 	}
-	req.model = *w.Model
-	if w.Stream != nil {
-		req.stream = *w.Stream
+	req.model = model
+	if req.stream, err = f.stream.bool(); err != nil {
+		return nil, wrongType("stream", "a boolean")
 	}
-	if w.MaxTokens != nil {
-		req.maxTokens = *w.MaxTokens
-	} else if w.MaxCompletionTokens != nil {
-		req.maxTokens = *w.MaxCompletionTokens
+	mt, ok, err := f.maxTokens.int()
+	if err != nil {
+		return nil, wrongType("max_tokens", "an integer")
 	}
-	if w.CacheSalt != nil {
-		req.cacheSalt = *w.CacheSalt
+	if !ok {
+		if mt, _, err = f.maxCompletionTokens.int(); err != nil {
+			return nil, wrongType("max_completion_tokens", "an integer")
+		}
 	}
-	if w.User != nil {
-		req.user = *w.User
+	req.maxTokens = mt
+	if req.cacheSalt, _, err = f.cacheSalt.string(); err != nil {
+		return nil, wrongType("cache_salt", "a string")
+	}
+	if req.user, _, err = f.user.string(); err != nil {
+		return nil, wrongType("user", "a string")
 	}
 	switch kind {
 	case kindCompletions:
-		if e := parsePrompt(req, w.Prompt); e != nil {
+		if e := parsePrompt(req, json.RawMessage(f.prompt)); e != nil {
 			return nil, e
 		}
 	case kindChat:
-		if e := parseMessages(req, w.Messages); e != nil {
+		if e := parseMessages(req, json.RawMessage(f.messages)); e != nil {
 			return nil, e
 		}
 	}
@@ -125,22 +117,23 @@ func isNull(raw json.RawMessage) bool {
 	return len(raw) == 0 || bytes.Equal(raw, []byte("null"))
 }
 
-// parsePrompt reads a completions "prompt": a string, a token list, or a
-// batch of exactly one string or token list. A batch of several prompts
-// cannot be routed as one prompt and is refused.
+// parsePrompt reads a completions "prompt" (already validated JSON): a
+// string, a token list, or a batch of exactly one string or token list. A
+// batch of several prompts cannot be routed as one prompt and is refused.
 func parsePrompt(req *inferenceRequest, raw json.RawMessage) *apiError {
-	raw = bytes.TrimSpace(raw)
 	if isNull(raw) {
 		return errBadRequest(CodeMissingPrompt, `"prompt" is required`)
 	}
 	bad := errBadRequest(CodeInvalidPrompt, `"prompt" must be a string, an array of token ids, or an array of one string or one token array`)
+	empty := errBadRequest(CodeEmptyPrompt, `"prompt" is empty`)
+	batch := func(n int) *apiError {
+		return errBadRequest(CodeBatchUnsupported, fmt.Sprintf("a batch of %d prompts cannot be routed as one request; send one prompt per request", n))
+	}
 	switch raw[0] {
 	case '"':
-		if err := json.Unmarshal(raw, &req.text); err != nil {
-			return bad
-		}
+		req.text = unquote(raw)
 		if req.text == "" {
-			return errBadRequest(CodeEmptyPrompt, `"prompt" is empty`)
+			return empty
 		}
 		return nil
 	case '[':
@@ -148,42 +141,45 @@ func parsePrompt(req *inferenceRequest, raw json.RawMessage) *apiError {
 		return bad
 	}
 	inner := bytes.TrimLeft(raw[1:], " \t\r\n")
-	if len(inner) == 0 {
-		return bad
-	}
 	switch c := inner[0]; {
 	case c == ']':
-		return errBadRequest(CodeEmptyPrompt, `"prompt" is empty`)
+		return empty
 	case c >= '0' && c <= '9':
-		if err := json.Unmarshal(raw, &req.tokens); err != nil {
+		toks, ok := tokenIDs(make([]uint32, 0, len(raw)/4), raw)
+		if !ok {
 			return bad
 		}
+		req.tokens = toks
 		return nil
-	case c == '"':
-		var batch []string
-		if err := json.Unmarshal(raw, &batch); err != nil {
+	case c == '"' || c == '[':
+		elems := arrayElems(raw)
+		if len(elems) > 1 {
+			for _, e := range elems {
+				if e[0] != c {
+					return bad
+				}
+			}
+			return batch(len(elems))
+		}
+		e := elems[0]
+		if c == '"' {
+			if e[0] != '"' {
+				return bad
+			}
+			req.text = unquote(e)
+			if req.text == "" {
+				return empty
+			}
+			return nil
+		}
+		toks, ok := tokenIDs(nil, e)
+		if !ok {
 			return bad
 		}
-		if len(batch) > 1 {
-			return errBadRequest(CodeBatchUnsupported, fmt.Sprintf("a batch of %d prompts cannot be routed as one request; send one prompt per request", len(batch)))
+		if len(toks) == 0 {
+			return empty
 		}
-		req.text = batch[0]
-		if req.text == "" {
-			return errBadRequest(CodeEmptyPrompt, `"prompt" is empty`)
-		}
-		return nil
-	case c == '[':
-		var batch [][]uint32
-		if err := json.Unmarshal(raw, &batch); err != nil {
-			return bad
-		}
-		if len(batch) > 1 {
-			return errBadRequest(CodeBatchUnsupported, fmt.Sprintf("a batch of %d prompts cannot be routed as one request; send one prompt per request", len(batch)))
-		}
-		req.tokens = batch[0]
-		if len(req.tokens) == 0 {
-			return errBadRequest(CodeEmptyPrompt, `"prompt" is empty`)
-		}
+		req.tokens = toks
 		return nil
 	default:
 		return bad

@@ -203,4 +203,3 @@ func TestPromptKeysMatchFullTokenization(t *testing.T) {
 	}
 	require.Positive(t, n.tokCache.Stats().Hits)
 }
-

@@ -62,6 +62,9 @@ type Config struct {
 	SampleEvery time.Duration `json:"sample_every_ns"`
 	// SLO is the pass rule.
 	SLO SLO `json:"slo_ns"`
+	// HostChecks are filled in by the Runner (one per cell, when the
+	// engine is a HostChecker): how faithfully the host kept model time.
+	HostChecks []HostCheck `json:"host_checks,omitempty"`
 }
 
 // Known strategy names (the gateway's).

@@ -138,6 +138,34 @@ type Engine interface {
 	Close() error
 }
 
+// HostChecker is implemented by engines whose model time depends on the
+// host keeping up with the simulators (a live engine at speed S turns every
+// wall millisecond of scheduling delay into S model milliseconds). The
+// Runner calls it once per cell, before the first phase, and records the
+// result in Config.HostChecks.
+type HostChecker interface {
+	HostCheck(ctx context.Context) (HostCheck, error)
+}
+
+// HostCheck compares a batch's measured TPOT with the modelled one on an
+// idle engine: a ratio well above 1 means the host is too slow for the
+// chosen speed and every latency in the study is inflated.
+type HostCheck struct {
+	Cell string `json:"cell"`
+	// ModelledTPOTms is what the engine profile predicts for the probe.
+	ModelledTPOTms float64 `json:"modelled_tpot_ms"`
+	// MeasuredTPOTms is the worst replica's mean measured TPOT.
+	MeasuredTPOTms float64 `json:"measured_tpot_ms"`
+	// Ratio is Measured / Modelled.
+	Ratio float64 `json:"ratio"`
+	// OK is Ratio <= HostCheckTolerance.
+	OK bool `json:"ok"`
+}
+
+// HostCheckTolerance is the largest measured/modelled TPOT ratio a host
+// check accepts.
+const HostCheckTolerance = 1.15
+
 // Cell is one setting of the grid axes that need their own world: the index
 // mode and the number of gateways. An EngineFactory builds an Engine for it.
 type Cell struct {

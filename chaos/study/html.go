@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -38,17 +39,33 @@ type plot struct {
 }
 
 func newPlot(w, h, xmax, ymax float64, title, xlabel, ylabel string) *plot {
+	return newPlotCat(w, h, xmax, ymax, title, xlabel, ylabel, nil)
+}
+
+// newPlotCat is newPlot with a categorical x axis when cats is not nil:
+// category i spans [i, i+1) and is labelled under the axis.
+func newPlotCat(w, h, xmax, ymax float64, title, xlabel, ylabel string, cats []string) *plot {
 	p := &plot{w: w, h: h, left: 48, right: 12, top: 24, bot: 36, xmax: niceMax(xmax), ymax: niceMax(ymax)}
+	if cats != nil {
+		p.xmax = math.Max(float64(len(cats)), 1)
+		p.bot = 64
+	}
 	fmt.Fprintf(&p.b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" viewBox="0 0 %.0f %.0f" role="img">`, w, h, w, h)
 	fmt.Fprintf(&p.b, `<title>%s</title>`, html.EscapeString(title))
 	fmt.Fprintf(&p.b, `<text x="%.0f" y="15" class="t">%s</text>`, p.left, html.EscapeString(title))
 	// Axes and ticks.
 	fmt.Fprintf(&p.b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="ax"/>`, p.left, h-p.bot, w-p.right, h-p.bot)
 	fmt.Fprintf(&p.b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="ax"/>`, p.left, p.top, p.left, h-p.bot)
+	for i, c := range cats {
+		cx, cy := p.x(float64(i)+0.5), h-p.bot+10
+		fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk" text-anchor="end" transform="rotate(-35 %.1f %.1f)">%s</text>`, cx, cy, cx, cy, html.EscapeString(c))
+	}
 	for i := 0; i <= 4; i++ {
 		xv := p.xmax * float64(i) / 4
 		yv := p.ymax * float64(i) / 4
-		fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk" text-anchor="middle">%s</text>`, p.x(xv), h-p.bot+13, tick(xv))
+		if cats == nil {
+			fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk" text-anchor="middle">%s</text>`, p.x(xv), h-p.bot+13, tick(xv))
+		}
 		fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk" text-anchor="end">%s</text>`, p.left-4, p.y(yv)+3, tick(yv))
 		if i > 0 {
 			fmt.Fprintf(&p.b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="gr"/>`, p.left, p.y(yv), w-p.right, p.y(yv))
@@ -76,7 +93,7 @@ func tick(v float64) string {
 	if v == math.Trunc(v) {
 		return fmt.Sprintf("%.0f", v)
 	}
-	return fmt.Sprintf("%.2g", v)
+	return strconv.FormatFloat(v, 'g', 3, 64)
 }
 
 func (p *plot) x(v float64) float64 {
@@ -297,7 +314,7 @@ func queueChart(ph PhaseDetail) string {
 			}
 		}
 	}
-	p := newPlot(340, 200, xmax, ymax, fmt.Sprintf("r%d %s — running / waiting", ph.Round, ph.Strategy), "time (s)", "requests")
+	p := newPlot(340, 200, xmax, ymax, fmt.Sprintf("r%d %s — running (solid), waiting (dashed)", ph.Round, ph.Strategy), "time (s)", "requests")
 	var items [][2]string
 	for i, n := range ph.Replicas {
 		col := replicaPalette[i%len(replicaPalette)]
@@ -320,16 +337,24 @@ func queueChart(ph PhaseDetail) string {
 	return p.String()
 }
 
+func runLabels(runs []Run) []string {
+	out := make([]string, len(runs))
+	for i, r := range runs {
+		out[i] = fmt.Sprintf("r%d %s", r.Round, r.Strategy)
+	}
+	return out
+}
+
 // hitRateBars plots the token hit rate of every run of one scenario and cell.
 func hitRateBars(runs []Run) string {
-	p := newPlot(360, 240, float64(len(runs)), 100, "token hit rate (%)", "phase (round·strategy)", "%")
+	p := newPlotCat(360, 260, float64(len(runs)), 100, "token hit rate (%)", "", "%", runLabels(runs))
 	for i, r := range runs {
 		v := float64(r.TokenHitRate)
 		if math.IsNaN(v) {
 			continue
 		}
 		p.rect(float64(i)+0.15, float64(i)+0.85, 100*v, colorOf(r.Strategy), fmt.Sprintf("r%d %s: %.1f%%", r.Round, r.Strategy, 100*v))
-		p.label(float64(i)+0.5, 100*v, fmt.Sprintf("r%d", r.Round))
+		p.label(float64(i)+0.5, 100*v, fmt.Sprintf("%.0f", 100*v))
 	}
 	return p.String()
 }
@@ -344,7 +369,7 @@ func replicaBars(runs []Run) string {
 			ymax = math.Max(ymax, float64(c))
 		}
 	}
-	p := newPlot(360, 240, float64(len(runs)), ymax, "requests per replica", "phase (round·strategy)", "requests")
+	p := newPlotCat(360, 260, float64(len(runs)), ymax, "requests per replica", "", "requests", runLabels(runs))
 	k := float64(max(len(names), 1))
 	for i, r := range runs {
 		for j, n := range names {
@@ -352,7 +377,6 @@ func replicaBars(runs []Run) string {
 			p.rect(x0, x0+0.8/k, float64(r.PerReplica[n]), replicaPalette[j%len(replicaPalette)],
 				fmt.Sprintf("r%d %s %s: %d", r.Round, r.Strategy, n, r.PerReplica[n]))
 		}
-		p.label(float64(i)+0.5, 0, "")
 	}
 	var items [][2]string
 	for j, n := range names {

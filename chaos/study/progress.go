@@ -53,6 +53,8 @@ func (p *barProgress) PhaseDone(name string, run *Run, err error) {
 	fmt.Fprintln(p.w, phaseLine(name, run, err, time.Since(p.start)))
 }
 
+func (p *barProgress) Note(line string) { fmt.Fprintln(p.w, line) }
+
 type lineProgress struct {
 	w     io.Writer
 	start time.Time
@@ -77,3 +79,5 @@ func phaseLine(name string, run *Run, err error, wall time.Duration) string {
 		name, run.SLOPass, run.Arrivals, run.Failed, fnum(run.TTFTP95, 3), fnum(run.TPOTP95, 1),
 		fpct(run.TokenHitRate), run.PerReplica, wall.Round(100*time.Millisecond))
 }
+
+func (p *lineProgress) Note(line string) { fmt.Fprintln(p.w, line) }

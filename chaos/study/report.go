@@ -410,6 +410,9 @@ func WriteTables(w io.Writer, res *Results) {
 	if bad := unmeasured(res); len(bad) > 0 {
 		fmt.Fprintf(w, "Not measured (initialisation failed): %s\n", strings.Join(bad, ", "))
 	}
+	for _, hc := range res.Config.HostChecks {
+		fmt.Fprintln(w, HostCheckLine(hc))
+	}
 }
 
 func unmeasured(res *Results) []string {
@@ -434,6 +437,12 @@ func WriteMarkdown(w io.Writer, res *Results) error {
 		"P95 by linear interpolation over successful requests. Token hit = Δvllm:prefix_cache_hits_total / "+
 		"Δvllm:prefix_cache_queries_total over the phase, summed over engines. Selection = Δkvmesh_route_decisions_total "+
 		"(— when the gateways do not expose it).\n\n", c.SLO.TTFT, c.SLO.TPOT, c.SLO.E2E)
+	for _, hc := range c.HostChecks {
+		fmt.Fprintf(w, "- %s\n", HostCheckLine(hc))
+	}
+	if len(c.HostChecks) > 0 {
+		fmt.Fprintln(w)
+	}
 	if c.GatewaysIsolated && slices.ContainsFunc(c.Gateways, func(g int) bool { return g > 1 }) {
 		fmt.Fprintf(w, "Gateway counts above 1 run **isolated** gateways (arrivals round-robin, no shared index): "+
 			"the replication work is a later issue.\n\n")

@@ -329,3 +329,43 @@ func ReadResults(r io.Reader) (*Results, error) {
 	}
 	return &res, nil
 }
+
+// ReadDir reads a study's output directory back: results.json,
+// requests.jsonl and phases.json (the latter two optional), so reports can
+// be re-rendered offline.
+func ReadDir(dir string) (*Results, error) {
+	f, err := os.Open(filepath.Join(dir, FileResults))
+	if err != nil {
+		return nil, err
+	}
+	res, err := ReadResults(f)
+	_ = f.Close()
+	if err != nil {
+		return nil, err
+	}
+	if rf, err := os.Open(filepath.Join(dir, FileRequests)); err == nil {
+		res.Requests, err = ReadRequests(rf)
+		_ = rf.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, FilePhases)); err == nil {
+		if err := json.Unmarshal(b, &res.Phases); err != nil {
+			return nil, fmt.Errorf("%w: phases: %v", ErrBadRecord, err)
+		}
+	}
+	return res, nil
+}
+
+// WriteReports rewrites report.md and report.html in dir from res.
+func WriteReports(dir string, res *Results) error {
+	if err := writeWith(filepath.Join(dir, FileReport), func(w io.Writer) error {
+		return WriteMarkdown(w, res)
+	}); err != nil {
+		return err
+	}
+	return writeWith(filepath.Join(dir, FileHTML), func(w io.Writer) error {
+		return WriteHTML(w, res)
+	})
+}

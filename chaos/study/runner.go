@@ -18,6 +18,18 @@ type Progress interface {
 	// PhaseDone reports the phase's row (nil if it was not measured) or
 	// the error that stopped it.
 	PhaseDone(name string, run *Run, err error)
+	// Note reports anything else worth a line (e.g. a host check).
+	Note(line string)
+}
+
+// HostCheckLine describes a host check in one line.
+func HostCheckLine(c HostCheck) string {
+	verdict := "ok"
+	if !c.OK {
+		verdict = fmt.Sprintf("TOO SLOW (> ×%.2f): every latency is inflated; lower --speed or unload the host", HostCheckTolerance)
+	}
+	return fmt.Sprintf("host check %s: probe TPOT %.1f ms measured vs %.1f ms modelled (×%.2f): %s",
+		c.Cell, c.MeasuredTPOTms, c.ModelledTPOTms, c.Ratio, verdict)
 }
 
 // Runner runs a study grid: for each cell (mode × gateways) a fresh engine;
@@ -66,6 +78,21 @@ func (rn *Runner) runCell(ctx context.Context, log *slog.Logger, cell Cell, res 
 		return fmt.Errorf("%w: start engine for %s/g%d: %v", ErrEngine, cell.Mode, cell.Gateways, err)
 	}
 	defer func() { _ = e.Close() }()
+	if hc, ok := e.(HostChecker); ok {
+		chk, err := hc.HostCheck(ctx)
+		if err != nil {
+			return fmt.Errorf("%w: host check for %s/g%d: %w", ErrEngine, cell.Mode, cell.Gateways, err)
+		}
+		chk.Cell = fmt.Sprintf("%s/g%d", cell.Mode, cell.Gateways)
+		res.Config.HostChecks = append(res.Config.HostChecks, chk)
+		if !chk.OK {
+			log.Warn("host too slow for this speed: latencies are inflated", "cell", chk.Cell,
+				"modelled_tpot_ms", chk.ModelledTPOTms, "measured_tpot_ms", chk.MeasuredTPOTms)
+		}
+		if rn.Progress != nil {
+			rn.Progress.Note(HostCheckLine(chk))
+		}
+	}
 	for round := 1; round <= cfg.Rounds; round++ {
 		for _, sc := range cfg.Scenarios {
 			for _, strat := range cfg.RoundStrategies(round) {

@@ -274,3 +274,41 @@ func TestMultiturnAbortsSessionAfterFailedTurn(t *testing.T) {
 		assert.True(t, strings.HasPrefix(sess2[i], sess2[i-1]), "turn %d grows turn %d", i+1, i)
 	}
 }
+
+// checkedToy is a Toy that reports a host check.
+type checkedToy struct {
+	*studytest.Toy
+	ratio float64
+}
+
+func (c checkedToy) HostCheck(context.Context) (study.HostCheck, error) {
+	return study.HostCheck{ModelledTPOTms: 40, MeasuredTPOTms: 40 * c.ratio, Ratio: c.ratio,
+		OK: c.ratio <= study.HostCheckTolerance}, nil
+}
+
+func TestRunnerRecordsHostChecks(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Scenarios = []string{study.ScenarioCold}
+	cfg.Strategies = []string{"random"}
+	cfg.Modes = []string{"history", "hybrid"}
+	cfg.Rounds = 1
+	cfg.Arrivals = 4
+	ratios := []float64{1.02, 1.6}
+	var prog bytes.Buffer
+	rn := &study.Runner{Config: cfg, Progress: study.NewProgress(&prog),
+		Factory: func(_ context.Context, c study.Cell) (study.Engine, error) {
+			r := ratios[0]
+			ratios = ratios[1:]
+			return checkedToy{studytest.NewToy(c.Replicas, c.Gateways, 1), r}, nil
+		}}
+	res, err := rn.Run(context.Background())
+	require.NoError(t, err)
+	require.Len(t, res.Config.HostChecks, 2)
+	assert.Equal(t, "history/g1", res.Config.HostChecks[0].Cell)
+	assert.True(t, res.Config.HostChecks[0].OK)
+	assert.False(t, res.Config.HostChecks[1].OK)
+	assert.Contains(t, prog.String(), "host check hybrid/g1: probe TPOT 64.0 ms measured vs 40.0 ms modelled (×1.60): TOO SLOW")
+	var md bytes.Buffer
+	require.NoError(t, study.WriteMarkdown(&md, res))
+	assert.Contains(t, md.String(), "TOO SLOW")
+}

@@ -88,7 +88,7 @@ All reported times are model time (wall time × --speed).`,
 	f.StringVar(&opt.logLevel, "log-level", "warn", "log level of simulators and gateways (debug, info, warn, error)")
 	f.IntVar(&opt.engineBlockSize, "engine-block-size", 16, "simulated engines' KV block size in tokens")
 	f.DurationVar(&opt.timeout, "timeout", 0, "stop the study after this wall time (0: no limit)")
-	root.AddCommand(newRecomputeCmd(stdout))
+	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout))
 	return root
 }
 
@@ -239,4 +239,25 @@ recomputation is listed, and the command fails.`,
 	}
 	cmd.Flags().StringVar(&resultsPath, "results", "", "results.json to take counter-based fields from (default: next to requests.jsonl)")
 	return cmd
+}
+
+func newReportCmd(stdout io.Writer) *cobra.Command {
+	return &cobra.Command{
+		Use:           "report DIR",
+		Short:         "Re-render report.md and report.html (and print the tables) from a kvbench output directory",
+		Args:          cobra.ExactArgs(1),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(_ *cobra.Command, args []string) error {
+			res, err := study.ReadDir(args[0])
+			if err != nil {
+				return err
+			}
+			if err := study.WriteReports(args[0], res); err != nil {
+				return err
+			}
+			study.WriteTables(stdout, res)
+			return nil
+		},
+	}
 }

@@ -69,6 +69,15 @@ func TestKvbenchEndToEnd(t *testing.T) {
 	assert.Contains(t, stdout, "every field matches")
 	assert.Contains(t, stdout, "== cold — history · 1 gateway ==")
 
+	// report re-renders the reports from the directory.
+	require.NoError(t, os.Remove(filepath.Join(dir, study.FileHTML)))
+	stdout, _, err = run(t, "report", dir)
+	require.NoError(t, err)
+	assert.Contains(t, stdout, "== hot50 — history · 1 gateway ==")
+	h, err := os.ReadFile(filepath.Join(dir, study.FileHTML))
+	require.NoError(t, err)
+	assert.Contains(t, string(h), "TTFT timeline")
+
 	// A tampered results.json is caught.
 	res.Runs[0].SLOPass++
 	b, _ := json.Marshal(&res)

@@ -109,7 +109,10 @@ type World struct {
 	once  sync.Once
 }
 
-var _ study.Engine = (*World)(nil)
+var (
+	_ study.Engine      = (*World)(nil)
+	_ study.HostChecker = (*World)(nil)
+)
 
 // scaled returns model-time d as wall time at speed, but at least floor.
 func scaled(d time.Duration, speed float64, floor time.Duration) time.Duration {
@@ -215,6 +218,52 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 	}
 	w.Env = env
 	return w, nil
+}
+
+// probeBatch and probeTokens shape the host check: a full batch
+// (max-num-seqs 8 in the seed) of short prompts decoding probeTokens each.
+const (
+	probeBatch  = 8
+	probeTokens = 48
+)
+
+// HostCheck implements study.HostChecker: it sends a batch of short
+// prompts straight to each engine and compares their mean TPOT with the
+// profile's decode step time for that batch. Under host contention the
+// simulators' steps stretch by the scheduling delay times the speed factor.
+func (w *World) HostCheck(ctx context.Context) (study.HostCheck, error) {
+	var reqs []study.Request
+	for r := range w.sims {
+		for i := range probeBatch {
+			reqs = append(reqs, study.Request{
+				Prompt:    fmt.Sprintf("host check %d/%d", r, i),
+				MaxTokens: probeTokens,
+				Target:    study.Target{Direct: true, Replica: r},
+			})
+		}
+	}
+	outs, err := study.Do(ctx, w, reqs...)
+	if err != nil {
+		return study.HostCheck{}, err
+	}
+	c := study.HostCheck{}
+	for r, s := range w.sims {
+		batch := min(probeBatch, s.Config().MaxNumSeqs)
+		c.ModelledTPOTms = max(c.ModelledTPOTms, float64(s.Config().Profile.StepTime(0, batch))/float64(time.Millisecond))
+		var sum time.Duration
+		for _, o := range outs[r*probeBatch : (r+1)*probeBatch] {
+			if !study.Complete(o, probeTokens) {
+				return c, fmt.Errorf("live: host check request to %s failed: status %d %s", w.Replicas()[r], o.Status, o.Err)
+			}
+			sum += study.TPOT(o)
+		}
+		c.MeasuredTPOTms = max(c.MeasuredTPOTms, float64(sum/probeBatch)/float64(time.Millisecond))
+	}
+	if c.ModelledTPOTms > 0 {
+		c.Ratio = c.MeasuredTPOTms / c.ModelledTPOTms
+	}
+	c.OK = c.Ratio <= study.HostCheckTolerance
+	return c, w.WaitIdle(ctx)
 }
 
 // Sims returns the simulators, in replica order.

@@ -66,6 +66,11 @@ func TestLiveTinyGrid(t *testing.T) {
 	for _, p := range res.Phases {
 		require.True(t, p.Measured, "%s: %s", p.Name, p.Error)
 	}
+	require.Len(t, res.Config.HostChecks, len(cfg.Modes), "one host check per cell")
+	for _, hc := range res.Config.HostChecks {
+		t.Log(study.HostCheckLine(hc))
+		assert.Greater(t, hc.MeasuredTPOTms, 0.0)
+	}
 	require.Len(t, res.Runs, len(cfg.Scenarios)*len(cfg.Strategies)*len(cfg.Modes))
 	for _, r := range res.Runs {
 		name := r.Key().PhaseName()

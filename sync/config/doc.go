@@ -1,0 +1,86 @@
+// Package config is kvmesh's raft-replicated routing config and the admin
+// API that reads and writes it.
+//
+// # The document
+//
+// RoutingConfig holds everything that must be identical on every gateway:
+// per model the default strategy, index mode and replica pool; prefix-cache
+// thresholds, block size and tokenizer; consistent-hash and cost-model
+// parameters; index capacity and TTLs; the hash seed; SLO targets. Its JSON
+// form (snake_case) is the contract of the admin API. Validate reports every
+// invalid field as a *FieldError named by its JSON path
+// (models["chat"].replicas[1].url) wrapping ErrInvalidConfig; strategy and
+// index parameters are checked by route's and index's own Validate.
+//
+// # The store
+//
+// Store runs a hashicorp/raft node whose FSM holds the document, with the
+// log and stable store in raft-wal and file snapshots under DataDir, so the
+// config survives a restart of every gateway. Commands are: set (whole
+// document), patch (RFC 7386 merge patch), add and remove replica, each
+// optionally a compare-and-set on the version. The version is the raft
+// index of the entry that produced the config, so it only grows.
+//
+// Validation happens twice: before a command enters the log (Store.Apply
+// rejects an invalid document, and the leader checks the result against its
+// current config), and again in the FSM on apply, where a failing entry is
+// recorded as rejected (kvmesh_config_applies_total{result="rejected"}) and
+// never changes the config. The FSM check is deterministic, so every node
+// reaches the same verdict.
+//
+// Readers never block: Current returns the last applied *Versioned (an
+// atomic pointer swapped on apply), and OnApply delivers every new version
+// to a callback in order, from one store goroutine, so the gateway swaps
+// its router atomically and no request sees half a config.
+//
+// Writes may be sent to any node. A follower forwards the encoded command to
+// the leader's admin gRPC address (Member.AdminAddr of the leader's raft
+// id) with the cluster's admin token; a node that receives a forward but is
+// no longer leader answers ErrNotLeader and the sender re-resolves. When no
+// leader can commit within ApplyTimeout (a minority partition, a cluster
+// still forming) the write fails with ErrNoQuorum (gRPC Unavailable,
+// HTTP 503 no_quorum) and the node keeps serving its last applied config.
+//
+// # Cluster formation
+//
+// Membership (declared here, implemented by sync's memberlist layer;
+// StaticMembership for tests) supplies live members with their raft and
+// admin addresses. With BootstrapExpect = N, a fresh node waits until it
+// sees N members; the N with the smallest IDs bootstrap with the identical
+// voter set (raft accepts identical bootstraps), unless a peer reports
+// (Status RPC) that it already belongs to a cluster. Later gateways are
+// added by the leader as non-voters. The leader reconciles on every
+// membership change and every ReconcileInterval: servers missing from
+// membership for DeadServerGrace are removed, non-voters are promoted
+// (smallest ID first) while there are fewer than N voters, and a server
+// that came back on a new address is updated. Raft dials peers through
+// Membership (a ServerAddressProvider), so restarting on new ports works.
+//
+// # Admin API
+//
+// Server serves the Admin gRPC service (proto/admin.proto: GetConfig,
+// SetConfig, PatchConfig, AddReplica, RemoveReplica, Forward, Members,
+// Status, IndexStats, ExplainRoute, Snapshot) and the same operations as
+// HTTP/JSON under /admin/v1/ (see Server.Handler). Index stats, route
+// explanations and index snapshots come from small provider interfaces the
+// gateway implements. Every call needs "authorization: Bearer <token>",
+// compared in constant time; reads may be opened with
+// AllowUnauthenticatedReads, writes never. gRPC and raft can run over TLS
+// (TLSFiles; raft uses mutual TLS). Client is the Go client (used for
+// forwarding and by the admincli commands).
+//
+// # Concurrency and ownership
+//
+// Open starts three kinds of goroutines, all owned by the Store: raft's
+// own, the run loop (bootstrap, leader duties, gauges) and the notifier
+// (OnApply callbacks). Shutdown stops raft, waits for both loops and closes
+// the log, the transport it created and its peer clients; it is
+// idempotent. Server owns no goroutines; the caller serves the grpc.Server
+// and the http.Handler and stops them before Store.Shutdown.
+//
+// # Tests
+//
+// The tests run 3-node clusters of real raft over loopback TCP, with
+// raft's InmemTransport where a partition is needed; `go test -short`
+// skips the slowest (TLS cluster, restart with snapshots).
+package config

@@ -1,0 +1,434 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// Tokenizer names accepted by PrefixCacheConfig.Tokenizer. They mirror the
+// gateway's tokenizer choices (node cannot be imported from here).
+const (
+	TokenizerAuto      = "auto"
+	TokenizerCharacter = "character"
+	TokenizerTiktoken  = "tiktoken"
+	TokenizerRemote    = "remote"
+)
+
+// RoutingConfig is the cluster-wide routing document held in the raft FSM:
+// everything that must be identical on every gateway. Its JSON form (the
+// snake_case tags) is what the admin API reads and writes and what merge
+// patches address. Start from DefaultRoutingConfig, add models, Validate.
+//
+// A RoutingConfig handed out by the store (Versioned.Config) is shared and
+// must be treated as read-only; use Clone to modify a copy.
+type RoutingConfig struct {
+	// Strategy is the default routing strategy of a model that names none:
+	// random, least-request, prefix-cache, consistent-hash or cost.
+	// Default "prefix-cache" (AIBrix v0.7 behaviour, the baseline users
+	// migrate from).
+	Strategy string `json:"strategy"`
+	// IndexMode is the default index mode of a model that names none:
+	// history, kv-events or hybrid. Default "history" (needs no engine
+	// configuration).
+	IndexMode string `json:"index_mode"`
+	// HashSeed is mixed into every block key's root; identical on every
+	// gateway because it lives here. Default 0. Changing it invalidates
+	// every index entry (keys no longer match).
+	HashSeed uint64 `json:"hash_seed"`
+	// Models are the replica pools keyed by the model name clients send.
+	// At least one model with at least one replica is required.
+	Models map[string]ModelConfig `json:"models"`
+	// PrefixCache holds prefix-cache's thresholds and the block hashing
+	// parameters.
+	PrefixCache PrefixCacheConfig `json:"prefix_cache"`
+	// ConsistentHash holds consistent-hash's ring and load bound.
+	ConsistentHash ConsistentHashConfig `json:"consistent_hash"`
+	// Cost holds the cost model's priors and engine facts.
+	Cost CostConfig `json:"cost"`
+	// Index holds the prefix index's capacity and TTLs.
+	Index IndexConfig `json:"index"`
+	// SLO holds the service-level targets the gateway reports against.
+	SLO SLOConfig `json:"slo"`
+}
+
+// ModelConfig is one model's pool and routing choices.
+type ModelConfig struct {
+	// Strategy overrides RoutingConfig.Strategy when non-empty.
+	Strategy string `json:"strategy,omitempty"`
+	// IndexMode overrides RoutingConfig.IndexMode when non-empty.
+	IndexMode string `json:"index_mode,omitempty"`
+	// Adapters are LoRA adapter names served by this pool.
+	Adapters []string `json:"adapters,omitempty"`
+	// Replicas are the engines serving the model; names are unique across
+	// all models.
+	Replicas []ReplicaConfig `json:"replicas"`
+}
+
+// ReplicaConfig is one engine.
+type ReplicaConfig struct {
+	// Name identifies the replica in headers, metrics and logs.
+	Name string `json:"name"`
+	// URL is the engine's base URL (http or https, with a host).
+	URL string `json:"url"`
+	// KV is the engine's KV-event PUB endpoint to connect to; empty: none.
+	KV string `json:"kv,omitempty"`
+	// KVBind is an endpoint the gateway binds for an engine whose publisher
+	// connects. Mutually exclusive with KV.
+	KVBind string `json:"kv_bind,omitempty"`
+	// Replay is the engine's replay ROUTER endpoint; empty: gaps reset.
+	Replay string `json:"replay,omitempty"`
+}
+
+// PrefixCacheConfig is prefix-cache's thresholds (route.PrefixCacheConfig,
+// whose Validate applies) plus block hashing parameters.
+type PrefixCacheConfig struct {
+	// ImbalanceAbsCount: see route.PrefixCacheConfig. Default 16.
+	ImbalanceAbsCount int `json:"imbalance_abs_count"`
+	// StdDevFactor: see route.PrefixCacheConfig. Default 2.
+	StdDevFactor float64 `json:"stddev_factor"`
+	// LocalLoad: see route.PrefixCacheConfig. Default false.
+	LocalLoad bool `json:"local_load"`
+	// BlockSize is the number of tokens per index block; 0 = auto (128
+	// with the character tokenizer, 16 otherwise, as the gateway resolves
+	// it). Otherwise validated by index.Config. Default 0.
+	BlockSize int `json:"block_size"`
+	// Tokenizer is auto, character, tiktoken or remote. Default "auto".
+	Tokenizer string `json:"tokenizer"`
+}
+
+// ConsistentHashConfig mirrors route.ConsistentHashConfig (its Validate
+// applies).
+type ConsistentHashConfig struct {
+	VirtualNodes int     `json:"virtual_nodes"`
+	LoadFactor   float64 `json:"load_factor"`
+	MinCapacity  int     `json:"min_capacity"`
+}
+
+// CostConfig mirrors route.CostConfig (its Validate applies; field meanings
+// and defaults are documented there).
+type CostConfig struct {
+	PriorPrefillTokensPerSecond float64 `json:"prior_prefill_tokens_per_second"`
+	PriorDecodeStepSeconds      float64 `json:"prior_decode_step_seconds"`
+	PriorOutputTokens           float64 `json:"prior_output_tokens"`
+	PrefillOverheadSeconds      float64 `json:"prefill_overhead_seconds"`
+	ChunkTokens                 int     `json:"chunk_tokens"`
+	MaxRunning                  int     `json:"max_running"`
+	KVSaturation                float64 `json:"kv_saturation"`
+	Alpha                       float64 `json:"alpha"`
+	MinSampleTokens             int     `json:"min_sample_tokens"`
+}
+
+// IndexConfig is the prefix index's capacity and TTLs (index.Config's
+// Validate applies).
+type IndexConfig struct {
+	// Capacity bounds (block, replica) entries. Default 1<<20 (the
+	// gateway's default).
+	Capacity int `json:"capacity"`
+	// HistoryTTL: default 2h, the gateway's default.
+	HistoryTTL Duration `json:"history_ttl"`
+	// SpeculativeTTL: default 10s, the gateway's default.
+	SpeculativeTTL Duration `json:"speculative_ttl"`
+}
+
+// SLOConfig holds the targets a request is judged against (the study's
+// SLO: TTFT ≤ 2 s, TPOT ≤ 150 ms, E2E ≤ 30 s). Zero disables a target.
+type SLOConfig struct {
+	TTFT Duration `json:"ttft"`
+	TPOT Duration `json:"tpot"`
+	E2E  Duration `json:"e2e"`
+}
+
+// Duration is a time.Duration whose JSON form is a Go duration string
+// ("250ms"); a JSON number is read as nanoseconds.
+type Duration time.Duration
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return err
+		}
+		*d = Duration(v)
+		return nil
+	}
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return fmt.Errorf("duration %s: want a string like \"5s\" or integer nanoseconds", b)
+	}
+	*d = Duration(n)
+	return nil
+}
+
+// DefaultRoutingConfig returns the defaults documented on each field, with
+// no models.
+func DefaultRoutingConfig() RoutingConfig {
+	rc := route.DefaultConfig()
+	return RoutingConfig{
+		Strategy:  route.NamePrefixCache,
+		IndexMode: "history",
+		Models:    map[string]ModelConfig{},
+		PrefixCache: PrefixCacheConfig{
+			ImbalanceAbsCount: rc.PrefixCache.ImbalanceAbsCount,
+			StdDevFactor:      rc.PrefixCache.StdDevFactor,
+			LocalLoad:         rc.PrefixCache.LocalLoad,
+			Tokenizer:         TokenizerAuto,
+		},
+		ConsistentHash: ConsistentHashConfig(rc.ConsistentHash),
+		Cost:           CostConfig(rc.Cost),
+		Index: IndexConfig{
+			Capacity:       1 << 20,
+			HistoryTTL:     Duration(2 * time.Hour),
+			SpeculativeTTL: Duration(10 * time.Second),
+		},
+		SLO: SLOConfig{
+			TTFT: Duration(2 * time.Second),
+			TPOT: Duration(150 * time.Millisecond),
+			E2E:  Duration(30 * time.Second),
+		},
+	}
+}
+
+// Route converts the strategy parameters to route.Config.
+func (c *RoutingConfig) Route() route.Config {
+	return route.Config{
+		PrefixCache: route.PrefixCacheConfig{
+			ImbalanceAbsCount: c.PrefixCache.ImbalanceAbsCount,
+			StdDevFactor:      c.PrefixCache.StdDevFactor,
+			LocalLoad:         c.PrefixCache.LocalLoad,
+		},
+		ConsistentHash: route.ConsistentHashConfig(c.ConsistentHash),
+		Cost:           route.CostConfig(c.Cost),
+	}
+}
+
+// IndexFor converts the index parameters to index.Config, with blockTokens
+// as the resolved block size (PrefixCache.BlockSize, or the gateway's auto
+// choice when it is 0).
+func (c *RoutingConfig) IndexFor(blockTokens int) index.Config {
+	return index.Config{
+		Seed:           c.HashSeed,
+		BlockTokens:    blockTokens,
+		Capacity:       c.Index.Capacity,
+		HistoryTTL:     time.Duration(c.Index.HistoryTTL),
+		SpeculativeTTL: time.Duration(c.Index.SpeculativeTTL),
+	}
+}
+
+// ModelStrategy is the model's effective strategy.
+func (c *RoutingConfig) ModelStrategy(model string) string {
+	if m, ok := c.Models[model]; ok && m.Strategy != "" {
+		return m.Strategy
+	}
+	return c.Strategy
+}
+
+// ModelIndexMode is the model's effective index mode.
+func (c *RoutingConfig) ModelIndexMode(model string) string {
+	if m, ok := c.Models[model]; ok && m.IndexMode != "" {
+		return m.IndexMode
+	}
+	return c.IndexMode
+}
+
+// ModelNames returns the model names in sorted order.
+func (c *RoutingConfig) ModelNames() []string {
+	names := make([]string, 0, len(c.Models))
+	for n := range c.Models {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Clone returns a deep copy.
+func (c *RoutingConfig) Clone() RoutingConfig {
+	out := *c
+	out.Models = make(map[string]ModelConfig, len(c.Models))
+	for n, m := range c.Models {
+		m.Adapters = append([]string(nil), m.Adapters...)
+		m.Replicas = append([]ReplicaConfig(nil), m.Replicas...)
+		out.Models[n] = m
+	}
+	return out
+}
+
+// Validate reports every invalid field, joined; each is a *FieldError
+// wrapping ErrInvalidConfig and naming the field by its JSON path.
+// Parameter checks are delegated to route's and index's own Validate.
+func (c *RoutingConfig) Validate() error {
+	var errs []error
+	bad := func(path string, err error) { errs = append(errs, &FieldError{Path: path, Err: err}) }
+	badf := func(path, format string, args ...any) { bad(path, fmt.Errorf(format, args...)) }
+
+	if _, err := route.ParseName(c.Strategy); err != nil {
+		bad("strategy", err)
+	}
+	if _, err := index.ParseMode(c.IndexMode); err != nil {
+		bad("index_mode", err)
+	}
+	if len(c.Models) == 0 {
+		badf("models", "at least one model is required")
+	}
+	owner := map[string]string{} // replica name → model
+	for _, name := range c.ModelNames() {
+		m := c.Models[name]
+		p := fmt.Sprintf("models[%q]", name)
+		if strings.TrimSpace(name) == "" {
+			badf(p, "model name is empty")
+		}
+		if m.Strategy != "" {
+			if _, err := route.ParseName(m.Strategy); err != nil {
+				bad(p+".strategy", err)
+			}
+		}
+		if m.IndexMode != "" {
+			if _, err := index.ParseMode(m.IndexMode); err != nil {
+				bad(p+".index_mode", err)
+			}
+		}
+		for i, a := range m.Adapters {
+			if a == "" {
+				badf(fmt.Sprintf("%s.adapters[%d]", p, i), "adapter name is empty")
+			}
+		}
+		if len(m.Replicas) == 0 {
+			badf(p+".replicas", "at least one replica is required")
+		}
+		for i, r := range m.Replicas {
+			rp := fmt.Sprintf("%s.replicas[%d]", p, i)
+			if err := r.validate(); err != nil {
+				var fe *FieldError
+				if errors.As(err, &fe) {
+					bad(rp+"."+fe.Path, fe.Err)
+				}
+			}
+			if r.Name != "" {
+				if prev, dup := owner[r.Name]; dup {
+					badf(rp+".name", "replica %q already listed under model %q", r.Name, prev)
+				}
+				owner[r.Name] = name
+			}
+		}
+	}
+	rc := c.Route()
+	if err := rc.PrefixCache.Validate(); err != nil {
+		bad("prefix_cache", err)
+	}
+	if err := rc.ConsistentHash.Validate(); err != nil {
+		bad("consistent_hash", err)
+	}
+	if err := rc.Cost.Validate(); err != nil {
+		bad("cost", err)
+	}
+	switch c.PrefixCache.Tokenizer {
+	case TokenizerAuto, TokenizerCharacter, TokenizerTiktoken, TokenizerRemote:
+	default:
+		badf("prefix_cache.tokenizer", "%q unknown (want auto, character, tiktoken or remote)", c.PrefixCache.Tokenizer)
+	}
+	bs := c.PrefixCache.BlockSize
+	if bs < 0 {
+		badf("prefix_cache.block_size", "%d is negative", bs)
+	} else {
+		if bs == 0 {
+			bs = index.DefaultBlockTokens // auto resolves to a valid size
+		}
+		if err := c.IndexFor(bs).Validate(); err != nil {
+			path := "index"
+			if c.PrefixCache.BlockSize > 0 && strings.Contains(err.Error(), "BlockTokens") {
+				path = "prefix_cache.block_size"
+			}
+			bad(path, err)
+		}
+	}
+	for path, d := range map[string]Duration{"slo.ttft": c.SLO.TTFT, "slo.tpot": c.SLO.TPOT, "slo.e2e": c.SLO.E2E} {
+		if d < 0 {
+			badf(path, "%v is negative", time.Duration(d))
+		}
+	}
+	sort.SliceStable(errs, func(i, j int) bool { return errs[i].(*FieldError).Path < errs[j].(*FieldError).Path })
+	return errors.Join(errs...)
+}
+
+// validate checks one replica; errors are *FieldError with a relative path.
+func (r ReplicaConfig) validate() error {
+	switch {
+	case strings.TrimSpace(r.Name) == "":
+		return &FieldError{Path: "name", Err: errors.New("replica name is empty")}
+	case strings.ContainsAny(r.Name, ",= \t\n"):
+		return &FieldError{Path: "name", Err: fmt.Errorf("%q contains a space, comma or '='", r.Name)}
+	}
+	u, err := url.Parse(r.URL)
+	switch {
+	case r.URL == "":
+		return &FieldError{Path: "url", Err: errors.New("empty")}
+	case err != nil:
+		return &FieldError{Path: "url", Err: err}
+	case u.Scheme != "http" && u.Scheme != "https":
+		return &FieldError{Path: "url", Err: fmt.Errorf("%q: scheme must be http or https", r.URL)}
+	case u.Host == "":
+		return &FieldError{Path: "url", Err: fmt.Errorf("%q has no host", r.URL)}
+	}
+	if r.KV != "" && r.KVBind != "" {
+		return &FieldError{Path: "kv_bind", Err: errors.New("kv and kv_bind are mutually exclusive")}
+	}
+	for path, ep := range map[string]string{"kv": r.KV, "kv_bind": r.KVBind, "replay": r.Replay} {
+		if ep != "" && !strings.Contains(ep, "://") {
+			return &FieldError{Path: path, Err: fmt.Errorf("%q is not a ZMQ endpoint (want tcp://host:port or ipc://path)", ep)}
+		}
+	}
+	return nil
+}
+
+// MarshalDocument encodes c as indented JSON, the form the admin API serves.
+func MarshalDocument(c *RoutingConfig) ([]byte, error) {
+	return json.MarshalIndent(c, "", "  ")
+}
+
+// ParseDocument decodes a JSON document strictly (unknown fields are
+// errors, naming the field) and validates it. Absent fields keep their
+// DefaultRoutingConfig values.
+func ParseDocument(data []byte) (RoutingConfig, error) {
+	c, err := decodeDocument(data)
+	if err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+func decodeDocument(data []byte) (RoutingConfig, error) {
+	c := DefaultRoutingConfig()
+	c.Models = nil
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) && ute.Field != "" {
+			return c, &FieldError{Path: ute.Field, Err: err}
+		}
+		return c, &FieldError{Path: "(document)", Err: err}
+	}
+	if dec.More() {
+		return c, &FieldError{Path: "(document)", Err: errors.New("trailing data after the JSON document")}
+	}
+	return c, nil
+}

@@ -1,0 +1,59 @@
+package config
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the store's Prometheus series. Every gateway exports them;
+// comparing kvmesh_config_version across gateways shows convergence.
+type metrics struct {
+	// version: kvmesh_config_version, the applied config's version (raft
+	// index); 0 before the first apply.
+	version prometheus.Gauge
+	// applies: kvmesh_config_applies_total{result="applied"|"rejected"},
+	// config commands applied or rejected by this node's FSM.
+	applies *prometheus.CounterVec
+	// leader: kvmesh_raft_leader, 1 while this node is the raft leader.
+	leader prometheus.Gauge
+	// voters: kvmesh_raft_voters, voters in the raft configuration as this
+	// node knows it.
+	voters prometheus.Gauge
+	// forwarded: kvmesh_config_forwarded_total{result="ok"|"error"}, writes
+	// this node forwarded to the leader.
+	forwarded *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		version: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvmesh_config_version",
+			Help: "Version (raft index) of the routing config applied on this node; 0 before the first apply.",
+		}),
+		applies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_config_applies_total",
+			Help: "Routing-config commands applied or rejected (validation, version conflict) by this node's FSM.",
+		}, []string{"result"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvmesh_raft_leader",
+			Help: "1 while this node is the raft leader of the config store, else 0.",
+		}),
+		voters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvmesh_raft_voters",
+			Help: "Voters in the config store's raft configuration as known to this node.",
+		}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_config_forwarded_total",
+			Help: "Config writes this node forwarded to the raft leader, by result.",
+		}, []string{"result"}),
+	}
+	m.applies.WithLabelValues("applied")
+	m.applies.WithLabelValues("rejected")
+	m.forwarded.WithLabelValues("ok")
+	m.forwarded.WithLabelValues("error")
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.version, m.applies, m.leader, m.voters, m.forwarded} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,856 @@
+package config
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	wal "github.com/hashicorp/raft-wal"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Store is one gateway's replica of the routing config: a raft node whose
+// FSM holds the document. Reads (Current, OnApply) are local and never
+// block on the network; writes (Apply and its helpers) go through the
+// leader, forwarded over gRPC when this node is a follower.
+//
+// All methods are safe for concurrent use. Open starts the store's
+// goroutines; Shutdown stops them and waits.
+type Store struct {
+	cfg     StoreConfig
+	log     *slog.Logger
+	metrics *metrics
+	fsm     *FSM
+
+	raft      *raft.Raft
+	wal       *wal.WAL
+	netTrans  *raft.NetworkTransport // nil when cfg.Transport was given
+	raftAddr  string
+	leaderObs chan bool
+
+	applied chan struct{} // cap 1: "the FSM swapped"
+
+	subsMu  sync.Mutex
+	subs    map[int]*subscriber
+	nextSub int
+
+	clientsMu sync.Mutex
+	clients   map[string]*Client
+
+	absentSince map[string]time.Time // reconcile state; run goroutine only
+	seeded      bool                 // run goroutine only
+
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+type subscriber struct {
+	fn   func(*Versioned)
+	last uint64
+}
+
+// Open creates or reopens the store in cfg.DataDir, starts raft and the
+// store's goroutines (bootstrap, leader duties, apply notifications) and
+// returns without waiting for a leader.
+func Open(cfg StoreConfig) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("component", "config", "node", cfg.NodeID)
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("config: metrics: %w", err)
+	}
+	s := &Store{
+		cfg:         cfg,
+		log:         log,
+		metrics:     m,
+		applied:     make(chan struct{}, 1),
+		subs:        map[int]*subscriber{},
+		clients:     map[string]*Client{},
+		absentSince: map[string]time.Time{},
+		leaderObs:   make(chan bool, 1),
+		stop:        make(chan struct{}),
+	}
+	s.fsm = newFSM(m, log, s.signalApplied)
+	if err := s.openRaft(); err != nil {
+		s.closeStorage()
+		return nil, err
+	}
+	s.wg.Add(2)
+	go s.notifyLoop()
+	go s.runLoop()
+	return s, nil
+}
+
+func (s *Store) openRaft() error {
+	hlog := hclog.New(&hclog.LoggerOptions{
+		Name:   "raft",
+		Level:  hclog.LevelFromString(s.cfg.RaftLogLevel),
+		Output: slogWriter{s.log},
+	})
+	dir := filepath.Join(s.cfg.DataDir, "raft")
+	if err := os.MkdirAll(filepath.Join(dir, "wal"), 0o750); err != nil {
+		return fmt.Errorf("config: data dir: %w", err)
+	}
+	w, err := wal.Open(filepath.Join(dir, "wal"))
+	if err != nil {
+		return fmt.Errorf("config: open raft log in %s: %w", dir, err)
+	}
+	s.wal = w
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(dir, s.cfg.SnapshotRetain, hlog)
+	if err != nil {
+		return fmt.Errorf("config: snapshot store: %w", err)
+	}
+	trans := s.cfg.Transport
+	if trans == nil {
+		if s.netTrans, err = s.newNetworkTransport(hlog); err != nil {
+			return err
+		}
+		trans = s.netTrans
+	}
+	s.raftAddr = string(trans.LocalAddr())
+	rc := s.cfg.raftConfig()
+	rc.Logger = hlog
+	rc.NotifyCh = s.leaderObs
+	r, err := raft.NewRaft(rc, s.fsm, w, w, snaps, trans)
+	if err != nil {
+		return fmt.Errorf("config: start raft: %w", err)
+	}
+	s.raft = r
+	return nil
+}
+
+func (s *Store) newNetworkTransport(hlog hclog.Logger) (*raft.NetworkTransport, error) {
+	var adv net.Addr
+	if s.cfg.RaftAdvertiseAddr != "" {
+		a, err := net.ResolveTCPAddr("tcp", s.cfg.RaftAdvertiseAddr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: RaftAdvertiseAddr: %w", ErrInvalidStoreConfig, err)
+		}
+		adv = a
+	}
+	tc := &raft.NetworkTransportConfig{
+		ServerAddressProvider: addressProvider{s.cfg.Membership},
+		Logger:                hlog,
+		MaxPool:               3,
+		Timeout:               10 * time.Second,
+	}
+	if !s.cfg.RaftTLS.Enabled() {
+		t, err := raft.NewTCPTransportWithConfig(s.cfg.RaftBindAddr, adv, tc)
+		if err != nil {
+			return nil, fmt.Errorf("config: raft transport: %w", err)
+		}
+		return t, nil
+	}
+	srv, err := s.cfg.RaftTLS.ServerConfig()
+	if err != nil {
+		return nil, err
+	}
+	cli, err := s.cfg.RaftTLS.ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	if len(cli.Certificates) == 0 {
+		cli.Certificates = srv.Certificates
+	}
+	layer, err := newTLSStreamLayer(s.cfg.RaftBindAddr, adv, srv, cli)
+	if err != nil {
+		return nil, fmt.Errorf("config: raft transport: %w", err)
+	}
+	tc.Stream = layer
+	return raft.NewNetworkTransportWithConfig(tc), nil
+}
+
+// Shutdown stops raft and the store's goroutines, closes the log and the
+// transport it created, and waits. Idempotent; the config stays on disk.
+func (s *Store) Shutdown() error {
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		var errs []error
+		if s.raft != nil {
+			errs = append(errs, s.raft.Shutdown().Error())
+		}
+		s.wg.Wait()
+		s.clientsMu.Lock()
+		for addr, c := range s.clients {
+			errs = append(errs, c.Close())
+			delete(s.clients, addr)
+		}
+		s.clientsMu.Unlock()
+		errs = append(errs, s.closeStorage())
+		s.metrics.leader.Set(0)
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
+
+func (s *Store) closeStorage() error {
+	var errs []error
+	if s.netTrans != nil {
+		errs = append(errs, s.netTrans.Close())
+	}
+	if s.wal != nil {
+		errs = append(errs, s.wal.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// NodeID returns this node's id.
+func (s *Store) NodeID() string { return s.cfg.NodeID }
+
+// RaftAddr returns the address raft listens on (advertise this in
+// Member.RaftAddr).
+func (s *Store) RaftAddr() string { return s.raftAddr }
+
+// Current returns the last applied config; Version 0 and a nil Config
+// before the first apply. Never blocks.
+func (s *Store) Current() *Versioned { return s.fsm.Current() }
+
+// IsLeader reports whether this node is the raft leader now.
+func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// Leader returns the current leader's id and raft address as this node
+// knows them ("" when none).
+func (s *Store) Leader() (id, raftAddr string) {
+	addr, lid := s.raft.LeaderWithID()
+	return string(lid), string(addr)
+}
+
+// OnApply registers fn to receive every newly applied config, in version
+// order, from one store goroutine: a subscriber sees either the old or the
+// new *Versioned, never a partial one. If configs are applied faster than
+// fn returns, intermediate versions are skipped (fn always ends up with the
+// latest). fn is called first with the current config if one exists. fn
+// must not block for long (it delays other subscribers, never raft) and
+// must not modify the config. cancel unregisters fn; a call already in
+// progress may still complete after cancel returns.
+func (s *Store) OnApply(fn func(*Versioned)) (cancel func()) {
+	s.subsMu.Lock()
+	id := s.nextSub
+	s.nextSub++
+	s.subs[id] = &subscriber{fn: fn}
+	s.subsMu.Unlock()
+	s.signalApplied()
+	return func() {
+		s.subsMu.Lock()
+		delete(s.subs, id)
+		s.subsMu.Unlock()
+	}
+}
+
+func (s *Store) signalApplied() {
+	select {
+	case s.applied <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Store) notifyLoop() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.applied:
+		}
+		v := s.fsm.Current()
+		if v.Config == nil {
+			continue
+		}
+		s.subsMu.Lock()
+		due := make([]*subscriber, 0, len(s.subs))
+		ids := make([]int, 0, len(s.subs))
+		for id := range s.subs {
+			ids = append(ids, id)
+		}
+		sort.Ints(ids)
+		for _, id := range ids {
+			if sub := s.subs[id]; sub.last < v.Version {
+				sub.last = v.Version
+				due = append(due, sub)
+			}
+		}
+		s.subsMu.Unlock()
+		for _, sub := range due {
+			sub.fn(v)
+		}
+	}
+}
+
+// Set replaces the whole config; expected, if non-nil, makes it a
+// compare-and-set against the current version. Returns the applied
+// version. See Apply for errors.
+func (s *Store) Set(ctx context.Context, cfg RoutingConfig, expected *uint64) (uint64, error) {
+	return s.Apply(ctx, SetCommand(cfg, expected))
+}
+
+// Patch applies an RFC 7386 JSON merge patch to the config.
+func (s *Store) Patch(ctx context.Context, patch []byte, expected *uint64) (uint64, error) {
+	return s.Apply(ctx, PatchCommand(patch, expected))
+}
+
+// AddReplica adds r to model's pool (engine scale-out).
+func (s *Store) AddReplica(ctx context.Context, model string, r ReplicaConfig) (uint64, error) {
+	return s.Apply(ctx, AddReplicaCommand(model, r))
+}
+
+// RemoveReplica removes the named replica from model's pool (scale-in).
+func (s *Store) RemoveReplica(ctx context.Context, model, name string) (uint64, error) {
+	return s.Apply(ctx, RemoveReplicaCommand(model, name))
+}
+
+// Apply commits cmd through the raft leader (forwarding it when this node
+// is a follower) and returns the version it produced, once the leader has
+// applied it. Errors wrap ErrInvalidConfig (field-named; nothing reached
+// the log, or the FSM rejected it), ErrVersionConflict, ErrNotFound,
+// ErrNoQuorum (no leader could commit within ApplyTimeout or ctx's
+// deadline; the last applied config stays in force), ErrUnauthenticated
+// (peers refused this node's token) or ErrClosed.
+func (s *Store) Apply(ctx context.Context, cmd Command) (uint64, error) {
+	if err := precheck(cmd); err != nil {
+		return 0, err
+	}
+	data, err := encodeCommand(cmd)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
+	defer cancel()
+	var last error
+	backoff := 10 * time.Millisecond
+	for {
+		select {
+		case <-s.stop:
+			return 0, ErrClosed
+		default:
+		}
+		var v uint64
+		var err error
+		if s.IsLeader() {
+			v, err = s.applyLocal(cmd, data)
+		} else {
+			// One attempt may not use the whole budget: a leader that
+			// vanished mid-call must leave time to find the next one.
+			actx, acancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout/3)
+			v, err = s.forward(actx, data)
+			acancel()
+		}
+		switch {
+		case err == nil:
+			return v, nil
+		case !retryable(err):
+			return 0, err
+		}
+		last = err
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("%w: after %v: %w", ErrNoQuorum, s.cfg.ApplyTimeout, last)
+		case <-s.stop:
+			t.Stop()
+			return 0, ErrClosed
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// errNoLeader: no leader is known yet (retryable).
+var errNoLeader = errors.New("no raft leader known")
+
+func retryable(err error) bool {
+	if errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNoQuorum) || errors.Is(err, errNoLeader) {
+		return true
+	}
+	// A transport failure reaching the leader (Unavailable without a
+	// kvmesh reason) or a leader that shut down: try again.
+	var re *remoteError
+	if errors.As(err, &re) {
+		return errors.Is(err, ErrClosed)
+	}
+	return status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded
+}
+
+// precheck rejects what is invalid regardless of the current config, so
+// such a command never reaches the raft log.
+func precheck(cmd Command) error {
+	switch cmd.Op {
+	case OpSet:
+		if cmd.Config == nil {
+			return fmt.Errorf("%w: set without config", ErrBadCommand)
+		}
+		return cmd.Config.Validate()
+	case OpPatch:
+		var probe any
+		if err := decodeNumbers(cmd.Patch, &probe); err != nil {
+			return &FieldError{Path: "(patch)", Err: err}
+		}
+		if _, ok := probe.(map[string]any); !ok {
+			return &FieldError{Path: "(patch)", Err: errors.New("a merge patch of the document must be a JSON object")}
+		}
+	case OpAddReplica:
+		if cmd.Replica == nil {
+			return fmt.Errorf("%w: add_replica without replica", ErrBadCommand)
+		}
+		if err := cmd.Replica.validate(); err != nil {
+			var fe *FieldError
+			if errors.As(err, &fe) {
+				return &FieldError{Path: "replica." + fe.Path, Err: fe.Err}
+			}
+			return err
+		}
+	case OpRemoveReplica:
+	default:
+		return fmt.Errorf("%w: unknown op %q", ErrBadCommand, cmd.Op)
+	}
+	return nil
+}
+
+// applyLocal proposes data on this node, which believes it is the leader.
+// The command is first checked against the leader's current config, so an
+// invalid result rarely reaches the log (the FSM re-checks it on apply,
+// where the leader may have moved on).
+func (s *Store) applyLocal(cmd Command, data []byte) (uint64, error) {
+	if _, err := cmd.apply(s.fsm.Current()); err != nil && !errors.Is(err, ErrVersionConflict) {
+		return 0, err
+	}
+	f := s.raft.Apply(data, s.cfg.ApplyTimeout)
+	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader):
+			return 0, ErrNotLeader
+		case errors.Is(err, raft.ErrLeadershipLost):
+			return 0, fmt.Errorf("%w: leadership lost while committing (the write may still apply)", ErrNoQuorum)
+		case errors.Is(err, raft.ErrEnqueueTimeout):
+			return 0, fmt.Errorf("%w: %w", ErrNoQuorum, err)
+		case errors.Is(err, raft.ErrRaftShutdown):
+			return 0, ErrClosed
+		}
+		return 0, fmt.Errorf("config: raft apply: %w", err)
+	}
+	res, ok := f.Response().(applyResult)
+	if !ok {
+		return 0, fmt.Errorf("%w: unexpected FSM response %T", ErrBadCommand, f.Response())
+	}
+	return res.version, res.err
+}
+
+// ApplyForwarded is the leader side of forwarding: it applies an encoded
+// command received from a follower. A node that is not the leader answers
+// ErrNotLeader and never forwards again.
+func (s *Store) ApplyForwarded(data []byte) (uint64, error) {
+	cmd, err := decodeCommand(data)
+	if err != nil {
+		return 0, err
+	}
+	if !s.IsLeader() {
+		return 0, ErrNotLeader
+	}
+	return s.applyLocal(cmd, data)
+}
+
+func (s *Store) forward(ctx context.Context, data []byte) (uint64, error) {
+	lid, _ := s.Leader()
+	if lid == "" {
+		return 0, errNoLeader
+	}
+	m, ok := lookup(s.cfg.Membership, lid)
+	if !ok || m.AdminAddr == "" {
+		return 0, fmt.Errorf("%w: leader %s has no admin address in membership", errNoLeader, lid)
+	}
+	c, err := s.client(m.AdminAddr)
+	if err != nil {
+		return 0, err
+	}
+	v, err := c.forward(ctx, data)
+	if err != nil {
+		s.metrics.forwarded.WithLabelValues("error").Inc()
+		return 0, err
+	}
+	s.metrics.forwarded.WithLabelValues("ok").Inc()
+	return v, nil
+}
+
+// client returns the cached admin client for addr.
+func (s *Store) client(addr string) (*Client, error) {
+	s.clientsMu.Lock()
+	defer s.clientsMu.Unlock()
+	select {
+	case <-s.stop:
+		return nil, ErrClosed
+	default:
+	}
+	if c, ok := s.clients[addr]; ok {
+		return c, nil
+	}
+	c, err := Dial(addr, s.cfg.Forward)
+	if err != nil {
+		return nil, err
+	}
+	s.clients[addr] = c
+	return c, nil
+}
+
+// runLoop owns bootstrap, leader duties (seed, voter reconciliation) and
+// the raft gauges. It wakes on leadership changes, membership changes and
+// every ReconcileInterval.
+func (s *Store) runLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.ReconcileInterval)
+	defer t.Stop()
+	needBootstrap := true
+	for {
+		changed := s.cfg.Membership.Changed()
+		if needBootstrap {
+			needBootstrap = !s.tryBootstrap()
+		}
+		s.observe()
+		select {
+		case <-s.stop:
+			return
+		case <-s.leaderObs:
+		case <-changed:
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Store) observe() {
+	leader := s.IsLeader()
+	if leader {
+		s.metrics.leader.Set(1)
+	} else {
+		s.metrics.leader.Set(0)
+		s.seeded = false
+	}
+	f := s.raft.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	servers := f.Configuration().Servers
+	voters := 0
+	for _, srv := range servers {
+		if srv.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	s.metrics.voters.Set(float64(voters))
+	if !leader {
+		clear(s.absentSince)
+		return
+	}
+	s.seed()
+	s.reconcile(servers, time.Now())
+}
+
+// inConfiguration reports whether this node is in the raft configuration.
+func (s *Store) inConfiguration() bool {
+	f := s.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	return slices.ContainsFunc(f.Configuration().Servers, func(srv raft.Server) bool {
+		return srv.ID == raft.ServerID(s.cfg.NodeID)
+	})
+}
+
+// tryBootstrap forms a fresh cluster when this node is one of the
+// BootstrapExpect members with the smallest IDs and no peer already belongs
+// to a cluster. It returns true once nothing is left to do: the node has
+// state, is in a configuration, or bootstrapped.
+func (s *Store) tryBootstrap() bool {
+	if s.inConfiguration() || s.raft.LastIndex() > 0 {
+		return true
+	}
+	members := s.cfg.Membership.Members()
+	if len(members) < s.cfg.BootstrapExpect {
+		return false
+	}
+	set := smallestIDs(members, s.cfg.BootstrapExpect)
+	if !slices.ContainsFunc(set, func(m Member) bool { return m.ID == s.cfg.NodeID }) {
+		return false // a later gateway: the leader adds it as a non-voter
+	}
+	servers := make([]raft.Server, 0, len(set))
+	for _, m := range set {
+		if m.RaftAddr == "" {
+			return false // wait for its metadata
+		}
+		servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
+	}
+	if p := s.formedPeer(members); p != "" {
+		s.log.Info("not bootstrapping: a peer already belongs to a cluster", "peer", p)
+		return false
+	}
+	err := s.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+	if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
+		s.log.Error("raft bootstrap failed", "err", err)
+		return false
+	}
+	ids := make([]string, len(set))
+	for i, m := range set {
+		ids[i] = m.ID
+	}
+	s.log.Info("raft bootstrapped", "voters", strings.Join(ids, ","))
+	return true
+}
+
+// formedPeer asks the other members whether they already belong to a raft
+// configuration, so a late gateway whose ID sorts low does not bootstrap a
+// second cluster. It returns such a peer's id, or "". Unreachable peers
+// count as not formed.
+func (s *Store) formedPeer(members []Member) string {
+	timeout := min(s.cfg.ApplyTimeout/4, time.Second)
+	for _, m := range members {
+		if m.ID == s.cfg.NodeID || m.AdminAddr == "" {
+			continue
+		}
+		c, err := s.client(m.AdminAddr)
+		if err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		st, err := c.Status(ctx)
+		cancel()
+		if err == nil && st.InConfiguration {
+			return m.ID
+		}
+	}
+	return ""
+}
+
+// seed proposes cfg.Seed once per leadership when the config is empty.
+func (s *Store) seed() {
+	if s.seeded || s.cfg.Seed == nil {
+		return
+	}
+	s.seeded = true
+	// The barrier makes the FSM catch up with every committed entry, so
+	// an existing config is seen and no doomed seed is proposed.
+	if err := s.raft.Barrier(s.cfg.ApplyTimeout).Error(); err != nil {
+		s.seeded = false
+		return
+	}
+	if s.fsm.Current().Version != 0 {
+		return
+	}
+	cmd := SetCommand(*s.cfg.Seed, Version(0))
+	data, err := encodeCommand(cmd)
+	if err != nil {
+		return
+	}
+	v, err := s.applyLocal(cmd, data)
+	switch {
+	case err == nil:
+		s.log.Info("seed config applied", "version", v)
+	case errors.Is(err, ErrVersionConflict):
+	default:
+		s.seeded = false
+		s.log.Warn("seed config not applied", "err", err)
+	}
+}
+
+// reconcile makes the raft configuration follow membership: live members
+// not in it join as non-voters, servers missing for DeadServerGrace are
+// removed, moved servers get their new address, and non-voters are
+// promoted (smallest ID first) while there are fewer than BootstrapExpect
+// voters.
+func (s *Store) reconcile(servers []raft.Server, now time.Time) {
+	live := map[string]Member{}
+	for _, m := range s.cfg.Membership.Members() {
+		live[m.ID] = m
+	}
+	timeout := s.cfg.ApplyTimeout
+	self := raft.ServerID(s.cfg.NodeID)
+	voters := 0
+	inConf := map[string]raft.Server{}
+	for _, srv := range servers {
+		inConf[string(srv.ID)] = srv
+		if srv.Suffrage == raft.Voter {
+			voters++
+		}
+		if srv.ID == self {
+			continue
+		}
+		m, ok := live[string(srv.ID)]
+		if ok {
+			delete(s.absentSince, string(srv.ID))
+			if m.RaftAddr != "" && m.RaftAddr != string(srv.Address) {
+				s.change("address", srv.ID, m.RaftAddr, srv.Suffrage, timeout)
+			}
+			continue
+		}
+		since, seen := s.absentSince[string(srv.ID)]
+		if !seen {
+			s.absentSince[string(srv.ID)] = now
+			continue
+		}
+		if now.Sub(since) < s.cfg.DeadServerGrace {
+			continue
+		}
+		if err := s.raft.RemoveServer(srv.ID, 0, timeout).Error(); err != nil {
+			s.log.Warn("raft remove server failed", "server", srv.ID, "err", err)
+			continue
+		}
+		s.log.Info("raft server removed after grace", "server", srv.ID, "absent", now.Sub(since).Round(time.Millisecond))
+		delete(s.absentSince, string(srv.ID))
+		delete(inConf, string(srv.ID))
+		if srv.Suffrage == raft.Voter {
+			voters--
+		}
+	}
+	ids := make([]string, 0, len(live))
+	for id := range live {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		m := live[id]
+		if _, ok := inConf[id]; ok || m.RaftAddr == "" {
+			continue
+		}
+		if s.change("add non-voter", raft.ServerID(id), m.RaftAddr, raft.Nonvoter, timeout) {
+			inConf[id] = raft.Server{ID: raft.ServerID(id), Address: raft.ServerAddress(m.RaftAddr), Suffrage: raft.Nonvoter}
+		}
+	}
+	for _, id := range ids {
+		if voters >= s.cfg.BootstrapExpect {
+			break
+		}
+		srv, ok := inConf[id]
+		if !ok || srv.Suffrage == raft.Voter {
+			continue
+		}
+		if s.change("promote", srv.ID, string(srv.Address), raft.Voter, timeout) {
+			voters++
+		}
+	}
+}
+
+func (s *Store) change(what string, id raft.ServerID, addr string, suffrage raft.ServerSuffrage, timeout time.Duration) bool {
+	var f raft.IndexFuture
+	if suffrage == raft.Voter {
+		f = s.raft.AddVoter(id, raft.ServerAddress(addr), 0, timeout)
+	} else {
+		f = s.raft.AddNonvoter(id, raft.ServerAddress(addr), 0, timeout)
+	}
+	if err := f.Error(); err != nil {
+		s.log.Warn("raft membership change failed", "change", what, "server", id, "err", err)
+		return false
+	}
+	s.log.Info("raft membership change", "change", what, "server", id, "addr", addr)
+	return true
+}
+
+// StatusInfo is this node's raft view.
+type StatusInfo struct {
+	NodeID          string
+	State           string
+	LeaderID        string
+	LeaderRaftAddr  string
+	AppliedIndex    uint64
+	ConfigVersion   uint64
+	InConfiguration bool
+}
+
+// Status returns this node's raft view.
+func (s *Store) Status() StatusInfo {
+	lid, laddr := s.Leader()
+	return StatusInfo{
+		NodeID:          s.cfg.NodeID,
+		State:           s.raft.State().String(),
+		LeaderID:        lid,
+		LeaderRaftAddr:  laddr,
+		AppliedIndex:    s.raft.AppliedIndex(),
+		ConfigVersion:   s.fsm.Current().Version,
+		InConfiguration: s.inConfiguration(),
+	}
+}
+
+// Suffrage is a member's raft role.
+type Suffrage string
+
+// Suffrage values.
+const (
+	SuffrageNone     Suffrage = "none"
+	SuffrageVoter    Suffrage = "voter"
+	SuffrageNonvoter Suffrage = "nonvoter"
+)
+
+// MemberStatus is one gateway in the cluster view: live members and raft
+// servers, merged.
+type MemberStatus struct {
+	Member
+	// Alive: the membership layer currently sees the gateway.
+	Alive bool
+	// Suffrage is its raft role (none: not in the raft configuration).
+	Suffrage Suffrage
+	// Leader marks the raft leader.
+	Leader bool
+}
+
+// Members returns live members and raft servers merged, sorted by ID.
+func (s *Store) Members() []MemberStatus {
+	byID := map[string]*MemberStatus{}
+	for _, m := range s.cfg.Membership.Members() {
+		byID[m.ID] = &MemberStatus{Member: m, Alive: true, Suffrage: SuffrageNone}
+	}
+	if f := s.raft.GetConfiguration(); f.Error() == nil {
+		for _, srv := range f.Configuration().Servers {
+			ms, ok := byID[string(srv.ID)]
+			if !ok {
+				ms = &MemberStatus{Member: Member{ID: string(srv.ID), RaftAddr: string(srv.Address)}}
+				byID[string(srv.ID)] = ms
+			}
+			ms.Suffrage = SuffrageNonvoter
+			if srv.Suffrage == raft.Voter {
+				ms.Suffrage = SuffrageVoter
+			}
+		}
+	}
+	lid, _ := s.Leader()
+	out := make([]MemberStatus, 0, len(byID))
+	for _, ms := range byID {
+		ms.Leader = ms.ID == lid && lid != ""
+		out = append(out, *ms)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// slogWriter forwards hclog's text lines (raft's logger) to slog.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	level := slog.LevelInfo
+	switch {
+	case strings.Contains(line, "[ERROR]"):
+		level = slog.LevelError
+	case strings.Contains(line, "[WARN]"):
+		level = slog.LevelWarn
+	case strings.Contains(line, "[DEBUG]"), strings.Contains(line, "[TRACE]"):
+		level = slog.LevelDebug
+	}
+	w.log.Log(context.Background(), level, "raft", "line", line)
+	return len(p), nil
+}

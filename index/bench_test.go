@@ -312,3 +312,29 @@ func reportPerCPU(b *testing.B, cpu0 time.Duration, n int, unit string) {
 		b.ReportMetric(float64(n)/(cpu1-cpu0).Seconds(), unit)
 	}
 }
+
+// BenchmarkSnapshot encodes and restores the 1M-entry events index (with
+// engine maps), reporting the snapshot size per entry.
+func BenchmarkSnapshot(b *testing.B) {
+	bi := eventsIndex(b)
+	var buf []byte
+	b.Run("append", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			buf = bi.x.AppendSnapshot(buf[:0], map[string]uint64{"gw": 1}, nil)
+		}
+		b.ReportMetric(float64(len(buf))/float64(bi.x.Stats().TotalEntries()), "B/entry")
+	})
+	b.Run("restore", func(b *testing.B) {
+		y, _ := New(benchConfig())
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := y.Restore(buf, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if y.Stats().Entries != bi.x.Stats().Entries {
+			b.Fatalf("restored %v, want %v", y.Stats().Entries, bi.x.Stats().Entries)
+		}
+	})
+}

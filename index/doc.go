@@ -70,5 +70,7 @@
 // DropReplica, Expire, SetReplicaRoot, SetPublishesEvents, Restore) take the
 // write lock once per call. No method keeps a reference to a slice or map it
 // is given, and none blocks other than on the lock. AppendSnapshot holds the
-// read lock while it encodes.
+// read lock while it encodes, which blocks writers for a fraction of a
+// second per million entries (BenchmarkSnapshot); Restore decodes into a
+// fresh structure without the lock and takes the write lock only to swap.
 package index

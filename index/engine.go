@@ -299,24 +299,6 @@ func (x *Index) engClear(r ReplicaID) {
 	}
 }
 
-// engMappings returns every engine mapping of r (for snapshots).
-func (x *Index) engMappings(r ReplicaID) map[uint64]BlockKey {
-	m := make(map[uint64]BlockKey)
-	if r < inlineReplicas {
-		for h, e := range x.eng {
-			if e.reps&(1<<r) != 0 {
-				m[h] = e.key
-			}
-		}
-	}
-	if rs := x.replicas[r]; rs != nil {
-		for h, k := range rs.eng {
-			m[h] = k
-		}
-	}
-	return m
-}
-
 // AppendEngineHashes appends every engine hash currently mapped for replica
 // r (stored and not yet removed or cleared), in no particular order. With
 // AppendReplicaKeys it lets an end-to-end test compare the index with an

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -42,6 +43,9 @@ func (x *Index) AppendSnapshot(dst []byte, watermarks map[string]uint64, name fu
 	}
 	x.mu.RLock()
 	defer x.mu.RUnlock()
+	// Reserve roughly the final size (varints make it an estimate) so the
+	// encoding does not copy a growing buffer while holding the lock.
+	dst = slices.Grow(dst, 64+x.live*22+x.total()*2+x.engCount*18)
 	start := len(dst)
 	dst = append(dst, snapshotMagic...)
 	dst = append(dst, snapshotVersion)
@@ -86,15 +90,41 @@ func (x *Index) AppendSnapshot(dst []byte, watermarks map[string]uint64, name fu
 		order = append(order, r)
 	}
 	sort.Slice(order, func(i, j int) bool { return order[i] < order[j] })
-	ord := make(map[ReplicaID]uint64, len(order))
+	// ord maps a ReplicaID to its position in the snapshot's replica table,
+	// or -1 when left out; a flat slice, since it is read once per entry.
+	ord := make([]int32, MaxReplicas)
+	for i := range ord {
+		ord[i] = -1
+	}
 	kept := order[:0]
 	for _, r := range order {
 		if s, ok := name(r); ok {
-			ord[r] = uint64(len(kept))
+			ord[r] = int32(len(kept))
 			kept = append(kept, r)
 			names = append(names, s)
 		}
 	}
+	// Engine mappings per kept replica, in one pass over the shared map.
+	type mapping struct {
+		h uint64
+		k BlockKey
+	}
+	engOf := make([][]mapping, len(kept))
+	for h, e := range x.eng {
+		for m := e.reps; m != 0; m &= m - 1 {
+			if o := ord[bits.TrailingZeros64(m)]; o >= 0 {
+				engOf[o] = append(engOf[o], mapping{h, e.key})
+			}
+		}
+	}
+	for o, r := range kept {
+		if rs := x.replicas[r]; rs != nil {
+			for h, k := range rs.eng {
+				engOf[o] = append(engOf[o], mapping{h, k})
+			}
+		}
+	}
+
 	dst = binary.AppendUvarint(dst, uint64(len(kept)))
 	for i, r := range kept {
 		dst = appendString(dst, names[i])
@@ -114,9 +144,9 @@ func (x *Index) AppendSnapshot(dst []byte, watermarks map[string]uint64, name fu
 		if rs != nil {
 			multi = rs.multi
 		}
-		eng := x.engMappings(r)
-		dst = binary.AppendUvarint(dst, uint64(len(eng)))
-		for eh, k := range eng {
+		dst = binary.AppendUvarint(dst, uint64(len(engOf[i])))
+		for _, m := range engOf[i] {
+			eh, k := m.h, m.k
 			dst = binary.LittleEndian.AppendUint64(dst, eh)
 			if ks, ok := multi[eh]; ok {
 				dst = binary.AppendUvarint(dst, uint64(len(ks)))
@@ -157,14 +187,14 @@ func (x *Index) AppendSnapshot(dst []byte, watermarks map[string]uint64, name fu
 		for l := range numLedgers {
 			reps = reps[:0]
 			for m := n.masks[l]; m != 0; m &= m - 1 {
-				if o, ok := ord[ReplicaID(bits.TrailingZeros64(m))]; ok {
-					reps = append(reps, o)
+				if o := ord[bits.TrailingZeros64(m)]; o >= 0 {
+					reps = append(reps, uint64(o))
 				}
 			}
 			if n.flags.Load()&flagOvf != 0 {
 				for _, e := range x.ovf[n.key] {
-					if o, ok := ord[e.r]; ok && e.ledgers&(1<<l) != 0 {
-						reps = append(reps, o)
+					if o := ord[e.r]; o >= 0 && e.ledgers&(1<<l) != 0 {
+						reps = append(reps, uint64(o))
 					}
 				}
 			}

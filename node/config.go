@@ -137,6 +137,11 @@ type Config struct {
 	// HealthTimeout bounds one health poll. Default 1s.
 	HealthTimeout time.Duration `yaml:"health_timeout"`
 
+	// UnhealthyAfter is the number of consecutive failed /health polls
+	// that take a replica out of rotation (one success brings it back).
+	// Default 2: one slow answer from a saturated engine is not an outage.
+	UnhealthyAfter int `yaml:"unhealthy_after"`
+
 	// EjectAfter is the number of consecutive failed requests (connect
 	// errors, timeouts, 5xx) that ejects a replica. Default 3: one failure
 	// is noise, three in a row is a pattern.
@@ -232,6 +237,7 @@ func DefaultConfig() Config {
 		ScrapeTimeout:           time.Second,
 		HealthInterval:          2 * time.Second,
 		HealthTimeout:           time.Second,
+		UnhealthyAfter:          2,
 		EjectAfter:              3,
 		EjectBackoff:            time.Second,
 		EjectMaxBackoff:         30 * time.Second,
@@ -398,6 +404,9 @@ func (c *Config) Validate() error {
 	}
 	if c.EjectMaxBackoff < c.EjectBackoff {
 		bad("eject_max_backoff %v below eject_backoff %v", c.EjectMaxBackoff, c.EjectBackoff)
+	}
+	if c.UnhealthyAfter <= 0 {
+		bad("unhealthy_after %d must be positive", c.UnhealthyAfter)
 	}
 	if c.EjectAfter <= 0 {
 		bad("eject_after %d must be positive", c.EjectAfter)

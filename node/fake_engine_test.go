@@ -27,6 +27,7 @@ type fakeEngine struct {
 	status       atomic.Int64 // 0 = 200
 	breakAfter   atomic.Int64 // >0: drop the connection after this many events
 	healthStatus atomic.Int64 // 0 = 200
+	tokStatus    atomic.Int64 // 0 = 200 for /tokenize
 	running      atomic.Int64
 	waiting      atomic.Int64
 
@@ -60,6 +61,10 @@ func newFakeEngine(t testing.TB, name string) *fakeEngine {
 		fmt.Fprintf(w, "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n")
 	})
 	mux.HandleFunc("/tokenize", func(w http.ResponseWriter, r *http.Request) {
+		if s := e.tokStatus.Load(); s != 0 {
+			w.WriteHeader(int(s))
+			return
+		}
 		var req struct {
 			Prompt string `json:"prompt"`
 		}

@@ -55,11 +55,15 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 // (falling back to the local one on any failure), else the local one.
 func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst []uint32) []uint32 {
 	if n.remote != nil {
-		if toks, err := n.remote.tokens(ctx, n, p, req); err == nil {
+		toks, rep, err := n.remote.tokens(ctx, n, p, req)
+		if err == nil {
 			return append(dst, toks...)
-		} else if ctx.Err() == nil {
+		}
+		if ctx.Err() == nil {
 			n.m.tokenizeCache.WithLabelValues("fallback").Inc()
-			n.m.upstreamErrors.WithLabelValues(p.model, reasonRemoteTokenize).Inc()
+			if rep != nil {
+				n.m.upstreamErrors.WithLabelValues(rep.name, reasonRemoteTokenize).Inc()
+			}
 			n.log.Debug("remote tokenize failed, using the local tokenizer", "model", p.model, "err", err)
 		}
 	}
@@ -137,12 +141,13 @@ func (t *remoteTokenizer) put(k uint64, toks []uint32) {
 }
 
 // tokens returns the engine's tokenization of req's prompt, from the cache
-// or from the first available replica of p, within RemoteTokenizeTimeout.
-func (t *remoteTokenizer) tokens(ctx context.Context, n *Node, p *pool, req *inferenceRequest) ([]uint32, error) {
+// or from the first available replica of p (returned, nil on a cache hit),
+// within RemoteTokenizeTimeout.
+func (t *remoteTokenizer) tokens(ctx context.Context, n *Node, p *pool, req *inferenceRequest) ([]uint32, *replica, error) {
 	k := t.key(p.model, req)
 	if toks, ok := t.get(k); ok {
 		n.m.tokenizeCache.WithLabelValues("hit").Inc()
-		return toks, nil
+		return toks, nil, nil
 	}
 	n.m.tokenizeCache.WithLabelValues("miss").Inc()
 	var rep *replica
@@ -154,7 +159,7 @@ func (t *remoteTokenizer) tokens(ctx context.Context, n *Node, p *pool, req *inf
 		}
 	}
 	if rep == nil {
-		return nil, fmt.Errorf("%w: %w", ErrRemoteTokenize, ErrNoHealthyReplica)
+		return nil, nil, fmt.Errorf("%w: %w", ErrRemoteTokenize, ErrNoHealthyReplica)
 	}
 	body := tokenizeRequest{Model: req.model}
 	if req.kind == kindChat {
@@ -164,31 +169,31 @@ func (t *remoteTokenizer) tokens(ctx context.Context, n *Node, p *pool, req *inf
 	}
 	data, err := json.Marshal(body)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRemoteTokenize, err)
+		return nil, rep, fmt.Errorf("%w: %w", ErrRemoteTokenize, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.RemoteTokenizeTimeout)
 	defer cancel()
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, rep.endpoint("/tokenize"), bytes.NewReader(data))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrRemoteTokenize, err)
+		return nil, rep, fmt.Errorf("%w: %w", ErrRemoteTokenize, err)
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	resp, err := t.client.Do(hr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrRemoteTokenize, rep.name, err)
+		return nil, rep, fmt.Errorf("%w: %s: %w", ErrRemoteTokenize, rep.name, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return nil, fmt.Errorf("%w: %s: status %d", ErrRemoteTokenize, rep.name, resp.StatusCode)
+		return nil, rep, fmt.Errorf("%w: %s: status %d", ErrRemoteTokenize, rep.name, resp.StatusCode)
 	}
 	var tr tokenizeResponse
 	if err := json.NewDecoder(io.LimitReader(resp.Body, n.cfg.MaxBodyBytes)).Decode(&tr); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", ErrRemoteTokenize, rep.name, err)
+		return nil, rep, fmt.Errorf("%w: %s: %w", ErrRemoteTokenize, rep.name, err)
 	}
 	if len(tr.Tokens) == 0 {
-		return nil, fmt.Errorf("%w: %s: no tokens", ErrRemoteTokenize, rep.name)
+		return nil, rep, fmt.Errorf("%w: %s: no tokens", ErrRemoteTokenize, rep.name)
 	}
 	t.put(k, tr.Tokens)
-	return tr.Tokens, nil
+	return tr.Tokens, rep, nil
 }

@@ -47,6 +47,7 @@ type Node struct {
 	handler   http.Handler
 	rngSeed   atomic.Uint64
 	peers     atomic.Pointer[peerHolder]
+	recorder  atomic.Pointer[recordHolder]
 
 	mu       sync.Mutex
 	started  bool
@@ -65,6 +66,8 @@ type Node struct {
 }
 
 type peerHolder struct{ p PeerLoad }
+
+type recordHolder struct{ l RecordListener }
 
 // modelRef resolves a request's "model": its pool and LoRA adapter ("" for
 // the base model).
@@ -210,6 +213,16 @@ func (n *Node) peerLoad() PeerLoad {
 		return h.p
 	}
 	return nil
+}
+
+// SetRecordListener installs the listener told about every decision the
+// Node records in its index. Safe to call at any time; nil removes it.
+func (n *Node) SetRecordListener(l RecordListener) {
+	if l == nil {
+		n.recorder.Store(nil)
+		return
+	}
+	n.recorder.Store(&recordHolder{l: l})
 }
 
 // Registry is the Node's private metrics registry (served on /metrics).

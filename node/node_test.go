@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -624,3 +625,62 @@ type recorder struct {
 func (r *recorder) Header() http.Header         { return r.header }
 func (r *recorder) WriteHeader(c int)           { r.code = c }
 func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
+
+func TestRemoteTokenizerFallsBackToLocal(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.tokStatus.Store(500)
+	n := startNode(t, func(c *Config) { c.Tokenizer = TokenizerRemote }, rc("a", e.url()))
+	text := strings.Repeat("fallback text ", 20)
+	resp := post(t, n, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q}`, text), nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	readAll(t, resp)
+	assert.Equal(t, 1.0, value(n.m.tokenizeCache.WithLabelValues("fallback")))
+	assert.Equal(t, 1.0, value(n.m.upstreamErrors.WithLabelValues("a", reasonRemoteTokenize)))
+	// The keys are the local tiktoken's.
+	s := getScratch()
+	defer putScratch(s)
+	toks := n.tok.Encode(nil, text)
+	h := n.Index().Hasher()
+	keys := h.AppendKeys(nil, h.Root("m", "", ""), toks)
+	require.NotEmpty(t, keys)
+	aid, _ := n.ReplicaID("a")
+	out := make([]int32, 1)
+	assert.Equal(t, len(keys), n.Index().Match(keys, []index.ReplicaID{aid}, index.ModeHistory, time.Now().UnixNano(), out))
+}
+
+func TestUnhealthyAfterConsecutivePolls(t *testing.T) {
+	r, err := newReplica(0, rc("a", "http://127.0.0.1:1"), &pool{})
+	require.NoError(t, err)
+	assert.False(t, r.setActive(false, 2))
+	assert.True(t, r.available(1), "one failed poll is not an outage")
+	assert.True(t, r.setActive(false, 2))
+	assert.False(t, r.available(1))
+	assert.False(t, r.setActive(false, 2))
+	assert.True(t, r.setActive(true, 2))
+	assert.True(t, r.available(1))
+	assert.False(t, r.setActive(false, 2), "the count restarts after a success")
+}
+
+type recordSink struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (s *recordSink) Recorded(model, replica string, l index.Ledger, keys []index.BlockKey, now int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, fmt.Sprintf("%s/%s/%s/%d", model, replica, l, len(keys)))
+}
+
+func TestRecordListenerHearsDecisions(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, nil, rc("a", e.url()))
+	sink := &recordSink{}
+	n.SetRecordListener(sink)
+	readAll(t, post(t, n, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("z", 300)), nil))
+	e.status.Store(500)
+	readAll(t, post(t, n, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q}`, strings.Repeat("y", 300)), nil))
+	sink.mu.Lock()
+	defer sink.mu.Unlock()
+	assert.Equal(t, []string{"m/a/history/2"}, sink.got, "only successful decisions are recorded")
+}

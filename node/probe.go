@@ -79,7 +79,7 @@ func (n *Node) checkHealth(ctx context.Context, r *replica) {
 	if !up {
 		n.m.upstreamErrors.WithLabelValues(r.name, reasonHealthCheck).Inc()
 	}
-	if r.setActive(up) {
+	if r.setActive(up, n.cfg.UnhealthyAfter) {
 		if up {
 			n.log.Info("replica healthy again", "replica", r.name)
 		} else {

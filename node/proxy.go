@@ -419,6 +419,10 @@ func (n *Node) recordDecision(rep *replica, keys []index.BlockKey, now int64) {
 	}
 	if err := n.index.Record(keys, rep.id, ledger, now); err != nil {
 		n.log.Error("index record failed", "replica", rep.name, "err", err)
+		return
+	}
+	if h := n.recorder.Load(); h != nil {
+		h.l.Recorded(rep.pool.model, rep.name, ledger, keys, now)
 	}
 }
 

@@ -25,6 +25,15 @@ type PeerLoad interface {
 	InFlight(replica string) int
 }
 
+// RecordListener hears every routing decision the Node writes into its
+// index, so that replication can publish it to peers (DESIGN §2, flow 1).
+// Recorded is called on the request path right after the index write,
+// concurrently from many requests; it must not block, and must copy keys if
+// it keeps them.
+type RecordListener interface {
+	Recorded(model, replica string, ledger index.Ledger, keys []index.BlockKey, now int64)
+}
+
 // replica is one engine as the node tracks it. Counters are atomics so that
 // the routing hot path reads them without a lock.
 type replica struct {
@@ -48,7 +57,8 @@ type replica struct {
 	// Health. ejectedUntil and activeDown are read lock-free by routing;
 	// mu serialises the bookkeeping that decides them.
 	ejectedUntil atomic.Int64 // unix nanos; 0 = not ejected
-	activeDown   atomic.Bool  // last /health poll failed
+	activeDown   atomic.Bool  // UnhealthyAfter /health polls in a row failed
+	healthFails  int          // consecutive failed polls; the probe goroutine's own
 	mu           sync.Mutex
 	consecFails  int
 	ejections    int // consecutive ejections without a success in between
@@ -138,11 +148,21 @@ func (r *replica) onFailure(now int64, ejectAfter int, backoff, maxBackoff time.
 	return true, d
 }
 
-// setActive records the outcome of an active /health poll and reports
-// whether it changed the replica's state. It does not end a passive
-// ejection: a replica may answer /health while failing requests.
-func (r *replica) setActive(up bool) (changed bool) {
-	return r.activeDown.Swap(!up) != !up
+// setActive records the outcome of an active /health poll: threshold
+// consecutive failures mark the replica down, one success marks it up. It
+// reports whether the state changed. It does not end a passive ejection:
+// a replica may answer /health while failing requests. Only the replica's
+// probe goroutine calls it.
+func (r *replica) setActive(up bool, threshold int) (changed bool) {
+	if up {
+		r.healthFails = 0
+		return r.activeDown.Swap(false)
+	}
+	r.healthFails++
+	if r.healthFails < threshold {
+		return false
+	}
+	return !r.activeDown.Swap(true)
 }
 
 // load returns the engine-scraped figures, -1 (route.Unknown) when unknown.

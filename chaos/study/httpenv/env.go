@@ -84,6 +84,10 @@ type Config struct {
 	IdleTimeout time.Duration
 	// IdlePoll is WaitIdle's polling period in wall time. Default 10 ms.
 	IdlePoll time.Duration
+	// SelectionLabels orders the gateway metric labels that make a
+	// selection key ("prefix-cache/prefix_match"); labels not listed follow
+	// in name order. Default ["strategy", "selection"].
+	SelectionLabels []string
 	// SelectionSkipLabels are gateway metric labels left out of selection
 	// keys (e.g. the model name). Default ["model"].
 	SelectionSkipLabels []string
@@ -98,6 +102,7 @@ func DefaultConfig() Config {
 		ControlTimeout:      5 * time.Second,
 		IdleTimeout:         2 * time.Minute,
 		IdlePoll:            10 * time.Millisecond,
+		SelectionLabels:     []string{"strategy", "selection"},
 		SelectionSkipLabels: []string{"model"},
 	}
 }
@@ -414,7 +419,7 @@ func (e *Env) Counters(ctx context.Context) (study.Counters, error) {
 		if c.Selections == nil {
 			c.Selections = map[string]float64{}
 		}
-		for k, v := range ByLabels(s, MetricSelection, e.cfg.SelectionSkipLabels...) {
+		for k, v := range ByLabels(s, MetricSelection, e.cfg.SelectionLabels, e.cfg.SelectionSkipLabels) {
 			c.Selections[k] += v
 		}
 	}

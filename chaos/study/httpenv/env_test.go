@@ -36,8 +36,10 @@ plain 42
 	assert.Equal(t, 1.5e6+10, v)
 	_, ok = httpenv.Sum(s, "vllm:nope")
 	assert.False(t, ok)
-	assert.Equal(t, map[string]float64{"prefix_match/prefix-cache": 9},
-		httpenv.ByLabels(s, "kvmesh_route_decisions_total", "model"))
+	assert.Equal(t, map[string]float64{"prefix-cache/prefix_match": 9},
+		httpenv.ByLabels(s, "kvmesh_route_decisions_total", []string{"strategy", "selection"}, []string{"model"}))
+	assert.Equal(t, map[string]float64{"m/prefix_match/prefix-cache": 7, "x/prefix_match/prefix-cache": 2},
+		httpenv.ByLabels(s, "kvmesh_route_decisions_total", nil, nil))
 	w, _ := httpenv.Sum(s, "weird")
 	assert.True(t, math.IsInf(w, 1))
 	for _, smp := range s {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -149,28 +150,29 @@ func Sum(samples []Sample, name string) (float64, bool) {
 	return v, ok
 }
 
-// ByLabels sums the samples named name by their label values (label names
-// in sorted order, values joined with "/"), leaving out the labels in skip.
-func ByLabels(samples []Sample, name string, skip ...string) map[string]float64 {
+// ByLabels sums the samples named name by their label values joined with
+// "/": first the labels named in order (when present), then the others in
+// sorted name order, leaving out the labels in skip.
+func ByLabels(samples []Sample, name string, order, skip []string) map[string]float64 {
 	out := map[string]float64{}
 	for _, s := range samples {
 		if s.Name != name {
 			continue
 		}
-		keys := make([]string, 0, len(s.Labels))
-	label:
-		for k := range s.Labels {
-			for _, sk := range skip {
-				if k == sk {
-					continue label
-				}
+		var vals, rest []string
+		for _, k := range order {
+			if v, ok := s.Labels[k]; ok && !slices.Contains(skip, k) {
+				vals = append(vals, v)
 			}
-			keys = append(keys, k)
 		}
-		sort.Strings(keys)
-		vals := make([]string, len(keys))
-		for i, k := range keys {
-			vals[i] = s.Labels[k]
+		for k := range s.Labels {
+			if !slices.Contains(order, k) && !slices.Contains(skip, k) {
+				rest = append(rest, k)
+			}
+		}
+		sort.Strings(rest)
+		for _, k := range rest {
+			vals = append(vals, s.Labels[k])
 		}
 		out[strings.Join(vals, "/")] += s.Value
 	}

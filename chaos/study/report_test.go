@@ -1,0 +1,64 @@
+package study_test
+
+import (
+	"bytes"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/chaos/study"
+)
+
+func run(sc string, round int, strat, mode string, pass int, ttft, hit float64, a, b int) study.Run {
+	return study.Run{
+		Scenario: sc, Round: round, Strategy: strat, Mode: mode, Gateways: 1, Replicas: 2,
+		Arrivals: 96, Succeeded: 96, SLOPass: pass, TTFTP95: study.Num(ttft), TPOTP95: 60,
+		E2EP95: 9, TokenHitRate: study.Num(hit),
+		PerReplica: map[string]int{"A": a, "B": b}, MaxWaiting: map[string]int{"A": 0, "B": 3},
+	}
+}
+
+func TestBeatCheck(t *testing.T) {
+	res := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{
+		run("hot50", 1, "least-request", "hybrid", 94, 1.9, 0.85, 48, 48),
+		run("hot50", 1, "prefix-cache", "hybrid", 40, 8.3, 0.93, 27, 69),
+		run("hot50", 1, "cost", "hybrid", 95, 1.8, 0.915, 40, 56), // meets: hit 91.5 ≥ 93−2
+		run("warm", 1, "least-request", "hybrid", 96, 0.3, 0.93, 48, 48),
+		run("warm", 1, "prefix-cache", "hybrid", 96, 0.3, 0.93, 48, 48),
+		run("warm", 1, "cost", "hybrid", 95, 0.4, 0.90, 48, 48), // misses all three
+		run("cold", 1, "cost", "history", 50, 5, 0.8, 48, 48), // history: not part of the goal
+	}}
+	tab, ok := study.BeatCheck(res)
+	require.True(t, ok)
+	require.Len(t, tab.Rows, 2)
+	assert.Equal(t, "meets", tab.Rows[0][5])
+	assert.Equal(t, "misses pass, TTFT, hit rate", tab.Rows[1][5])
+}
+
+func TestCalibrationAndVerdict(t *testing.T) {
+	res := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{
+		run("hot50", 1, "least-request", "history", 96, 1.7, 0.85, 48, 48),
+		run("hot50", 1, "prefix-cache", "history", 38, 8.3, 0.93, 27, 69),
+		run("hot50", 2, "prefix-cache", "history", 37, 8.2, 0.93, 27, 69),
+		run("hot50", 2, "least-request", "history", 94, 1.9, 0.85, 47, 49),
+		run("hot50", 1, "cost", "kv-events", 96, 1.5, 0.9, 40, 56),
+	}}
+	res.Runs[0].TPOTP95 = study.Num(math.NaN())
+	cal, ok := study.CalibrationTable(res)
+	require.True(t, ok)
+	require.Len(t, cal.Rows, 4, "history runs only, each next to its seed row")
+	assert.Equal(t, []string{"hot50 / 1", "least-request", "1.700 | 1.767", "— | 71.6", "85.0% | 85.4%", "96/96 | 96", "48 / 48 | 48 / 48"}, cal.Rows[0])
+
+	v := study.Verdict(res, "hot50")
+	assert.True(t, strings.HasPrefix(v, "**hot50**: best least-request@history/g1 (96+94 = 190/192 pass"), v)
+	assert.Contains(t, v, "worst prefix-cache@history/g1 (38+37 = 75/192 pass, worst TTFT P95 8.30 s, busiest replica 72%)")
+	assert.Equal(t, "**multiturn**: not measured.", study.Verdict(res, "multiturn"))
+
+	var txt bytes.Buffer
+	study.WriteTables(&txt, res)
+	assert.Contains(t, txt.String(), "== hot50 — kv-events · 1 gateway ==")
+	assert.NotContains(t, txt.String(), "**")
+}

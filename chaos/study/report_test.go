@@ -29,7 +29,7 @@ func TestBeatCheck(t *testing.T) {
 		run("warm", 1, "least-request", "hybrid", 96, 0.3, 0.93, 48, 48),
 		run("warm", 1, "prefix-cache", "hybrid", 96, 0.3, 0.93, 48, 48),
 		run("warm", 1, "cost", "hybrid", 95, 0.4, 0.90, 48, 48), // misses all three
-		run("cold", 1, "cost", "history", 50, 5, 0.8, 48, 48), // history: not part of the goal
+		run("cold", 1, "cost", "history", 50, 5, 0.8, 48, 48),   // history: not part of the goal
 	}}
 	tab, ok := study.BeatCheck(res)
 	require.True(t, ok)

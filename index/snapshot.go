@@ -15,6 +15,7 @@ import (
 // u32/u64 are fixed-size little-endian.
 //
 //	magic "KVMI", version byte 1
+//	hasher:     seed u64, block size in tokens
 //	watermarks: count, then per source: name length, name bytes, value
 //	replicas:   count, then per replica: name length, name bytes, flags byte
 //	            (bit 0 publishes events, bit 1 has root), root u64,
@@ -49,6 +50,8 @@ func (x *Index) AppendSnapshot(dst []byte, watermarks map[string]uint64, name fu
 	start := len(dst)
 	dst = append(dst, snapshotMagic...)
 	dst = append(dst, snapshotVersion)
+	dst = binary.LittleEndian.AppendUint64(dst, x.h.seed)
+	dst = binary.AppendUvarint(dst, uint64(x.h.tokens))
 
 	srcs := make([]string, 0, len(watermarks))
 	for s := range watermarks {
@@ -290,7 +293,8 @@ func (d *decoder) str(what string) string {
 
 // Restore replaces the index's contents with a snapshot made by
 // AppendSnapshot (by this or another gateway with the same Config.Seed and
-// BlockTokens) and returns its watermarks. resolve maps replica names to
+// BlockTokens; a snapshot made with others is rejected, since its keys would
+// mean nothing here) and returns its watermarks. resolve maps replica names to
 // local ReplicaIDs; entries of replicas it reports false for are dropped. A
 // nil resolve parses decimal ReplicaIDs (tests only). On any error, wrapped
 // in ErrBadSnapshot, the index is unchanged. Restore never panics on
@@ -313,6 +317,11 @@ func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool)) (ma
 		return nil, fmt.Errorf("%w: checksum mismatch", ErrBadSnapshot)
 	}
 	d := &decoder{b: body[5:]}
+	seed, bs := d.u64("seed"), d.uvarint("block size")
+	if d.err == nil && (seed != x.h.seed || bs != uint64(x.h.tokens)) {
+		return nil, fmt.Errorf("%w: made with seed %d and %d-token blocks, this index uses seed %d and %d",
+			ErrBadSnapshot, seed, bs, x.h.seed, x.h.tokens)
+	}
 
 	nw := d.count("watermark count", 2)
 	wm := make(map[string]uint64, nw)

@@ -113,6 +113,15 @@ func TestRestoreRejectsCorruption(t *testing.T) {
 			t.Errorf("%s: err %v", name, err)
 		}
 	}
+	for name, mut := range map[string]func(*Config){
+		"seed":       func(c *Config) { c.Seed++ },
+		"block size": func(c *Config) { c.BlockTokens = 8 },
+	} {
+		other := newTestIndex(t, mut)
+		if _, err := other.Restore(snap, nil); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("%s mismatch: err %v", name, err)
+		}
+	}
 	after, _ := match(x, prompts[0], []ReplicaID{0}, ModeHistory, t0)
 	if !eq(before, after) || after[0] != 8 {
 		t.Fatalf("failed restores changed the index: %v -> %v", before, after)
@@ -137,7 +146,7 @@ func FuzzRestore(f *testing.F) {
 	empty := newTestIndex(f, nil)
 	f.Add(empty.AppendSnapshot(nil, nil, nil), true)
 	f.Add([]byte("KVMI\x01\x00\x00\x00"), true)
-	f.Add([]byte("KVMI\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"), true)
+	f.Add([]byte("KVMI\x01\x63\x00\x00\x00\x00\x00\x00\x00\x04\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"), true)
 	f.Fuzz(func(t *testing.T, data []byte, fixSum bool) {
 		if fixSum && len(data) >= 13 {
 			data = resum(data[:len(data)-8])

@@ -289,13 +289,15 @@ func (s *Server) drive() {
 		}
 		// Sleep until the step's end on the wall clock (an absolute
 		// deadline, so the driver's own overhead does not accumulate).
-		timer.Reset(time.Until(s.wallTime(res.End())))
-		select {
-		case <-timer.C:
-		case <-s.stop:
-			timer.Stop()
-			s.failPending()
-			return
+		if d := time.Until(s.wallTime(res.End())); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-s.stop:
+				timer.Stop()
+				s.failPending()
+				return
+			}
 		}
 		s.deliver(res)
 	}

@@ -403,13 +403,16 @@ func TestResetEndpoint(t *testing.T) {
 // TestConcurrentLoad runs a bounded burst through the HTTP API and checks
 // the scheduler never exceeds max-num-seqs and the events mirror the cache.
 func TestConcurrentLoad(t *testing.T) {
-	s, pub := startServer(t, func(c *Config) { c.NumGPUBlocks = 64 })
+	// Requests start with 3 blocks and grow to 15 while decoding: any two
+	// running together overflow 20 blocks, so the scheduler must preempt,
+	// and every stream must still complete, in order.
+	s, pub := startServer(t, func(c *Config) { c.NumGPUBlocks, c.Speed = 20, 100 })
 	var wg sync.WaitGroup
 	errs := make(chan error, 24)
 	for i := range 24 {
 		wg.Go(func() {
-			body := fmt.Sprintf(`{"prompt":%q,"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}`,
-				strings.Repeat(fmt.Sprint(i%3), 100)+fmt.Sprint(i))
+			body := fmt.Sprintf(`{"prompt":%q,"max_tokens":200,"stream":true,"stream_options":{"include_usage":true}}`,
+				strings.Repeat(fmt.Sprint(i%3), 36)+fmt.Sprint(i))
 			resp, err := http.Post(s.URL()+"/v1/completions", "application/json", strings.NewReader(body))
 			if err != nil {
 				errs <- err
@@ -419,6 +422,21 @@ func TestConcurrentLoad(t *testing.T) {
 			raw, _ := io.ReadAll(resp.Body)
 			if !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
 				errs <- fmt.Errorf("request %d: stream did not end with [DONE]: %d %q", i, resp.StatusCode, raw)
+				return
+			}
+			var text strings.Builder
+			for _, f := range strings.Split(string(raw), "\n\n") {
+				var c chunk
+				if json.Unmarshal([]byte(strings.TrimPrefix(f, "data: ")), &c) == nil && len(c.Choices) == 1 {
+					text.WriteString(*c.Choices[0].Text)
+				}
+			}
+			var want strings.Builder
+			for k := range 200 {
+				want.WriteString(OutputTokenText(k))
+			}
+			if text.String() != want.String() {
+				errs <- fmt.Errorf("request %d: text %q, want %q", i, text.String(), want.String())
 			}
 		})
 	}
@@ -429,6 +447,7 @@ func TestConcurrentLoad(t *testing.T) {
 	}
 	st := s.Stats()
 	require.Equal(t, uint64(24), st.Finished[FinishLength])
+	require.Positive(t, st.Preemptions, "the small pool should force preemption")
 	m := mirror{}
 	m.apply(t, pub.events())
 	m.requireMatches(t, s)

@@ -449,13 +449,24 @@ func TestOverflowResets(t *testing.T) {
 		require.NoError(t, err)
 		n++
 	}
-	require.Eventually(t, func() bool { return counterValue(t, m.Dropped.WithLabelValues("r1")) >= 17 },
-		5*time.Second, 5*time.Millisecond)
+	waitFor(5*time.Second, func() bool { return counterValue(t, m.Dropped.WithLabelValues("r1")) >= 17 })
+	require.GreaterOrEqual(t, counterValue(t, m.Dropped.WithLabelValues("r1")), 17.0, "reconnects %v batches %v malformed %v",
+		counterValue(t, m.Reconnects.WithLabelValues("r1")), counterValue(t, m.Batches.WithLabelValues("r1")),
+		counterValue(t, m.Malformed.WithLabelValues("r1")))
 	close(gate)
-	_, err := p.Publish(batchFor(n, 8))
-	require.NoError(t, err)
-	n++
-	require.Eventually(t, func() bool { s, _ := h.lastBatchSeq(); return s == n-1 }, 5*time.Second, 5*time.Millisecond)
+	// Publish until one gets through: the first ones may still find the
+	// queue full while the writer drains it.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := p.Publish(batchFor(n, 8))
+		require.NoError(t, err)
+		n++
+		waitFor(20*time.Millisecond, func() bool { s, _ := h.lastBatchSeq(); return s == n-1 })
+		if s, _ := h.lastBatchSeq(); s == n-1 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no batch delivered after the queue drained")
+	}
 	recs := h.snapshot()[before:]
 	resetAt := -1
 	for i, r := range recs {

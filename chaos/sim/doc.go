@@ -34,5 +34,27 @@
 //     cached a second time (and emits no BlockStored).
 //   - Model time runs Config.Speed times faster than wall time; metrics
 //     (TTFT histogram) are in model seconds, so they read like the modelled
-//     hardware.
+//     hardware. Arrivals and steps share one clock mapped from wall time,
+//     so host scheduling delays are magnified by Speed.
+//   - A step's KV events are published as one batch when the step is
+//     scheduled (vLLM caches a block when it allocates the slots that fill
+//     it), in engine order with AllBlocksCleared from resets; no batch is
+//     published for a step that changed nothing in the cache.
+//   - POST /reset_prefix_cache answers 200 with {"success": bool}: like
+//     vLLM, the reset is refused while any request holds blocks.
+//   - Error bodies are vLLM's: {"error": {"message", "type", "param",
+//     "code"}} with code the HTTP status (400 BadRequestError, 404
+//     NotFoundError for an unknown model).
+//   - temperature is accepted and ignored (output is deterministic); n
+//     must be 1; one prompt per request.
+//
+// Typical in-process use (see Example):
+//
+//	cfg := sim.LocalConfig()                  // 127.0.0.1:0, fast profile
+//	cfg.KVEvents.EnableKVCacheEvents = true    // ZMQ PUB + replay on port 0
+//	s, _ := sim.NewServer(cfg)
+//	_ = s.Start(ctx)
+//	defer s.Shutdown(ctx)
+//	// HTTP at s.URL(); events at s.KVEventsAddr(), s.KVReplayAddr();
+//	// ground truth of the cache: s.CachedBlocks().
 package sim

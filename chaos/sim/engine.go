@@ -39,6 +39,16 @@ type EngineConfig struct {
 	EmitEvents bool
 }
 
+// DefaultEngineConfig is the engine of DefaultConfig: the seed's replica
+// (l20-qwen27b-fp8, max-num-seqs 8, 32K context, 12,500 blocks of 16) with
+// a fixed hash seed and events on.
+func DefaultEngineConfig() EngineConfig {
+	c := DefaultConfig().engineConfig()
+	c.HashSeed = 1
+	c.EmitEvents = true
+	return c
+}
+
 // Validate checks every field.
 func (c EngineConfig) Validate() error {
 	switch {

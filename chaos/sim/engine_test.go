@@ -273,6 +273,18 @@ func TestAbortFreesBlocks(t *testing.T) {
 	require.True(t, e.Step(r.End()).Idle())
 }
 
+func TestDefaultEngineConfigValid(t *testing.T) {
+	require.NoError(t, DefaultEngineConfig().Validate())
+	require.NoError(t, DefaultConfig().Validate())
+	require.NoError(t, LocalConfig().Validate())
+	bad := DefaultEngineConfig()
+	bad.NumBlocks = 0
+	require.ErrorIs(t, bad.Validate(), ErrInvalidConfig)
+	p := ProfileFast
+	p.WeightRead, p.StepOverhead, p.PrefillPerToken = 0, 0, 0
+	require.ErrorIs(t, p.Validate(), ErrInvalidConfig)
+}
+
 func TestCheckRejects(t *testing.T) {
 	cfg := testEngineConfig()
 	cfg.NumBlocks = 4

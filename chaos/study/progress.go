@@ -44,13 +44,13 @@ func (p *barProgress) Step() {
 	}
 }
 
-func (p *barProgress) PhaseDone(name string, run *Run, err error) {
+func (p *barProgress) PhaseDone(name string, run *Run, det *PhaseDetail, err error) {
 	if p.bar != nil {
 		_ = p.bar.Finish()
 		p.bar = nil
 	}
 	fmt.Fprintln(p.w)
-	fmt.Fprintln(p.w, phaseLine(name, run, err, time.Since(p.start)))
+	fmt.Fprintln(p.w, phaseLine(name, run, det, err, time.Since(p.start)))
 }
 
 func (p *barProgress) Note(line string) { fmt.Fprintln(p.w, line) }
@@ -67,17 +67,21 @@ func (p *lineProgress) PhaseStart(name string, total int) {
 
 func (p *lineProgress) Step() {}
 
-func (p *lineProgress) PhaseDone(name string, run *Run, err error) {
-	fmt.Fprintln(p.w, phaseLine(name, run, err, time.Since(p.start)))
+func (p *lineProgress) PhaseDone(name string, run *Run, det *PhaseDetail, err error) {
+	fmt.Fprintln(p.w, phaseLine(name, run, det, err, time.Since(p.start)))
 }
 
-func phaseLine(name string, run *Run, err error, wall time.Duration) string {
+func phaseLine(name string, run *Run, det *PhaseDetail, err error, wall time.Duration) string {
 	if run == nil {
 		return fmt.Sprintf("phase %s: not measured: %v", name, err)
 	}
-	return fmt.Sprintf("phase %s: pass %d/%d, failed %d, TTFT P95 %s s, TPOT P95 %s ms, hit %s, per replica %v (wall %s)",
+	lag := ""
+	if det != nil && float64(det.LagP95S) > LagTolerance.Seconds() {
+		lag = fmt.Sprintf(" HOST LAGGING: arrivals %.0f ms late at P95, latencies inflated;", 1000*float64(det.LagP95S))
+	}
+	return fmt.Sprintf("phase %s: pass %d/%d, failed %d, TTFT P95 %s s, TPOT P95 %s ms, hit %s, per replica %v;%s (wall %s)",
 		name, run.SLOPass, run.Arrivals, run.Failed, fnum(run.TTFTP95, 3), fnum(run.TPOTP95, 1),
-		fpct(run.TokenHitRate), run.PerReplica, wall.Round(100*time.Millisecond))
+		fpct(run.TokenHitRate), run.PerReplica, lag, wall.Round(100*time.Millisecond))
 }
 
 func (p *lineProgress) Note(line string) { fmt.Fprintln(p.w, line) }

@@ -413,6 +413,9 @@ func WriteTables(w io.Writer, res *Results) {
 	for _, hc := range res.Config.HostChecks {
 		fmt.Fprintln(w, HostCheckLine(hc))
 	}
+	if lag := LaggingPhases(res); len(lag) > 0 {
+		fmt.Fprintf(w, "Host did not keep up (arrivals sent > %v late at P95; latencies inflated): %s\n", LagTolerance, strings.Join(lag, ", "))
+	}
 }
 
 func unmeasured(res *Results) []string {
@@ -442,6 +445,10 @@ func WriteMarkdown(w io.Writer, res *Results) error {
 	}
 	if len(c.HostChecks) > 0 {
 		fmt.Fprintln(w)
+	}
+	if lag := LaggingPhases(res); len(lag) > 0 {
+		fmt.Fprintf(w, "**Host did not keep up** in %d phase(s) (arrivals sent more than %v late at P95, so engine steps were stretched too and their latencies are inflated): %s.\n\n",
+			len(lag), LagTolerance, strings.Join(lag, ", "))
 	}
 	if c.GatewaysIsolated && slices.ContainsFunc(c.Gateways, func(g int) bool { return g > 1 }) {
 		fmt.Fprintf(w, "Gateway counts above 1 run **isolated** gateways (arrivals round-robin, no shared index): "+

@@ -110,6 +110,12 @@ type PhaseDetail struct {
 	EndS   float64 `json:"end_s"`
 	// Unsent counts arrivals the in-flight cap kept back.
 	Unsent int `json:"unsent"`
+	// LagP95S and LagMaxS describe how late single-turn arrivals were sent
+	// against their schedule (model seconds). On a live engine a lag of
+	// more than a few tens of milliseconds means the host did not keep up
+	// with the speed factor, and the phase's latencies are inflated too.
+	LagP95S Num `json:"lag_p95_s"`
+	LagMaxS Num `json:"lag_max_s"`
 	// PromptTokens and CompletionTokens are client-side usage totals.
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`

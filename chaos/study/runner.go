@@ -17,7 +17,7 @@ type Progress interface {
 	Step()
 	// PhaseDone reports the phase's row (nil if it was not measured) or
 	// the error that stopped it.
-	PhaseDone(name string, run *Run, err error)
+	PhaseDone(name string, run *Run, det *PhaseDetail, err error)
 	// Note reports anything else worth a line (e.g. a host check).
 	Note(line string)
 }
@@ -113,7 +113,7 @@ func (rn *Runner) runCell(ctx context.Context, log *slog.Logger, cell Cell, res 
 					res.Runs = append(res.Runs, *run)
 				}
 				if rn.Progress != nil {
-					rn.Progress.PhaseDone(ph.Name, run, err)
+					rn.Progress.PhaseDone(ph.Name, run, &det, err)
 				}
 				if err != nil && !errors.Is(err, ErrInitFailed) {
 					return err
@@ -212,6 +212,7 @@ func RunPhase(ctx context.Context, e Engine, cfg *Config, ph *Phase, prog Progre
 	det.StartS = secs(d.t0)
 	det.EndS = secs(d.lastDone)
 	det.Unsent = sum.Unsent
+	det.LagP95S, det.LagMaxS = scheduleLag(d.recs)
 	det.Samples = d.obs
 	for _, r := range d.recs {
 		if r.Usage != nil {
@@ -236,4 +237,35 @@ func at(xs []float64, i int) float64 {
 		return xs[i]
 	}
 	return math.NaN()
+}
+
+// LagTolerance is the schedule lag (P95, model time) above which a phase
+// is flagged as measured on a host that did not keep up.
+const LagTolerance = 100 * time.Millisecond
+
+// scheduleLag returns the P95 and maximum of Start − Scheduled over the
+// sent first-turn arrivals (later turns are scheduled on completion).
+func scheduleLag(recs []RequestRecord) (Num, Num) {
+	var lags []float64
+	for _, r := range recs {
+		if r.Sent && r.Turn <= 1 {
+			lags = append(lags, r.Start-r.Scheduled)
+		}
+	}
+	if len(lags) == 0 {
+		return Num(math.NaN()), Num(math.NaN())
+	}
+	return Num(Percentile(lags, 95)), Num(Percentile(lags, 100))
+}
+
+// LaggingPhases lists the measured phases whose schedule lag P95 exceeded
+// LagTolerance, with their lag.
+func LaggingPhases(res *Results) []string {
+	var out []string
+	for _, p := range res.Phases {
+		if p.Measured && float64(p.LagP95S) > LagTolerance.Seconds() {
+			out = append(out, fmt.Sprintf("%s (lag P95 %.0f ms)", p.Name, 1000*float64(p.LagP95S)))
+		}
+	}
+	return out
 }

@@ -88,6 +88,7 @@ func (x *Index) ApplyStored(r ReplicaID, s StoredBlocks) error {
 	// Engine blocks are consecutive, so the whole event is one chain.
 	x.scratch = x.h.AppendKeys(x.scratch[:0], k, s.Tokens)
 	x.touch(x.scratch)
+	x.sink ^= x.eng.touch(s.Hashes)
 	var prev uint32
 	for _, key := range x.scratch {
 		idx := x.insert(key, prev)
@@ -211,7 +212,7 @@ func (x *Index) engLookup(r ReplicaID, rs *replicaState, h uint64) (BlockKey, bo
 		}
 	}
 	if r < inlineReplicas {
-		if e, ok := x.eng[h]; ok && e.reps&(1<<r) != 0 {
+		if e := x.eng.ptr(h); e != nil && e.reps&(1<<r) != 0 {
 			return e.key, true
 		}
 	}
@@ -222,8 +223,8 @@ func (x *Index) engLookup(r ReplicaID, rs *replicaState, h uint64) (BlockKey, bo
 func (x *Index) engStore(r ReplicaID, rs *replicaState, h uint64, k BlockKey) {
 	if r < inlineReplicas {
 		b := uint64(1) << r
-		e, ok := x.eng[h]
-		if !ok || e.key == k || e.reps == b {
+		e, existed := x.eng.upsert(h)
+		if !existed || e.key == k || e.reps == b {
 			if rs.eng != nil {
 				if _, had := rs.eng[h]; had {
 					delete(rs.eng, h)
@@ -233,13 +234,12 @@ func (x *Index) engStore(r ReplicaID, rs *replicaState, h uint64, k BlockKey) {
 			if e.reps&b == 0 {
 				x.engCount++
 			}
-			x.eng[h] = engEntry{key: k, reps: e.reps | b}
+			e.key, e.reps = k, e.reps|b
 			return
 		}
 		// Another replica maps h to a different key: r's mapping goes private.
 		if e.reps&b != 0 {
 			e.reps &^= b
-			x.eng[h] = e
 			x.engCount--
 		}
 	}
@@ -263,14 +263,13 @@ func (x *Index) engRemove(r ReplicaID, rs *replicaState, h uint64) (BlockKey, bo
 	}
 	if r < inlineReplicas {
 		b := uint64(1) << r
-		if e, ok := x.eng[h]; ok && e.reps&b != 0 {
+		if e := x.eng.ptr(h); e != nil && e.reps&b != 0 {
+			k := e.key
 			if e.reps &^= b; e.reps == 0 {
-				delete(x.eng, h)
-			} else {
-				x.eng[h] = e
+				x.eng.del(h)
 			}
 			x.engCount--
-			return e.key, true
+			return k, true
 		}
 	}
 	return 0, false
@@ -286,16 +285,18 @@ func (x *Index) engClear(r ReplicaID) {
 		return
 	}
 	b := uint64(1) << r
-	for h, e := range x.eng {
-		if e.reps&b == 0 {
-			continue
+	emptied := 0
+	x.eng.each(func(_ uint64, e *engEntry) {
+		if e.reps&b != 0 {
+			x.engCount--
+			if e.reps &^= b; e.reps == 0 {
+				emptied++
+			}
 		}
-		x.engCount--
-		if e.reps &^= b; e.reps == 0 {
-			delete(x.eng, h)
-		} else {
-			x.eng[h] = e
-		}
+	})
+	if emptied > 0 {
+		// Rehash at the same size, dropping the emptied entries.
+		x.eng.resize(len(x.eng.slots))
 	}
 }
 
@@ -308,11 +309,11 @@ func (x *Index) AppendEngineHashes(dst []uint64, r ReplicaID) []uint64 {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if r < inlineReplicas {
-		for h, e := range x.eng {
+		x.eng.each(func(h uint64, e *engEntry) {
 			if e.reps&(1<<r) != 0 {
 				dst = append(dst, h)
 			}
-		}
+		})
 	}
 	if rs := x.replicas[r]; rs != nil {
 		for h := range rs.eng {

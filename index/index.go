@@ -71,8 +71,8 @@ type Index struct {
 	ovf        map[BlockKey][]ovfEntry
 	publishers [MaxReplicas / 64]uint64
 	replicas   map[ReplicaID]*replicaState
-	eng        map[uint64]engEntry // shared engine-hash mappings, see engEntry
-	engCount   int                 // (replica, engine hash) mappings in total
+	eng        engMap // shared engine-hash mappings, see engEntry
+	engCount   int    // (replica, engine hash) mappings in total
 
 	entries [numLedgers]int
 	st      counters
@@ -114,7 +114,7 @@ func (x *Index) reset() {
 	x.ovf = make(map[BlockKey][]ovfEntry)
 	x.publishers = [MaxReplicas / 64]uint64{}
 	x.replicas = make(map[ReplicaID]*replicaState)
-	x.eng = make(map[uint64]engEntry)
+	x.eng = engMap{}
 	x.engCount = 0
 	x.entries = [numLedgers]int{}
 }
@@ -699,7 +699,7 @@ func (x *Index) Stats() Stats {
 	b := int64(cap(x.nodes))*48 + int64(cap(x.table))*8 + int64(cap(x.free))*4
 	b += int64(len(x.ovf)) * 64
 	s.EngineHashes = x.engCount
-	b += int64(len(x.eng)) * 36
+	b += x.eng.bytes()
 	for _, rs := range x.replicas {
 		b += int64(len(rs.eng)) * 24
 		for _, ks := range rs.multi {

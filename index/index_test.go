@@ -428,13 +428,13 @@ func TestEngineMapSharing(t *testing.T) {
 	blk(1, rootA)
 	blk(2, rootA) // shared: both map 7 -> keyA
 	blk(3, rootB) // conflict: 3 maps 7 -> keyB privately
-	if s := x.Stats(); s.EngineHashes != 3 || len(x.eng) != 1 {
-		t.Fatalf("engine hashes %d, shared %d", s.EngineHashes, len(x.eng))
+	if s := x.Stats(); s.EngineHashes != 3 || x.eng.len() != 1 {
+		t.Fatalf("engine hashes %d, shared %d", s.EngineHashes, x.eng.len())
 	}
 	blk(2, rootB) // 2 moves from shared to private
 	blk(3, rootA) // 3 moves from private to shared
-	if s := x.Stats(); s.EngineHashes != 3 || len(x.eng) != 1 || len(x.replicas[2].eng) != 1 || len(x.replicas[3].eng) != 0 {
-		t.Fatalf("engine hashes %d, shared %d", s.EngineHashes, len(x.eng))
+	if s := x.Stats(); s.EngineHashes != 3 || x.eng.len() != 1 || len(x.replicas[2].eng) != 1 || len(x.replicas[3].eng) != 0 {
+		t.Fatalf("engine hashes %d, shared %d", s.EngineHashes, x.eng.len())
 	}
 	// Removing hash 7 from replica 2 removes its keyB entry only (its keyA
 	// entry from the first store stays: the engine reported it under the
@@ -450,7 +450,7 @@ func TestEngineMapSharing(t *testing.T) {
 	holds(keyA, []int32{1, 1, 0})
 	holds(keyB, []int32{0, 0, 1})
 	// Only replica 1 still maps 7 (to keyA); replica 1's removal empties the shared map.
-	if n := x.ApplyRemoved(1, []uint64{7}); n != 1 || len(x.eng) != 0 || x.Stats().EngineHashes != 0 {
-		t.Fatalf("removed %d, shared %d, mapped %d", n, len(x.eng), x.Stats().EngineHashes)
+	if n := x.ApplyRemoved(1, []uint64{7}); n != 1 || x.eng.len() != 0 || x.Stats().EngineHashes != 0 {
+		t.Fatalf("removed %d, shared %d, mapped %d", n, x.eng.len(), x.Stats().EngineHashes)
 	}
 }

@@ -113,13 +113,13 @@ func (x *Index) AppendSnapshot(dst []byte, watermarks map[string]uint64, name fu
 		k BlockKey
 	}
 	engOf := make([][]mapping, len(kept))
-	for h, e := range x.eng {
+	x.eng.each(func(h uint64, e *engEntry) {
 		for m := e.reps; m != 0; m &= m - 1 {
 			if o := ord[bits.TrailingZeros64(m)]; o >= 0 {
 				engOf[o] = append(engOf[o], mapping{h, e.key})
 			}
 		}
-	}
+	})
 	for o, r := range kept {
 		if rs := x.replicas[r]; rs != nil {
 			for h, k := range rs.eng {

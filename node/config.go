@@ -90,6 +90,11 @@ type Config struct {
 	// 413. Default 32 MiB: far above a 128K-token prompt in JSON.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 
+	// BodyReadTimeout bounds reading a request body from the client, so a
+	// client that stalls mid-upload cannot hold a connection forever.
+	// Default 30s: 32 MiB at about 1 MB/s.
+	BodyReadTimeout time.Duration `yaml:"body_read_timeout"`
+
 	// ConnectTimeout bounds the TCP connect to a replica. Default 2s: a
 	// replica on the same network answers in milliseconds, and a failed
 	// connect is retried on another replica.
@@ -228,6 +233,7 @@ func DefaultConfig() Config {
 		HistoryTTL:              2 * time.Hour,
 		SpeculativeTTL:          10 * time.Second,
 		MaxBodyBytes:            32 << 20,
+		BodyReadTimeout:         30 * time.Second,
 		ConnectTimeout:          2 * time.Second,
 		FirstByteTimeout:        60 * time.Second,
 		IdleTimeout:             60 * time.Second,
@@ -390,7 +396,8 @@ func (c *Config) Validate() error {
 		bad("max_body_bytes %d must be positive", c.MaxBodyBytes)
 	}
 	for name, d := range map[string]time.Duration{
-		"connect_timeout": c.ConnectTimeout, "first_byte_timeout": c.FirstByteTimeout,
+		"body_read_timeout": c.BodyReadTimeout,
+		"connect_timeout":   c.ConnectTimeout, "first_byte_timeout": c.FirstByteTimeout,
 		"idle_timeout": c.IdleTimeout, "scrape_timeout": c.ScrapeTimeout,
 		"health_timeout": c.HealthTimeout, "eject_backoff": c.EjectBackoff,
 		"eject_max_backoff": c.EjectMaxBackoff, "remote_tokenize_timeout": c.RemoteTokenizeTimeout,

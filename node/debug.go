@@ -65,7 +65,7 @@ func (n *Node) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 		}
 		src = []byte(q.Get("prompt"))
 	case http.MethodPost:
-		body, aerr := readBody(w, r, n.cfg.MaxBodyBytes)
+		body, aerr := readBody(w, r, n.cfg.MaxBodyBytes, n.cfg.BodyReadTimeout)
 		if aerr != nil {
 			n.refuse(w, aerr)
 			return

@@ -11,6 +11,7 @@ import (
 const (
 	CodeInvalidJSON        = "invalid_json"
 	CodeBodyTooLarge       = "body_too_large"
+	CodeBodyTimeout        = "body_timeout"
 	CodeMissingModel       = "missing_model"
 	CodeModelNotFound      = "model_not_found"
 	CodeMissingPrompt      = "missing_prompt"

@@ -684,3 +684,18 @@ func TestRecordListenerHearsDecisions(t *testing.T) {
 	defer sink.mu.Unlock()
 	assert.Equal(t, []string{"m/a/history/2"}, sink.got, "only successful decisions are recorded")
 }
+
+func TestStalledBodyUploadTimesOut(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, func(c *Config) { c.BodyReadTimeout = 100 * time.Millisecond }, rc("a", e.url()))
+	conn, err := net.Dial("tcp", n.HTTPAddr())
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err, "the gateway answers instead of hanging")
+	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+	assert.Equal(t, CodeBodyTimeout, decodeErr(t, readAll(t, resp)).Error.Code)
+}

@@ -85,7 +85,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			n.refuse(w, &apiError{status: http.StatusMethodNotAllowed, code: CodeMethodNotAllowed, message: "use POST"})
 			return
 		}
-		body, aerr := readBody(w, r, n.cfg.MaxBodyBytes)
+		body, aerr := readBody(w, r, n.cfg.MaxBodyBytes, n.cfg.BodyReadTimeout)
 		if aerr != nil {
 			n.refuse(w, aerr)
 			return

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"time"
 
 	"github.com/kvmesh/kvmesh/node/tokenizer"
 )
@@ -43,18 +45,33 @@ type inferenceRequest struct {
 	rawMessages json.RawMessage // for the engine's /tokenize
 }
 
-// readBody reads at most limit bytes of the request body.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *apiError) {
+// readBody reads at most limit bytes of the request body within timeout
+// (a read deadline on the client connection, lifted afterwards so that the
+// server's disconnect detection keeps working during long streams).
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, timeout time.Duration) ([]byte, *apiError) {
 	if r.ContentLength > limit {
 		return nil, &apiError{status: http.StatusRequestEntityTooLarge, code: CodeBodyTooLarge,
 			message: fmt.Sprintf("request body of %d bytes exceeds the %d-byte limit", r.ContentLength, limit)}
 	}
+	rc := http.NewResponseController(w)
+	if timeout > 0 && rc.SetReadDeadline(time.Now().Add(timeout)) == nil {
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
+		// Whatever is left of the body is not read: close the connection
+		// after the error rather than wait to drain it.
+		_ = r.Body.Close()
+		w.Header().Set("Connection", "close")
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return nil, &apiError{status: http.StatusRequestEntityTooLarge, code: CodeBodyTooLarge,
 				message: fmt.Sprintf("request body exceeds the %d-byte limit", limit)}
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, &apiError{status: http.StatusRequestTimeout, code: CodeBodyTimeout,
+				message: "the request body did not arrive in time"}
 		}
 		return nil, errBadRequest(CodeInvalidJSON, "cannot read request body")
 	}

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -113,4 +115,34 @@ func TestVersion(t *testing.T) {
 	cmd.SetArgs([]string{"version"})
 	require.NoError(t, cmd.Execute())
 	assert.True(t, strings.HasPrefix(out.String(), "kvmesh dev ("), out.String())
+}
+
+func TestServeRunsUntilCancelled(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	cfg := node.LocalConfig()
+	cfg.HTTPAddr = addr
+	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{{Name: "a", URL: "http://127.0.0.1:1"}}}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 5*time.Second, 10*time.Millisecond)
+	cancel() // what SIGTERM does through signal.NotifyContext
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not return after cancellation")
+	}
+	_, err = http.Get("http://" + addr + "/health")
+	assert.Error(t, err, "the gateway stopped listening")
 }

@@ -27,6 +27,13 @@ lint:
 fmt:
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')
 
-# Regenerates the committed protobuf code (needs Debian's protobuf-compiler).
+# Regenerates the committed protobuf code. Needs Debian's protobuf-compiler
+# and the Go plugins in $(go env GOPATH)/bin:
+#   go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+#   go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+PROTO_FILES = $(shell find proto -name '*.proto' | sort)
 proto:
-	@echo "no .proto files yet"
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I proto \
+	  --go_out=proto --go_opt=module=github.com/kvmesh/kvmesh/proto \
+	  --go-grpc_out=proto --go-grpc_opt=module=github.com/kvmesh/kvmesh/proto \
+	  $(PROTO_FILES)

@@ -5,15 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
+	peerv1 "github.com/kvmesh/kvmesh/proto/peer/v1"
 )
 
 // Replicas maps replica names, which travel between gateways, to the
@@ -55,15 +59,42 @@ type Deps struct {
 // Cluster makes this gateway one of N that share an index and a load view.
 // See the package documentation for the contract.
 type Cluster struct {
-	cfg  Config
-	deps Deps
-	log  *slog.Logger
-	m    *metrics
-	ms   *membership
+	cfg    Config
+	deps   Deps
+	log    *slog.Logger
+	m      *metrics
+	ms     *membership
+	bus    *bus
+	ap     *applier
+	peers  *peerLoad
+	own    *owners
+	ring   *ownRing
+	origin string // "<node>#<incarnation>": a restarted gateway is a new origin
+
+	// Decision publishing (PublishDecision → flushLoop).
+	pmu     sync.Mutex
+	pending pendingBuf
+	kick    chan struct{}
+	pubSeq  atomic.Uint64
+
+	// Anti-entropy.
+	dmu        sync.Mutex
+	digests    map[string]digestEntry // by node name
+	behind     map[string]lag         // by source
+	lastRepair time.Time
+
+	grpcSrv *grpc.Server
+	peerLis net.Listener
+
+	// onApplied, when set (tests, benchmarks), sees every applied peer
+	// decision batch with the local apply time.
+	onApplied func(b *DecisionBatch, appliedAt int64)
 
 	mu       sync.Mutex
 	started  bool
 	stopped  bool
+	ready    atomic.Bool // bootstrap done: owners may start
+	bg       context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -84,21 +115,34 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "sync", "node", cfg.NodeName)
-	c := &Cluster{cfg: cfg, deps: deps, log: log, m: newMetrics()}
+	c := &Cluster{cfg: cfg, deps: deps, log: log, m: newMetrics(),
+		origin:  cfg.NodeName + "#" + strconv.FormatInt(time.Now().UnixNano(), 36),
+		kick:    make(chan struct{}, 1),
+		digests: make(map[string]digestEntry),
+		behind:  make(map[string]lag),
+	}
 	if err := c.m.register(deps.Registerer); err != nil {
 		return nil, err
 	}
 	c.ms = newMembership(cfg, log, c.m, c.onGossip)
+	c.bus = newBus(cfg, log, c.m)
+	c.ap = newApplier(c)
+	c.peers = newPeerLoad(cfg.LoadTTL)
+	c.own = newOwners(c)
+	c.ring = newOwnRing(cfg.OwnRing)
 	return c, nil
 }
 
 // Config returns the configuration the Cluster was built with.
 func (c *Cluster) Config() Config { return c.cfg }
 
+// Origin is this incarnation's origin id in deltas ("<node>#<incarnation>").
+func (c *Cluster) Origin() string { return c.origin }
+
 // Start opens the transports, joins the seeds, bootstraps the index from a
 // peer and starts the background goroutines; it returns when this gateway
 // is a member and its index is restored (or the bootstrap gave up: it is
-// then logged and retried by anti-entropy). ctx bounds Start only.
+// then logged and anti-entropy retries). ctx bounds Start only.
 func (c *Cluster) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -108,20 +152,54 @@ func (c *Cluster) Start(ctx context.Context) error {
 	if c.started {
 		return ErrAlreadyStarted
 	}
-	bg, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
-	if err := c.start(ctx, bg); err != nil {
-		cancel()
-		c.wg.Wait()
-		c.closeTransports()
+	c.bg, c.cancel = context.WithCancel(context.Background())
+	if err := c.start(ctx); err != nil {
 		c.stopped = true
+		c.teardown()
 		return err
 	}
 	c.started = true
 	return nil
 }
 
-func (c *Cluster) start(ctx context.Context, bg context.Context) error {
+func (c *Cluster) start(ctx context.Context) error {
+	// 1. The peer service, so that our metadata can name its address.
+	lis, err := net.Listen("tcp", c.cfg.PeerAddr)
+	if err != nil {
+		return fmt.Errorf("sync: peer listener: %w", err)
+	}
+	c.peerLis = lis
+	c.grpcSrv = grpc.NewServer()
+	peerv1.RegisterPeerServer(c.grpcSrv, &peerService{c: c})
+	srv := c.grpcSrv
+	c.goFunc(func() { _ = srv.Serve(lis) })
+
+	// 2. NATS: subscribe before anything is applied; the applier buffers
+	// until the bootstrap below restored a snapshot.
+	c.ap.beginBuffering()
+	c.goFunc(func() { c.ap.run(c.bg) })
+	if c.cfg.NATSURL == "" {
+		if err := c.bus.startServer(); err != nil {
+			return err
+		}
+	}
+	if err := c.bus.connect(nil); err != nil {
+		return err
+	}
+	subs := []struct {
+		subject string
+		h       func([]byte)
+	}{
+		{c.bus.subj.decisions, c.onNATS}, {c.bus.subj.kvAll, c.onNATS},
+		{c.bus.subj.loadAll, c.onNATS}, {c.bus.subj.digest, c.onNATS},
+	}
+	for _, s := range subs {
+		if err := c.bus.subscribe(s.subject, s.h); err != nil {
+			return err
+		}
+	}
+
+	// 3. Membership. The advertised host is known once memberlist bound.
 	meta, err := c.encodeMeta()
 	if err != nil {
 		return err
@@ -129,16 +207,63 @@ func (c *Cluster) start(ctx context.Context, bg context.Context) error {
 	if err := c.ms.start(meta, c.deps.Transport); err != nil {
 		return err
 	}
-	c.goFunc(func() { c.ms.eventLoop(bg) })
+	if meta, err = c.encodeMeta(); err != nil {
+		return err
+	}
+	if err := c.ms.updateMeta(meta, time.Second); err != nil {
+		c.log.Debug("updating metadata", "err", err)
+	}
+	c.ms.addListener(MemberListenerFunc(c.onMember))
+	c.goFunc(func() { c.ms.eventLoop(c.bg) })
 	if n, err := c.ms.join(c.cfg.Join); err != nil {
 		c.log.Warn("no seed answered; retrying in the background", "err", err)
 	} else if n > 0 {
 		c.log.Info("joined cluster", "seeds_answered", n)
 	}
 	if len(c.cfg.Join) > 0 {
-		c.goFunc(func() { c.ms.joinLoop(bg) })
+		c.goFunc(func() { c.ms.joinLoop(c.bg) })
 	}
+
+	// 4. Bootstrap from a peer, once our NATS server routes to the others
+	// (deltas published meanwhile are buffered, not missed).
+	if len(c.ms.snapshot()) > 1 {
+		c.waitRoutes(ctx)
+		if err := c.bootstrap(ctx); err != nil {
+			c.log.Warn("starting without a peer snapshot; anti-entropy will retry", "err", err)
+			c.ap.markLoss()
+		}
+	} else {
+		c.ap.endBuffering()
+	}
+	c.ready.Store(true)
+
+	// 5. Background work.
+	c.goFunc(func() { c.flushLoop(c.bg) })
+	c.goFunc(func() { c.loadLoop(c.bg) })
+	c.goFunc(func() { c.digestLoop(c.bg) })
+	c.own.reconcile()
 	return ctx.Err()
+}
+
+// waitRoutes waits up to RouteWait (or ctx) for the embedded NATS server
+// to route to every peer's server and for our subscriptions to be
+// registered, so that no peer's delta misses us after the snapshot.
+func (c *Cluster) waitRoutes(ctx context.Context) {
+	if c.cfg.NATSURL == "" {
+		deadline := time.Now().Add(c.cfg.RouteWait)
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for c.bus.numRemotes() < c.peersWithRoutes() && time.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}
+	if err := c.bus.flushSubscriptions(c.cfg.RouteWait); err != nil {
+		c.log.Warn("NATS flush", "err", err)
+	}
 }
 
 // goFunc runs f in a goroutine the Cluster waits for at Shutdown.
@@ -152,15 +277,50 @@ func (c *Cluster) goFunc(f func()) {
 
 // encodeMeta builds this gateway's memberlist metadata.
 func (c *Cluster) encodeMeta() ([]byte, error) {
+	host := c.advertiseHost()
 	m := NodeMeta{
 		Cluster:    c.cfg.ClusterName,
 		Version:    c.cfg.Version,
 		HTTPAddr:   c.cfg.HTTPAddr,
 		RaftAddr:   c.cfg.RaftAddr,
+		AdminAddr:  c.cfg.AdminAddr,
 		IndexModes: c.cfg.IndexModes,
+		NATSRoute:  c.bus.routeURL(host),
 		Leaving:    c.leaving.Load(),
 	}
+	if c.cfg.NATSURL == "" && c.bus.opts != nil {
+		m.NATSClient = c.bus.clientURL()
+	}
+	if c.cfg.AdvertisePeerAddr != "" {
+		m.PeerAddr = c.cfg.AdvertisePeerAddr
+	} else if c.peerLis != nil {
+		a := c.peerLis.Addr().(*net.TCPAddr)
+		h := a.IP.String()
+		if a.IP.IsUnspecified() {
+			h = host
+		}
+		m.PeerAddr = net.JoinHostPort(h, strconv.Itoa(a.Port))
+	}
 	return AppendMeta(nil, m, memberlist.MetaMaxSize)
+}
+
+// advertiseHost is the host peers reach this gateway at: the gossip
+// advertise host (memberlist's choice once it runs).
+func (c *Cluster) advertiseHost() string {
+	if c.cfg.AdvertiseAddr != "" {
+		if hp, err := splitHostPort(c.cfg.AdvertiseAddr); err == nil {
+			return hp.host
+		}
+	}
+	if c.ms.ml != nil {
+		return c.ms.ml.LocalNode().Addr.String()
+	}
+	if hp, err := splitHostPort(c.cfg.GossipAddr); err == nil && hp.host != "" {
+		if ip := net.ParseIP(hp.host); ip == nil || !ip.IsUnspecified() {
+			return hp.host
+		}
+	}
+	return "127.0.0.1"
 }
 
 // Shutdown leaves the cluster gracefully (so peers move KV ownership at
@@ -176,17 +336,13 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 		if wasStarted {
 			timeout := time.Second
 			if d, ok := ctx.Deadline(); ok {
-				timeout = max(time.Until(d)/2, 10*time.Millisecond)
+				timeout = min(timeout, max(time.Until(d)/2, 10*time.Millisecond))
 			}
 			if lerr := c.leave(timeout); lerr != nil {
 				c.log.Debug("leave", "err", lerr)
 			}
 		}
-		if c.cancel != nil {
-			c.cancel()
-		}
-		c.wg.Wait()
-		err = c.closeTransports()
+		err = c.teardown()
 	})
 	return err
 }
@@ -197,16 +353,24 @@ func (c *Cluster) kill() {
 	c.mu.Lock()
 	c.stopped = true
 	c.mu.Unlock()
-	c.stopOnce.Do(func() {
-		if c.cancel != nil {
-			c.cancel()
-		}
-		c.wg.Wait()
-		_ = c.closeTransports()
-	})
+	c.stopOnce.Do(func() { _ = c.teardown() })
 }
 
-func (c *Cluster) closeTransports() error {
+// teardown stops in order: owners (no more KV ingestion), the peer service,
+// NATS, every goroutine, then memberlist.
+func (c *Cluster) teardown() error {
+	c.leaving.Store(true)
+	c.own.stopAll()
+	if c.cancel != nil {
+		c.cancel()
+	}
+	if c.grpcSrv != nil {
+		c.grpcSrv.Stop()
+	} else if c.peerLis != nil {
+		_ = c.peerLis.Close()
+	}
+	c.bus.close()
+	c.wg.Wait()
 	var errs []error
 	if err := c.ms.shutdown(); err != nil {
 		errs = append(errs, err)
@@ -262,5 +426,89 @@ func (c *Cluster) running() bool {
 	return c.started && !c.stopped
 }
 
-// onGossip receives memberlist user messages (the NATS-outage fallback).
-func (c *Cluster) onGossip(b []byte) {}
+// peersWithRoutes counts other members that advertise an embedded server.
+func (c *Cluster) peersWithRoutes() int {
+	n := 0
+	for _, m := range c.ms.snapshot() {
+		if !m.Self && m.Meta.NATSRoute != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// PeerAddr is the peer gRPC service's listen address, after Start.
+func (c *Cluster) PeerAddr() string {
+	if c.peerLis == nil {
+		return ""
+	}
+	return c.peerLis.Addr().String()
+}
+
+// NATSConnected reports whether deltas currently travel over NATS (else
+// decisions are gossiped).
+func (c *Cluster) NATSConnected() bool { return c.bus.connected() }
+
+// onMember reacts to membership changes (event goroutine): NATS routes to
+// the members' embedded servers, KV ownership, forgetting departed peers.
+func (c *Cluster) onMember(ev MemberEvent) {
+	var routes []string
+	for _, m := range c.ms.snapshot() {
+		if !m.Self && m.Meta.NATSRoute != "" {
+			routes = append(routes, m.Meta.NATSRoute)
+		}
+	}
+	c.bus.setRoutes(routes)
+	if ev.Kind == MemberLeave || ev.Kind == MemberFail {
+		c.peers.forget(ev.Member.Name, time.Now())
+		c.ap.forgetOrigins(ev.Member.Name)
+		c.dmu.Lock()
+		delete(c.digests, ev.Member.Name)
+		c.dmu.Unlock()
+	}
+	if c.ready.Load() {
+		c.own.reconcile()
+	}
+}
+
+// onNATS decodes a NATS message (nats.go's subscription goroutine) and
+// routes it; it never blocks.
+func (c *Cluster) onNATS(data []byte) { c.receive(data, "nats") }
+
+// onGossip receives memberlist user messages (the NATS-outage fallback);
+// memberlist's packet goroutine calls it, so it never blocks.
+func (c *Cluster) onGossip(data []byte) { c.receive(data, "gossip") }
+
+func (c *Cluster) receive(data []byte, via string) {
+	m, err := DecodeMessage(data)
+	if err != nil {
+		c.m.malformed.WithLabelValues(via).Inc()
+		c.log.Debug("malformed peer message", "via", via, "bytes", len(data), "err", err)
+		return
+	}
+	switch m.Kind {
+	case KindDecisions:
+		if m.Decisions.Origin == c.origin {
+			return
+		}
+		if m.Decisions.Seq == 0 {
+			c.m.malformed.WithLabelValues(via).Inc()
+			return
+		}
+	case KindKV:
+		if m.KV.Origin == c.origin {
+			return
+		}
+	case KindLoad:
+		if m.Load.Origin != c.origin {
+			c.peers.report(m.Load, time.Now())
+		}
+		return
+	case KindDigest:
+		if m.Digest.Origin != c.origin {
+			c.storeDigest(m.Digest)
+		}
+		return
+	}
+	c.ap.enqueue(inbound{msg: m, via: via})
+}

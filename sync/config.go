@@ -94,10 +94,11 @@ type Config struct {
 	// it paces memberlist broadcasts (the NATS-outage fallback).
 	GossipInterval time.Duration
 
-	// HTTPAddr, RaftAddr are advertised in metadata only (for `kvmesh
-	// members` and the config store). Default "".
-	HTTPAddr string
-	RaftAddr string
+	// HTTPAddr, RaftAddr and AdminAddr (admin gRPC) are advertised in
+	// metadata only (for `kvmesh members` and the config store). Default "".
+	HTTPAddr  string
+	RaftAddr  string
+	AdminAddr string
 
 	// IndexModes is advertised in metadata (e.g. "history" or
 	// "m1=hybrid,m2=history"); informational. Default "".

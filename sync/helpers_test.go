@@ -160,6 +160,14 @@ func waitMembers(t testing.TB, gws []*gw, n int) {
 		}
 		return true
 	}, 15*time.Second, 10*time.Millisecond, "members did not converge to %d", n)
+	require.Eventually(t, func() bool {
+		for _, g := range gws {
+			if g.c.cfg.NATSURL == "" && g.c.bus.numRemotes() != n-1 {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 10*time.Millisecond, "NATS routes did not form a full mesh")
 }
 
 // counter reads a counter or gauge value from a registry by name and labels.

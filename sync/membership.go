@@ -374,7 +374,7 @@ func (d *mlDelegate) GetBroadcasts(overhead, limit int) [][]byte {
 	return d.queue.GetBroadcasts(overhead, limit)
 }
 
-func (d *mlDelegate) LocalState(bool) []byte          { return nil }
+func (d *mlDelegate) LocalState(bool) []byte        { return nil }
 func (d *mlDelegate) MergeRemoteState([]byte, bool) {}
 
 // mlEvents implements memberlist.EventDelegate.

@@ -97,7 +97,7 @@ func waitFor[T comparable](t *testing.T, ch <-chan T, want T) {
 
 func TestMetaRoundTripAndLimit(t *testing.T) {
 	m := NodeMeta{Cluster: "c", Version: "1", HTTPAddr: "h:1", PeerAddr: "p:2", RaftAddr: "r:3",
-		NATSRoute: "nats-route://x:4", NATSClient: "nats://y:5", IndexModes: "hybrid"}
+		NATSRoute: "nats-route://x:4", NATSClient: "nats://y:5", IndexModes: "hybrid", AdminAddr: "a:6", Leaving: true}
 	b, err := AppendMeta(nil, m, memberlist.MetaMaxSize)
 	require.NoError(t, err)
 	got, err := DecodeMeta(b)

@@ -11,9 +11,9 @@ import (
 //
 // Encoding, version 1 (must fit memberlist.MetaMaxSize, 512 bytes):
 //
-//	version byte (=1), then 8 strings, each uv length + bytes, in order:
+//	version byte (=1), then 9 strings, each uv length + bytes, in order:
 //	cluster, gateway version, HTTP, peer gRPC, raft, NATS route URL,
-//	NATS client URL, index modes; then a flags byte (bit 0: leaving),
+//	NATS client URL, index modes, admin gRPC; then a flags byte (bit 0: leaving),
 //	absent = 0
 //
 // A decoder of version 1 ignores bytes after the known strings, so later
@@ -27,6 +27,7 @@ type NodeMeta struct {
 	NATSRoute  string // nats-route://host:port of the embedded server ("" = external NATS)
 	NATSClient string // client URL of the embedded server (informational)
 	IndexModes string
+	AdminAddr  string // admin gRPC (config writes are forwarded there)
 	// Leaving is set by a gateway that is about to leave gracefully, so that
 	// peers tell its departure from a failure.
 	Leaving bool
@@ -53,7 +54,7 @@ func AppendMeta(dst []byte, m NodeMeta, limit int) ([]byte, error) {
 }
 
 func (m *NodeMeta) fields() []*string {
-	return []*string{&m.Cluster, &m.Version, &m.HTTPAddr, &m.PeerAddr, &m.RaftAddr, &m.NATSRoute, &m.NATSClient, &m.IndexModes}
+	return []*string{&m.Cluster, &m.Version, &m.HTTPAddr, &m.PeerAddr, &m.RaftAddr, &m.NATSRoute, &m.NATSClient, &m.IndexModes, &m.AdminAddr}
 }
 
 // DecodeMeta decodes node metadata. Errors wrap ErrMalformed; it never

@@ -60,9 +60,13 @@ func TestValidateNamesFields(t *testing.T) {
 
 func TestValidateStructure(t *testing.T) {
 	for name, mutate := range map[string]func(*RoutingConfig){
-		"no models":       func(c *RoutingConfig) { c.Models = nil },
-		"no replicas":     func(c *RoutingConfig) { c.Models["chat"] = ModelConfig{} },
-		"kv and kv_bind":  func(c *RoutingConfig) { m := c.Models["chat"]; m.Replicas[0].KVBind = "tcp://*:1"; m.Replicas[0].KV = "tcp://h:1" },
+		"no models":   func(c *RoutingConfig) { c.Models = nil },
+		"no replicas": func(c *RoutingConfig) { c.Models["chat"] = ModelConfig{} },
+		"kv and kv_bind": func(c *RoutingConfig) {
+			m := c.Models["chat"]
+			m.Replicas[0].KVBind = "tcp://*:1"
+			m.Replicas[0].KV = "tcp://h:1"
+		},
 		"bad endpoint":    func(c *RoutingConfig) { m := c.Models["chat"]; m.Replicas[0].KV = "h:1" },
 		"bad index mode":  func(c *RoutingConfig) { c.IndexMode = "magic" },
 		"negative slo":    func(c *RoutingConfig) { c.SLO.TTFT = -1 },

@@ -1,0 +1,391 @@
+package sync
+
+import (
+	"context"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// Watermark source names in snapshots and digests.
+const (
+	srcDecisions = "d/"    // + origin: highest contiguous decision batch seq applied
+	srcKV        = "kv/"   // + replica: engine seq + 1 of the last batch applied (0 = none)
+	srcKVTS      = "kvts/" // + replica: float64 bits of that batch's engine time
+)
+
+// dedupWindow is how far above the contiguous watermark an origin's
+// batches may arrive out of order (NATS and gossip interleaving) before the
+// missing ones are declared lost.
+const dedupWindow = 1024
+
+// originState tracks which decision batches of one origin were applied:
+// every seq <= base, plus the seqs in above.
+type originState struct {
+	base  uint64
+	above map[uint64]struct{}
+}
+
+// accept reports whether seq is new, marks it applied and returns how many
+// earlier seqs were given up as lost to keep the window bounded.
+func (o *originState) accept(seq uint64) (fresh bool, lost uint64) {
+	if seq <= o.base {
+		return false, 0
+	}
+	if _, dup := o.above[seq]; dup {
+		return false, 0
+	}
+	if seq > o.base+dedupWindow {
+		newBase := seq - dedupWindow
+		for s := o.base + 1; s <= newBase; s++ {
+			if _, ok := o.above[s]; ok {
+				delete(o.above, s)
+			} else {
+				lost++
+			}
+		}
+		o.base = newBase
+	}
+	if seq == o.base+1 {
+		o.base++
+		for {
+			if _, ok := o.above[o.base+1]; !ok {
+				break
+			}
+			delete(o.above, o.base+1)
+			o.base++
+		}
+	} else {
+		if o.above == nil {
+			o.above = make(map[uint64]struct{})
+		}
+		o.above[seq] = struct{}{}
+	}
+	return true, lost
+}
+
+// kvState tracks one engine's KV stream as applied here.
+type kvState struct {
+	valid  bool // false: nothing applied since the start or a reset
+	seq    uint64
+	engine float64 // engine clock of the last applied batch
+}
+
+// inbound is one decoded peer message on its way to the applier.
+type inbound struct {
+	msg Message
+	via string // "nats" or "gossip"
+}
+
+// applier applies peers' deltas to the index from one goroutine, keeps the
+// per-source watermarks, and buffers while a snapshot is being restored.
+// mu is held for each application and while a snapshot is encoded, so a
+// snapshot's watermarks always match its content.
+type applier struct {
+	c *Cluster
+	q chan inbound
+
+	mu            sync.Mutex
+	origins       map[string]*originState
+	kv            map[string]*kvState
+	bootstrapping bool
+	buf           []inbound
+	gapSince      time.Time // first unrepaired loss; zero = none
+	scratch       []uint64
+}
+
+func newApplier(c *Cluster) *applier {
+	return &applier{
+		c:       c,
+		q:       make(chan inbound, c.cfg.ApplyQueue),
+		origins: make(map[string]*originState),
+		kv:      make(map[string]*kvState),
+	}
+}
+
+// enqueue hands a message to the applier without blocking; a full queue
+// drops it and schedules a repair.
+func (a *applier) enqueue(in inbound) {
+	select {
+	case a.q <- in:
+	default:
+		a.c.m.dropped.WithLabelValues(in.msg.Kind.String(), "queue_full").Inc()
+		a.markLoss()
+	}
+}
+
+func (a *applier) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case in := <-a.q:
+			a.mu.Lock()
+			if a.bootstrapping {
+				if len(a.buf) < a.c.cfg.BootstrapBuffer {
+					a.buf = append(a.buf, in)
+				} else {
+					a.c.m.dropped.WithLabelValues(in.msg.Kind.String(), "bootstrap_overflow").Inc()
+					a.markLossLocked()
+				}
+			} else {
+				a.applyLocked(in)
+			}
+			a.mu.Unlock()
+		}
+	}
+}
+
+func (a *applier) markLoss() {
+	a.mu.Lock()
+	a.markLossLocked()
+	a.mu.Unlock()
+}
+
+func (a *applier) markLossLocked() {
+	if a.gapSince.IsZero() {
+		a.gapSince = time.Now()
+	}
+}
+
+// hasLoss reports an unrepaired loss.
+func (a *applier) hasLoss() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return !a.gapSince.IsZero()
+}
+
+// takeLoss reports and clears an unrepaired loss.
+func (a *applier) takeLoss() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	had := !a.gapSince.IsZero()
+	a.gapSince = time.Time{}
+	return had
+}
+
+func (a *applier) applyLocked(in inbound) {
+	switch in.msg.Kind {
+	case KindDecisions:
+		a.applyDecisionsLocked(in.msg.Decisions, false)
+	case KindKV:
+		a.applyKVLocked(in.msg.KV)
+	}
+}
+
+// applyDecisionsLocked applies a decision batch unless it was seen; own
+// re-applies this gateway's batches after a restore (no dedupe state).
+func (a *applier) applyDecisionsLocked(b *DecisionBatch, own bool) {
+	if !own && b.Seq == 0 {
+		return // seqs start at 1; receive counts a 0 as malformed
+	}
+	if !own {
+		o := a.origins[b.Origin]
+		if o == nil {
+			// An origin the restored snapshot did not know started after
+			// it was taken (or published nothing before): all its
+			// batches from 1 on are due here, so a later first seq is a
+			// loss that anti-entropy repairs.
+			o = &originState{}
+			a.origins[b.Origin] = o
+		}
+		fresh, lost := o.accept(b.Seq)
+		if lost > 0 {
+			a.c.m.gaps.WithLabelValues("decisions").Add(float64(lost))
+			a.markLossLocked()
+		}
+		if !fresh {
+			a.c.m.dropped.WithLabelValues("decisions", "duplicate").Add(float64(len(b.Entries)))
+			return
+		}
+	}
+	now := time.Now().UnixNano()
+	ix, reps := a.c.deps.Index, a.c.deps.Replicas
+	applied := 0
+	for i := range b.Entries {
+		e := &b.Entries[i]
+		id, ok := reps.ReplicaID(e.Replica)
+		if !ok {
+			a.c.m.dropped.WithLabelValues("decisions", "unknown_replica").Inc()
+			continue
+		}
+		if err := ix.Record(e.Keys, id, e.Ledger, e.At); err != nil {
+			a.c.m.dropped.WithLabelValues("decisions", "apply_error").Inc()
+			continue
+		}
+		applied++
+		if !own {
+			a.c.m.lag.Observe(float64(now-e.At) / 1e9)
+		}
+	}
+	a.c.m.applied.WithLabelValues("decisions").Add(float64(applied))
+	if h := a.c.onApplied; h != nil && !own {
+		h(b, now)
+	}
+}
+
+// applyKVLocked applies one owner-normalized engine batch, idempotently by
+// (replica, engine seq).
+func (a *applier) applyKVLocked(b *KVBatch) {
+	id, ok := a.c.deps.Replicas.ReplicaID(b.Replica)
+	if !ok {
+		a.c.m.dropped.WithLabelValues("kv", "unknown_replica").Inc()
+		return
+	}
+	st := a.kv[b.Replica]
+	if st == nil {
+		st = &kvState{}
+		a.kv[b.Replica] = st
+	}
+	ix := a.c.deps.Index
+	if b.Reset {
+		ix.ClearReplica(id)
+		st.valid = false
+		a.c.m.applied.WithLabelValues("kv").Inc()
+		return
+	}
+	if st.valid {
+		switch {
+		case b.Seq == st.seq+1:
+		case b.Seq > st.seq+1:
+			// Batches the owner delivered were lost on the way here.
+			a.c.m.gaps.WithLabelValues("kv").Inc()
+			a.markLossLocked()
+		case b.EngineTS > st.engine:
+			// An older seq with a newer engine clock: the engine restarted
+			// while ownership moved (the new owner saw no rewind).
+			ix.ClearReplica(id)
+		default:
+			a.c.m.dropped.WithLabelValues("kv", "duplicate").Inc()
+			return
+		}
+	}
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Kind {
+		case kvevents.KindBlockStored:
+			err := ix.ApplyStored(id, index.StoredBlocks{
+				Hashes: ev.Hashes, ParentHash: ev.ParentHash, HasParent: ev.HasParent,
+				Tokens: ev.Tokens, BlockTokens: ev.BlockTokens, Root: ev.Root, HasRoot: ev.HasRoot,
+			})
+			if err != nil {
+				a.c.m.dropped.WithLabelValues("kv", "apply_error").Inc()
+			}
+		case kvevents.KindBlockRemoved:
+			ix.ApplyRemoved(id, ev.Hashes)
+		case kvevents.KindAllBlocksCleared:
+			ix.ClearReplica(id)
+		}
+	}
+	st.valid, st.seq, st.engine = true, b.Seq, b.EngineTS
+	a.c.m.applied.WithLabelValues("kv").Inc()
+}
+
+// applyLocal applies a batch this gateway produced as an engine's owner.
+func (a *applier) applyLocal(b *KVBatch) {
+	a.mu.Lock()
+	a.applyKVLocked(b)
+	a.mu.Unlock()
+}
+
+// watermarksLocked returns the per-source watermarks, as stored in
+// snapshots.
+func (a *applier) watermarksLocked() map[string]uint64 {
+	w := make(map[string]uint64, len(a.origins)+2*len(a.kv))
+	for o, st := range a.origins {
+		w[srcDecisions+o] = st.base
+	}
+	for r, st := range a.kv {
+		if st.valid {
+			w[srcKV+r] = st.seq + 1
+			w[srcKVTS+r] = math.Float64bits(st.engine)
+		} else {
+			w[srcKV+r] = 0
+		}
+	}
+	return w
+}
+
+// setWatermarksLocked replaces the dedupe state with a restored snapshot's
+// watermarks. The own origin's watermark is returned separately: this
+// gateway does not dedupe its own batches.
+func (a *applier) setWatermarksLocked(w map[string]uint64) {
+	clear(a.origins)
+	clear(a.kv)
+	for k, v := range w {
+		switch {
+		case strings.HasPrefix(k, srcDecisions):
+			a.origins[k[len(srcDecisions):]] = &originState{base: v}
+		case strings.HasPrefix(k, srcKV):
+			r := k[len(srcKV):]
+			st := &kvState{}
+			if v > 0 {
+				st.valid, st.seq = true, v-1
+				st.engine = math.Float64frombits(w[srcKVTS+r])
+			}
+			a.kv[r] = st
+		}
+	}
+}
+
+// beginBuffering makes the applier buffer instead of applying.
+func (a *applier) beginBuffering() {
+	a.mu.Lock()
+	a.bootstrapping = true
+	a.buf = a.buf[:0]
+	a.mu.Unlock()
+}
+
+// endBuffering applies what was buffered (through the normal dedupe, so
+// deltas at or below the restored watermarks are dropped) and resumes.
+func (a *applier) endBuffering() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, in := range a.buf {
+		a.applyLocked(in)
+	}
+	clear(a.buf)
+	a.buf = a.buf[:0]
+	a.bootstrapping = false
+}
+
+// sources returns a digest's watermark list.
+func (a *applier) sources() []Watermark {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]Watermark, 0, len(a.origins)+len(a.kv))
+	for o, st := range a.origins {
+		out = append(out, Watermark{Source: srcDecisions + o, Seq: st.base})
+	}
+	for r, st := range a.kv {
+		var v uint64
+		if st.valid {
+			v = st.seq + 1
+		}
+		out = append(out, Watermark{Source: srcKV + r, Seq: v})
+	}
+	return out
+}
+
+// forgetOrigins drops the dedupe state of origins of a departed node.
+func (a *applier) forgetOrigins(node string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for o := range a.origins {
+		if originNode(o) == node {
+			delete(a.origins, o)
+		}
+	}
+}
+
+// originNode is the node name of an origin id "<node>#<incarnation>".
+func originNode(origin string) string {
+	if i := strings.LastIndexByte(origin, '#'); i >= 0 {
+		return origin[:i]
+	}
+	return origin
+}

@@ -1,0 +1,355 @@
+package sync
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// subjects are this cluster's NATS subjects (see the package doc).
+type subjects struct {
+	prefix    string // kvmesh.<cluster>
+	decisions string // kvmesh.<cluster>.delta.decisions
+	kvAll     string // kvmesh.<cluster>.kv.>
+	loadAll   string // kvmesh.<cluster>.load.*
+	digest    string // kvmesh.<cluster>.digest
+}
+
+func newSubjects(cluster string) subjects {
+	p := "kvmesh." + cluster
+	return subjects{prefix: p, decisions: p + ".delta.decisions", kvAll: p + ".kv.>",
+		loadAll: p + ".load.*", digest: p + ".digest"}
+}
+
+func (s subjects) kv(replica string) string { return s.prefix + ".kv." + subjectToken(replica) }
+func (s subjects) load(node string) string  { return s.prefix + ".load." + subjectToken(node) }
+
+// subjectToken maps a name to one NATS subject token: bytes other than
+// letters, digits, '-' and '_' become '_'. The name itself travels in the
+// payload, so collisions only share a subject.
+func subjectToken(s string) string {
+	if validToken(s) {
+		return s
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	if len(b) == 0 {
+		return "_"
+	}
+	return string(b)
+}
+
+// bus is the gateway's NATS side: an optional embedded server clustered
+// with the peers' servers, and one client connection.
+type bus struct {
+	cfg  Config
+	log  *slog.Logger
+	m    *metrics
+	subj subjects
+
+	mu       sync.Mutex
+	srv      *server.Server
+	opts     *server.Options // as built at first start, with resolved ports
+	routes   map[string]*url.URL
+	nc       *nats.Conn
+	onChange func(connected bool)
+}
+
+func newBus(cfg Config, log *slog.Logger, m *metrics) *bus {
+	return &bus{cfg: cfg, log: log.With("component", "nats"), m: m, subj: newSubjects(cfg.ClusterName),
+		routes: make(map[string]*url.URL)}
+}
+
+// freePort resolves port 0 to a free port, so that the embedded server
+// keeps its ports across a restart and a config reload (nats-server
+// refuses to reload a changed cluster port).
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startServer starts the embedded server (first start or after stopServer).
+func (b *bus) startServer() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.opts == nil {
+		cl, err := splitHostPort(b.cfg.NATSClientAddr)
+		if err != nil {
+			return fmt.Errorf("%w: NATSClientAddr: %w", ErrInvalidConfig, err)
+		}
+		rt, err := splitHostPort(b.cfg.NATSClusterAddr)
+		if err != nil {
+			return fmt.Errorf("%w: NATSClusterAddr: %w", ErrInvalidConfig, err)
+		}
+		for _, hp := range []*hostPort{&cl, &rt} {
+			if hp.port == 0 {
+				if hp.port, err = freePort(hp.host); err != nil {
+					return fmt.Errorf("sync: NATS port: %w", err)
+				}
+			}
+		}
+		b.opts = &server.Options{
+			ServerName: b.cfg.NodeName,
+			Host:       cl.host,
+			Port:       cl.port,
+			NoLog:      true,
+			NoSigs:     true,
+			MaxPayload: MaxMessageBytes,
+			Cluster: server.ClusterOpts{
+				Name:      b.cfg.ClusterName,
+				Host:      rt.host,
+				Port:      rt.port,
+				Advertise: b.cfg.AdvertiseNATSClusterAddr,
+			},
+		}
+	}
+	opts := b.opts.Clone()
+	opts.Routes = b.routeList()
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("sync: embedded NATS: %w", err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		s.WaitForShutdown()
+		return fmt.Errorf("sync: embedded NATS did not start on %s:%d", opts.Host, opts.Port)
+	}
+	b.srv = s
+	return nil
+}
+
+// stopServer shuts the embedded server down (Shutdown, or a test's outage).
+func (b *bus) stopServer() {
+	b.mu.Lock()
+	s := b.srv
+	b.srv = nil
+	b.mu.Unlock()
+	if s != nil {
+		s.Shutdown()
+		s.WaitForShutdown()
+	}
+}
+
+func (b *bus) routeList() []*url.URL {
+	keys := make([]string, 0, len(b.routes))
+	for k := range b.routes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]*url.URL, len(keys))
+	for i, k := range keys {
+		out[i] = b.routes[k]
+	}
+	return out
+}
+
+// clientURL is the URL the gateway's own connection dials.
+func (b *bus) clientURL() string {
+	if b.cfg.NATSURL != "" {
+		return b.cfg.NATSURL
+	}
+	return "nats://" + net.JoinHostPort(b.opts.Host, strconv.Itoa(b.opts.Port))
+}
+
+// routeURL is the route URL advertised to peers ("" without an embedded
+// server). advertiseHost replaces an unspecified bind host.
+func (b *bus) routeURL(advertiseHost string) string {
+	if b.opts == nil {
+		return ""
+	}
+	if b.cfg.AdvertiseNATSClusterAddr != "" {
+		return "nats-route://" + b.cfg.AdvertiseNATSClusterAddr
+	}
+	h := b.opts.Cluster.Host
+	if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
+		h = advertiseHost
+	}
+	return "nats-route://" + net.JoinHostPort(h, strconv.Itoa(b.opts.Cluster.Port))
+}
+
+// setRoutes makes the embedded server route to exactly the given peers'
+// route URLs (a config reload adds and removes routes live).
+func (b *bus) setRoutes(urls []string) {
+	if b.cfg.NATSURL != "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	next := make(map[string]*url.URL, len(urls))
+	for _, s := range urls {
+		u, err := url.Parse(s)
+		if err != nil {
+			b.log.Warn("ignoring bad NATS route URL", "url", s, "err", err)
+			continue
+		}
+		next[s] = u
+	}
+	same := len(next) == len(b.routes)
+	for k := range next {
+		if _, ok := b.routes[k]; !ok {
+			same = false
+		}
+	}
+	if same {
+		return
+	}
+	b.routes = next
+	if b.srv == nil {
+		return
+	}
+	opts := b.opts.Clone()
+	opts.Routes = b.routeList()
+	if err := b.srv.ReloadOptions(opts); err != nil {
+		b.log.Warn("updating NATS routes", "err", err)
+	}
+}
+
+// numRemotes is the number of peer servers the embedded server routes to
+// (0 without one).
+func (b *bus) numRemotes() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.srv == nil {
+		return 0
+	}
+	return b.srv.NumRemotes()
+}
+
+// connect opens the client connection. It reconnects forever; onChange
+// learns every transition (from nats.go's callback goroutine).
+func (b *bus) connect(onChange func(bool)) error {
+	b.onChange = onChange
+	wait := 250 * time.Millisecond
+	if b.cfg.GossipProfile == ProfileLocal {
+		wait = 50 * time.Millisecond
+	}
+	nc, err := nats.Connect(b.clientURL(),
+		nats.Name("kvmesh-"+b.cfg.NodeName),
+		nats.NoEcho(),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(wait),
+		nats.ReconnectJitter(wait/5, wait/5),
+		nats.RetryOnFailedConnect(true),
+		// Deltas published while disconnected go to gossip instead; a
+		// small buffer only covers the instant of the disconnect.
+		nats.ReconnectBufSize(1<<20),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			b.log.Warn("NATS disconnected", "err", err)
+			b.setConnected(false)
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) {
+			b.log.Info("NATS reconnected")
+			b.setConnected(true)
+		}),
+		nats.ConnectHandler(func(*nats.Conn) { b.setConnected(true) }),
+		nats.ClosedHandler(func(*nats.Conn) { b.setConnected(false) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			b.log.Warn("NATS async error", "err", err)
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("sync: NATS connect %s: %w", b.clientURL(), err)
+	}
+	b.mu.Lock()
+	b.nc = nc
+	b.mu.Unlock()
+	if nc.IsConnected() {
+		b.setConnected(true)
+	}
+	return nil
+}
+
+func (b *bus) setConnected(up bool) {
+	if up {
+		b.m.natsConnected.Set(1)
+	} else {
+		b.m.natsConnected.Set(0)
+	}
+	if b.onChange != nil {
+		b.onChange(up)
+	}
+}
+
+func (b *bus) conn() *nats.Conn {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.nc
+}
+
+// connected reports whether publishing on NATS reaches peers now.
+func (b *bus) connected() bool {
+	nc := b.conn()
+	return nc != nil && nc.IsConnected()
+}
+
+// subscribe registers h for subject; nats.go calls h from one goroutine
+// per subscription, in order.
+func (b *bus) subscribe(subject string, h func([]byte)) error {
+	nc := b.conn()
+	if nc == nil {
+		return ErrNotStarted
+	}
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) { h(m.Data) })
+	if err != nil {
+		return fmt.Errorf("sync: subscribe %s: %w", subject, err)
+	}
+	// Bound what nats.go buffers for a slow handler (handlers only decode
+	// and enqueue, so hitting this means the process is starved).
+	if err := sub.SetPendingLimits(1<<16, 256<<20); err != nil {
+		return fmt.Errorf("sync: subscribe %s: %w", subject, err)
+	}
+	return nil
+}
+
+// flushSubscriptions waits until the server has registered the
+// subscriptions (so that interest reaches the routes).
+func (b *bus) flushSubscriptions(timeout time.Duration) error {
+	nc := b.conn()
+	if nc == nil {
+		return ErrNotStarted
+	}
+	return nc.FlushTimeout(timeout)
+}
+
+var errNotConnected = errors.New("sync: NATS not connected")
+
+// publish sends data on subject if connected; it never blocks on the
+// network (nats.go buffers writes).
+func (b *bus) publish(subject string, data []byte) error {
+	nc := b.conn()
+	if nc == nil || !nc.IsConnected() {
+		return errNotConnected
+	}
+	return nc.Publish(subject, data)
+}
+
+// close drains nothing: deltas in flight are lost like any crash's, and
+// anti-entropy repairs peers.
+func (b *bus) close() {
+	b.mu.Lock()
+	nc := b.nc
+	b.nc = nil
+	b.mu.Unlock()
+	if nc != nil {
+		nc.Close()
+	}
+	b.stopServer()
+}

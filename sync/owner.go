@@ -1,0 +1,230 @@
+package sync
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// Owner returns the member that owns engine replica's KV-event stream
+// among members: the highest rendezvous score xxh3(replica, seed =
+// xxh3(member)). Every gateway computes the same owner from the same live
+// set, and when a member leaves only its engines move.
+func Owner(replica string, members []string) string {
+	best, bestScore := "", uint64(0)
+	for _, m := range members {
+		s := xxh3.HashStringSeed(replica, xxh3.HashString(m))
+		if best == "" || s > bestScore || s == bestScore && m < best {
+			best, bestScore = m, s
+		}
+	}
+	return best
+}
+
+// owners runs a kvevents.Subscriber for each KV source this gateway owns
+// and stops it when ownership moves. Only the membership event goroutine
+// (and Start/Shutdown) call reconcile and stopAll.
+type owners struct {
+	c *Cluster
+
+	mu   sync.Mutex
+	subs map[string]*kvevents.Subscriber
+}
+
+func newOwners(c *Cluster) *owners {
+	return &owners{c: c, subs: make(map[string]*kvevents.Subscriber)}
+}
+
+// reconcile starts and stops subscribers to match the live member set.
+func (o *owners) reconcile() {
+	c := o.c
+	if len(c.cfg.KVSources) == 0 || c.leaving.Load() {
+		return
+	}
+	ms := c.ms.snapshot()
+	names := make([]string, 0, len(ms))
+	for _, m := range ms {
+		if !m.Meta.Leaving {
+			names = append(names, m.Name)
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, src := range c.cfg.KVSources {
+		mine := Owner(src.Replica, names) == c.cfg.NodeName
+		sub, running := o.subs[src.Replica]
+		switch {
+		case mine && !running:
+			if err := o.startLocked(src); err != nil {
+				c.log.Error("starting KV-event subscriber", "replica", src.Replica, "err", err)
+				continue
+			}
+			c.m.ownerChanges.Inc()
+			c.log.Info("now owning KV events", "replica", src.Replica)
+		case !mine && running:
+			o.closeSub(src.Replica, sub)
+			delete(o.subs, src.Replica)
+			c.m.ownerChanges.Inc()
+			c.log.Info("KV events moved to another gateway", "replica", src.Replica)
+		}
+	}
+	c.m.owned.Set(float64(len(o.subs)))
+}
+
+func (o *owners) startLocked(src KVSource) error {
+	c := o.c
+	sc := kvevents.DefaultSubscriberConfig()
+	sc.Replica = src.Replica
+	sc.Endpoint = src.Endpoint
+	sc.ReplayEndpoint = src.ReplayEndpoint
+	if c.cfg.KVQueueSize > 0 {
+		sc.QueueSize = c.cfg.KVQueueSize
+	}
+	if c.cfg.KVReplayTimeout > 0 {
+		sc.ReplayTimeout = c.cfg.KVReplayTimeout
+	}
+	if c.cfg.GossipProfile == ProfileLocal {
+		sc.ReconnectMin = 20 * time.Millisecond
+		sc.ReconnectMax = 500 * time.Millisecond
+	}
+	h := &ownerHandler{c: c, src: src, hasher: c.deps.Index.Hasher()}
+	sub, err := kvevents.NewSubscriber(sc, h, c.deps.KVMetrics, c.log.With("replica", src.Replica))
+	if err != nil {
+		return err
+	}
+	if err := sub.Start(c.bg); err != nil {
+		return err
+	}
+	o.subs[src.Replica] = sub
+	return nil
+}
+
+func (o *owners) closeSub(replica string, sub *kvevents.Subscriber) {
+	if err := sub.Close(); err != nil && !errors.Is(err, kvevents.ErrClosed) {
+		o.c.log.Warn("closing KV-event subscriber", "replica", replica, "err", err)
+	}
+}
+
+// owned reports whether this gateway runs replica's subscriber.
+func (o *owners) owned(replica string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, ok := o.subs[replica]
+	return ok
+}
+
+// restart replaces replica's subscriber with a fresh one, which replays the
+// engine's buffer from seq 0 (after a repair lost confirmed entries).
+func (o *owners) restart(replica string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	sub, ok := o.subs[replica]
+	if !ok {
+		return
+	}
+	o.closeSub(replica, sub)
+	delete(o.subs, replica)
+	for _, src := range o.c.cfg.KVSources {
+		if src.Replica == replica {
+			if err := o.startLocked(src); err != nil {
+				o.c.log.Error("restarting KV-event subscriber", "replica", replica, "err", err)
+			}
+		}
+	}
+}
+
+func (o *owners) stopAll() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for r, sub := range o.subs {
+		o.closeSub(r, sub)
+		delete(o.subs, r)
+	}
+	o.c.m.owned.Set(0)
+}
+
+// ownerHandler normalizes one owned engine's batches, applies them here
+// and republishes them for the peers.
+type ownerHandler struct {
+	c      *Cluster
+	src    KVSource
+	hasher index.Hasher
+	batch  KVBatch
+	msg    []byte
+}
+
+var _ kvevents.Handler = (*ownerHandler)(nil)
+
+// gpuTier: events of other media (CPU, disk offload) are another tier the
+// index does not track.
+func gpuTier(medium string) bool { return medium == "" || medium == "GPU" || medium == "gpu" }
+
+// HandleBatch implements kvevents.Handler.
+func (h *ownerHandler) HandleBatch(replica string, seq kvevents.Seq, b *kvevents.Batch) {
+	kb := &h.batch
+	*kb = KVBatch{Origin: h.c.origin, Replica: replica, Seq: uint64(seq), EngineTS: b.TS,
+		SentAt: time.Now().UnixNano(), Events: kb.Events[:0]}
+	for i := range b.Events {
+		ev := &b.Events[i]
+		switch ev.Kind {
+		case kvevents.KindBlockStored:
+			st := ev.Stored
+			if st == nil || !gpuTier(st.Medium) {
+				continue
+			}
+			out := KVEvent{Kind: ev.Kind, Hashes: engineHashes(st.BlockHashes), ParentHash: uint64(st.ParentBlockHash),
+				HasParent: st.HasParent, BlockTokens: st.BlockSize, Tokens: st.TokenIDs}
+			if st.LoRAName != "" {
+				out.Root, out.HasRoot = h.hasher.Root(h.src.Model, st.LoRAName, ""), true
+			}
+			kb.Events = append(kb.Events, out)
+		case kvevents.KindBlockRemoved:
+			rm := ev.Removed
+			if rm == nil || !gpuTier(rm.Medium) {
+				continue
+			}
+			kb.Events = append(kb.Events, KVEvent{Kind: ev.Kind, Hashes: engineHashes(rm.BlockHashes)})
+		case kvevents.KindAllBlocksCleared:
+			kb.Events = append(kb.Events, KVEvent{Kind: ev.Kind})
+		}
+	}
+	h.c.ap.applyLocal(kb)
+	h.publish(kb)
+}
+
+// HandleReset implements kvevents.Handler.
+func (h *ownerHandler) HandleReset(replica string, reason kvevents.ResetReason) {
+	kb := &KVBatch{Origin: h.c.origin, Replica: replica, SentAt: time.Now().UnixNano(), Reset: true, Reason: uint8(reason)}
+	h.c.ap.applyLocal(kb)
+	h.publish(kb)
+}
+
+func (h *ownerHandler) publish(kb *KVBatch) {
+	var err error
+	h.msg, err = AppendKV(h.msg[:0], kb)
+	if err != nil {
+		h.c.m.dropped.WithLabelValues("kv", "encode_error").Inc()
+		h.c.log.Warn("encoding KV batch", "replica", kb.Replica, "err", err)
+		return
+	}
+	if err := h.c.bus.publish(h.c.bus.subj.kv(kb.Replica), h.msg); err != nil {
+		// Peers see the seq gap when NATS returns and repair.
+		h.c.m.dropped.WithLabelValues("kv", "publish_error").Inc()
+		return
+	}
+	h.c.m.published.WithLabelValues("kv", "nats").Inc()
+}
+
+// engineHashes converts engine hashes to the index's uint64s.
+func engineHashes(hs []kvevents.EngineHash) []uint64 {
+	out := make([]uint64, len(hs))
+	for i, h := range hs {
+		out[i] = uint64(h)
+	}
+	return out
+}

@@ -1,0 +1,37 @@
+// Package des is kvbench's discrete-event engine: the study (package
+// chaos/study) in virtual time, for tens of replicas and gateways on one
+// core.
+//
+// A World implements study.Engine, so every scenario, the phase driver, the
+// statistics and the outputs of chaos/study run on it unchanged. Inside it:
+//
+//   - Replicas: one sim.Engine per replica (the simulator's pure model:
+//     continuous batching, chunked prefill, block pool with LRU eviction,
+//     step-time profile), stepped by the event loop exactly as sim.Server's
+//     driver steps it: a step starts when the previous one ends or, on an
+//     idle engine, when a request arrives; its outputs take effect at its
+//     end; its KV events leave when the step is scheduled (as sim.Server
+//     publishes them) and reach each gateway KVDelay later.
+//   - Gateways: each has its own index.Index and route.Set (the real code),
+//     turns a prompt into block keys the way node does (character keys of
+//     128 bytes in history mode, tiktoken keys at the engine's block size
+//     with KV events), matches, builds route.Candidates from its exact
+//     in-flight counts, its peers' counts as seen LoadDelay ago, the engine
+//     load it scraped at its last scrape tick and its queued prefill tokens,
+//     picks, records the decision in its index and sends it to its peers,
+//     who apply it SyncDelay later. NoSync isolates the gateways: no
+//     decision deltas, no peer load.
+//   - Clients: a request's outcome is what the streaming client of the
+//     live engine would observe over a zero-latency network.
+//
+// Contract: the core is single-threaded and deterministic. Events are
+// ordered by virtual time, then by the order they were scheduled; nothing
+// reads the wall clock, no goroutine is started, no map is iterated where
+// order could reach an output, and every random choice is seeded from
+// Options.Seed. The same options and study configuration therefore give
+// byte-identical results.json.
+//
+// Entry points: Factory builds a study.EngineFactory for study.Runner;
+// Sweep runs a study over replica, gateway and rate settings and writes one
+// table per setting.
+package des

@@ -1,0 +1,158 @@
+package des
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// Options configure a World. Replicas, Gateways and Mode are taken from the
+// study cell by Factory; everything else is fixed for a study.
+type Options struct {
+	// Replicas is the number of simulated engines, named A..Z, then R26,
+	// R27, ... Factory takes it from the cell.
+	Replicas int
+	// Gateways is the number of gateways. Factory takes it from the cell.
+	Gateways int
+	// Mode is the gateways' index mode: history, kv-events or hybrid.
+	// Factory takes it from the cell.
+	Mode string
+
+	// Profile names the engines' step-time profile (sim.LookupProfile).
+	// Default l20-qwen27b-fp8, the study's.
+	Profile string
+	// Model is the served model name (part of every block key's root).
+	Model string
+	// EngineBlockSize is the engines' KV block size in tokens; with KV
+	// events the gateways index at the same size. Default 16 (vLLM's).
+	EngineBlockSize int
+	// EngineTokens is each engine's KV pool in tokens (rounded down to whole
+	// blocks). Default 200,000, as the live engine.
+	EngineTokens int
+	// MaxNumSeqs, MaxNumBatchedTokens and MaxModelLen are the engines'
+	// vLLM limits. Defaults 8, 2048 and 32768 (sim.DefaultConfig).
+	MaxNumSeqs          int
+	MaxNumBatchedTokens int
+	MaxModelLen         int
+	// Tokenizer is the engines' tokenizer: "tiktoken" (default, cl100k, the
+	// seed's ~5K-token prompts) or "bytes". Gateways with KV events use
+	// the same one (node's character tokenizer for "bytes"); in history
+	// mode they use character keys, as node does.
+	Tokenizer string
+
+	// SyncDelay is how long a gateway's routing decision (history or
+	// speculative record) takes to reach its peers' indexes. Default 5 ms:
+	// the replication flush interval (2 ms) plus a LAN hop.
+	SyncDelay time.Duration
+	// LoadDelay is how stale a gateway's view of its peers' in-flight counts
+	// is. Default 100 ms, the replication load interval.
+	LoadDelay time.Duration
+	// KVDelay is how long an engine's KV events take to reach the gateways'
+	// indexes. Default 1 ms (ZMQ on a LAN).
+	KVDelay time.Duration
+	// NoSync isolates the gateways: no decision deltas and no peer load.
+	NoSync bool
+
+	// ScrapeInterval is how often a gateway scrapes each engine's
+	// running/waiting/KV usage. Default 500 ms, node's default. Gateway g
+	// scrapes at phase g·ScrapeInterval/Gateways.
+	ScrapeInterval time.Duration
+	// ExpireInterval is how often a gateway runs index.Expire (bounded to
+	// ExpireNodes blocks a call). Default 60 s and 16,384: expiry only
+	// bounds memory (Match ignores expired entries), and node's 1 s period
+	// would dominate a long simulation.
+	ExpireInterval time.Duration
+	ExpireNodes    int
+	// HistoryTTL, SpeculativeTTL and IndexCapacity are the gateways' index
+	// settings. Defaults: node's (2 h, 10 s, 1<<20 entries).
+	HistoryTTL     time.Duration
+	SpeculativeTTL time.Duration
+	IndexCapacity  int
+	// Route is every gateway's strategy configuration. Default
+	// route.DefaultConfig(), as node.
+	Route route.Config
+
+	// Seed seeds every random choice of the engine (routing tie-breaks,
+	// engine and index hash seeds). The study's own seed drives the
+	// workload.
+	Seed uint64
+}
+
+// DefaultOptions returns two replicas behind one gateway in history mode on
+// the L20 profile, with the propagation delays documented on Options.
+func DefaultOptions() Options {
+	return Options{
+		Replicas:            2,
+		Gateways:            1,
+		Mode:                "history",
+		Profile:             sim.ProfileL20Qwen27BFP8.Name,
+		Model:               "qwen38-27b-fp8",
+		EngineBlockSize:     16,
+		EngineTokens:        200_000,
+		MaxNumSeqs:          8,
+		MaxNumBatchedTokens: 2048,
+		MaxModelLen:         32768,
+		Tokenizer:           "tiktoken",
+		SyncDelay:           5 * time.Millisecond,
+		LoadDelay:           100 * time.Millisecond,
+		KVDelay:             time.Millisecond,
+		ScrapeInterval:      500 * time.Millisecond,
+		ExpireInterval:      time.Minute,
+		ExpireNodes:         1 << 14,
+		HistoryTTL:          2 * time.Hour,
+		SpeculativeTTL:      10 * time.Second,
+		IndexCapacity:       1 << 20,
+		Route:               route.DefaultConfig(),
+		Seed:                1,
+	}
+}
+
+// Validate reports the first problem with o.
+func (o *Options) Validate() error {
+	bad := func(f string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidOptions, fmt.Sprintf(f, a...))
+	}
+	switch {
+	case o.Replicas < 1 || o.Replicas > 64*1024:
+		return bad("replicas %d not in 1..65536", o.Replicas)
+	case o.Gateways < 1:
+		return bad("gateways %d < 1", o.Gateways)
+	case o.Model == "":
+		return bad("no model name")
+	case o.EngineBlockSize < 1 || o.EngineBlockSize > index.MaxBlockTokens:
+		return bad("engine block size %d not in 1..%d", o.EngineBlockSize, index.MaxBlockTokens)
+	case o.EngineTokens < o.EngineBlockSize:
+		return bad("engine tokens %d < block size", o.EngineTokens)
+	case o.MaxNumSeqs < 1 || o.MaxNumBatchedTokens < 1 || o.MaxModelLen < 1:
+		return bad("engine limits must be >= 1")
+	case o.Tokenizer != "tiktoken" && o.Tokenizer != "bytes":
+		return bad("tokenizer %q (want tiktoken or bytes)", o.Tokenizer)
+	case o.SyncDelay < 0 || o.LoadDelay < 0 || o.KVDelay < 0:
+		return bad("delays must be >= 0")
+	case o.ScrapeInterval <= 0:
+		return bad("scrape interval must be > 0")
+	case o.ExpireInterval <= 0 || o.ExpireNodes < 1:
+		return bad("expire interval and nodes must be > 0")
+	case o.HistoryTTL <= 0 || o.SpeculativeTTL <= 0 || o.IndexCapacity < 1:
+		return bad("index TTLs and capacity must be > 0")
+	}
+	switch o.Mode {
+	case "history", "kv-events", "hybrid":
+	default:
+		return bad("mode %q", o.Mode)
+	}
+	if _, err := sim.LookupProfile(o.Profile); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	if err := o.Route.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	return nil
+}
+
+// events reports whether the engines publish KV events and the gateways
+// consume them (every mode but history, as in the live engine).
+func (o *Options) events() bool { return o.Mode != "history" }

@@ -97,10 +97,17 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // staggered starts each send 5 streaming requests of the seed's 28.6 KB
 // prompt back to back, so about 200 streams stay open and about 400
 // requests arrive per second. It reports p50/p99 TTFT of both paths and
-// their difference. Run bounded: -bench ProxyOverhead -benchtime 2x.
+// their difference. A second case runs 20 streams, to separate the
+// gateway's own latency from CPU contention on a small machine. Run
+// bounded: -bench ProxyOverhead -benchtime 2x.
 func BenchmarkProxyOverhead(b *testing.B) {
+	for _, conc := range []int{20, 200} {
+		b.Run(fmt.Sprintf("streams=%d", conc), func(b *testing.B) { benchProxyOverhead(b, conc) })
+	}
+}
+
+func benchProxyOverhead(b *testing.B, conc int) {
 	const (
-		conc      = 200
 		perWorker = 5
 		events    = 24
 		gap       = 20 * time.Millisecond
@@ -125,7 +132,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	defer gwC.CloseIdleConnections()
 	directURL := e.url() + "/v1/completions"
 	gwURL := "http://" + n.HTTPAddr() + "/v1/completions"
-	stagger := (events + 1) * gap / conc
+	stagger := (events + 1) * gap / time.Duration(conc)
 
 	// Warm both connection pools.
 	_, err = phase(directC, directURL, body, want, conc, 1, 0, nil)

@@ -108,7 +108,7 @@ func (n *Node) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	defer putScratch(s)
 	rr, keys := n.prepare(r.Context(), p, lora, req, s)
 	rr.Now = nowNanos()
-	s.rng = route.NewRand(n.rngSeed.Add(0x9e3779b97f4a7c15))
+	s.rng = n.newRand()
 	rep := RouteReport{
 		Model: req.model, Strategy: strat.Name(), Tokenizer: n.tokName, IndexMode: n.cfg.IndexMode,
 		BlockSize: rr.BlockTokens, PromptTokens: rr.PromptTokens, TotalBlocks: rr.TotalBlocks,

@@ -699,3 +699,25 @@ func TestStalledBodyUploadTimesOut(t *testing.T) {
 	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
 	assert.Equal(t, CodeBodyTimeout, decodeErr(t, readAll(t, resp)).Error.Code)
 }
+
+func TestQueuedPrefillReleasedAtFirstByte(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(3)
+	e.chunkDelay.Store(int64(time.Hour)) // first event, then silence
+	n := startNode(t, nil, rc("a", e.url()))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body := fmt.Sprintf(`{"model":"m","prompt":%q,"stream":true}`, strings.Repeat("q", 1000))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	_, err = bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	r := n.byName["a"]
+	assert.EqualValues(t, 1, r.inflight.Load(), "the stream is still open")
+	require.Eventually(t, func() bool { return r.queuedPrefill.Load() == 0 }, 5*time.Second, time.Millisecond,
+		"the prefill is no longer queued once the first token arrived")
+	cancel()
+	require.Eventually(t, func() bool { return r.inflight.Load() == 0 }, 5*time.Second, time.Millisecond)
+}

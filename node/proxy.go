@@ -115,7 +115,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 		var exclude *replica
 		for attempt := 0; ; attempt++ {
 			rr.Now = time.Now().UnixNano()
-			s.rng = route.NewRand(n.rngSeed.Add(0x9e3779b97f4a7c15))
+			s.rng = n.newRand()
 			t0 := time.Now()
 			dec, earliest, err := n.routeOnce(p, strat, keys, &rr, s, exclude, nil)
 			if err != nil {
@@ -134,6 +134,13 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			return
 		}
 	}
+}
+
+// newRand returns a generator for one routing decision. Seeds step by an
+// odd constant other than SplitMix64's own increment, so that consecutive
+// requests' streams do not overlap.
+func (n *Node) newRand() route.Rand {
+	return route.NewRand(n.rngSeed.Add(1) * 0xbf58476d1ce4e5b9)
 }
 
 // refuse answers a client error and counts it.
@@ -232,8 +239,9 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	}
 
 	streaming := isEventStream(resp.Header)
-	res := n.relay(ctx, r.Context(), cancel, w, flusher, resp.Body, streaming)
-	releaseQueued()
+	// The queued prefill is released at the first body byte: for a stream
+	// that is the first token, so the prefill is done.
+	res := n.relay(ctx, r.Context(), cancel, w, flusher, resp.Body, streaming, releaseQueued)
 	n.m.requests.WithLabelValues(rep.pool.model, statusClass(resp.StatusCode)).Inc()
 
 	switch {
@@ -285,9 +293,9 @@ var dataPrefix = []byte("data:")
 // relay copies body to w, flushing after every read so that each upstream
 // chunk reaches the client as soon as it arrives; the bytes are never
 // modified or held back. Silence longer than IdleTimeout cancels ctx with
-// errIdleTimeout.
+// errIdleTimeout. onFirst runs when the first body byte arrives.
 func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseFunc, w io.Writer, flusher http.Flusher,
-	body io.Reader, streaming bool) relayResult {
+	body io.Reader, streaming bool, onFirst func()) relayResult {
 	var res relayResult
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
@@ -300,6 +308,7 @@ func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseF
 			now := time.Now().UnixNano()
 			if res.firstAt == 0 {
 				res.firstAt = now
+				onFirst()
 			}
 			res.lastAt = now
 			idle.Reset(n.cfg.IdleTimeout)

@@ -196,6 +196,9 @@ type ModelConfig struct {
 	Adapters []string `yaml:"adapters"`
 	// Strategy overrides Config.Strategy for this model when non-empty.
 	Strategy string `yaml:"strategy"`
+	// IndexMode overrides Config.IndexMode for this model when non-empty
+	// (the tokenizer and block size stay global: one index, one hasher).
+	IndexMode string `yaml:"index_mode"`
 	// Replicas are the engines serving the model.
 	Replicas []ReplicaConfig `yaml:"replicas"`
 }
@@ -448,6 +451,11 @@ func (c *Config) Validate() error {
 				bad("model or adapter name %q appears twice", n)
 			}
 			models[n] = true
+		}
+		if m.IndexMode != "" {
+			if _, err := index.ParseMode(m.IndexMode); err != nil {
+				bad("model %q: index_mode: %v", m.Name, err)
+			}
 		}
 		if m.Strategy != "" && !knownStrategy(m.Strategy) {
 			bad("model %q: strategy %q unknown", m.Name, m.Strategy)

@@ -63,6 +63,7 @@ func TestConfigValidate(t *testing.T) {
 		"replay alone":    func(c *Config) { c.Models[0].Replicas[0].ReplayEndpoint = "tcp://a:1" },
 		"no replicas":     func(c *Config) { c.Models[0].Replicas = nil },
 		"model strategy":  func(c *Config) { c.Models[0].Strategy = "x" },
+		"model mode":      func(c *Config) { c.Models[0].IndexMode = "x" },
 		"bad route param": func(c *Config) { c.Route.Cost.Alpha = 2 },
 	}
 	for name, mut := range cases {

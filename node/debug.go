@@ -110,7 +110,7 @@ func (n *Node) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	rr.Now = nowNanos()
 	s.rng = n.newRand()
 	rep := RouteReport{
-		Model: req.model, Strategy: strat.Name(), Tokenizer: n.tokName, IndexMode: n.cfg.IndexMode,
+		Model: req.model, Strategy: strat.Name(), Tokenizer: n.tokName, IndexMode: p.mode.String(),
 		BlockSize: rr.BlockTokens, PromptTokens: rr.PromptTokens, TotalBlocks: rr.TotalBlocks,
 		PromptHash: fmt.Sprintf("%016x", xxh3.Hash(src)),
 	}

@@ -26,7 +26,7 @@ import (
 type Node struct {
 	cfg  Config
 	log  *slog.Logger
-	mode index.Mode
+	mode index.Mode // default; pools may override
 
 	index    *index.Index
 	hasher   index.Hasher
@@ -134,7 +134,10 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set}
+		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: n.mode}
+		if mc.IndexMode != "" {
+			p.mode, _ = index.ParseMode(mc.IndexMode) // validated
+		}
 		members := make([]route.RingMember, 0, len(mc.Replicas))
 		for _, rc := range mc.Replicas {
 			r, err := newReplica(id, rc, p)

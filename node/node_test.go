@@ -721,3 +721,20 @@ func TestQueuedPrefillReleasedAtFirstByte(t *testing.T) {
 	cancel()
 	require.Eventually(t, func() bool { return r.inflight.Load() == 0 }, 5*time.Second, time.Millisecond)
 }
+
+func TestPerModelIndexMode(t *testing.T) {
+	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
+	n := startNode(t, func(c *Config) {
+		c.Models = append(c.Models, ModelConfig{Name: "other", IndexMode: "kv-events", Replicas: []ReplicaConfig{rc("b", b.url())}})
+	}, rc("a", a.url()))
+	for model, want := range map[string]string{"m": "history", "other": "kv-events"} {
+		resp, err := http.Get("http://" + n.HTTPAddr() + "/debug/route?model=" + model + "&prompt=hello")
+		require.NoError(t, err)
+		var rep debugReport
+		require.NoError(t, json.Unmarshal([]byte(readAll(t, resp)), &rep))
+		assert.Equal(t, want, rep.IndexMode, model)
+	}
+	// A decision in kv-events mode is recorded as speculative.
+	readAll(t, post(t, n, "/v1/completions", fmt.Sprintf(`{"model":"other","prompt":%q,"stream":true}`, strings.Repeat("s", 300)), nil))
+	assert.Equal(t, 2, n.Index().Stats().Entries[index.Speculative])
+}

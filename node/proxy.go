@@ -418,7 +418,7 @@ func (n *Node) recordDecision(rep *replica, keys []index.BlockKey, now int64) {
 		return
 	}
 	ledger := index.History
-	switch n.mode {
+	switch rep.pool.mode {
 	case index.ModeKVEvents:
 		ledger = index.Speculative
 	case index.ModeHybrid:

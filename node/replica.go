@@ -79,6 +79,7 @@ type replica struct {
 type pool struct {
 	model    string
 	strategy string // "" = node default
+	mode     index.Mode
 	set      *route.Set
 	replicas []*replica
 }

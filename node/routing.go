@@ -83,7 +83,7 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 		s.matched = make([]int32, len(s.ids))
 	}
 	s.matched = s.matched[:len(s.ids)]
-	n.index.Match(keys, s.ids, n.mode, now, s.matched)
+	n.index.Match(keys, s.ids, p.mode, now, s.matched)
 
 	peers := n.peerLoad()
 	s.cands = s.cands[:0]

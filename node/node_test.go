@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -737,4 +738,52 @@ func TestPerModelIndexMode(t *testing.T) {
 	// A decision in kv-events mode is recorded as speculative.
 	readAll(t, post(t, n, "/v1/completions", fmt.Sprintf(`{"model":"other","prompt":%q,"stream":true}`, strings.Repeat("s", 300)), nil))
 	assert.Equal(t, 2, n.Index().Stats().Entries[index.Speculative])
+}
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestLogsNeverContainPrompts(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.breakAfter.Store(2)
+	var logs syncBuffer
+	cfg := LocalConfig()
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url()), rc("dead", closedURL(t))}}}
+	n, err := New(cfg, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	defer func() { require.NoError(t, n.Shutdown(context.Background())) }()
+	const secret = "SECRET-PROMPT-MARKER"
+	prompt := strings.Repeat(secret+" ", 40)
+	for _, body := range []string{
+		fmt.Sprintf(`{"model":"m","prompt":%q,"stream":true}`, prompt),
+		fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":%q}],"stream":true}`, prompt),
+		fmt.Sprintf(`{"model":"m","prompt":%q`, prompt),
+		fmt.Sprintf(`{"model":"m","prompt":[%q,%q]}`, prompt, prompt),
+		fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":[{"type":%q}]}]}`, secret),
+	} {
+		for i := 0; i < 3; i++ {
+			resp := post(t, n, "/v1/completions", body, map[string]string{HeaderStrategy: "random"})
+			readAll(t, resp)
+			resp = post(t, n, "/v1/chat/completions", body, map[string]string{HeaderStrategy: "random"})
+			readAll(t, resp)
+		}
+	}
+	require.Contains(t, logs.String(), `"msg":"routed"`, "debug logs were written")
+	assert.NotContains(t, logs.String(), secret)
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -125,6 +126,18 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 				return
 			}
 			n.observeDecision(p, dec, time.Since(t0))
+			if n.log.Enabled(r.Context(), slog.LevelDebug) {
+				// The prompt itself is never logged: its first block key
+				// identifies the prefix, the last one the whole prompt.
+				var first, last index.BlockKey
+				if len(keys) > 0 {
+					first, last = keys[0], keys[len(keys)-1]
+				}
+				n.log.Debug("routed", "model", req.model, "strategy", strat.Name(), "replica", dec.rep.name,
+					"selection", dec.d.Selection.String(), "matched_blocks", dec.matched, "blocks", len(keys),
+					"prefix_key", fmt.Sprintf("%016x", uint64(first)), "prompt_key", fmt.Sprintf("%016x", uint64(last)),
+					"attempt", attempt)
+			}
 			canRetry := attempt == 0 && n.cfg.RetryConnectFailures && s.available > 1
 			if n.proxy(w, r, req, body, dec, keys, canRetry) == attemptRetry {
 				n.m.retries.Inc()

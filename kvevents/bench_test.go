@@ -64,3 +64,22 @@ func BenchmarkEncodeStored16(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPublish measures Publish (encode, ring, queue) with a replay ring
+// and no subscriber.
+func BenchmarkPublish(b *testing.B) {
+	cfg := testPublisherConfig()
+	cfg.HWM = 1000
+	p, err := NewPublisher(cfg, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	in := *oneStored16()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.Publish(in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -228,8 +229,9 @@ const (
 // Start opens the SUB socket (listening on Endpoint in Bind mode, which is
 // where an error can come from) and starts the reader and writer. Dialling
 // happens in the background with backoff, so an engine that is not up yet
-// is not an error. Cancelling ctx stops the Subscriber like Close. A second
-// Start is a no-op; Start after Close returns ErrClosed.
+// is not an error. Cancelling ctx stops receiving and delivery; Close must
+// still be called to release the socket. A second Start is a no-op; Start
+// after Close returns ErrClosed.
 func (s *Subscriber) Start(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -288,6 +290,7 @@ func (s *Subscriber) Close() error {
 		// zmq4 adds a connection whose Dial was in flight during Close
 		// after closing the others; close again now that nothing dials.
 		_ = s.sock.Close()
+		drainClosed(s.sock)
 		s.log.Info("kv-event subscriber closed")
 	})
 	return s.closeErr
@@ -476,8 +479,14 @@ func (s *Subscriber) replay(ctx context.Context, from, until Seq) {
 			s.mMalformed.Inc()
 			continue
 		}
-		if seq == ReplayEnd || seq >= until {
+		if seq == ReplayEnd {
 			break
+		}
+		if seq >= until {
+			// The live queue has these. Read on to the end marker anyway:
+			// closing a zmq4 socket with unread messages strands its
+			// connection goroutine on a full channel.
+			continue
 		}
 		if s.hasLast && seq <= s.last {
 			continue
@@ -503,6 +512,22 @@ func (s *Subscriber) replay(ctx context.Context, from, until Seq) {
 		result = replayPartial
 	}
 	s.log.Debug("kv-event replay done", "from", uint64(from), "until", uint64(until), "delivered", delivered, "result", result)
+}
+
+// drainClosed reads what a closed zmq4 socket still has queued. zmq4's
+// connection goroutine hands messages to a 10-slot channel without watching
+// the socket's context, so one that holds a message when its socket closes
+// with a full channel would block forever. A closed socket's Recv picks at
+// random between the queue and the cancelled context; sixteen cancelled
+// answers in a row leave a non-empty queue with probability 2^-16.
+func drainClosed(sock zmq4.Socket) {
+	for quiet, i := 0, 0; quiet < 16 && i < 1024; i++ {
+		if _, err := sock.Recv(); errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			quiet++
+		} else {
+			quiet = 0
+		}
+	}
 }
 
 // parseReplayReply accepts both reply forms as a DEALER sees them: an empty

@@ -129,7 +129,9 @@ func TestConfigValidate(t *testing.T) {
 		"loadttl":  func(c *Config) { c.LoadTTL = time.Millisecond },
 		"entries":  func(c *Config) { c.FlushEntries = 0 },
 		"kvsource": func(c *Config) { c.KVSources = []KVSource{{Replica: "r"}} },
-		"kvdup":    func(c *Config) { c.KVSources = []KVSource{{Replica: "r", Endpoint: "e"}, {Replica: "r", Endpoint: "e"}} },
+		"kvdup": func(c *Config) {
+			c.KVSources = []KVSource{{Replica: "r", Endpoint: "e"}, {Replica: "r", Endpoint: "e"}}
+		},
 	} {
 		c := DefaultConfig()
 		mut(&c)

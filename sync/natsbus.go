@@ -117,6 +117,8 @@ func (b *bus) startServer() error {
 				Host:      rt.host,
 				Port:      rt.port,
 				Advertise: b.cfg.AdvertiseNATSClusterAddr,
+				// Clients must not learn peers' client URLs (loopback).
+				NoAdvertise: true,
 			},
 		}
 	}
@@ -244,6 +246,9 @@ func (b *bus) connect(onChange func(bool)) error {
 	nc, err := nats.Connect(b.clientURL(),
 		nats.Name("kvmesh-"+b.cfg.NodeName),
 		nats.NoEcho(),
+		// Peers' client URLs are loopback addresses on their own hosts:
+		// the gateway only ever talks to its own (or the external) server.
+		nats.IgnoreDiscoveredServers(),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(wait),
 		nats.ReconnectJitter(wait/5, wait/5),

@@ -1,0 +1,121 @@
+package sync
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/index"
+)
+
+// startEngine starts a simulated vLLM replica serving model "m" with KV
+// events on loopback.
+func startEngine(t testing.TB) *sim.Server {
+	cfg := sim.LocalConfig()
+	cfg.ServedModelName = "m"
+	cfg.KVEvents.EnableKVCacheEvents = true
+	cfg.Speed = 50
+	s, err := sim.NewServer(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, s.Start(ctx))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	return s
+}
+
+// complete sends one completion of a distinct 200-byte prompt (12 full
+// blocks with the byte tokenizer).
+func complete(t testing.TB, s *sim.Server, n int) {
+	prompt := fmt.Sprintf("%06d %s", n, bytes.Repeat([]byte("kvmesh shares one index. "), 8))
+	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 2})
+	resp, err := http.Post(s.URL()+"/v1/completions", "application/json", bytes.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+func confirmed(g *gw) int { return g.ix.Stats().Entries[index.Confirmed] }
+
+// owners returns the gateways currently running the engine's subscriber.
+func ownersOf(gws []*gw) []string {
+	var out []string
+	for _, g := range gws {
+		if g.c.own.owned("r0") {
+			out = append(out, g.name)
+		}
+	}
+	return out
+}
+
+func TestKVOwnershipAndHandover(t *testing.T) {
+	eng := startEngine(t)
+	src := []KVSource{{Replica: "r0", Model: "m", Endpoint: eng.KVEventsAddr(), ReplayEndpoint: eng.KVReplayAddr()}}
+	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = src })
+
+	want := Owner("r0", []string{"g0", "g1", "g2"})
+	require.Eventually(t, func() bool {
+		o := ownersOf(gws)
+		return len(o) == 1 && o[0] == want
+	}, 10*time.Second, 10*time.Millisecond, "exactly one owner, the rendezvous winner")
+
+	converged := func(live []*gw) func() bool {
+		return func() bool {
+			n := len(eng.CachedBlocks())
+			for _, g := range live {
+				if confirmed(g) != n {
+					return false
+				}
+			}
+			return n > 0
+		}
+	}
+	// The owner may have subscribed just after the first batches: they are
+	// replayed (JoinReplay), so everything converges.
+	for i := range 5 {
+		complete(t, eng, i)
+	}
+	require.Eventually(t, converged(gws), 10*time.Second, 10*time.Millisecond)
+	for _, g := range gws {
+		require.Zero(t, metricValue(t, g.reg, "kvmesh_sync_sequence_gaps_total", nil), g.name)
+	}
+
+	// Stop the owner: ownership moves to exactly one of the others, which
+	// ingests the next events for everyone.
+	var rest []*gw
+	for _, g := range gws {
+		if g.name == want {
+			g.stop(t)
+		} else {
+			rest = append(rest, g)
+		}
+	}
+	next := Owner("r0", []string{rest[0].name, rest[1].name})
+	require.Eventually(t, func() bool {
+		o := ownersOf(rest)
+		return len(o) == 1 && o[0] == next
+	}, 10*time.Second, 10*time.Millisecond)
+	for i := 5; i < 10; i++ {
+		complete(t, eng, i)
+	}
+	require.Eventually(t, converged(rest), 10*time.Second, 10*time.Millisecond)
+	// Every cached block's prefix matches on every gateway.
+	h := rest[0].ix.Hasher()
+	for _, b := range eng.CachedBlocks() {
+		keys := h.AppendKeys(nil, h.Root("m", "", ""), b.Prefix)
+		for _, g := range rest {
+			require.Equal(t, len(keys), matchOn(g, keys, 0, index.ModeKVEvents), g.name)
+		}
+	}
+}

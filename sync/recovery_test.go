@@ -1,0 +1,144 @@
+package sync
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/index"
+)
+
+// allMatch reports whether every gateway holds every chain on its replica
+// (decide used replica p%3 and the history ledger).
+func allMatch(gws []*gw, chains map[int][]index.BlockKey) bool {
+	for _, g := range gws {
+		for p, keys := range chains {
+			if matchOn(g, keys, index.ReplicaID(p%3), index.ModeHistory) != len(keys) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func TestRestartCatchUpViaSnapshot(t *testing.T) {
+	gws := startCluster(t, 3, nil, nil)
+	chains := map[int][]index.BlockKey{}
+	for p := range 30 {
+		chains[p] = decide(t, gws[p%2], p, index.ReplicaID(p%3), index.History)
+	}
+	require.Eventually(t, func() bool { return allMatch(gws, chains) }, 10*time.Second, 10*time.Millisecond)
+
+	// g2 goes away; decisions continue without it.
+	gws[2].stop(t)
+	for p := 30; p < 60; p++ {
+		chains[p] = decide(t, gws[p%2], p, index.ReplicaID(p%3), index.History)
+	}
+	// A fresh g2 (empty index, new incarnation) joins and restores a
+	// snapshot before Start returns: it has everything at once.
+	fresh := newGW(t, "g2", nil, func(c *Config) { c.Join = []string{gws[0].c.GossipAddr()} })
+	fresh.start(t)
+	t.Cleanup(func() { fresh.stop(t) })
+	require.Equal(t, 1.0, metricValue(t, fresh.reg, "kvmesh_sync_snapshot_pulls_total", map[string]string{"result": "ok"}))
+	require.True(t, allMatch([]*gw{fresh}, chains), "restored index lacks decisions")
+	require.Positive(t, metricValue(t, fresh.reg, "kvmesh_sync_snapshot_received_bytes_total", nil))
+
+	// And it keeps up with what follows.
+	live := []*gw{gws[0], gws[1], fresh}
+	waitMembers(t, live, 3)
+	for p := 60; p < 90; p++ {
+		chains[p] = decide(t, live[p%3], p, index.ReplicaID(p%3), index.History)
+	}
+	require.Eventually(t, func() bool { return allMatch(live, chains) }, 10*time.Second, 10*time.Millisecond)
+	require.Zero(t, metricValue(t, fresh.reg, "kvmesh_sync_sequence_gaps_total", nil))
+}
+
+func TestNATSOutageFallsBackToGossip(t *testing.T) {
+	gws := startCluster(t, 3, nil, nil)
+	chains := map[int][]index.BlockKey{}
+	for p := range 10 {
+		chains[p] = decide(t, gws[p%3], p, index.ReplicaID(p%3), index.History)
+	}
+	require.Eventually(t, func() bool { return allMatch(gws, chains) }, 10*time.Second, 10*time.Millisecond)
+
+	// The whole NATS mesh goes down.
+	for _, g := range gws {
+		g.c.bus.stopServer()
+	}
+	require.Eventually(t, func() bool {
+		for _, g := range gws {
+			if g.c.NATSConnected() {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 5*time.Millisecond)
+	for _, g := range gws {
+		require.Zero(t, metricValue(t, g.reg, "kvmesh_sync_nats_connected", nil))
+	}
+	// Routing decisions keep flowing, by gossip.
+	for p := 10; p < 40; p++ {
+		chains[p] = decide(t, gws[p%3], p, index.ReplicaID(p%3), index.History)
+	}
+	require.Eventually(t, func() bool { return allMatch(gws, chains) }, 15*time.Second, 10*time.Millisecond)
+	require.Positive(t, metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total",
+		map[string]string{"kind": "decisions", "transport": "gossip"}))
+
+	// NATS comes back; deltas return to it.
+	for _, g := range gws {
+		require.NoError(t, g.c.bus.startServer())
+	}
+	waitMembers(t, gws, 3)
+	require.Eventually(t, func() bool {
+		for _, g := range gws {
+			if !g.c.NATSConnected() {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 5*time.Millisecond)
+	before := metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total",
+		map[string]string{"kind": "decisions", "transport": "nats"})
+	for p := 40; p < 50; p++ {
+		chains[p] = decide(t, gws[0], p, index.ReplicaID(p%3), index.History)
+	}
+	require.Eventually(t, func() bool { return allMatch(gws, chains) }, 10*time.Second, 10*time.Millisecond)
+	require.Greater(t, metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total",
+		map[string]string{"kind": "decisions", "transport": "nats"}), before)
+}
+
+func TestAntiEntropyRepairsDrift(t *testing.T) {
+	gws := startCluster(t, 3, nil, nil)
+	// Only g2's NATS server fails: g0's decisions still go out on NATS
+	// and never reach g2.
+	gws[2].c.bus.stopServer()
+	require.Eventually(t, func() bool { return !gws[2].c.NATSConnected() }, 10*time.Second, 5*time.Millisecond)
+	chains := map[int][]index.BlockKey{}
+	for p := range 20 {
+		chains[p] = decide(t, gws[0], p*3, 0, index.History) // replica p*3%3 = 0
+	}
+	require.Eventually(t, func() bool {
+		for _, keys := range chains {
+			if matchOn(gws[1], keys, 0, index.ModeHistory) != len(keys) {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "g1: published %v applied %v dropped %v",
+		metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total", nil),
+		metricValue(t, gws[1].reg, "kvmesh_sync_deltas_applied_total", nil),
+		metricValue(t, gws[1].reg, "kvmesh_sync_deltas_dropped_total", nil))
+	require.NoError(t, gws[2].c.bus.startServer())
+	// g2 learns from the digests (or the next batch's seq gap) that it is
+	// behind, and pulls a snapshot.
+	require.Eventually(t, func() bool {
+		for _, keys := range chains {
+			if matchOn(gws[2], keys, 0, index.ModeHistory) != len(keys) {
+				return false
+			}
+		}
+		return true
+	}, 20*time.Second, 20*time.Millisecond)
+	require.Positive(t, metricValue(t, gws[2].reg, "kvmesh_sync_antientropy_repairs_total", map[string]string{"result": "ok"}))
+}

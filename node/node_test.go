@@ -787,3 +787,19 @@ func TestLogsNeverContainPrompts(t *testing.T) {
 	require.Contains(t, logs.String(), `"msg":"routed"`, "debug logs were written")
 	assert.NotContains(t, logs.String(), secret)
 }
+
+func TestReadAllSized(t *testing.T) {
+	b, err := readAllSized(strings.NewReader("hello"), 5)
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(b))
+	_, err = readAllSized(strings.NewReader("hel"), 5)
+	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	_, err = readAllSized(strings.NewReader(""), 5)
+	assert.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	b, err = readAllSized(strings.NewReader("hello world"), 5)
+	require.NoError(t, err)
+	assert.Equal(t, "hello world", string(b))
+	b, err = readAllSized(strings.NewReader("abc"), -1)
+	require.NoError(t, err)
+	assert.Equal(t, "abc", string(b))
+}

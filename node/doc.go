@@ -22,11 +22,18 @@
 // Retry-After. Client errors get OpenAI-style JSON errors with the stable
 // codes listed as Code* constants. Prompts are never logged.
 //
-// KV events: replicas with a kv (connect) or kv_bind (bind) endpoint get a
-// kvevents subscriber whose batches feed the index's confirmed ledger.
+// Index modes (history, kv-events, hybrid) are per model. KV events:
+// replicas with a kv (connect) or kv_bind (bind) endpoint get a kvevents
+// subscriber whose batches feed the index's confirmed ledger; a reset drops
+// that replica's confirmed entries.
+//
+// Seams for the replication work: SetPeerLoad adds peers' in-flight counts
+// to the load view; SetRecordListener hears every decision written to the
+// index; Index exposes the index for snapshots and remote deltas.
 //
 // Lifecycle: New builds, Start listens and returns, Shutdown stops in
 // order (stop accepting, drain streams until its context ends, cut the
 // rest, stop subscribers and probes, wait). Every Node has its own
-// Prometheus registry, so several Nodes can share a process.
+// Prometheus registry, so several Nodes can share a process. Node methods
+// are safe for concurrent use.
 package node

@@ -110,7 +110,6 @@ func (n *Node) scrape(ctx context.Context, r *replica) {
 	r.running.Store(l.running)
 	r.waiting.Store(l.waiting)
 	r.kvUsage.Store(math.Float64bits(l.kvUsage))
-	r.scraped.Store(nowNanos())
 }
 
 func (n *Node) fetchLoad(ctx context.Context, r *replica) (engineLoad, error) {

@@ -51,7 +51,6 @@ type replica struct {
 	running  atomic.Int64
 	waiting  atomic.Int64
 	kvUsage  atomic.Uint64 // math.Float64bits; NaN bits when unknown
-	scraped  atomic.Int64  // unix nanos of the last successful scrape
 	scrapeOK atomic.Bool
 
 	// Health. ejectedUntil and activeDown are read lock-free by routing;

@@ -156,6 +156,7 @@ func (g *gateway) serve(f *flight, req study.Request) {
 	// proxy: count the request in flight, send it, record on success.
 	g.addInflight(rep, 1)
 	g.queued[rep] += f.uncached
+	f.queued = true
 	if err := w.reps[rep].add(w, f, toks); err != nil {
 		w.failLater(f, 400, "http 400: "+err.Error())
 		return
@@ -232,7 +233,7 @@ func (g *gateway) release(f *flight, ok bool) {
 		return
 	}
 	g.addInflight(f.rep, -1)
-	g.queued[f.rep] -= f.uncached
+	g.releaseQueued(f)
 	if !ok || !f.hasFirst {
 		return
 	}
@@ -246,6 +247,15 @@ func (g *gateway) release(f *flight, ok bool) {
 		obs.TPOT = (w.now - f.first).Seconds() / float64(out-1)
 	}
 	g.set.Model().Observe(w.ids[f.rep], obs)
+}
+
+// releaseQueued takes f's uncached tokens off its replica's queued
+// prefill (once).
+func (g *gateway) releaseQueued(f *flight) {
+	if f.queued {
+		g.queued[f.rep] -= f.uncached
+		f.queued = false
+	}
 }
 
 // scrape reads every engine's load, as node's scraper does each interval.

@@ -75,6 +75,12 @@ type Options struct {
 	// route.DefaultConfig(), as node.
 	Route route.Config
 
+	// QueuedUntilFirstToken releases a request's queued prefill tokens
+	// (route.Candidate.QueuedPrefillTokens) at its first token, as the
+	// field is documented, instead of at the end of its stream, as node's
+	// proxy does today. Default false: mirror node.
+	QueuedUntilFirstToken bool
+
 	// Seed seeds every random choice of the engine (routing tie-breaks,
 	// engine and index hash seeds). The study's own seed drives the
 	// workload.

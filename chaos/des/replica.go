@@ -74,6 +74,9 @@ func (r *replica) stepEnd(w *World) {
 		}
 		if f := r.flights[o.ID]; f != nil && !f.hasFirst {
 			f.first, f.hasFirst = w.now, true
+			if f.gw != nil && w.opts.QueuedUntilFirstToken {
+				f.gw.releaseQueued(f)
+			}
 		}
 	}
 	for i := range res.Finished {

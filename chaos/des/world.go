@@ -166,6 +166,7 @@ type flight struct {
 	// Gateway bookkeeping (gw nil for a direct request).
 	gw       *gateway
 	uncached int
+	queued   bool // uncached is counted in gw's queued prefill
 	estQueue float64
 }
 

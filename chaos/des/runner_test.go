@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,4 +112,27 @@ func TestNoSyncLowersPrefixCacheHitRate(t *testing.T) {
 	// each group is prefilled cold up to four times instead of once:
 	// 16 groups over 64 arrivals cost about 16 vs up to 64 cold prefills.
 	require.Greater(t, synced-isolated, 0.1)
+}
+
+func TestSweepWritesOneTablePerSetting(t *testing.T) {
+	cfg := tinyConfig()
+	cfg.Scenarios = []string{study.ScenarioHot50}
+	cfg.Strategies = []string{"least-request", "cost"}
+	cfg.Modes = []string{"hybrid"}
+	cfg.Arrivals = 24
+	dir := t.TempDir()
+	var log bytes.Buffer
+	res, err := Sweep(t.Context(), cfg, DefaultOptions(), SweepAxes{Replicas: []int{2, 4}, Gateways: []int{1, 2}, RPS: []float64{1.6}, ScaleInflightCap: true}, dir, &log)
+	require.NoError(t, err)
+	require.Len(t, res, 4)
+	md, err := os.ReadFile(filepath.Join(dir, "sweep.md"))
+	require.NoError(t, err)
+	require.Equal(t, 4, strings.Count(string(md), "\n### "), string(md))
+	require.Contains(t, string(md), "4 replicas × 2 gateways (synced) @ 1.6 RPS")
+	for _, sr := range res {
+		require.FileExists(t, filepath.Join(dir, sr.Setting.Name(), study.FileResults))
+		require.Equal(t, sr.Setting.Replicas, sr.Results.Config.Replicas)
+		require.Len(t, sr.Results.Runs, 2)
+	}
+	require.Equal(t, 4, strings.Count(log.String(), "sweep r"))
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -353,7 +354,10 @@ func unquote(lit []byte) string {
 	if bytes.IndexByte(body, '\\') < 0 && utf8.Valid(body) {
 		return string(body)
 	}
-	out := make([]byte, 0, len(body))
+	// A strings.Builder hands its buffer over as the string: one copy of a
+	// long prompt, not two.
+	var out strings.Builder
+	out.Grow(len(body))
 	for i := 0; i < len(body); {
 		// Copy the run up to the next escape in one go.
 		run := body[i:]
@@ -361,60 +365,60 @@ func unquote(lit []byte) string {
 			run = run[:k]
 		}
 		if len(run) > 0 {
-			out = appendValidUTF8(out, run)
+			writeValidUTF8(&out, run)
 			i += len(run)
 			continue
 		}
 		switch body[i+1] {
 		case '"', '\\', '/':
-			out = append(out, body[i+1])
+			out.WriteByte(body[i+1])
 		case 'b':
-			out = append(out, '\b')
+			out.WriteByte('\b')
 		case 'f':
-			out = append(out, '\f')
+			out.WriteByte('\f')
 		case 'n':
-			out = append(out, '\n')
+			out.WriteByte('\n')
 		case 'r':
-			out = append(out, '\r')
+			out.WriteByte('\r')
 		case 't':
-			out = append(out, '\t')
+			out.WriteByte('\t')
 		case 'u':
 			r := hexVal(body[i+2 : i+6])
 			i += 6
 			if utf16.IsSurrogate(r) {
 				if i+6 <= len(body) && body[i] == '\\' && body[i+1] == 'u' {
 					if dec := utf16.DecodeRune(r, hexVal(body[i+2:i+6])); dec != utf8.RuneError {
-						out = utf8.AppendRune(out, dec)
+						out.WriteRune(dec)
 						i += 6
 						continue
 					}
 				}
 				r = utf8.RuneError
 			}
-			out = utf8.AppendRune(out, r)
+			out.WriteRune(r)
 			continue
 		}
 		i += 2
 	}
-	return string(out)
+	return out.String()
 }
 
-// appendValidUTF8 appends run, replacing each invalid UTF-8 byte with
+// writeValidUTF8 writes run, replacing each invalid UTF-8 byte with
 // U+FFFD as encoding/json does.
-func appendValidUTF8(out, run []byte) []byte {
+func writeValidUTF8(out *strings.Builder, run []byte) {
 	if utf8.Valid(run) {
-		return append(out, run...)
+		out.Write(run)
+		return
 	}
 	for len(run) > 0 {
 		r, size := utf8.DecodeRune(run)
 		if r == utf8.RuneError && size == 1 {
-			out = utf8.AppendRune(out, utf8.RuneError)
+			out.WriteRune(utf8.RuneError)
 		} else {
-			out = append(out, run[:size]...)
+			out.Write(run[:size])
 		}
 		run = run[size:]
 	}
-	return out
 }
 
 // fieldString decodes a validated field that must be a string or null.

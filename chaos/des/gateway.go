@@ -34,6 +34,7 @@ type gateway struct {
 	// Engine load at the last scrape.
 	running, waiting []int
 	kvUsage          []float64
+	scraped          []uint64 // replica version at the last scrape
 
 	// selections[s][sel] counts decisions of strategy route.Names()[s]
 	// with Selection sel (kvmesh_route_decisions_total).
@@ -71,7 +72,7 @@ func newGateway(w *World, id int) (*gateway, error) {
 		charKeys: charKeys, set: set, rngSeed: mix(o.Seed, "gateway-rng", fmt.Sprint(id)),
 		inflight: make([]int, o.Replicas), queued: make([]int, o.Replicas),
 		running: make([]int, o.Replicas), waiting: make([]int, o.Replicas), kvUsage: make([]float64, o.Replicas),
-		matched: make([]int32, o.Replicas),
+		matched: make([]int32, o.Replicas), scraped: make([]uint64, o.Replicas),
 	}
 	if o.events() {
 		g.mode, _ = index.ParseMode(o.Mode)
@@ -261,8 +262,12 @@ func (g *gateway) releaseQueued(f *flight) {
 // scrape reads every engine's load, as node's scraper does each interval.
 func (g *gateway) scrape() {
 	for i, r := range g.w.reps {
+		if g.scraped[i] == r.ver && g.running[i] != route.Unknown {
+			continue // unchanged since the last scrape
+		}
 		st := r.stats()
 		g.running[i], g.waiting[i], g.kvUsage[i] = st.Running, st.Waiting, st.KVUsage
+		g.scraped[i] = r.ver
 	}
 }
 

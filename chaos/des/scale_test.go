@@ -45,17 +45,71 @@ func TestScale(t *testing.T) {
 	if gws < 1 {
 		gws = 8
 	}
-	cfg := scaleConfig(scenario, "cost", mode, gws, n, 51.2)
+	rps, _ := strconv.ParseFloat(os.Getenv("DES_RPS"), 64)
+	if rps <= 0 {
+		rps = 51.2
+	}
+	strategy := os.Getenv("DES_STRATEGY")
+	if strategy == "" {
+		strategy = "cost"
+	}
+	cfg := scaleConfig(scenario, strategy, mode, gws, n, rps)
 	cfg.Replicas = 64
 	start := time.Now()
 	res, _ := runStudy(t, cfg, DefaultOptions())
 	wall := time.Since(start)
 	r := res.Runs[0]
-	t.Logf("%d arrivals (%s, cost, %s, 64 replicas, 8 gateways) in %s: %.0f arrivals/s; pass %d, ttft95 %.2fs, hit %.3f",
-		n, scenario, mode, wall.Round(time.Millisecond), float64(n)/wall.Seconds(), r.SLOPass, float64(r.TTFTP95), float64(r.TokenHitRate))
+	t.Logf("%d arrivals (%s, %s, %s, 64 replicas, %d gateways, %g RPS) in %s: %.0f arrivals/s; pass %d, ttft95 %.2fs, hit %.3f",
+		n, scenario, strategy, mode, gws, rps, wall.Round(time.Millisecond), float64(n)/wall.Seconds(), r.SLOPass, float64(r.TTFTP95), float64(r.TokenHitRate))
 	lo, hi := n, 0
 	for _, c := range r.PerReplica {
 		lo, hi = min(lo, c), max(hi, c)
 	}
 	t.Logf("per replica %d..%d, max waiting %v, selection %v", lo, hi, r.MaxWaiting, r.Selection)
+}
+
+// TestTable64 writes the 64-replica comparison into $DES_TABLE: four
+// scenarios, least-request, prefix-cache and cost, history and hybrid
+// modes, on 64 replicas behind 1 and 8 synced gateways and 8 isolated ones
+// (--no-sync), at 51.2 RPS (the seed's 1.6 RPS per two replicas) with
+// 3072 arrivals per phase and an in-flight cap of 1536 (both ×32).
+// Run: DES_TABLE=/tmp/t64 go test -run TestTable64 -v -timeout 30m ./chaos/des
+func TestTable64(t *testing.T) {
+	dir := os.Getenv("DES_TABLE")
+	if dir == "" {
+		t.Skip("set DES_TABLE=<dir> to run")
+	}
+	c := study.DefaultConfig()
+	c.Scenarios = []string{study.ScenarioCold, study.ScenarioWarm, study.ScenarioHot50, study.ScenarioHot90}
+	c.Strategies = []string{"least-request", "prefix-cache", "cost"}
+	c.Modes = []string{"history", "hybrid"}
+	c.Rounds = 1
+	c.Arrivals = 96 * 32
+	c.InflightCap = 48
+	c.RPS = 1.6
+	if n, _ := strconv.Atoi(os.Getenv("DES_TABLE_ARRIVALS")); n > 0 {
+		c.Arrivals = n
+	}
+	axes := SweepAxes{Replicas: []int{64}, Gateways: []int{1, 8}, RPS: []float64{51.2}, ScaleInflightCap: true}
+	o := DefaultOptions()
+	res, err := Sweep(t.Context(), c, o, axes, dir+"/synced", os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.NoSync = true
+	axes.Gateways = []int{8}
+	iso, err := Sweep(t.Context(), c, o, axes, dir+"/nosync", os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(dir + "/table64.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	WriteSweep(f, res, DefaultOptions())
+	for _, sr := range iso {
+		tb := SweepTable(sr, o)
+		tb.Markdown(f)
+	}
 }

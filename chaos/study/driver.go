@@ -52,7 +52,7 @@ func drive(ctx context.Context, e Engine, cfg *Config, ph *Phase, plan *Plan, st
 			// about RPS overall.
 			at := d.t0 + time.Duration(s*plan.Turns)*interval
 			d.recs[s*plan.Turns].Scheduled = secs(at - d.t0)
-			e.At(at, func() { d.turn(s, 1, "") })
+			e.At(at, func() { d.turn(s, 1, "", "") })
 		}
 	} else {
 		d.recs = make([]RequestRecord, len(plan.Sequence))
@@ -122,7 +122,6 @@ func (d *driver) send(i int, prompt string, then func(Outcome)) bool {
 	gw := d.nextGW % d.ph.Cell.Gateways
 	d.nextGW++
 	r.Gateway = gw
-	r.promptText = prompt
 	session := ""
 	if r.Turn > 0 {
 		session = d.ph.Name + "/s" + itoa(r.Session)
@@ -149,9 +148,10 @@ func (d *driver) arrive(i int) {
 }
 
 // turn sends turn t (1-based) of session s; prev is the previous turn's
-// prompt. When a turn is not sent or does not complete, the session's
-// remaining turns are recorded as unsent: they count as failures.
-func (d *driver) turn(s, t int, prev string) {
+// prompt and answer its generated text. When a turn is not sent or does
+// not complete, the session's remaining turns are recorded as unsent: they
+// count as failures.
+func (d *driver) turn(s, t int, prev, answer string) {
 	base := s * d.plan.Turns
 	r := &d.recs[base+t-1]
 	if t > 1 {
@@ -161,7 +161,7 @@ func (d *driver) turn(s, t int, prev string) {
 	if t == 1 {
 		prompt = TurnPrompt(d.plan.Docs[r.Group], s+1, 1, "", "")
 	} else {
-		prompt = TurnPrompt(d.plan.Docs[r.Group], s+1, t, prev, d.recs[base+t-2].answerText)
+		prompt = TurnPrompt(d.plan.Docs[r.Group], s+1, t, prev, answer)
 	}
 	sent := d.send(base+t-1, prompt, func(o Outcome) {
 		if t == d.plan.Turns {
@@ -171,7 +171,7 @@ func (d *driver) turn(s, t int, prev string) {
 			d.abort(s, t+1)
 			return
 		}
-		d.e.At(d.e.Now()+d.cfg.Think, func() { d.turn(s, t+1, prompt) })
+		d.e.At(d.e.Now()+d.cfg.Think, func() { d.turn(s, t+1, prompt, o.Text) })
 	})
 	if !sent {
 		d.abort(s, t+1)

@@ -150,23 +150,21 @@ type RequestRecord struct {
 	MaxTokens int    `json:"max_tokens"`
 	// Sent is false for an arrival the in-flight cap (or an aborted
 	// session) kept back.
-	Sent       bool    `json:"sent"`
-	Scheduled  float64 `json:"scheduled_s"`
-	Start      float64 `json:"start_s"`
-	Replica    string  `json:"replica"`
-	Status     int     `json:"status"`
-	TTFT       float64 `json:"ttft_s"`
-	Last       float64 `json:"last_content_s"`
-	E2E        float64 `json:"e2e_s"`
-	TPOTms     float64 `json:"tpot_ms"`
-	Chunks     int     `json:"content_chunks"`
-	Done       bool    `json:"done"`
-	Usage      *Usage  `json:"usage"`
-	Complete   bool    `json:"complete"`
-	Pass       bool    `json:"pass"`
-	Err        string  `json:"error,omitempty"`
-	promptText string
-	answerText string
+	Sent      bool    `json:"sent"`
+	Scheduled float64 `json:"scheduled_s"`
+	Start     float64 `json:"start_s"`
+	Replica   string  `json:"replica"`
+	Status    int     `json:"status"`
+	TTFT      float64 `json:"ttft_s"`
+	Last      float64 `json:"last_content_s"`
+	E2E       float64 `json:"e2e_s"`
+	TPOTms    float64 `json:"tpot_ms"`
+	Chunks    int     `json:"content_chunks"`
+	Done      bool    `json:"done"`
+	Usage     *Usage  `json:"usage"`
+	Complete  bool    `json:"complete"`
+	Pass      bool    `json:"pass"`
+	Err       string  `json:"error,omitempty"`
 }
 
 // Usage is the usage object a stream reported.
@@ -201,7 +199,6 @@ func (r *RequestRecord) fill(o Outcome, phaseStart time.Duration, slo SLO) {
 	r.Complete = Complete(o, r.MaxTokens)
 	r.Pass = slo.Pass(o, r.MaxTokens)
 	r.Err = o.Err
-	r.answerText = o.Text
 }
 
 // Outcome reconstructs the client observation from a record, so the

@@ -30,7 +30,7 @@ func (n *Node) newSubscribers() error {
 			sc.Endpoint, sc.Bind = r.cfg.KVBind, true
 		}
 		sc.ReplayEndpoint = r.cfg.ReplayEndpoint
-		sub, err := kvevents.NewSubscriber(sc, kvHandler{n}, n.kvMetrics, n.log.With("replica", r.name))
+		sub, err := kvevents.NewSubscriber(sc, kvHandler{n}, n.kvMetrics, n.log)
 		if err != nil {
 			return fmt.Errorf("%w: replica %s: %w", ErrInvalidConfig, r.name, err)
 		}

@@ -31,6 +31,24 @@
 // Options.Seed. The same options and study configuration therefore give
 // byte-identical results.json.
 //
+// Where the model differs from the live engine, on purpose:
+//
+//   - The network has zero latency and the gateway zero processing time;
+//     the live engine adds loopback and tokenizer milliseconds (times its
+//     speed factor).
+//   - Every engine uses one hash seed (vLLM with a fixed seed); only the
+//     index's memory depends on it.
+//   - Gateways expire their index every ExpireInterval instead of every
+//     second (Match ignores expired entries either way).
+//   - Health checks, ejection and retries are not modelled: every replica
+//     is always available.
+//
+// Node behaviour mirrored as it is, not as documented: a request's queued
+// prefill tokens are released when its stream ends (node's proxy), not at
+// its first token (route.Candidate's doc; Options.QueuedUntilFirstToken
+// selects the documented behaviour), and the cost model's output length is
+// max_tokens+1 (node counts the usage chunk as a token).
+//
 // Entry points: Factory builds a study.EngineFactory for study.Runner;
 // Sweep runs a study over replica, gateway and rate settings and writes one
 // table per setting.

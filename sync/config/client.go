@@ -102,6 +102,9 @@ type remoteError struct {
 func (e *remoteError) Error() string   { return e.msg }
 func (e *remoteError) Unwrap() []error { return []error{e.sentinel, e.st} }
 
+// GRPCStatus keeps status.Code working on a converted error.
+func (e *remoteError) GRPCStatus() *status.Status { s, _ := status.FromError(e.st); return s }
+
 // ClientOptions configures a Client.
 type ClientOptions struct {
 	// Token is sent as "authorization: Bearer <token>" on every call.

@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -36,6 +37,7 @@ type Store struct {
 
 	raft      *raft.Raft
 	wal       *wal.WAL
+	meta      *metadb.BoltMetaDB     // closed by us: WAL.Close leaves it open
 	netTrans  *raft.NetworkTransport // nil when cfg.Transport was given
 	raftAddr  string
 	leaderObs chan bool
@@ -111,7 +113,8 @@ func (s *Store) openRaft() error {
 	if err := os.MkdirAll(filepath.Join(dir, "wal"), 0o750); err != nil {
 		return fmt.Errorf("config: data dir: %w", err)
 	}
-	w, err := wal.Open(filepath.Join(dir, "wal"))
+	s.meta = &metadb.BoltMetaDB{}
+	w, err := wal.Open(filepath.Join(dir, "wal"), wal.WithMetaStore(s.meta))
 	if err != nil {
 		return fmt.Errorf("config: open raft log in %s: %w", dir, err)
 	}
@@ -206,10 +209,16 @@ func (s *Store) Shutdown() error {
 func (s *Store) closeStorage() error {
 	var errs []error
 	if s.netTrans != nil {
+		// Close the pooled outgoing connections too, so peers' handlers
+		// (and ours, once peers do the same) exit.
+		s.netTrans.CloseStreams()
 		errs = append(errs, s.netTrans.Close())
 	}
 	if s.wal != nil {
 		errs = append(errs, s.wal.Close())
+	}
+	if s.meta != nil {
+		errs = append(errs, s.meta.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -48,25 +48,27 @@ type testCluster struct {
 	srvTune func(*ServerConfig)
 	inmem   bool
 	expect  int
+	grpcTLS TLSFiles
 }
 
 func newCluster(t *testing.T, n, expect int, inmem bool, tune func(*StoreConfig)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, members: NewStaticMembership(), tune: tune, inmem: inmem, expect: expect}
+	return newClusterWith(t, &testCluster{expect: expect, inmem: inmem, tune: tune}, n)
+}
+
+// newClusterWith starts n nodes configured by c's fields.
+func newClusterWith(t *testing.T, c *testCluster, n int) *testCluster {
+	t.Helper()
+	c.t = t
+	c.members = NewStaticMembership()
 	for i := range n {
 		c.nodes = append(c.nodes, &testNode{id: fmt.Sprintf("n%d", i), dir: t.TempDir()})
 	}
 	for _, nd := range c.nodes {
 		c.start(nd)
 	}
-	if inmem {
-		for _, a := range c.nodes {
-			for _, b := range c.nodes {
-				if a != b {
-					a.trans.Connect(b.trans.LocalAddr(), b.trans)
-				}
-			}
-		}
+	if c.inmem {
+		c.heal()
 	}
 	t.Cleanup(c.stopAll)
 	return c
@@ -110,7 +112,7 @@ func (c *testCluster) start(nd *testNode) {
 	}
 	nd.srv, err = NewServer(nd.store, scfg)
 	require.NoError(t, err)
-	nd.gs, err = NewGRPCServer(nd.srv, TLSFiles{})
+	nd.gs, err = NewGRPCServer(nd.srv, c.grpcTLS)
 	require.NoError(t, err)
 	nd.served.Add(1)
 	go func() {

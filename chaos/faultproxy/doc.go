@@ -1,0 +1,24 @@
+// Package faultproxy is a TCP proxy that injects network faults on one link:
+// it listens on a loopback port, forwards every accepted connection to a
+// target, and applies faults switchable at run time.
+//
+// Faults, per direction (Up: client to target, Down: target to client):
+//   - Delay: each chunk of bytes is held for the delay before it is written
+//     (a delay line, so throughput is kept and only latency grows).
+//   - Drop: bytes read in that direction are discarded (a blackhole; on a
+//     framed protocol such as ZMTP or HTTP the stream is corrupted from
+//     there on, as with a middlebox that loses data). Drop on one direction
+//     only is a one-way partition.
+//
+// Link-wide:
+//   - Cut closes every connection open now (both sides see a reset or EOF);
+//     new connections are accepted as usual.
+//   - Refuse makes new connections close at once (the target looks down)
+//     until turned off.
+//   - Hold makes new connections wait, neither forwarded nor closed, until
+//     the hold is lifted (a partition that blackholes connection set-up).
+//
+// The proxy works on any TCP protocol: HTTP, ZMQ, NATS, raft, gRPC,
+// memberlist's TCP stream. Every goroutine it starts is owned by the Proxy
+// and ends in Close, which is idempotent; Close waits for them.
+package faultproxy

@@ -454,4 +454,3 @@ func (l *link) close() {
 		}
 	})
 }
-

@@ -1,5 +1,142 @@
-// Package sync makes N kvmesh gateways behave like one: they share
-// membership (hashicorp/memberlist), the prefix index (routing-decision
-// deltas and normalized KV events over NATS, snapshots over gRPC) and a
-// cluster-wide load view. Callers import it as kvsync.
+// Package sync makes N kvmesh gateways behave like one: any gateway routes
+// as well as a single gateway that saw every request and every KV event.
+// It shares membership (hashicorp/memberlist), the prefix index (routing
+// decision deltas and owner-normalized KV events over NATS, snapshots over
+// gRPC) and a cluster-wide load view. Callers import it as kvsync (the
+// name clashes with the standard library's sync).
+//
+// # Wiring (what node does)
+//
+// A gateway builds one Cluster next to its index:
+//
+//	cfg := kvsync.DefaultConfig()           // or LocalConfig(name) on loopback
+//	cfg.NodeName, cfg.Join = "gw-a", []string{"10.0.0.2:7946"}
+//	cfg.KVSources = ...                     // engines with a kv (connect) endpoint
+//	c, err := kvsync.New(cfg, kvsync.Deps{
+//		Index:      n.Index(),              // required
+//		Replicas:   names,                  // required: ReplicaID(name) and ReplicaName(id)
+//		Load:       loads,                  // AppendInFlight: this gateway's exact in-flight counts
+//		Registerer: n.Registry(),           // kvmesh_sync_* metrics
+//		KVMetrics:  kvMetrics,              // shared kvevents counters (optional)
+//		Logger:     log,
+//	})
+//	err = c.Start(ctx)                      // joins, bootstraps the index, returns
+//	n.SetPeerLoad(c)                        // c.InFlight(replica) satisfies node.PeerLoad
+//	// on every routing decision, right after index.Record:
+//	c.PublishDecision(replicaName, ledger, keys, now)
+//	...
+//	err = c.Shutdown(ctx)                   // graceful leave, then stop
+//
+// What node must change (a follow-up; node is not edited here): implement
+// Replicas (node has ReplicaID(name); it needs ReplicaName(id) too) and
+// LoadSource over its replicas' in-flight atomics; call PublishDecision in
+// recordDecision; and not start its own kvevents subscribers for replicas
+// listed in Config.KVSources (the cluster's owner ingests those for
+// everyone). Replicas with kv_bind (the engine's publisher connects to the
+// gateway) cannot move between gateways: node keeps ingesting those
+// itself, and they are not shared. Every gateway must configure the same
+// replica names, model roots (index.SetReplicaRoot), hash seed and block
+// size; the config store (sync/config) is where they should come from.
+//
+// # Membership
+//
+// memberlist with DefaultLANConfig (Config.GossipProfile "lan") or
+// DefaultLocalConfig ("local"), optional AES-GCM gossip encryption
+// (Config.SecretKey), seeds retried in the background while alone. Node
+// metadata (NodeMeta; versioned, at most 512 bytes) carries the cluster
+// name, gateway version, HTTP, peer gRPC, raft and admin addresses, the
+// embedded NATS server's route URL and the index modes; members of another
+// cluster are ignored. Events (join, update, leave, fail) are recorded
+// under memberlist's lock without blocking and delivered to
+// MemberListeners from the Cluster's own goroutine. A graceful Leave first
+// gossips metadata with Leaving set, which is how peers tell a leave from a
+// failure (memberlist's events do not say). MemNetwork is an in-memory
+// transport that can partition, for tests and the chaos suite.
+//
+// # NATS subjects
+//
+// Every subject is namespaced by the cluster name:
+//
+//	kvmesh.<cluster>.delta.decisions  routing-decision batches (every gateway)
+//	kvmesh.<cluster>.kv.<replica>     one engine's normalized KV batches (its owner)
+//	kvmesh.<cluster>.load.<node>      a gateway's in-flight counts (every LoadInterval)
+//	kvmesh.<cluster>.digest           anti-entropy digests (every DigestInterval)
+//
+// <replica> and <node> are the names with bytes other than [A-Za-z0-9_-]
+// replaced by '_'; the real names travel in the payloads. By default each
+// gateway embeds a nats-server (client port on loopback, route port for
+// peers) and the embedded servers form a NATS cluster through routes to the
+// route URLs the peers advertise in memberlist metadata (a live config
+// reload adds and removes routes as members come and go). Config.NATSURL
+// selects an external NATS cluster instead. Payloads are at most
+// MaxMessageBytes (8 MiB; an external server's max_payload must allow it,
+// or KV batches of very long prompts are dropped and counted).
+//
+// # Wire format
+//
+// All peer messages (NATS payloads and gossip user messages) share one
+// binary, versioned format, documented field by field in wire.go:
+// header 'K' 'M' version kind, then varints, fixed 8-byte keys and
+// length-prefixed strings. DecodeMessage checks every count against the
+// bytes left before allocating, rejects trailing bytes, and never panics
+// (FuzzDecodeDelta). Malformed messages are dropped and counted
+// (kvmesh_sync_messages_malformed_total{source}).
+//
+// # Decision deltas
+//
+// PublishDecision copies the decision into a pending buffer (no allocation
+// in steady state, never blocking); a flush goroutine publishes batches at
+// most FlushInterval after the first decision or at once at FlushEntries.
+// Each batch carries its origin "<node>#<incarnation>" and a per-origin
+// sequence number from 1. Receivers ignore their own origin, apply each
+// batch once (a 1024-batch window tolerates reordering between NATS and
+// gossip, duplicates are dropped), record every decision with the origin's
+// timestamp, and count seqs that fall out of the window unseen as a loss
+// that triggers a repair. While the NATS connection is down, batches are
+// split to fit one gossip packet, sent at once to every live member as a
+// memberlist user message (UDP, encrypted with the gossip key) and queued
+// in a memberlist TransmitLimitedQueue whose retransmits to random members
+// cover lost packets (best effort: bounded retransmits, the queue pruned
+// at 4096 messages); routing never waits for either. Load reports and
+// digests are not gossiped (they are periodic and expire).
+//
+// # KV events
+//
+// Each engine in Config.KVSources has exactly one owner: the live member
+// with the highest rendezvous score xxh3(replica, seed=xxh3(member)), so
+// only the engines of a departed member move, within memberlist's failure
+// detection time (about a second with LocalConfig, a few seconds on the LAN
+// profile; at once on a graceful leave). The owner runs the engine's
+// kvevents.Subscriber (sequence tracking, replay, resets), normalizes each
+// batch (GPU tier only, LoRA roots resolved, engine hashes and token ids
+// kept), applies it to its own index and publishes it with the engine's
+// sequence number and clock. Every gateway applies a replica's batches in
+// seq order, idempotently: a seq at or below the last applied one is a
+// duplicate (a handover's replay) unless the engine clock moved forward (the
+// engine restarted while ownership moved), which clears the replica first.
+// Resets clear the replica's confirmed entries everywhere.
+//
+// # Bootstrap, repair and load
+//
+// Start subscribes first (the applier buffers), joins, waits for the
+// embedded server to route to every peer, pulls a snapshot from a live peer
+// over the gRPC Peer service (proto/peer/v1; index.AppendSnapshot with the
+// per-source watermarks "d/<origin>" and "kv/<replica>", encoded while no
+// delta is applied, streamed in 1 MiB chunks), restores it, then applies the
+// buffered deltas above the watermarks. Every DigestInterval each gateway
+// publishes its watermarks; a gateway that stays behind a peer on a source
+// for one interval, or that saw a loss, pulls a snapshot from the most
+// advanced peer (at most once per RepairMinInterval, only while NATS is up)
+// and re-applies its own recent batches the peer lacked. Load reports are
+// kept per origin with the local receive time and summed into an immutable
+// map; InFlight reads it without locks or allocation, and reports older
+// than LoadTTL stop counting.
+//
+// # Lifecycle and concurrency
+//
+// New validates and registers metrics; Start opens everything and returns
+// once bootstrapped (ErrAlreadyStarted, ErrShutdown); Shutdown gossips the
+// leave, stops owners, the peer service, NATS and every goroutine it
+// started, then memberlist, and is idempotent. All exported methods are
+// safe for concurrent use. Listeners are called from one goroutine.
 package sync

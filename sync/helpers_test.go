@@ -168,6 +168,19 @@ func waitMembers(t testing.TB, gws []*gw, n int) {
 		}
 		return true
 	}, 15*time.Second, 10*time.Millisecond, "NATS routes did not form a full mesh")
+	// Data flows between every pair: each gateway has every peer's load
+	// report (so subscription interest crossed the routes).
+	require.Eventually(t, func() bool {
+		for _, g := range gws {
+			g.c.peers.mu.Lock()
+			n := len(g.c.peers.reports)
+			g.c.peers.mu.Unlock()
+			if g.c.cfg.NATSURL == "" && n != len(gws)-1 {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 10*time.Millisecond, "load reports did not reach every peer")
 }
 
 // counter reads a counter or gauge value from a registry by name and labels.

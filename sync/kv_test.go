@@ -60,6 +60,11 @@ func ownersOf(gws []*gw) []string {
 }
 
 func TestKVOwnershipAndHandover(t *testing.T) {
+	t.Run("graceful", func(t *testing.T) { testHandover(t, false) })
+	t.Run("crash", func(t *testing.T) { testHandover(t, true) })
+}
+
+func testHandover(t *testing.T, crash bool) {
 	eng := startEngine(t)
 	src := []KVSource{{Replica: "r0", Model: "m", Endpoint: eng.KVEventsAddr(), ReplayEndpoint: eng.KVReplayAddr()}}
 	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = src })
@@ -96,7 +101,11 @@ func TestKVOwnershipAndHandover(t *testing.T) {
 	var rest []*gw
 	for _, g := range gws {
 		if g.name == want {
-			g.stop(t)
+			if crash {
+				g.c.kill() // peers detect the failure
+			} else {
+				g.stop(t)
+			}
 		} else {
 			rest = append(rest, g)
 		}

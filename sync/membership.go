@@ -172,8 +172,11 @@ func (ms *membership) start(meta []byte, transport memberlist.Transport) error {
 	}
 	ms.ml = ml
 	ms.queue = &memberlist.TransmitLimitedQueue{
-		NumNodes:       ml.NumMembers,
-		RetransmitMult: mc.RetransmitMult,
+		NumNodes: ml.NumMembers,
+		// Probes piggyback broadcasts too, so a few transmits can all go
+		// to one peer; deltas are worth more retransmits than memberlist's
+		// own state messages.
+		RetransmitMult: max(mc.RetransmitMult, 4),
 	}
 	return nil
 }
@@ -275,9 +278,18 @@ func (ms *membership) member(name string) (Member, bool) {
 	return m, ok
 }
 
-// broadcast queues msg for gossip to every member (best effort, bounded
-// retransmits). msg must be at most broadcastLimit bytes.
+// broadcast sends msg to every live member at once (one UDP packet each)
+// and queues it for gossip, whose retransmits to random members cover lost
+// packets; receivers drop the duplicates. msg must be at most
+// broadcastLimit bytes and is kept.
 func (ms *membership) broadcast(msg []byte) {
+	for _, n := range ms.ml.Members() {
+		if n.Name != ms.cfg.NodeName {
+			if err := ms.ml.SendBestEffort(n, msg); err != nil {
+				ms.log.Debug("gossip send", "to", n.Name, "err", err)
+			}
+		}
+	}
 	ms.queue.QueueBroadcast(userBroadcast(msg))
 	// Keep the queue bounded: a long outage at a high decision rate must
 	// not grow it without limit. Oldest, most retransmitted go first.

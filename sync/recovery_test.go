@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -81,7 +82,17 @@ func TestNATSOutageFallsBackToGossip(t *testing.T) {
 	for p := 10; p < 40; p++ {
 		chains[p] = decide(t, gws[p%3], p, index.ReplicaID(p%3), index.History)
 	}
-	require.Eventually(t, func() bool { return allMatch(gws, chains) }, 15*time.Second, 10*time.Millisecond)
+	if !assert.Eventually(t, func() bool { return allMatch(gws, chains) }, 15*time.Second, 10*time.Millisecond) {
+		for _, g := range gws {
+			t.Logf("%s published %v applied %v dropped %v malformed %v gaps %v", g.name,
+				metricValue(t, g.reg, "kvmesh_sync_messages_published_total", map[string]string{"transport": "gossip"}),
+				metricValue(t, g.reg, "kvmesh_sync_deltas_applied_total", nil),
+				metricValue(t, g.reg, "kvmesh_sync_deltas_dropped_total", nil),
+				metricValue(t, g.reg, "kvmesh_sync_messages_malformed_total", nil),
+				metricValue(t, g.reg, "kvmesh_sync_sequence_gaps_total", nil))
+		}
+		t.FailNow()
+	}
 	require.Positive(t, metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total",
 		map[string]string{"kind": "decisions", "transport": "gossip"}))
 

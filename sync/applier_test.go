@@ -1,0 +1,110 @@
+package sync
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+)
+
+// TestOriginWindowAgainstReference checks the dedupe window against a
+// plain set of every seq ever seen, on shuffled, duplicated streams.
+func TestOriginWindowAgainstReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 50 {
+		var o originState
+		seen := map[uint64]bool{}
+		n := 200 + rng.IntN(3000)
+		for range n {
+			// Mostly in order with local reordering and duplicates.
+			seq := uint64(1 + rng.IntN(n))
+			if rng.IntN(4) > 0 {
+				seq = o.base + 1 + uint64(rng.IntN(8))
+			}
+			before := o.base
+			fresh, _ := o.accept(seq)
+			if fresh && seq <= before {
+				t.Fatalf("round %d: seq %d at or below the watermark %d accepted", round, seq, before)
+			}
+			if fresh {
+				require.False(t, seen[seq], "round %d: seq %d accepted twice", round, seq)
+				seen[seq] = true
+			} else if seq > before {
+				require.True(t, seen[seq], "round %d: new seq %d above the watermark refused", round, seq)
+			}
+			require.LessOrEqual(t, len(o.above), dedupWindow)
+		}
+	}
+	// A jump beyond the window gives up the seqs in between as lost.
+	var o originState
+	f, lost := o.accept(1)
+	require.True(t, f)
+	require.Zero(t, lost)
+	f, lost = o.accept(12 + dedupWindow) // keeps 13..12+window: 2..12 are lost
+	require.True(t, f)
+	require.Equal(t, uint64(11), lost)
+	f, _ = o.accept(5)
+	require.False(t, f, "given up as lost")
+}
+
+// TestKVSequenceRules drives applyKVLocked directly: in-order applies,
+// duplicates drop, gaps count, a rewind with a newer engine clock clears.
+func TestKVSequenceRules(t *testing.T) {
+	g := newGW(t, "x", nil, nil)
+	a := g.c.ap
+	h := g.ix.Hasher()
+	stored := func(seq uint64, ts float64, hash uint64, tok uint32) *KVBatch {
+		toks := make([]uint32, h.BlockTokens())
+		for i := range toks {
+			toks[i] = tok
+		}
+		return &KVBatch{Origin: "o", Replica: "r1", Seq: seq, EngineTS: ts, Events: []KVEvent{
+			{Kind: kvevents.KindBlockStored, Hashes: []uint64{hash}, BlockTokens: h.BlockTokens(), Tokens: toks}}}
+	}
+	applied := func() float64 {
+		return metricValue(t, g.reg, "kvmesh_sync_deltas_applied_total", map[string]string{"kind": "kv"})
+	}
+	a.applyLocal(stored(0, 10, 100, 1))
+	a.applyLocal(stored(1, 11, 101, 2))
+	require.Equal(t, 2, confirmed(g))
+	a.applyLocal(stored(1, 11, 101, 2)) // duplicate
+	a.applyLocal(stored(0, 10, 100, 1)) // replayed by a new owner
+	require.Equal(t, 2.0, applied())
+	require.Equal(t, 2.0, metricValue(t, g.reg, "kvmesh_sync_deltas_dropped_total", map[string]string{"reason": "duplicate"}))
+	a.applyLocal(stored(5, 12, 102, 3)) // gap: 2..4 lost on the way
+	require.Equal(t, 1.0, metricValue(t, g.reg, "kvmesh_sync_sequence_gaps_total", map[string]string{"kind": "kv"}))
+	require.True(t, a.takeLoss())
+	require.Equal(t, 3, confirmed(g))
+	// Engine restarted (seq 0 again, later clock): old state cleared.
+	a.applyLocal(stored(0, 20, 200, 4))
+	require.Equal(t, 1, confirmed(g))
+	// An explicit reset clears and accepts any seq next.
+	a.applyLocal(&KVBatch{Origin: "o", Replica: "r1", Reset: true})
+	require.Zero(t, confirmed(g))
+	a.applyLocal(stored(7, 1, 300, 5))
+	require.Equal(t, 1, confirmed(g))
+	w := a.watermarksLocked()
+	require.Equal(t, uint64(8), w[srcKV+"r1"])
+	// Unknown replicas are dropped and counted.
+	a.applyLocal(&KVBatch{Origin: "o", Replica: "nope", Seq: 1})
+	require.Equal(t, 1.0, metricValue(t, g.reg, "kvmesh_sync_deltas_dropped_total", map[string]string{"reason": "unknown_replica"}))
+	_ = index.Confirmed
+}
+
+func TestPublishDecisionDoesNotAllocate(t *testing.T) {
+	g := newGW(t, "x", nil, nil) // not started: nothing drains pending
+	keys := chain(1, 64)
+	for range 100 {
+		g.c.PublishDecision("r0", index.History, keys, 1)
+	}
+	g.c.pending.entries, g.c.pending.keys = g.c.pending.entries[:0], g.c.pending.keys[:0]
+	allocs := testing.AllocsPerRun(100, func() { g.c.PublishDecision("r0", index.History, keys, 1) })
+	require.Zero(t, allocs)
+	require.Equal(t, 101, len(g.c.pending.entries))
+	// Confirmed decisions are not published (KV events carry those).
+	g.c.PublishDecision("r0", index.Confirmed, keys, 1)
+	require.Equal(t, 101, len(g.c.pending.entries))
+}

@@ -1,0 +1,817 @@
+package deploy_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/node"
+)
+
+// overlays are the kustomize overlays under kubernetes/overlays.
+var overlays = []string{"dev", "prod"}
+
+// gatewayConfigs are every gateway YAML config the deploy files mount.
+var gatewayConfigs = []string{
+	"compose/kvmesh.yaml",
+	"kubernetes/base/kvmesh.yaml",
+	"kubernetes/overlays/dev/kvmesh.yaml",
+	"kubernetes/overlays/prod/kvmesh.yaml",
+}
+
+func TestYAMLAndJSONFilesParse(t *testing.T) {
+	n := 0
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		switch filepath.Ext(path) {
+		case ".yaml", ".yml":
+			if len(readYAMLFile(t, path)) == 0 {
+				t.Errorf("%s: no YAML document", path)
+			}
+			n++
+		case ".json":
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			if !json.Valid(data) {
+				t.Errorf("%s: invalid JSON", path)
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 20 {
+		t.Fatalf("found only %d YAML/JSON files under deploy/", n)
+	}
+}
+
+// composeArgvs returns, per compose service running the kvmesh image, its
+// command.
+func composeArgvs(t *testing.T) map[string][]string {
+	t.Helper()
+	doc := readYAMLFile(t, "compose.yaml")[0]
+	services, _ := doc["services"].(map[string]any)
+	if len(services) == 0 {
+		t.Fatal("compose.yaml: no services")
+	}
+	out := map[string][]string{}
+	for name, v := range services {
+		svc, _ := v.(map[string]any)
+		image, _ := svc["image"].(string)
+		if !strings.Contains(image, "kvmesh") {
+			continue
+		}
+		switch cmd := svc["command"].(type) {
+		case []any:
+			out[name] = toStrings(t, "compose "+name, cmd)
+		default:
+			t.Errorf("compose service %s: command must be a list (the image has no shell), got %T", name, cmd)
+		}
+	}
+	return out
+}
+
+func toStrings(t *testing.T, where string, v []any) []string {
+	t.Helper()
+	out := make([]string, 0, len(v))
+	for _, x := range v {
+		s, ok := x.(string)
+		if !ok {
+			t.Errorf("%s: %v is a %T, want a string", where, x, x)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// containers walks any YAML tree and returns every container (maps under
+// "containers" or "initContainers" lists).
+func containers(v any) []map[string]any {
+	var out []map[string]any
+	switch x := v.(type) {
+	case map[string]any:
+		for k, c := range x {
+			if list, ok := c.([]any); ok && (k == "containers" || k == "initContainers") {
+				for _, e := range list {
+					if m, ok := e.(map[string]any); ok {
+						out = append(out, m)
+					}
+				}
+				continue
+			}
+			out = append(out, containers(c)...)
+		}
+	case []any:
+		for _, c := range x {
+			out = append(out, containers(c)...)
+		}
+	}
+	return out
+}
+
+// containerArgvs returns command+args of every container in docs that runs
+// one of our binaries or the kvmesh image.
+func containerArgvs(t *testing.T, source string, docs []map[string]any) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, doc := range docs {
+		for _, c := range containers(doc) {
+			name, _ := c["name"].(string)
+			cmd, _ := c["command"].([]any)
+			args, _ := c["args"].([]any)
+			image, _ := c["image"].(string)
+			if cmd == nil && args == nil {
+				if image != "" && strings.Contains(image, "kvmesh") {
+					t.Errorf("%s: container %s runs the kvmesh image without a command", source, name)
+				}
+				continue // a strategic-merge patch of resources only
+			}
+			where := source + " container " + name
+			out[where] = append(toStrings(t, where, cmd), toStrings(t, where, args)...)
+		}
+	}
+	return out
+}
+
+// kustomize renders a kustomization with kubectl's built-in kustomize, or
+// skips when kubectl is not installed.
+func kustomize(t *testing.T, dir string) []map[string]any {
+	t.Helper()
+	kubectl, err := exec.LookPath("kubectl")
+	if err != nil {
+		t.Skip("kubectl not installed: kustomize overlays not rendered (apt-get install kubectl, or any kubectl >= 1.27)")
+	}
+	out, err := exec.Command(kubectl, "kustomize", dir).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, stderr)
+	}
+	return readYAMLDocs(t, dir, out)
+}
+
+func TestManifestFlagsExist(t *testing.T) {
+	flags := flagsOf(t)
+	if len(flags["kvmesh serve"]) < 10 || len(flags["vllmsim"]) < 10 {
+		t.Fatalf("help parsing found too few flags: %v", flags)
+	}
+	all := composeArgvs(t)
+	if len(all) < 5 {
+		t.Fatalf("compose.yaml: %d services run our image, want gateways and engines", len(all))
+	}
+	err := filepath.WalkDir("kubernetes", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || filepath.Ext(path) != ".yaml" || filepath.Base(path) == "kvmesh.yaml" {
+			return err
+		}
+		for k, v := range containerArgvs(t, path, readYAMLFile(t, path)) {
+			all[k] = v
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := exec.LookPath("kubectl"); err == nil {
+		for _, o := range overlays {
+			dir := filepath.Join("kubernetes", "overlays", o)
+			for k, v := range containerArgvs(t, "rendered "+dir, kustomize(t, dir)) {
+				all[k] = v
+			}
+		}
+	} else {
+		t.Log("kubectl not installed: rendered overlays not checked (raw manifests are)")
+	}
+	bins := map[string]int{}
+	for where, argv := range all {
+		if err := checkArgv(flags, argv); err != nil {
+			t.Errorf("%s: %v", where, err)
+		}
+		if len(argv) > 0 {
+			bins[filepath.Base(argv[0])]++
+		}
+	}
+	if bins["kvmesh"] < 4 || bins["vllmsim"] < 3 {
+		t.Errorf("commands checked per binary = %v: expected compose and Kubernetes gateways and engines", bins)
+	}
+}
+
+// TestCheckArgvCatchesMistakes proves the flag check can fail.
+func TestCheckArgvCatchesMistakes(t *testing.T) {
+	flags := flagsOf(t)
+	good := [][]string{
+		{"/usr/local/bin/kvmesh", "serve", "--config=/etc/kvmesh/kvmesh.yaml", "--log-format", "json"},
+		{"/usr/local/bin/kvmesh", "serve", "--retry-connect-failures", "--strategy=cost"},
+		{"/usr/local/bin/vllmsim", "qwen", "--port=8000", "--enable-reset-endpoint", "--kv-events-config", "{}"},
+		{"/usr/local/bin/vllmsim", "-port", "8000"},
+	}
+	for _, argv := range good {
+		if err := checkArgv(flags, argv); err != nil {
+			t.Errorf("checkArgv(%q) = %v, want nil", argv, err)
+		}
+	}
+	bad := [][]string{
+		{"/usr/local/bin/kvmesh", "serve", "--no-such-flag=1"},
+		{"/usr/local/bin/kvmesh", "serve", "--config"},
+		{"/usr/local/bin/kvmesh", "serve", "extra"},
+		{"/usr/local/bin/kvmesh", "--config=x"},
+		{"/usr/local/bin/kvmesh", "launch"},
+		{"kvmesh", "serve"},
+		{"/usr/local/bin/vllmsim", "--kv-events", "{}"},
+		{"/usr/local/bin/vllmsim", "model", "other"},
+		{"/usr/local/bin/nats-server", "-js"},
+	}
+	for _, argv := range bad {
+		if err := checkArgv(flags, argv); err == nil {
+			t.Errorf("checkArgv(%q) = nil, want an error", argv)
+		}
+	}
+}
+
+func TestGatewayConfigsValidate(t *testing.T) {
+	for _, path := range gatewayConfigs {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := node.ParseConfigYAML(data, node.DefaultConfig())
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+			continue
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s: %v", path, err)
+		}
+		if cfg.HTTPAddr != ":8080" {
+			t.Errorf("%s: http_addr %q, the manifests expose 8080", path, cfg.HTTPAddr)
+		}
+	}
+}
+
+// replicaNames lists a gateway config's replica names in order.
+func replicaNames(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := node.ParseConfigYAML(data, node.DefaultConfig())
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	var names []string
+	for _, m := range cfg.Models {
+		for _, r := range m.Replicas {
+			names = append(names, r.Name)
+		}
+	}
+	return names
+}
+
+// TestReplicaLabelsMatchGatewayConfig: engine series carry replica=<the
+// gateway's replica name>, or the dashboard's per-replica panels split.
+func TestReplicaLabelsMatchGatewayConfig(t *testing.T) {
+	prom := readYAMLFile(t, "prometheus/prometheus.yml")[0]
+	var labels []string
+	jobs := map[string]bool{}
+	for _, sc := range prom["scrape_configs"].([]any) {
+		sc := sc.(map[string]any)
+		jobs[sc["job_name"].(string)] = true
+		if sc["job_name"] != "vllm" {
+			continue
+		}
+		for _, st := range sc["static_configs"].([]any) {
+			l, _ := st.(map[string]any)["labels"].(map[string]any)
+			r, _ := l["replica"].(string)
+			labels = append(labels, r)
+		}
+	}
+	if !jobs["kvmesh"] {
+		t.Error(`prometheus.yml: no job "kvmesh" (the KvmeshGatewayDown alert selects up{job="kvmesh"})`)
+	}
+	if want := replicaNames(t, "compose/kvmesh.yaml"); !slices.Equal(labels, want) {
+		t.Errorf("prometheus.yml engine replica labels %q, compose gateway replicas %q", labels, want)
+	}
+	composeServices := readYAMLFile(t, "compose.yaml")[0]["services"].(map[string]any)
+	for _, r := range replicaNames(t, "compose/kvmesh.yaml") {
+		if _, ok := composeServices[r]; !ok {
+			t.Errorf("compose gateway replica %q has no compose service", r)
+		}
+	}
+	// Dev: replica names are the vllmsim pod names (the PodMonitor copies the
+	// pod name into the replica label).
+	var engines map[string]any
+	for _, d := range readYAMLFile(t, "kubernetes/overlays/dev/engines.yaml") {
+		if d["kind"] == "StatefulSet" {
+			engines = d
+		}
+	}
+	if engines == nil {
+		t.Fatal("dev engines.yaml: no StatefulSet")
+	}
+	n := engines["spec"].(map[string]any)["replicas"].(int)
+	var pods []string
+	for i := range n {
+		pods = append(pods, fmt.Sprintf("%s-%d", engines["metadata"].(map[string]any)["name"], i))
+	}
+	if got := replicaNames(t, "kubernetes/overlays/dev/kvmesh.yaml"); !slices.Equal(got, pods) {
+		t.Errorf("dev gateway replicas %q, engine pods %q", got, pods)
+	}
+}
+
+// TestEngineKVEventsConfigDecodes: the --kv-events-config JSON given to
+// vllmsim is what the simulator accepts (unknown fields are refused).
+func TestEngineKVEventsConfigDecodes(t *testing.T) {
+	argvs := composeArgvs(t)
+	for k, v := range containerArgvs(t, "dev engines", readYAMLFile(t, "kubernetes/overlays/dev/engines.yaml")) {
+		argvs[k] = v
+	}
+	n := 0
+	for where, argv := range argvs {
+		for i, a := range argv {
+			val, ok := "", false
+			switch {
+			case strings.HasPrefix(a, "--kv-events-config="):
+				val, ok = strings.TrimPrefix(a, "--kv-events-config="), true
+			case a == "--kv-events-config" && i+1 < len(argv):
+				val, ok = argv[i+1], true
+			}
+			if !ok {
+				continue
+			}
+			n++
+			cfg := sim.DefaultConfig()
+			dec := json.NewDecoder(bytes.NewReader([]byte(val)))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&cfg.KVEvents); err != nil {
+				t.Errorf("%s: --kv-events-config: %v", where, err)
+				continue
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Errorf("%s: %v", where, err)
+			}
+			if !cfg.KVEvents.EnableKVCacheEvents || !strings.HasSuffix(cfg.KVEvents.Endpoint, ":5557") ||
+				!strings.HasSuffix(cfg.KVEvents.ReplayEndpoint, ":5558") {
+				t.Errorf("%s: KV events %+v: want enabled on :5557 with replay on :5558 (the gateway configs use those ports)", where, cfg.KVEvents)
+			}
+		}
+	}
+	if n < 3 {
+		t.Errorf("found %d --kv-events-config values, want compose engine-a, engine-b and the dev engines", n)
+	}
+}
+
+// durationFlag returns the value of --name=v or --name v in argv.
+func flagValue(argv []string, name string) (string, bool) {
+	for i, a := range argv {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v, true
+		}
+		if a == "--"+name && i+1 < len(argv) {
+			return argv[i+1], true
+		}
+	}
+	return "", false
+}
+
+// shutdownGrace is the gateway's drain time for argv and its config file.
+func shutdownGrace(t *testing.T, argv []string, configPath string) time.Duration {
+	t.Helper()
+	if v, ok := flagValue(argv, "shutdown-grace"); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("--shutdown-grace %q: %v", v, err)
+		}
+		return d
+	}
+	data, err := os.ReadFile(configPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := node.ParseConfigYAML(data, node.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg.ShutdownGrace
+}
+
+func TestComposeShutdownTiming(t *testing.T) {
+	services := readYAMLFile(t, "compose.yaml")[0]["services"].(map[string]any)
+	for name, argv := range composeArgvs(t) {
+		if filepath.Base(argv[0]) != "kvmesh" {
+			continue
+		}
+		grace := shutdownGrace(t, argv, "compose/kvmesh.yaml")
+		sgp, _ := services[name].(map[string]any)["stop_grace_period"].(string)
+		stop, err := time.ParseDuration(sgp)
+		if err != nil {
+			t.Errorf("compose %s: stop_grace_period %q: %v", name, sgp, err)
+			continue
+		}
+		if stop < grace+5*time.Second {
+			t.Errorf("compose %s: stop_grace_period %v < shutdown grace %v + 5s: docker would SIGKILL draining streams", name, stop, grace)
+		}
+	}
+}
+
+// byKind indexes rendered objects by kind and name.
+func byKind(docs []map[string]any) map[string]map[string]map[string]any {
+	out := map[string]map[string]map[string]any{}
+	for _, d := range docs {
+		kind, _ := d["kind"].(string)
+		name, _ := d["metadata"].(map[string]any)["name"].(string)
+		if out[kind] == nil {
+			out[kind] = map[string]map[string]any{}
+		}
+		out[kind][name] = d
+	}
+	return out
+}
+
+// get walks a YAML tree by map keys.
+func get(v any, keys ...string) any {
+	for _, k := range keys {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = m[k]
+	}
+	return v
+}
+
+// selects reports whether selector (matchLabels or a Service selector)
+// matches labels.
+func selects(selector, labels any) bool {
+	sel, _ := selector.(map[string]any)
+	lab, _ := labels.(map[string]any)
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if lab[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func TestKubernetesOverlays(t *testing.T) {
+	for _, o := range overlays {
+		t.Run(o, func(t *testing.T) {
+			docs := kustomize(t, filepath.Join("kubernetes", "overlays", o))
+			objs := byKind(docs)
+			sts := objs["StatefulSet"]["kvmesh"]
+			if sts == nil {
+				t.Fatal("no StatefulSet kvmesh")
+			}
+			podLabels := get(sts, "spec", "template", "metadata", "labels")
+			if !selects(get(sts, "spec", "selector", "matchLabels"), podLabels) {
+				t.Error("StatefulSet selector does not match its pod labels")
+			}
+			// Peers: the headless Service named by serviceName.
+			peers := objs["Service"][get(sts, "spec", "serviceName").(string)]
+			if peers == nil {
+				t.Fatalf("serviceName %v: no such Service", get(sts, "spec", "serviceName"))
+			}
+			if get(peers, "spec", "clusterIP") != "None" || get(peers, "spec", "publishNotReadyAddresses") != true {
+				t.Error("peers Service must be headless and publish not-ready addresses")
+			}
+			// Client Service, PDB and ServiceMonitor select the gateways.
+			client := objs["Service"]["kvmesh"]
+			if client == nil || !selects(get(client, "spec", "selector"), podLabels) {
+				t.Error("client Service kvmesh does not select the gateway pods")
+			}
+			pdb := objs["PodDisruptionBudget"]["kvmesh"]
+			if pdb == nil || !selects(get(pdb, "spec", "selector", "matchLabels"), podLabels) {
+				t.Error("PodDisruptionBudget does not select the gateway pods")
+			}
+			sm := objs["ServiceMonitor"]["kvmesh"]
+			if sm == nil {
+				t.Fatal("no ServiceMonitor kvmesh")
+			}
+			var monitored []string
+			for name, svc := range objs["Service"] {
+				if selects(get(sm, "spec", "selector", "matchLabels"), get(svc, "metadata", "labels")) {
+					monitored = append(monitored, name)
+				}
+			}
+			if !slices.Equal(monitored, []string{"kvmesh"}) {
+				t.Errorf("ServiceMonitor selects Services %q, want only the client Service (job=kvmesh, each pod once)", monitored)
+			}
+			// The gateway container: config volume, ports, probes, shutdown timing.
+			pod := get(sts, "spec", "template", "spec").(map[string]any)
+			var gw map[string]any
+			for _, c := range pod["containers"].([]any) {
+				if c.(map[string]any)["name"] == "kvmesh" {
+					gw = c.(map[string]any)
+				}
+			}
+			if gw == nil {
+				t.Fatal("no container kvmesh")
+			}
+			argv := append(toStrings(t, "gateway", gw["command"].([]any)), toStrings(t, "gateway", gw["args"].([]any))...)
+			cfgPath, _ := flagValue(argv, "config")
+			var cmName string
+			for _, v := range pod["volumes"].([]any) {
+				if n := get(v, "configMap", "name"); n != nil {
+					cmName = n.(string)
+				}
+			}
+			cm := objs["ConfigMap"][cmName]
+			if cm == nil {
+				t.Fatalf("config volume names ConfigMap %q, not rendered", cmName)
+			}
+			cfgText, _ := get(cm, "data", filepath.Base(cfgPath)).(string)
+			cfg, err := node.ParseConfigYAML([]byte(cfgText), node.DefaultConfig())
+			if err != nil {
+				t.Fatalf("ConfigMap %s key %s: %v", cmName, filepath.Base(cfgPath), err)
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Errorf("rendered config: %v", err)
+			}
+			grace := cfg.ShutdownGrace
+			if v, ok := flagValue(argv, "shutdown-grace"); ok {
+				if grace, err = time.ParseDuration(v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sleep := 0
+			if s, ok := get(gw, "lifecycle", "preStop", "sleep", "seconds").(int); ok {
+				sleep = s
+			}
+			tgp, _ := pod["terminationGracePeriodSeconds"].(int)
+			if need := time.Duration(sleep)*time.Second + grace + 5*time.Second; time.Duration(tgp)*time.Second < need {
+				t.Errorf("terminationGracePeriodSeconds %d < preStop %ds + shutdown grace %v + 5s", tgp, sleep, grace)
+			}
+			ports := map[string]bool{}
+			for _, p := range gw["ports"].([]any) {
+				ports[get(p, "name").(string)] = true
+			}
+			for _, svc := range []map[string]any{client, peers} {
+				for _, p := range get(svc, "spec", "ports").([]any) {
+					if tp, ok := get(p, "targetPort").(string); ok && !ports[tp] {
+						t.Errorf("Service %v targets port %q the container does not name", get(svc, "metadata", "name"), tp)
+					}
+				}
+			}
+			for _, probe := range []string{"startupProbe", "readinessProbe", "livenessProbe"} {
+				path, _ := get(gw, probe, "httpGet", "path").(string)
+				if !slices.Contains(probePathsServed, path) {
+					t.Errorf("%s path %q: the live test only proves %q", probe, path, probePathsServed)
+				}
+			}
+			if get(gw, "securityContext", "readOnlyRootFilesystem") != true || get(pod, "securityContext", "runAsNonRoot") != true {
+				t.Error("gateway must run as non-root on a read-only root filesystem")
+			}
+		})
+	}
+}
+
+// probePathsServed are the probe paths TestLiveMetrics proves a running
+// gateway answers with 200.
+var probePathsServed = []string{"/health"}
+
+// promtool returns promtool's path or skips.
+func promtool(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not installed (Debian: apt-get install -y --no-install-recommends prometheus): rules not checked by promtool")
+	}
+	return p
+}
+
+func TestPromtool(t *testing.T) {
+	bin := promtool(t)
+	for _, args := range [][]string{
+		{"check", "rules", "rules.yaml"},
+		{"test", "rules", "rules_test.yaml"},
+		{"check", "config", "prometheus.yml"},
+	} {
+		cmd := exec.Command(bin, args...)
+		cmd.Dir = "prometheus"
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+}
+
+// dashboard is the parts of a Grafana dashboard the tests read.
+type dashboard struct {
+	UID        string `json:"uid"`
+	Templating struct {
+		List []struct {
+			Name       string `json:"name"`
+			Type       string `json:"type"`
+			Query      any    `json:"query"`
+			Definition string `json:"definition"`
+		} `json:"list"`
+	} `json:"templating"`
+	Panels []dashPanel `json:"panels"`
+}
+
+type dashPanel struct {
+	ID         int    `json:"id"`
+	Type       string `json:"type"`
+	Title      string `json:"title"`
+	Datasource *struct {
+		UID string `json:"uid"`
+	} `json:"datasource"`
+	GridPos struct{ H, W, X, Y int } `json:"gridPos"`
+	Targets []struct {
+		RefID string `json:"refId"`
+		Expr  string `json:"expr"`
+	} `json:"targets"`
+}
+
+func readDashboard(t *testing.T) dashboard {
+	t.Helper()
+	data, err := os.ReadFile("grafana/kvmesh.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d dashboard
+	if err := json.Unmarshal(data, &d); err != nil {
+		t.Fatalf("grafana/kvmesh.json: %v", err)
+	}
+	return d
+}
+
+var labelValuesQuery = regexp.MustCompile(`^label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*\)$`)
+
+// dashboardQueries returns every PromQL expression of the dashboard, keyed
+// by panel title and refId, plus the metrics its variables read.
+func dashboardQueries(t *testing.T) (map[string]string, []string) {
+	t.Helper()
+	d := readDashboard(t)
+	exprs := map[string]string{}
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			exprs[p.Title+" / "+tg.RefID] = tg.Expr
+		}
+	}
+	var varMetrics []string
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		m := labelValuesQuery.FindStringSubmatch(v.Definition)
+		if m == nil {
+			t.Fatalf("variable %s: definition %q is not label_values(metric, label)", v.Name, v.Definition)
+		}
+		varMetrics = append(varMetrics, m[1])
+	}
+	return exprs, varMetrics
+}
+
+func TestDashboardLayout(t *testing.T) {
+	d := readDashboard(t)
+	if d.UID != "kvmesh" {
+		t.Errorf("uid %q, want kvmesh (links and provisioning use it)", d.UID)
+	}
+	ids := map[int]bool{}
+	var study []dashPanel
+	for i, p := range d.Panels {
+		if ids[p.ID] {
+			t.Errorf("panel id %d twice", p.ID)
+		}
+		ids[p.ID] = true
+		g := p.GridPos
+		if g.W <= 0 || g.H <= 0 || g.X < 0 || g.X+g.W > 24 {
+			t.Errorf("panel %q: gridPos %+v outside the 24-column grid", p.Title, g)
+		}
+		for _, q := range d.Panels[:i] {
+			h := q.GridPos
+			if g.X < h.X+h.W && h.X < g.X+g.W && g.Y < h.Y+h.H && h.Y < g.Y+g.H {
+				t.Errorf("panels %q and %q overlap", p.Title, q.Title)
+			}
+		}
+		if p.Type == "row" {
+			continue
+		}
+		if p.Datasource == nil || p.Datasource.UID != "${datasource}" {
+			t.Errorf("panel %q: datasource must be the ${datasource} variable", p.Title)
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			if _, err := metricNames(tg.Expr); err != nil {
+				t.Errorf("panel %q: %v", p.Title, err)
+			}
+		}
+		if len(p.Title) > 2 && p.Title[0] >= '1' && p.Title[0] <= '6' && p.Title[1] == '.' {
+			study = append(study, p)
+		}
+	}
+	// The seed's six panels, in reading order, full width and stacked: one
+	// time axis from routing selection down to SLO pass.
+	want := []string{"Routing selection", "Per-replica distribution", "Real KV hits", "Waiting queue", "TTFT", "SLO pass"}
+	if len(study) != len(want) {
+		t.Fatalf("%d study panels, want %d", len(study), len(want))
+	}
+	for i, p := range study {
+		if !strings.HasPrefix(p.Title, fmt.Sprintf("%d. %s", i+1, want[i])) {
+			t.Errorf("study panel %d is %q, want %q", i+1, p.Title, want[i])
+		}
+		if p.GridPos.W != 24 || p.GridPos.X != 0 {
+			t.Errorf("study panel %q is not full width", p.Title)
+		}
+		if i > 0 && p.GridPos.Y <= study[i-1].GridPos.Y {
+			t.Errorf("study panel %q is not below %q", p.Title, study[i-1].Title)
+		}
+	}
+}
+
+// rule is one entry of rules.yaml.
+type rule struct {
+	Record, Alert, Expr string
+}
+
+func readRules(t *testing.T) []rule {
+	t.Helper()
+	doc := readYAMLFile(t, "prometheus/rules.yaml")[0]
+	var out []rule
+	for _, g := range doc["groups"].([]any) {
+		for _, r := range g.(map[string]any)["rules"].([]any) {
+			m := r.(map[string]any)
+			var x rule
+			x.Record, _ = m["record"].(string)
+			x.Alert, _ = m["alert"].(string)
+			x.Expr, _ = m["expr"].(string)
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// prometheusSynthesized are series Prometheus makes itself.
+var prometheusSynthesized = map[string]bool{
+	"up": true, "scrape_duration_seconds": true, "scrape_samples_scraped": true,
+	"ALERTS": true, "ALERTS_FOR_STATE": true,
+}
+
+// queriedMetrics returns every metric the dashboard and the rules read that
+// a binary must export (recording-rule outputs and Prometheus's own series
+// removed), each with the places that read it.
+func queriedMetrics(t *testing.T) map[string][]string {
+	t.Helper()
+	recorded := map[string]bool{}
+	rules := readRules(t)
+	for _, r := range rules {
+		if r.Record != "" {
+			recorded[r.Record] = true
+		}
+	}
+	out := map[string][]string{}
+	add := func(where, expr string) {
+		names, err := metricNames(expr)
+		if err != nil {
+			t.Errorf("%s: %v", where, err)
+			return
+		}
+		if len(names) == 0 {
+			t.Errorf("%s: %q reads no metric", where, expr)
+		}
+		for _, n := range names {
+			switch {
+			case prometheusSynthesized[n]:
+			case recorded[n]:
+			case strings.Contains(n, ":") && !strings.HasPrefix(n, "vllm:"):
+				t.Errorf("%s: %s looks like a recording rule but rules.yaml records no such series", where, n)
+			default:
+				out[n] = append(out[n], where)
+			}
+		}
+	}
+	for _, r := range rules {
+		add("rules.yaml "+r.Record+r.Alert, r.Expr)
+	}
+	exprs, varMetrics := dashboardQueries(t)
+	for where, e := range exprs {
+		add("dashboard "+where, e)
+	}
+	for _, m := range varMetrics {
+		out[m] = append(out[m], "dashboard variable")
+	}
+	return out
+}

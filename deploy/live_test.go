@@ -1,0 +1,400 @@
+package deploy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/node"
+)
+
+var (
+	simReady     = regexp.MustCompile(`msg="vllmsim serving" addr=(\S+) kv_events=(\S+) kv_replay=(\S+)`)
+	gatewayReady = regexp.MustCompile(`msg="gateway listening" addr=(\S+)`)
+)
+
+const liveModel = "deploy-test-model"
+
+// engine is a vllmsim process of a live stack.
+type engine struct {
+	name, addr, kv, replay string
+	blockSize              int
+}
+
+// stack is real binaries on loopback: simulated engines and one gateway.
+type stack struct {
+	bin     string
+	engines []engine
+	dead    string // a replica URL nobody listens on
+	gw      *proc
+	gwAddr  string
+	cfgPath string
+}
+
+// startEngine starts one vllmsim with KV events (PUB bound on [::1], replay
+// ROUTER on 127.0.0.1, both on free ports).
+func startEngine(t *testing.T, bin, name string, blockSize int, extra ...string) engine {
+	t.Helper()
+	args := append([]string{
+		"--host=127.0.0.1", "--port=0", "--model=" + liveModel, "--tokenizer=tiktoken",
+		fmt.Sprintf("--block-size=%d", blockSize), "--log-level=info",
+		"--kv-events-config", `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://[::1]:0","replay_endpoint":"tcp://127.0.0.1:0"}`,
+	}, extra...)
+	_, m := startProc(t, name, filepath.Join(bin, "vllmsim"), args, simReady)
+	return engine{name: name, addr: m[0], kv: m[1], replay: m[2], blockSize: blockSize}
+}
+
+// freeDeadAddr returns a loopback address that refuses connections.
+func freeDeadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
+}
+
+// writeGatewayConfig writes a gateway YAML config for the engines (and
+// the dead replica when dead != "").
+func writeGatewayConfig(t *testing.T, engines []engine, dead string) string {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "strategy: prefix-cache\nindex_mode: hybrid\nblock_size: 16\nmodels:\n  - name: %s\n    replicas:\n", liveModel)
+	for _, e := range engines {
+		fmt.Fprintf(&b, "      - name: %s\n        url: http://%s\n        kv: %s\n        replay: %s\n", e.name, e.addr, e.kv, e.replay)
+	}
+	if dead != "" {
+		fmt.Fprintf(&b, "      - name: engine-dead\n        url: http://%s\n", dead)
+	}
+	path := filepath.Join(t.TempDir(), "kvmesh.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The same loader the gateway uses must accept it.
+	cfg, err := node.LoadConfigFile(path, node.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startGateway runs `kvmesh serve --config cfg` with extra flags on a free
+// loopback port.
+func (s *stack) startGateway(t *testing.T, extra ...string) {
+	t.Helper()
+	args := append([]string{"serve", "--config", s.cfgPath, "--http-addr=127.0.0.1:0", "--log-level=info"}, extra...)
+	var m []string
+	s.gw, m = startProc(t, "kvmesh serve", filepath.Join(s.bin, "kvmesh"), args, gatewayReady)
+	s.gwAddr = m[0]
+}
+
+// startMetricsStack starts engines a and b (block size 16, like the
+// gateway), engine c (block size 8: its KV events cannot be applied) and a
+// gateway that also lists a dead replica, with ejection after one failure
+// and no active health checks so that requests reach the dead replica.
+func startMetricsStack(t *testing.T) *stack {
+	t.Helper()
+	s := &stack{bin: binaries(t)}
+	for _, e := range []struct {
+		name string
+		bs   int
+	}{{"engine-a", 16}, {"engine-b", 16}, {"engine-c", 8}} {
+		s.engines = append(s.engines, startEngine(t, s.bin, e.name, e.bs, "--profile=fast", "--speed=20"))
+	}
+	s.dead = freeDeadAddr(t)
+	s.cfgPath = writeGatewayConfig(t, s.engines, s.dead)
+	s.startGateway(t, "--eject-after=1", "--eject-backoff=200ms", "--health-interval=0", "--scrape-interval=100ms")
+	return s
+}
+
+var strategies = []string{"prefix-cache", "least-request", "random", "cost", "consistent-hash"}
+
+// prompt returns a prompt of about 400 tokens sharing its first part with
+// every other prompt of the same family.
+func prompt(family, i int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Document %d\n", family)
+	for range 40 {
+		b.WriteString("The service tracks request latency, token throughput, cache utilization, and healthy replicas. ")
+	}
+	fmt.Fprintf(&b, "\nQuestion %06d: Explain the operational tradeoffs in detail.", i)
+	return b.String()
+}
+
+// complete sends one streaming completion and reads the stream to its end;
+// it returns the HTTP status and whether [DONE] arrived.
+func complete(ctx context.Context, addr, model, strategy, p string, maxTokens int) (int, bool, error) {
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "prompt": p, "max_tokens": maxTokens, "ignore_eos": true, "temperature": 0,
+		"stream": true, "stream_options": map[string]any{"include_usage": true},
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return 0, false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if strategy != "" {
+		req.Header.Set(node.HeaderStrategy, strategy)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	done := false
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == "data: [DONE]" {
+			done = true
+		}
+	}
+	return resp.StatusCode, done, sc.Err()
+}
+
+// scrapeNames returns the sample names (histogram _bucket/_sum/_count as
+// exposed) of a /metrics endpoint.
+func scrapeNames(ctx context.Context, addr string) (map[string]bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/metrics: %s", addr, resp.Status)
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	names := map[string]bool{}
+	for line := range strings.Lines(string(data)) {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		end := strings.IndexAny(line, "{ ")
+		if end <= 0 {
+			return nil, fmt.Errorf("%s: unreadable sample line %q", addr, line)
+		}
+		names[line[:end]] = true
+	}
+	return names, nil
+}
+
+// scrapeAll merges the names exported by the gateway and every engine.
+func (s *stack) scrapeAll(ctx context.Context) (map[string]bool, error) {
+	all := map[string]bool{}
+	addrs := []string{s.gwAddr}
+	for _, e := range s.engines {
+		addrs = append(addrs, e.addr)
+	}
+	for _, a := range addrs {
+		names, err := scrapeNames(ctx, a)
+		if err != nil {
+			return nil, err
+		}
+		for n := range names {
+			all[n] = true
+		}
+	}
+	return all, nil
+}
+
+func missing(want map[string][]string, have map[string]bool) []string {
+	var out []string
+	for n := range want {
+		if !have[n] {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// drive sends bounded traffic (every strategy, shared prefixes, one
+// unknown model) until every wanted metric is exported or the budget ends.
+func (s *stack) drive(t *testing.T, want map[string][]string, budget int) map[string]bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if code, _, err := complete(ctx, s.gwAddr, "no-such-model", "", "hello", 1); err != nil || code != http.StatusNotFound {
+		t.Fatalf("unknown model: status %d, err %v; want 404", code, err)
+	}
+	var have map[string]bool
+	for i := range budget {
+		code, done, err := complete(ctx, s.gwAddr, liveModel, strategies[i%len(strategies)], prompt(i%4, i), 4)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if code != http.StatusOK || !done {
+			t.Fatalf("request %d: status %d, [DONE] %v", i, code, done)
+		}
+		if i%10 != 9 {
+			continue
+		}
+		if have, err = s.scrapeAll(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if len(missing(want, have)) == 0 {
+			return have
+		}
+	}
+	have, err := s.scrapeAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return have
+}
+
+// TestLiveMetrics: every metric the dashboard and the rules query is
+// exported by the real binaries (kvmesh serve and vllmsim on loopback),
+// and every probe path answers 200.
+func TestLiveMetrics(t *testing.T) {
+	want := queriedMetrics(t)
+	if len(want) < 20 {
+		t.Fatalf("only %d metrics queried: the extractor or the files lost queries", len(want))
+	}
+	s := startMetricsStack(t)
+	have := s.drive(t, want, 300)
+	for _, n := range missing(want, have) {
+		t.Errorf("metric %s is not exported by kvmesh or vllmsim; read by %q", n, want[n])
+	}
+	for _, path := range probePathsServed {
+		resp, err := http.Get("http://" + s.gwAddr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("probe path %s: %s", path, resp.Status)
+		}
+	}
+	if !t.Failed() {
+		t.Logf("%d queried metrics, all exported (%d names scraped)", len(want), len(have))
+	}
+}
+
+// TestGracefulShutdown measures what deploy/README.md documents: on
+// SIGTERM the gateway closes its listener at once, lets an in-flight
+// stream finish within --shutdown-grace, and exits 0; with a grace shorter
+// than the stream it cuts the stream at the grace and still exits 0.
+func TestGracefulShutdown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skips the shutdown timing test")
+	}
+	bin := binaries(t)
+	// l20 profile at speed 10: about 6 ms per decoded token, so a
+	// 300-token stream lasts a couple of seconds.
+	e := startEngine(t, bin, "engine-slow", 16, "--profile=l20-qwen27b-fp8", "--speed=10")
+	for _, tc := range []struct {
+		name       string
+		grace      time.Duration
+		wantDone   bool
+		maxTokens  int
+		exitWithin time.Duration
+	}{
+		{"drains", 20 * time.Second, true, 300, 15 * time.Second},
+		{"cuts at grace", 500 * time.Millisecond, false, 2000, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &stack{bin: bin, engines: []engine{e}}
+			s.cfgPath = writeGatewayConfig(t, s.engines, "")
+			s.startGateway(t, "--shutdown-grace="+tc.grace.String())
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+
+			type result struct {
+				code int
+				done bool
+				err  error
+			}
+			res := make(chan result, 1)
+			go func() { // owner: this test, which reads res below
+				code, done, err := complete(ctx, s.gwAddr, liveModel, "", prompt(0, 1), tc.maxTokens)
+				res <- result{code, done, err}
+			}()
+			// Wait until the stream is in flight at the gateway.
+			require.Eventually(t, func() bool {
+				return gaugeSum(t, s.gwAddr, "kvmesh_proxy_inflight") >= 1
+			}, 10*time.Second, 10*time.Millisecond, "stream never in flight")
+			sigterm := time.Now()
+			if err := s.gw.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			// The listener closes at once: new connections are refused.
+			require.Eventually(t, func() bool {
+				c, err := net.DialTimeout("tcp", s.gwAddr, 200*time.Millisecond)
+				if err == nil {
+					_ = c.Close()
+				}
+				return err != nil
+			}, 2*time.Second, 10*time.Millisecond, "listener still accepting after SIGTERM")
+			select {
+			case <-s.gw.done:
+			case <-time.After(tc.exitWithin):
+				t.Fatalf("gateway still running %v after SIGTERM", tc.exitWithin)
+			}
+			exited := time.Since(sigterm)
+			if s.gw.err != nil {
+				t.Errorf("gateway exit: %v, want status 0", s.gw.err)
+			}
+			r := <-res
+			if r.code != http.StatusOK || r.done != tc.wantDone {
+				t.Errorf("stream: status %d, [DONE] %v (err %v); want 200, [DONE] %v", r.code, r.done, r.err, tc.wantDone)
+			}
+			if !tc.wantDone && exited < tc.grace {
+				t.Errorf("exited %v after SIGTERM, before the %v grace", exited, tc.grace)
+			}
+			t.Logf("grace %v: exited %v after SIGTERM, stream complete %v", tc.grace, exited.Round(time.Millisecond), r.done)
+		})
+	}
+}
+
+// gaugeSum sums every sample of name on addr's /metrics (0 if absent).
+func gaugeSum(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	sum := 0.0
+	for line := range strings.Lines(string(data)) {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		f := strings.Fields(line)
+		var v float64
+		if _, err := fmt.Sscan(f[len(f)-1], &v); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}

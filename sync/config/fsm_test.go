@@ -135,3 +135,5 @@ func metricValue(t *testing.T, m prometheus.Metric) float64 {
 	t.Fatalf("metric %v is neither gauge nor counter", m.Desc())
 	return 0
 }
+
+func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -98,6 +98,44 @@ func (s *StaticMembership) Remove(id string) {
 	s.Set(next...)
 }
 
+// FuncMembership adapts a member-list function to Membership: its owner
+// calls Notify on every membership event. With sync's memberlist Cluster:
+//
+//	mem := config.NewFuncMembership(func() []config.Member { /* convert cluster.Members() */ })
+//	cluster.AddMemberListener(sync.MemberListenerFunc(func(sync.MemberEvent) { mem.Notify() }))
+//
+// Safe for concurrent use; list must be too, and must not block.
+type FuncMembership struct {
+	list    func() []Member
+	mu      sync.Mutex
+	changed chan struct{}
+}
+
+var _ Membership = (*FuncMembership)(nil)
+
+// NewFuncMembership returns a FuncMembership listing members with list.
+func NewFuncMembership(list func() []Member) *FuncMembership {
+	return &FuncMembership{list: list, changed: make(chan struct{})}
+}
+
+// Members implements Membership.
+func (f *FuncMembership) Members() []Member { return f.list() }
+
+// Changed implements Membership.
+func (f *FuncMembership) Changed() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.changed
+}
+
+// Notify wakes everyone waiting on Changed.
+func (f *FuncMembership) Notify() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
 // lookup returns the live member with id.
 func lookup(m Membership, id string) (Member, bool) {
 	for _, x := range m.Members() {

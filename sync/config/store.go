@@ -357,15 +357,14 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (uint64, error) {
 		if s.IsLeader() {
 			v, err = s.applyLocal(cmd, data)
 		} else {
-			// One attempt may not use the whole budget: a leader that
-			// vanished mid-call must leave time to find the next one.
-			actx, acancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout/3)
-			v, err = s.forward(actx, data)
-			acancel()
+			v, err = s.forward(ctx, data)
 		}
 		switch {
 		case err == nil:
 			return v, nil
+		case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
+			// The leader may have committed it: report, never resend.
+			return 0, fmt.Errorf("%w: no answer from the leader before the deadline (the write may still apply)", ErrNoQuorum)
 		case !retryable(err):
 			return 0, err
 		}
@@ -387,17 +386,21 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (uint64, error) {
 // errNoLeader: no leader is known yet (retryable).
 var errNoLeader = errors.New("no raft leader known")
 
+// retryable reports whether a failed attempt certainly did not apply, so
+// sending the command again cannot apply it twice: no leader was known, the
+// node asked was not the leader, or the transport could not deliver the
+// call. A leader that lost leadership while committing (ErrNoQuorum)
+// leaves the outcome unknown and is reported instead; use ExpectedVersion
+// for exactly-once writes.
 func retryable(err error) bool {
-	if errors.Is(err, ErrNotLeader) || errors.Is(err, ErrNoQuorum) || errors.Is(err, errNoLeader) {
+	if errors.Is(err, ErrNotLeader) || errors.Is(err, errNoLeader) {
 		return true
 	}
-	// A transport failure reaching the leader (Unavailable without a
-	// kvmesh reason) or a leader that shut down: try again.
 	var re *remoteError
 	if errors.As(err, &re) {
-		return errors.Is(err, ErrClosed)
+		return errors.Is(err, ErrClosed) // the leader was shutting down
 	}
-	return status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded
+	return status.Code(err) == codes.Unavailable
 }
 
 // precheck rejects what is invalid regardless of the current config, so
@@ -520,6 +523,23 @@ func (s *Store) client(addr string) (*Client, error) {
 	return c, nil
 }
 
+// pruneClients closes peer clients whose address no live member has (a
+// gateway that left or restarted on another port).
+func (s *Store) pruneClients() {
+	live := map[string]bool{}
+	for _, m := range s.cfg.Membership.Members() {
+		live[m.AdminAddr] = true
+	}
+	s.clientsMu.Lock()
+	defer s.clientsMu.Unlock()
+	for addr, c := range s.clients {
+		if !live[addr] {
+			_ = c.Close()
+			delete(s.clients, addr)
+		}
+	}
+}
+
 // runLoop owns bootstrap, leader duties (seed, voter reconciliation) and
 // the raft gauges. It wakes on leadership changes, membership changes and
 // every ReconcileInterval.
@@ -530,6 +550,7 @@ func (s *Store) runLoop() {
 	needBootstrap := true
 	for {
 		changed := s.cfg.Membership.Changed()
+		s.pruneClients()
 		if needBootstrap {
 			needBootstrap = !s.tryBootstrap()
 		}

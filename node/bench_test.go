@@ -43,7 +43,7 @@ func benchNode(tb testing.TB, replicas int, keys []index.BlockKey) *Node {
 	n, err := New(cfg, nil)
 	require.NoError(tb, err)
 	now := time.Now().UnixNano()
-	for i, r := range n.replicas {
+	for i, r := range n.tbl.Load().replicas {
 		depth := len(keys) * i / replicas
 		if depth > 0 {
 			require.NoError(tb, n.index.Record(keys[:depth], r.id, index.History, now))
@@ -69,7 +69,7 @@ func BenchmarkRouteDecision(b *testing.B) {
 	h := probe.index.Hasher()
 	keys := h.AppendKeys(nil, h.Root("m", "", ""), toks)
 	n := benchNode(b, 16, keys)
-	p := n.pools[0]
+	p := n.tbl.Load().pools[0]
 	for _, name := range route.Names() {
 		b.Run(name, func(b *testing.B) {
 			strat, err := p.set.Get(name)
@@ -105,7 +105,7 @@ func TestRouteDecisionAllocs(t *testing.T) {
 	h := probe.index.Hasher()
 	keys := h.AppendKeys(nil, h.Root("m", "", ""), toks)
 	n := benchNode(t, 16, keys)
-	p := n.pools[0]
+	p := n.tbl.Load().pools[0]
 	for _, name := range route.Names() {
 		strat, err := p.set.Get(name)
 		require.NoError(t, err)
@@ -142,7 +142,7 @@ func BenchmarkPromptKeys(b *testing.B) {
 			cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 			n, err := New(cfg, nil)
 			require.NoError(b, err)
-			p := n.pools[0]
+			p := n.tbl.Load().pools[0]
 			s := getScratch()
 			defer putScratch(s)
 			prompts := make([]*inferenceRequest, 64)
@@ -194,8 +194,8 @@ func TestPromptKeysMatchFullTokenization(t *testing.T) {
 	for i, text := range []string{seedPrompt(1, 1), seedPrompt(1, 2), seedPrompt(2, 3), seedPrompt(1, 4)} {
 		s1, s2 := getScratch(), getScratch()
 		req := &inferenceRequest{kind: kindCompletions, model: "m", text: text}
-		r1, k1 := n.prepare(t.Context(), n.pools[0], "", req, s1)
-		r2, k2 := plain.prepare(t.Context(), plain.pools[0], "", req, s2)
+		r1, k1 := n.prepare(t.Context(), n.tbl.Load().pools[0], "", req, s1)
+		r2, k2 := plain.prepare(t.Context(), plain.tbl.Load().pools[0], "", req, s2)
 		require.Equal(t, r2, r1, "prompt %d", i)
 		require.Equal(t, k2, k1, "prompt %d", i)
 		putScratch(s1)

@@ -184,6 +184,11 @@ type Config struct {
 	// ShutdownGrace is how long the serve command lets streams drain on
 	// SIGTERM before cutting them. Default 30s.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+
+	// Cluster makes the gateway a cluster member (gossip, shared index,
+	// raft config, admin API); see ClusterConfig. Default: disabled
+	// (standalone, no port besides HTTPAddr).
+	Cluster ClusterConfig `yaml:"cluster"`
 }
 
 // ModelConfig is one replica pool.
@@ -255,6 +260,7 @@ func DefaultConfig() Config {
 		RemoteTokenizeCacheSize: 1024,
 		ShutdownGrace:           30 * time.Second,
 		Route:                   route.DefaultConfig(),
+		Cluster:                 DefaultClusterConfig(),
 	}
 }
 
@@ -274,6 +280,7 @@ func LocalConfig() Config {
 	c.EjectMaxBackoff = 2 * time.Second
 	c.RemoteTokenizeTimeout = 500 * time.Millisecond
 	c.ShutdownGrace = 2 * time.Second
+	c.Cluster = LocalClusterConfig()
 	return c
 }
 
@@ -486,5 +493,6 @@ func (c *Config) Validate() error {
 	if total > index.MaxReplicas {
 		bad("%d replicas exceed %d", total, index.MaxReplicas)
 	}
+	c.Cluster.validate(bad)
 	return errors.Join(errs...)
 }

@@ -90,7 +90,8 @@ func (n *Node) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	if sid := r.Header.Get(HeaderSession); sid != "" {
 		req.user = sid
 	}
-	p, lora, aerr := n.lookupModel(req.model)
+	t := n.tbl.Load()
+	p, lora, aerr := t.lookupModel(req.model)
 	if aerr != nil {
 		n.refuse(w, aerr)
 		return
@@ -99,7 +100,7 @@ func (n *Node) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	if q := r.URL.Query().Get("strategy"); q != "" {
 		name = q
 	}
-	strat, aerr := n.strategyFor(p, name)
+	strat, aerr := t.strategyFor(p, name)
 	if aerr != nil {
 		n.refuse(w, aerr)
 		return

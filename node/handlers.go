@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"runtime/debug"
@@ -20,6 +21,8 @@ func (n *Node) routes() http.Handler {
 	mux.Handle("/v1/chat/completions", n.serveInference(kindChat))
 	mux.HandleFunc("/v1/models", n.serveModels)
 	mux.HandleFunc("/health", n.serveHealth)
+	mux.HandleFunc("/ready", n.serveReady)
+	mux.HandleFunc("/admin/", n.serveAdmin)
 	mux.HandleFunc("/debug/route", n.serveDebugRoute)
 	mux.Handle("/metrics", promhttp.HandlerFor(n.m.reg, promhttp.HandlerOpts{Registry: n.m.reg}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -88,6 +91,38 @@ func (n *Node) serveHealth(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(`{"status":"ok"}`))
 }
 
+// serveReady is readiness: 200 once the gateway serves and, in cluster
+// mode, has joined, bootstrapped its index and applied a raft config
+// version; 503 before and while shutting down.
+func (n *Node) serveReady(w http.ResponseWriter, r *http.Request) {
+	if !n.Ready() {
+		msg := "gateway is not ready"
+		switch {
+		case n.stopping.Load():
+			msg = "gateway is shutting down"
+		case n.cl != nil && !n.cl.joined.Load():
+			msg = "gateway has not joined the cluster yet"
+		case n.cl != nil && !n.cl.configApplied.Load():
+			msg = "no cluster routing config applied yet"
+		}
+		n.refuse(w, &apiError{status: http.StatusServiceUnavailable, code: CodeNotReady, message: msg, retryAfter: 1})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = fmt.Fprintf(w, `{"status":"ready","config_version":%d}`, n.tableVersion.Load())
+}
+
+// serveAdmin serves the admin HTTP/JSON API (cluster mode) under
+// /admin/v1/, on the gateway's own listener.
+func (n *Node) serveAdmin(w http.ResponseWriter, r *http.Request) {
+	if n.cl == nil || n.cl.adminHTTP == nil {
+		n.refuse(w, &apiError{status: http.StatusNotFound, code: CodeNotFound,
+			message: "the admin API runs in cluster mode only"})
+		return
+	}
+	n.cl.adminHTTP.ServeHTTP(w, r)
+}
+
 // modelEntry is one entry of GET /v1/models.
 type modelEntry map[string]any
 
@@ -103,13 +138,14 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), n.cfg.HealthTimeout)
 	defer cancel()
-	lists := make([][]modelEntry, len(n.pools))
+	t := n.tbl.Load()
+	lists := make([][]modelEntry, len(t.pools))
 	var wg sync.WaitGroup
-	for i, p := range n.pools {
+	for i, p := range t.pools {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			lists[i] = n.poolModels(ctx, p)
+			lists[i] = n.poolModels(ctx, t, p)
 		}()
 	}
 	wg.Wait()
@@ -130,9 +166,9 @@ func (n *Node) serveModels(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
 }
 
-func (n *Node) poolModels(ctx context.Context, p *pool) []modelEntry {
+func (n *Node) poolModels(ctx context.Context, t *table, p *pool) []modelEntry {
 	names := []string{p.model}
-	for name, ref := range n.models {
+	for name, ref := range t.models {
 		if ref.pool == p && ref.lora != "" {
 			names = append(names, name)
 		}

@@ -32,6 +32,7 @@ const (
 	CodeMethodNotAllowed   = "method_not_allowed"
 	CodeNotFound           = "not_found"
 	CodeShuttingDown       = "shutting_down"
+	CodeNotReady           = "not_ready"
 )
 
 // apiError is an error answered to the client.

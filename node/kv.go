@@ -9,41 +9,46 @@ import (
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
-// kvHandler applies one Node's KV-event streams to its index. A Subscriber
-// calls it from one goroutine per replica, so a replica's scratch buffer
-// is never shared.
-type kvHandler struct{ n *Node }
+// kvHandler applies one replica's KV-event stream to the Node's index. The
+// replica's subscriber calls it from one goroutine, so the replica's
+// scratch buffer is never shared.
+type kvHandler struct {
+	n *Node
+	r *replica
+}
 
 var _ kvevents.Handler = kvHandler{}
 
-// newSubscribers builds (but does not start) a subscriber per replica with
-// a KV-event source.
-func (n *Node) newSubscribers() error {
-	for _, r := range n.replicas {
-		if !r.cfg.PublishesKVEvents() {
-			continue
-		}
-		sc := kvevents.DefaultSubscriberConfig()
-		sc.Replica = r.name
-		sc.Endpoint = r.cfg.KVEndpoint
-		if r.cfg.KVBind != "" {
-			sc.Endpoint, sc.Bind = r.cfg.KVBind, true
-		}
-		sc.ReplayEndpoint = r.cfg.ReplayEndpoint
-		sub, err := kvevents.NewSubscriber(sc, kvHandler{n}, n.kvMetrics, n.log)
-		if err != nil {
-			return fmt.Errorf("%w: replica %s: %w", ErrInvalidConfig, r.name, err)
-		}
-		r.sub = sub
+// newSubscriber builds (but does not start) r's KV-event subscriber when r
+// has a source this Node ingests itself: every source in standalone mode;
+// in cluster mode only those the cluster cannot move between gateways
+// (kv_bind, and kv sources added after the cluster started), since the
+// owning gateway ingests the others for everyone.
+func (n *Node) newSubscriber(r *replica) error {
+	if !r.cfg.PublishesKVEvents() || n.clusterIngests(r) {
+		return nil
 	}
+	sc := kvevents.DefaultSubscriberConfig()
+	sc.Replica = r.name
+	sc.Endpoint = r.cfg.KVEndpoint
+	if r.cfg.KVBind != "" {
+		sc.Endpoint, sc.Bind = r.cfg.KVBind, true
+	}
+	sc.ReplayEndpoint = r.cfg.ReplayEndpoint
+	sub, err := kvevents.NewSubscriber(sc, kvHandler{n: n, r: r}, n.kvMetrics, n.log)
+	if err != nil {
+		return fmt.Errorf("%w: replica %s: %w", ErrInvalidConfig, r.name, err)
+	}
+	r.sub = sub
 	return nil
 }
 
-// startKVEvents starts the subscribers; they run until stopKVEvents. Only a
-// bind failure (kv_bind address in use) is an error: connecting happens in
-// the background.
+// startKVEvents starts the subscribers of the current table; they run
+// until stopKVEvents (or their replica leaves the table). Only a bind
+// failure (kv_bind address in use) is an error: connecting happens in the
+// background.
 func (n *Node) startKVEvents(ctx context.Context) error {
-	for _, r := range n.replicas {
+	for _, r := range n.tbl.Load().replicas {
 		if r.sub == nil {
 			continue
 		}
@@ -59,9 +64,10 @@ func (n *Node) startKVEvents(ctx context.Context) error {
 	return nil
 }
 
-// stopKVEvents closes every subscriber and waits for it. Idempotent.
+// stopKVEvents closes every subscriber of the current table and waits for
+// it. Idempotent.
 func (n *Node) stopKVEvents() {
-	for _, r := range n.replicas {
+	for _, r := range n.tbl.Load().replicas {
 		if r.sub != nil {
 			if err := r.sub.Close(); err != nil && !errors.Is(err, kvevents.ErrClosed) {
 				n.log.Warn("closing KV-event subscriber", "replica", r.name, "err", err)
@@ -72,9 +78,9 @@ func (n *Node) stopKVEvents() {
 
 // KVBindAddr is the resolved address of the replica's kv_bind socket after
 // Start (so that kv_bind tcp://127.0.0.1:0 is usable), else its configured
-// KV endpoint, else "".
+// KV endpoint, else "" (also when the cluster ingests the replica).
 func (n *Node) KVBindAddr(replica string) string {
-	r, ok := n.byName[replica]
+	r, ok := n.tbl.Load().byName[replica]
 	if !ok || r.sub == nil {
 		return ""
 	}
@@ -87,12 +93,8 @@ func (n *Node) KVBindAddr(replica string) string {
 func gpuTier(medium string) bool { return medium == "" || medium == "GPU" || medium == "gpu" }
 
 // HandleBatch implements kvevents.Handler.
-func (h kvHandler) HandleBatch(name string, _ kvevents.Seq, b *kvevents.Batch) {
-	n := h.n
-	r, ok := n.byName[name]
-	if !ok {
-		return
-	}
+func (h kvHandler) HandleBatch(_ string, _ kvevents.Seq, b *kvevents.Batch) {
+	n, r := h.n, h.r
 	for i := range b.Events {
 		ev := &b.Events[i]
 		switch ev.Kind {
@@ -110,7 +112,7 @@ func (h kvHandler) HandleBatch(name string, _ kvevents.Seq, b *kvevents.Batch) {
 				BlockTokens: st.BlockSize,
 			}
 			if st.LoRAName != "" {
-				sb.Root, sb.HasRoot = n.hasher.Root(r.pool.model, st.LoRAName, ""), true
+				sb.Root, sb.HasRoot = n.hasher.Root(r.model, st.LoRAName, ""), true
 			}
 			if err := n.index.ApplyStored(r.id, sb); err != nil {
 				n.m.kvApplyErrors.WithLabelValues(r.name, applyErrorReason(err)).Inc()
@@ -132,10 +134,7 @@ func (h kvHandler) HandleBatch(name string, _ kvevents.Seq, b *kvevents.Batch) {
 // HandleReset implements kvevents.Handler: the replica's confirmed entries
 // are no longer known, so they go; history and speculative stay.
 func (h kvHandler) HandleReset(name string, reason kvevents.ResetReason) {
-	r, ok := h.n.byName[name]
-	if !ok {
-		return
-	}
+	r := h.r
 	removed := h.n.index.ClearReplica(r.id)
 	h.n.log.Info("KV-event stream reset, confirmed entries dropped", "replica", name,
 		"reason", reason.String(), "entries", removed)

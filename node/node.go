@@ -35,10 +35,15 @@ type Node struct {
 	tokCache *tokenizer.Cached // nil unless tok is a prefix-cached tiktoken
 	remote   *remoteTokenizer
 
-	pools    []*pool
-	models   map[string]modelRef
-	replicas []*replica
-	byName   map[string]*replica
+	// tbl is the current routing table (pools, models, replicas), swapped
+	// atomically on a config apply; ids names replicas for the index.
+	tbl          atomic.Pointer[table]
+	ids          *replicaIDs
+	reloadMu     sync.Mutex // serialises table rebuilds
+	tableVersion atomic.Uint64
+
+	// Cluster mode (nil/zero standalone): see cluster.go.
+	cl *clusterParts
 
 	transport *http.Transport
 	client    *http.Client // probes and remote tokenize
@@ -85,7 +90,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	n := &Node{cfg: cfg, log: logger, mode: cfg.Mode(), models: map[string]modelRef{}, byName: map[string]*replica{}}
+	n := &Node{cfg: cfg, log: logger, mode: cfg.Mode(), ids: newReplicaIDs()}
 	n.rngSeed.Store(uint64(time.Now().UnixNano()))
 
 	icfg := index.DefaultConfig()
@@ -127,52 +132,26 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		n.remote = newRemoteTokenizer(n.client, cfg.RemoteTokenizeCacheSize)
 	}
 
-	rcfg := cfg.Route
-	var id index.ReplicaID
-	for _, mc := range cfg.Models {
-		set, err := route.NewSet(rcfg)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: n.mode}
-		if mc.IndexMode != "" {
-			p.mode, _ = index.ParseMode(mc.IndexMode) // validated
-		}
-		members := make([]route.RingMember, 0, len(mc.Replicas))
-		for _, rc := range mc.Replicas {
-			r, err := newReplica(id, rc, p)
-			if err != nil {
-				return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-			}
-			r.mInflight = n.m.inflight.WithLabelValues(r.name)
-			r.mTTFT = n.m.ttft.WithLabelValues(r.name)
-			r.mHealthy = n.m.healthy.WithLabelValues(r.name)
-			r.mHealthy.Set(1)
-			p.replicas = append(p.replicas, r)
-			n.replicas = append(n.replicas, r)
-			n.byName[r.name] = r
-			members = append(members, route.RingMember{ID: r.id, Name: r.name})
-			ix.SetPublishesEvents(r.id, rc.PublishesKVEvents())
-			ix.SetReplicaRoot(r.id, n.hasher.Root(mc.Name, "", ""))
-			id++
-		}
-		if err := set.ConsistentHash.SetMembers(members); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
-		}
-		n.pools = append(n.pools, p)
-		n.models[mc.Name] = modelRef{pool: p}
-		for _, a := range mc.Adapters {
-			n.models[a] = modelRef{pool: p, lora: a}
-		}
-	}
-	n.registerIndexMetrics()
-	n.registerTokenizerMetrics()
 	n.kvMetrics = kvevents.NewMetrics()
 	if err := n.kvMetrics.Register(n.m.reg); err != nil {
 		return nil, fmt.Errorf("node: register KV-event metrics: %w", err)
 	}
-	if err := n.newSubscribers(); err != nil {
+	if cfg.Cluster.Active() {
+		if n.cl, err = newClusterParts(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if err := n.applySpec(specFromConfig(&cfg)); err != nil {
 		return nil, err
+	}
+	n.registerIndexMetrics()
+	n.registerTokenizerMetrics()
+	if n.cl == nil {
+		// In cluster mode the config store registers the same gauge.
+		n.m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kvmesh_config_version",
+			Help: "Version of the routing config in force (0: the gateway's own flags or file; standalone).",
+		}, func() float64 { return float64(n.tableVersion.Load()) }))
 	}
 	n.handler = n.routes()
 	return n, nil
@@ -243,12 +222,32 @@ func (n *Node) Config() Config { return n.cfg }
 
 // ReplicaID returns the process-local handle of the replica called name.
 func (n *Node) ReplicaID(name string) (index.ReplicaID, bool) {
-	r, ok := n.byName[name]
+	r, ok := n.tbl.Load().byName[name]
 	if !ok {
 		return 0, false
 	}
 	return r.id, true
 }
+
+// ReplicaName returns the name of the replica with process-local handle
+// id (also for replicas that left the routing table: IDs are never
+// reused).
+func (n *Node) ReplicaName(id index.ReplicaID) (string, bool) { return n.ids.ReplicaName(id) }
+
+// Replicas returns the names of the replicas in the current routing table.
+func (n *Node) Replicas() []string {
+	t := n.tbl.Load()
+	out := make([]string, len(t.replicas))
+	for i, r := range t.replicas {
+		out[i] = r.name
+	}
+	return out
+}
+
+// ConfigVersion is the version of the routing config in force: the raft
+// config version once one was applied, 0 while the Node routes on its own
+// Config.
+func (n *Node) ConfigVersion() uint64 { return n.tableVersion.Load() }
 
 // Start listens on HTTPAddr, starts the health checkers, scrapers, index
 // expiry and KV-event subscribers, and returns once the listener accepts
@@ -280,7 +279,19 @@ func (n *Node) Start(ctx context.Context) error {
 		BaseContext:       func(net.Listener) context.Context { return n.reqBase },
 		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelWarn),
 	}
+	if n.cl != nil {
+		if err := n.startCluster(ctx, ln.Addr().String()); err != nil {
+			n.bgCancel()
+			n.reqAbort()
+			_ = ln.Close()
+			n.wg.Wait()
+			return err
+		}
+	}
 	if err := n.startKVEvents(ctx); err != nil {
+		if n.cl != nil {
+			n.closeCluster(context.Background())
+		}
 		n.bgCancel()
 		n.reqAbort()
 		_ = ln.Close()
@@ -293,12 +304,17 @@ func (n *Node) Start(ctx context.Context) error {
 			n.log.Error("http server stopped", "err", err)
 		}
 	})
-	for _, r := range n.replicas {
-		n.goFunc(func() { n.probeLoop(r) })
+	n.reloadMu.Lock()
+	t := n.tbl.Load()
+	for _, r := range t.replicas {
+		ctx, cancel := context.WithCancel(n.bgCtx)
+		r.cancel = cancel
+		n.goFunc(func() { n.probeLoop(ctx, r) })
 	}
+	n.reloadMu.Unlock()
 	n.goFunc(n.expireLoop)
-	n.log.Info("gateway listening", "addr", ln.Addr().String(), "models", len(n.pools),
-		"replicas", len(n.replicas), "index_mode", n.cfg.IndexMode, "tokenizer", n.tokName,
+	n.log.Info("gateway listening", "addr", ln.Addr().String(), "models", len(t.pools),
+		"replicas", len(t.replicas), "index_mode", n.cfg.IndexMode, "tokenizer", n.tokName,
 		"block_size", n.hasher.BlockTokens(), "strategy", n.cfg.Strategy)
 	return nil
 }
@@ -323,12 +339,17 @@ func (n *Node) HTTPAddr() string {
 	return n.ln.Addr().String()
 }
 
-// Shutdown stops the Node: it stops accepting connections, lets in-flight
-// requests and streams finish until ctx is done, then cuts the rest (a
-// cut stream ends with an SSE error event when its upstream fails, or the
-// connection closes), stops subscribers, scrapers and health checkers, and
-// waits for every goroutine it started. It is idempotent: later calls
-// return the first call's result. Safe before Start.
+// Shutdown stops the Node in order, logging each step with its duration:
+// /health and /ready turn 503 (load balancers drain the gateway); in
+// cluster mode the gateway gossips its leave (peers take over its KV-event
+// streams at once) and, if it is the raft leader, the config store is
+// told to step down; the HTTP server stops accepting and in-flight
+// requests and streams finish until ctx is done, the rest are cut (a cut
+// stream ends with an SSE error event when its upstream fails, or the
+// connection closes); then the admin API, the config store and the cluster
+// stop, and subscribers, scrapers and health checkers, and every goroutine
+// the Node started is waited for. It is idempotent: later calls return
+// the first call's result. Safe before Start.
 func (n *Node) Shutdown(ctx context.Context) error {
 	n.shutOnce.Do(func() {
 		n.mu.Lock()
@@ -341,27 +362,57 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			n.transport.CloseIdleConnections()
 			return
 		}
-		err := n.srv.Shutdown(ctx)
-		if err != nil {
-			// Deadline: abort the remaining requests, then close connections.
-			n.reqAbort()
-			_ = n.srv.Close()
-			n.log.Warn("shutdown deadline reached, cut the remaining streams", "err", err)
+		t0 := time.Now()
+		step := func(what string, f func()) {
+			t := time.Now()
+			f()
+			n.log.Info("shutdown: "+what, "took", time.Since(t).Round(time.Microsecond))
 		}
+		if n.cl != nil {
+			step("left gossip", func() {
+				if err := n.cl.cluster.Leave(n.cfg.Cluster.LeaveTimeout); err != nil {
+					n.log.Warn("gossip leave", "err", err)
+				}
+			})
+			if n.cl.store.IsLeader() {
+				// The store has no leadership transfer: followers elect a
+				// new leader within the election timeout after it stops.
+				n.log.Info("shutdown: this gateway is the raft leader; a follower takes over after the store stops")
+			}
+		}
+		var err error
+		step("drained HTTP requests and streams", func() {
+			err = n.srv.Shutdown(ctx)
+			if err != nil {
+				// Deadline: abort the remaining requests, then close connections.
+				n.reqAbort()
+				_ = n.srv.Close()
+				n.log.Warn("shutdown deadline reached, cut the remaining streams", "err", err)
+			}
+		})
 		n.reqAbort()
-		n.bgCancel()
-		n.wg.Wait()
-		n.stopKVEvents()
+		if n.cl != nil {
+			step("stopped admin API, config store and cluster", func() {
+				cctx, cancel := context.WithTimeout(context.Background(), n.cfg.Cluster.LeaveTimeout)
+				defer cancel()
+				n.closeCluster(cctx)
+			})
+		}
+		step("stopped probes and KV-event subscribers", func() {
+			n.bgCancel()
+			n.wg.Wait()
+			n.stopKVEvents()
+		})
 		n.transport.CloseIdleConnections()
 		n.shutErr = err
-		n.log.Info("gateway stopped")
+		n.log.Info("gateway stopped", "took", time.Since(t0).Round(time.Millisecond))
 	})
 	return n.shutErr
 }
 
-// lookupModel resolves a request's model name.
-func (n *Node) lookupModel(name string) (*pool, string, *apiError) {
-	ref, ok := n.models[name]
+// lookupModel resolves a request's model name in table t.
+func (t *table) lookupModel(name string) (*pool, string, *apiError) {
+	ref, ok := t.models[name]
 	if !ok {
 		return nil, "", &apiError{status: http.StatusNotFound, code: CodeModelNotFound,
 			message: fmt.Sprintf("model %q is not served by this gateway", name)}
@@ -371,13 +422,13 @@ func (n *Node) lookupModel(name string) (*pool, string, *apiError) {
 
 // strategyFor returns the strategy named by the routing-strategy header,
 // else the pool's, else the node's default.
-func (n *Node) strategyFor(p *pool, header string) (route.Strategy, *apiError) {
+func (t *table) strategyFor(p *pool, header string) (route.Strategy, *apiError) {
 	name := header
 	if name == "" {
 		name = p.strategy
 	}
 	if name == "" {
-		name = n.cfg.Strategy
+		name = t.strategy
 	}
 	s, err := p.set.Get(name)
 	if err != nil {

@@ -257,7 +257,7 @@ func TestPassiveEjectionAnd503(t *testing.T) {
 }
 
 func TestEjectionBackoffGrows(t *testing.T) {
-	r, err := newReplica(0, rc("a", "http://127.0.0.1:1"), &pool{})
+	r, err := newReplica(0, rc("a", "http://127.0.0.1:1"), "m")
 	require.NoError(t, err)
 	now := int64(1e18)
 	for round, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second} {
@@ -284,7 +284,7 @@ func TestActiveHealthRemovesAndRestores(t *testing.T) {
 	b := newFakeEngine(t, "b")
 	n := startNode(t, nil, rc("a", a.url()), rc("b", b.url()))
 	a.healthStatus.Store(503)
-	ra := n.byName["a"]
+	ra := n.tbl.Load().byName["a"]
 	require.Eventually(t, func() bool { return !ra.available(nowNanos()) }, 5*time.Second, 5*time.Millisecond)
 	before := a.requests.Load()
 	for i := 0; i < 10; i++ {
@@ -402,7 +402,7 @@ func TestLoadViewScrapesEngineMetrics(t *testing.T) {
 	e.running.Store(3)
 	e.waiting.Store(7)
 	n := startNode(t, nil, rc("a", e.url()))
-	r := n.byName["a"]
+	r := n.tbl.Load().byName["a"]
 	require.Eventually(t, func() bool {
 		run, wait, kv := r.load()
 		return run == 3 && wait == 7 && kv == 0.25
@@ -650,7 +650,7 @@ func TestRemoteTokenizerFallsBackToLocal(t *testing.T) {
 }
 
 func TestUnhealthyAfterConsecutivePolls(t *testing.T) {
-	r, err := newReplica(0, rc("a", "http://127.0.0.1:1"), &pool{})
+	r, err := newReplica(0, rc("a", "http://127.0.0.1:1"), "m")
 	require.NoError(t, err)
 	assert.False(t, r.setActive(false, 2))
 	assert.True(t, r.available(1), "one failed poll is not an outage")
@@ -715,7 +715,7 @@ func TestQueuedPrefillReleasedAtFirstByte(t *testing.T) {
 	defer resp.Body.Close()
 	_, err = bufio.NewReader(resp.Body).ReadString('\n')
 	require.NoError(t, err)
-	r := n.byName["a"]
+	r := n.tbl.Load().byName["a"]
 	assert.EqualValues(t, 1, r.inflight.Load(), "the stream is still open")
 	require.Eventually(t, func() bool { return r.queuedPrefill.Load() == 0 }, 5*time.Second, time.Millisecond,
 		"the prefill is no longer queued once the first token arrived")

@@ -22,10 +22,10 @@ const (
 )
 
 // probeLoop owns one replica's active health checks and load scrapes until
-// the Node stops. The two run on their own tickers in this one goroutine,
-// so a replica never has two probes in flight.
-func (n *Node) probeLoop(r *replica) {
-	ctx := n.bgCtx
+// ctx ends (the Node stops or the replica leaves the routing table). The
+// two run on their own tickers in this one goroutine, so a replica never
+// has two probes in flight.
+func (n *Node) probeLoop(ctx context.Context, r *replica) {
 	var scrapeC, healthC <-chan time.Time
 	if n.cfg.ScrapeInterval > 0 {
 		t := time.NewTicker(n.cfg.ScrapeInterval)

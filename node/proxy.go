@@ -99,12 +99,13 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 		if sid := r.Header.Get(HeaderSession); sid != "" {
 			req.user = sid
 		}
-		p, lora, aerr := n.lookupModel(req.model)
+		t := n.tbl.Load()
+		p, lora, aerr := t.lookupModel(req.model)
 		if aerr != nil {
 			n.refuse(w, aerr)
 			return
 		}
-		strat, aerr := n.strategyFor(p, r.Header.Get(HeaderStrategy))
+		strat, aerr := t.strategyFor(p, r.Header.Get(HeaderStrategy))
 		if aerr != nil {
 			n.refuse(w, aerr)
 			return
@@ -231,7 +232,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		if reason == reasonFirstByte {
 			e.status, e.code = http.StatusGatewayTimeout, CodeUpstreamTimeout
 		}
-		n.m.requests.WithLabelValues(rep.pool.model, "error").Inc()
+		n.m.requests.WithLabelValues(rep.model, "error").Inc()
 		writeError(w, e)
 		return attemptDone
 	}
@@ -239,7 +240,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 
 	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
 	if ok {
-		n.recordDecision(rep, keys, start.UnixNano())
+		n.recordDecision(dec.pool, rep, keys, start.UnixNano())
 	}
 	h := w.Header()
 	copyHeaders(h, resp.Header)
@@ -255,7 +256,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	// The queued prefill is released at the first body byte: for a stream
 	// that is the first token, so the prefill is done.
 	res := n.relay(ctx, r.Context(), cancel, w, flusher, resp.Body, streaming, releaseQueued)
-	n.m.requests.WithLabelValues(rep.pool.model, statusClass(resp.StatusCode)).Inc()
+	n.m.requests.WithLabelValues(rep.model, statusClass(resp.StatusCode)).Inc()
 
 	switch {
 	case res.clientGone:
@@ -426,12 +427,12 @@ func (n *Node) upstreamFailure(rep *replica, reason string) {
 // recordDecision writes the routing decision into the index: history or
 // speculative, per the index mode and whether the replica publishes KV
 // events.
-func (n *Node) recordDecision(rep *replica, keys []index.BlockKey, now int64) {
+func (n *Node) recordDecision(p *pool, rep *replica, keys []index.BlockKey, now int64) {
 	if len(keys) == 0 {
 		return
 	}
 	ledger := index.History
-	switch rep.pool.mode {
+	switch p.mode {
 	case index.ModeKVEvents:
 		ledger = index.Speculative
 	case index.ModeHybrid:
@@ -444,7 +445,7 @@ func (n *Node) recordDecision(rep *replica, keys []index.BlockKey, now int64) {
 		return
 	}
 	if h := n.recorder.Load(); h != nil {
-		h.l.Recorded(rep.pool.model, rep.name, ledger, keys, now)
+		h.l.Recorded(rep.model, rep.name, ledger, keys, now)
 	}
 }
 
@@ -460,5 +461,5 @@ func (n *Node) observeCost(rep *replica, dec decision, ttft time.Duration, res r
 		obs.OutputTokens = out
 		obs.TPOT = time.Duration(res.lastAt-res.firstAt).Seconds() / float64(out-1)
 	}
-	rep.pool.set.Model().Observe(rep.id, obs)
+	dec.pool.set.Model().Observe(rep.id, obs)
 }

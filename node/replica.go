@@ -40,7 +40,7 @@ type replica struct {
 	id        index.ReplicaID
 	name      string
 	cfg       ReplicaConfig
-	pool      *pool
+	model     string // the pool's model; a replica moved to another pool is a new *replica
 	base      *url.URL
 	targetPod string // host:port, AIBrix's target-pod header value
 
@@ -68,6 +68,10 @@ type replica struct {
 	sub      *kvevents.Subscriber
 	kvHashes []uint64
 
+	// cancel stops the probe loop (set by startReplica; the routing-table
+	// rebuild, serialised by Node.reloadMu, and Shutdown call it).
+	cancel func()
+
 	// Pre-resolved metric children (label lookups cost a hash each).
 	mInflight prometheus.Gauge
 	mTTFT     prometheus.Observer
@@ -83,12 +87,12 @@ type pool struct {
 	replicas []*replica
 }
 
-func newReplica(id index.ReplicaID, cfg ReplicaConfig, p *pool) (*replica, error) {
+func newReplica(id index.ReplicaID, cfg ReplicaConfig, model string) (*replica, error) {
 	u, err := url.Parse(cfg.URL)
 	if err != nil {
 		return nil, err
 	}
-	r := &replica{id: id, name: cfg.Name, cfg: cfg, pool: p, base: u, targetPod: u.Host}
+	r := &replica{id: id, name: cfg.Name, cfg: cfg, model: model, base: u, targetPod: u.Host}
 	r.running.Store(-1)
 	r.waiting.Store(-1)
 	r.kvUsage.Store(math.Float64bits(math.NaN()))

@@ -42,6 +42,7 @@ func putScratch(s *scratch) {
 
 // decision is the outcome of routing one request.
 type decision struct {
+	pool      *pool
 	rep       *replica
 	strategy  route.Strategy
 	d         route.Decision
@@ -109,6 +110,7 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 	d := strat.Pick(rr, s.cands, &s.rng, explain)
 	c := &s.cands[d.Index]
 	return decision{
+		pool:      p,
 		rep:       s.reps[d.Index],
 		strategy:  strat,
 		d:         d,

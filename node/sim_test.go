@@ -152,7 +152,7 @@ func TestSimStreamsThroughGateway(t *testing.T) {
 	assert.Contains(t, readAll(t, resp), `"completion_tokens":3`)
 
 	// Engine load figures come from its /metrics.
-	r := n.byName["a"]
+	r := n.tbl.Load().byName["a"]
 	require.Eventually(t, func() bool { run, _, kv := r.load(); return run == 0 && kv >= 0 }, 5*time.Second, 10*time.Millisecond)
 }
 

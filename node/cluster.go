@@ -1,0 +1,529 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvmesh/kvmesh/index"
+	kvsync "github.com/kvmesh/kvmesh/sync"
+	"github.com/kvmesh/kvmesh/sync/config"
+)
+
+// clusterParts is everything cluster mode adds to a Node. Built by New
+// (what cannot fail at run time: the node id, the token, the KV sources),
+// opened by startCluster, closed by the shutdown steps.
+type clusterParts struct {
+	id        string
+	token     string
+	kvSources map[string]kvsync.KVSource // engines the sync.Cluster ingests (fixed at New)
+
+	// Set by startCluster; read after it returned.
+	cluster     *kvsync.Cluster
+	store       *config.Store
+	admin       *config.Server
+	adminHTTP   http.Handler
+	grpcSrv     *grpc.Server
+	grpcLn      net.Listener
+	members     *memberView
+	cancelApply func()
+
+	joined        atomic.Bool // sync.Cluster.Start returned: joined and bootstrapped
+	configApplied atomic.Bool // a raft config version was applied to the router
+	applyErrors   atomic.Uint64
+}
+
+func newClusterParts(cfg *Config) (*clusterParts, error) {
+	id, err := cfg.Cluster.nodeID()
+	if err != nil {
+		return nil, err
+	}
+	tok, err := cfg.Cluster.adminToken()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := cfg.Cluster.gossipKey(); err != nil {
+		return nil, err
+	}
+	cp := &clusterParts{id: id, token: tok, kvSources: map[string]kvsync.KVSource{}}
+	for _, m := range cfg.Models {
+		for _, r := range m.Replicas {
+			if r.KVEndpoint == "" {
+				continue // kv_bind engines connect to this gateway: not movable
+			}
+			cp.kvSources[r.Name] = kvsync.KVSource{Replica: r.Name, Model: m.Name,
+				Endpoint: r.KVEndpoint, ReplayEndpoint: r.ReplayEndpoint}
+		}
+	}
+	return cp, nil
+}
+
+// clusterIngests reports whether the sync.Cluster's owner gateway ingests
+// r's KV events (so this Node must not subscribe itself).
+func (n *Node) clusterIngests(r *replica) bool {
+	if n.cl == nil || r.cfg.KVEndpoint == "" {
+		return false
+	}
+	src, ok := n.cl.kvSources[r.name]
+	return ok && src.Model == r.model && src.Endpoint == r.cfg.KVEndpoint && src.ReplayEndpoint == r.cfg.ReplayEndpoint
+}
+
+// Cluster is the Node's sync.Cluster (nil standalone or before Start).
+func (n *Node) Cluster() *kvsync.Cluster {
+	if n.cl == nil {
+		return nil
+	}
+	return n.cl.cluster
+}
+
+// ConfigStore is the Node's raft config store (nil standalone or before
+// Start).
+func (n *Node) ConfigStore() *config.Store {
+	if n.cl == nil {
+		return nil
+	}
+	return n.cl.store
+}
+
+// AdminAddr is the admin gRPC listen address after Start ("" standalone).
+func (n *Node) AdminAddr() string {
+	if n.cl == nil || n.cl.grpcLn == nil {
+		return ""
+	}
+	return n.cl.grpcLn.Addr().String()
+}
+
+// NodeID is the gateway's cluster id ("" standalone).
+func (n *Node) NodeID() string {
+	if n.cl == nil {
+		return ""
+	}
+	return n.cl.id
+}
+
+// Ready reports what GET /ready reports: the Node serves HTTP and, in
+// cluster mode, has joined, bootstrapped its index from a peer and applied
+// a raft config version.
+func (n *Node) Ready() bool {
+	n.mu.Lock()
+	up := n.started && !n.shutdown
+	n.mu.Unlock()
+	if !up || n.stopping.Load() {
+		return false
+	}
+	if n.cl == nil {
+		return true
+	}
+	return n.cl.joined.Load() && n.cl.configApplied.Load()
+}
+
+// startCluster opens cluster mode in order: the admin gRPC listener, the
+// raft store (its Membership reads the gossip view, filled once gossip
+// runs), the sync.Cluster (advertising the HTTP, raft and admin addresses;
+// Start joins and bootstraps the index from a peer), the admin gRPC
+// server, then the seams: peers' load, decision publishing and config
+// applies. On error everything opened is closed again. Called by Start
+// with n.mu held, after the HTTP listener is bound.
+func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
+	cl := n.cl
+	cc := &n.cfg.Cluster
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, cc.StartTimeout)
+	defer cancel()
+	defer func() {
+		if err != nil {
+			n.closeCluster(context.Background())
+		}
+	}()
+
+	var lc net.ListenConfig
+	if cl.grpcLn, err = lc.Listen(ctx, "tcp", cc.AdminAddr); err != nil {
+		return fmt.Errorf("node: listen admin %s: %w", cc.AdminAddr, err)
+	}
+	adminAdv := cc.AdvertiseAdminAddr
+	if adminAdv == "" {
+		adminAdv = advertised(cl.grpcLn.Addr().String(), cc.advertiseHost())
+	}
+
+	cl.members = newMemberView()
+	seed, err := routingDocument(&n.cfg)
+	if err != nil {
+		return err
+	}
+	sc := cc.storeConfig()
+	sc.NodeID = cl.id
+	sc.Membership = cl.members
+	sc.Seed = &seed
+	sc.Forward = config.ClientOptions{Token: cl.token}
+	if cc.AdminTLS.Enabled() {
+		if sc.Forward.TLS, err = cc.AdminTLS.ClientConfig(); err != nil {
+			return fmt.Errorf("%w: cluster.admin_tls: %w", ErrInvalidConfig, err)
+		}
+	}
+	sc.Logger = n.log.With("component", "config")
+	sc.Registerer = n.m.reg
+	if cl.store, err = config.Open(sc); err != nil {
+		return fmt.Errorf("node: config store: %w", err)
+	}
+
+	kc, err := cc.syncConfig(cl.id)
+	if err != nil {
+		return err
+	}
+	kc.HTTPAddr = advertised(httpAddr, cc.advertiseHost())
+	kc.RaftAddr = cl.store.RaftAddr()
+	kc.AdminAddr = adminAdv
+	kc.IndexModes = n.cfg.IndexMode
+	for _, name := range sortedKeys(cl.kvSources) {
+		kc.KVSources = append(kc.KVSources, cl.kvSources[name])
+	}
+	if cl.cluster, err = kvsync.New(kc, kvsync.Deps{
+		Index: n.index, Replicas: n.ids, Load: loadSource{n}, Registerer: n.m.reg,
+		KVMetrics: n.kvMetrics, Logger: n.log,
+	}); err != nil {
+		return fmt.Errorf("node: cluster: %w", err)
+	}
+	cl.members.bind(cl.cluster)
+	cl.cluster.AddMemberListener(cl.members)
+
+	if cl.admin, err = config.NewServer(cl.store, config.ServerConfig{
+		Token: cl.token, Index: adminProviders{n}, Explainer: adminProviders{n},
+		Snapshotter: adminProviders{n}, Logger: n.log.With("component", "admin"),
+	}); err != nil {
+		return fmt.Errorf("node: admin server: %w", err)
+	}
+	cl.adminHTTP = cl.admin.Handler()
+	if cl.grpcSrv, err = config.NewGRPCServer(cl.admin, cc.AdminTLS); err != nil {
+		return fmt.Errorf("%w: cluster.admin_tls: %w", ErrInvalidConfig, err)
+	}
+	srv, ln := cl.grpcSrv, cl.grpcLn
+	n.goFunc(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.log.Error("admin gRPC server stopped", "err", err)
+		}
+	})
+
+	t1 := time.Now()
+	if err = cl.cluster.Start(ctx); err != nil {
+		return fmt.Errorf("node: cluster start: %w", err)
+	}
+	cl.members.refresh()
+	cl.joined.Store(true)
+	n.SetPeerLoad(cl.cluster)
+	n.SetRecordListener(decisionPublisher{cl.cluster})
+	cl.cancelApply = cl.store.OnApply(n.onConfigApply)
+	n.log.Info("cluster member", "node_id", cl.id, "cluster", cc.Name, "gossip", cl.cluster.GossipAddr(),
+		"peer_grpc", cl.cluster.PeerAddr(), "admin_grpc", cl.grpcLn.Addr().String(), "raft", cl.store.RaftAddr(),
+		"members", len(cl.cluster.Members()), "kv_sources", len(kc.KVSources),
+		"join_and_bootstrap", time.Since(t1).Round(time.Millisecond), "took", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// closeCluster closes whatever startCluster opened, in reverse order.
+// Idempotent (each part is closed once by its own idempotent Close).
+func (n *Node) closeCluster(ctx context.Context) {
+	cl := n.cl
+	if cl.cancelApply != nil {
+		cl.cancelApply()
+	}
+	n.SetRecordListener(nil)
+	n.SetPeerLoad(nil)
+	if cl.grpcSrv != nil {
+		stopGRPC(ctx, cl.grpcSrv)
+	} else if cl.grpcLn != nil {
+		_ = cl.grpcLn.Close()
+	}
+	if cl.store != nil {
+		if err := cl.store.Shutdown(); err != nil {
+			n.log.Warn("config store shutdown", "err", err)
+		}
+	}
+	if cl.cluster != nil {
+		if err := cl.cluster.Shutdown(ctx); err != nil {
+			n.log.Warn("cluster shutdown", "err", err)
+		}
+	}
+}
+
+// stopGRPC stops gs gracefully until ctx ends, then hard.
+func stopGRPC(ctx context.Context, gs *grpc.Server) {
+	done := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		gs.Stop()
+		<-done
+	}
+}
+
+// onConfigApply hot-reloads the router from an applied raft config. It
+// runs on the store's notifier goroutine, one version at a time.
+func (n *Node) onConfigApply(v *config.Versioned) {
+	if v == nil || v.Config == nil {
+		return
+	}
+	spec := specFromDocument(v.Version, v.Config)
+	if err := n.applySpec(spec); err != nil {
+		n.cl.applyErrors.Add(1)
+		n.log.Error("routing config not applied; the previous one stays in force", "version", v.Version, "err", err)
+		return
+	}
+	n.warnRestartOnly(v)
+	n.cl.configApplied.Store(true)
+}
+
+// warnRestartOnly logs the config fields that differ from the Node's and
+// only take effect when the gateway restarts with them (they shape the
+// index and the block keys, which are built once).
+func (n *Node) warnRestartOnly(v *config.Versioned) {
+	d := v.Config
+	var diff []string
+	if d.HashSeed != n.cfg.HashSeed {
+		diff = append(diff, "hash_seed")
+	}
+	if d.PrefixCache.BlockSize != 0 && d.PrefixCache.BlockSize != n.hasher.BlockTokens() {
+		diff = append(diff, "prefix_cache.block_size")
+	}
+	if tok := d.PrefixCache.Tokenizer; tok != "" && tok != TokenizerAuto && tok != n.tokName {
+		diff = append(diff, "prefix_cache.tokenizer")
+	}
+	if d.Index.Capacity != n.cfg.IndexCapacity || time.Duration(d.Index.HistoryTTL) != n.cfg.HistoryTTL ||
+		time.Duration(d.Index.SpeculativeTTL) != n.cfg.SpeculativeTTL {
+		diff = append(diff, "index")
+	}
+	if len(diff) > 0 {
+		n.log.Warn("routing config fields differ from this gateway's and take effect only at restart",
+			"version", v.Version, "fields", strings.Join(diff, ","))
+	}
+}
+
+// routingDocument converts the Node's own Config into the raft document
+// that seeds an empty cluster config.
+func routingDocument(c *Config) (config.RoutingConfig, error) {
+	d := config.DefaultRoutingConfig()
+	d.Strategy = c.Strategy
+	d.IndexMode = c.IndexMode
+	d.HashSeed = c.HashSeed
+	d.Models = make(map[string]config.ModelConfig, len(c.Models))
+	for _, m := range c.Models {
+		mc := config.ModelConfig{Strategy: m.Strategy, IndexMode: m.IndexMode,
+			Adapters: append([]string(nil), m.Adapters...)}
+		for _, r := range m.Replicas {
+			mc.Replicas = append(mc.Replicas, config.ReplicaConfig{Name: r.Name, URL: r.URL,
+				KV: r.KVEndpoint, KVBind: r.KVBind, Replay: r.ReplayEndpoint})
+		}
+		d.Models[m.Name] = mc
+	}
+	pc := c.Route.PrefixCache
+	d.PrefixCache = config.PrefixCacheConfig{ImbalanceAbsCount: pc.ImbalanceAbsCount,
+		StdDevFactor: pc.StdDevFactor, LocalLoad: pc.LocalLoad, BlockSize: c.BlockSize, Tokenizer: c.Tokenizer}
+	d.ConsistentHash = config.ConsistentHashConfig(c.Route.ConsistentHash)
+	d.Cost = config.CostConfig(c.Route.Cost)
+	d.Index = config.IndexConfig{Capacity: c.IndexCapacity, HistoryTTL: config.Duration(c.HistoryTTL),
+		SpeculativeTTL: config.Duration(c.SpeculativeTTL)}
+	if err := d.Validate(); err != nil {
+		return d, fmt.Errorf("%w: the gateway's config is not a valid cluster routing config: %w", ErrInvalidConfig, err)
+	}
+	return d, nil
+}
+
+// specFromDocument converts an applied raft document into a routing spec
+// (models in name order, so every gateway builds the same table).
+func specFromDocument(version uint64, d *config.RoutingConfig) routingSpec {
+	spec := routingSpec{version: version, strategy: d.Strategy, mode: d.IndexMode, route: d.Route()}
+	for _, name := range d.ModelNames() {
+		m := d.Models[name]
+		mc := ModelConfig{Name: name, Strategy: m.Strategy, IndexMode: m.IndexMode,
+			Adapters: append([]string(nil), m.Adapters...)}
+		for _, r := range m.Replicas {
+			mc.Replicas = append(mc.Replicas, ReplicaConfig{Name: r.Name, URL: r.URL,
+				KVEndpoint: r.KV, KVBind: r.KVBind, ReplayEndpoint: r.Replay})
+		}
+		spec.models = append(spec.models, mc)
+	}
+	return spec
+}
+
+// memberView adapts the gossip membership (sync.Cluster) to the config
+// store's Membership: raft server id = gossip node name, with the raft and
+// admin addresses from the node metadata. It refreshes on every membership
+// event and closes the Changed channel then.
+type memberView struct {
+	mu      sync.Mutex
+	c       *kvsync.Cluster
+	changed chan struct{}
+	members atomic.Pointer[[]config.Member]
+}
+
+var _ config.Membership = (*memberView)(nil)
+
+func newMemberView() *memberView { return &memberView{changed: make(chan struct{})} }
+
+func (v *memberView) bind(c *kvsync.Cluster) {
+	v.mu.Lock()
+	v.c = c
+	v.mu.Unlock()
+}
+
+// MemberEvent implements sync.MemberListener.
+func (v *memberView) MemberEvent(kvsync.MemberEvent) { v.refresh() }
+
+// refresh rebuilds the member list from the gossip view and wakes waiters.
+func (v *memberView) refresh() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.c == nil {
+		return
+	}
+	ms := v.c.Members()
+	out := make([]config.Member, 0, len(ms))
+	for _, m := range ms {
+		if m.Meta.RaftAddr == "" {
+			continue
+		}
+		out = append(out, config.Member{ID: m.Name, RaftAddr: m.Meta.RaftAddr, AdminAddr: m.Meta.AdminAddr,
+			Meta: map[string]string{"version": m.Meta.Version, "http": m.Meta.HTTPAddr, "gossip": m.Addr,
+				"peer": m.Meta.PeerAddr, "index_modes": m.Meta.IndexModes}})
+	}
+	v.members.Store(&out)
+	close(v.changed)
+	v.changed = make(chan struct{})
+}
+
+// Members implements config.Membership.
+func (v *memberView) Members() []config.Member {
+	if p := v.members.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Changed implements config.Membership.
+func (v *memberView) Changed() <-chan struct{} {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.changed
+}
+
+// loadSource reports this gateway's exact in-flight counts to the cluster.
+type loadSource struct{ n *Node }
+
+var _ kvsync.LoadSource = loadSource{}
+
+// AppendInFlight implements sync.LoadSource.
+func (l loadSource) AppendInFlight(dst []kvsync.ReplicaLoad) []kvsync.ReplicaLoad {
+	for _, r := range l.n.tbl.Load().replicas {
+		dst = append(dst, kvsync.ReplicaLoad{Replica: r.name, InFlight: int(r.inflight.Load())})
+	}
+	return dst
+}
+
+// decisionPublisher publishes every recorded routing decision to peers.
+type decisionPublisher struct{ c *kvsync.Cluster }
+
+var _ RecordListener = decisionPublisher{}
+
+// Recorded implements RecordListener.
+func (p decisionPublisher) Recorded(_, replica string, ledger index.Ledger, keys []index.BlockKey, now int64) {
+	p.c.PublishDecision(replica, ledger, keys, now)
+}
+
+// adminProviders serves the admin API's diagnostics from the Node.
+type adminProviders struct{ n *Node }
+
+var (
+	_ config.IndexStatsProvider = adminProviders{}
+	_ config.RouteExplainer     = adminProviders{}
+	_ config.IndexSnapshotter   = adminProviders{}
+)
+
+// IndexStats implements config.IndexStatsProvider: the Node has one index
+// shared by every model.
+func (a adminProviders) IndexStats(context.Context) ([]config.IndexStat, error) {
+	n := a.n
+	return []config.IndexStat{{Name: "gateway", Mode: n.cfg.IndexMode, Capacity: n.cfg.IndexCapacity,
+		Stats: n.index.Stats()}}, nil
+}
+
+// WriteIndexSnapshot implements config.IndexSnapshotter.
+func (a adminProviders) WriteIndexSnapshot(_ context.Context, w io.Writer) error {
+	_, err := w.Write(a.n.index.AppendSnapshot(nil, nil, a.n.ids.ReplicaName))
+	return err
+}
+
+// ExplainRoute implements config.RouteExplainer through the same code as
+// GET/POST /debug/route.
+func (a adminProviders) ExplainRoute(ctx context.Context, req config.ExplainRequest) ([]byte, error) {
+	var hr *http.Request
+	var err error
+	if len(req.Body) > 0 {
+		hr, err = http.NewRequestWithContext(ctx, http.MethodPost, "/debug/route", bytes.NewReader(req.Body))
+	} else {
+		q := url.Values{"model": {req.Model}, "prompt": {req.Prompt}}
+		hr, err = http.NewRequestWithContext(ctx, http.MethodGet, "/debug/route?"+q.Encode(), nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", config.ErrBadRequest, err)
+	}
+	if req.Strategy != "" {
+		hr.Header.Set(HeaderStrategy, req.Strategy)
+	}
+	rec := &bufferWriter{h: http.Header{}, status: http.StatusOK}
+	a.n.serveDebugRoute(rec, hr)
+	switch {
+	case rec.status == http.StatusNotFound:
+		return nil, fmt.Errorf("%w: %s", config.ErrNotFound, rec.buf.String())
+	case rec.status >= 400 && rec.status < 500:
+		return nil, fmt.Errorf("%w: %s", config.ErrBadRequest, rec.buf.String())
+	case rec.status != http.StatusOK:
+		return nil, fmt.Errorf("node: explain: status %d: %s", rec.status, rec.buf.String())
+	}
+	return rec.buf.Bytes(), nil
+}
+
+// bufferWriter is an in-memory http.ResponseWriter for in-process calls
+// of the Node's own handlers.
+type bufferWriter struct {
+	h      http.Header
+	status int
+	buf    bytes.Buffer
+}
+
+func (b *bufferWriter) Header() http.Header         { return b.h }
+func (b *bufferWriter) WriteHeader(code int)        { b.status = code }
+func (b *bufferWriter) Write(p []byte) (int, error) { return b.buf.Write(p) }
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// version is the gateway version advertised to peers: the main module's
+// version from the build info, else "dev".
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}

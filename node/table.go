@@ -1,0 +1,267 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/route"
+)
+
+// table is one immutable routing configuration: the pools, the model and
+// adapter names that reach them, and the replicas. A request loads the
+// Node's current table once and uses that snapshot to its end; a config
+// apply builds a new table and swaps the pointer, so no request ever sees
+// half a config. Replicas whose definition did not change are carried over
+// (same *replica: in-flight counts, health and learned rates survive a
+// reload); a removed replica is simply absent from the new table, so it
+// gets no new traffic while the streams that hold it finish.
+type table struct {
+	// version is the raft config version the table was built from; 0 for
+	// the Node's own Config.
+	version  uint64
+	strategy string // default strategy of a model that names none
+	route    route.Config
+	pools    []*pool
+	models   map[string]modelRef
+	replicas []*replica
+	byName   map[string]*replica
+}
+
+// routingSpec is what a table is built from: the routing part of a node
+// Config, or a raft RoutingConfig converted to it.
+type routingSpec struct {
+	version  uint64
+	strategy string
+	mode     string // default index mode
+	route    route.Config
+	models   []ModelConfig
+}
+
+// specFromConfig is the routing part of the Node's own Config.
+func specFromConfig(c *Config) routingSpec {
+	return routingSpec{strategy: c.Strategy, mode: c.IndexMode, route: c.Route, models: c.Models}
+}
+
+// replicaIDs maps replica names to process-local index.ReplicaIDs. An ID
+// is assigned at a name's first appearance and never reused, so a replica
+// that leaves and comes back keeps its ID, and deltas about a name always
+// land on one ledger column. Safe for concurrent use.
+type replicaIDs struct {
+	mu     sync.RWMutex
+	byName map[string]index.ReplicaID
+	names  []string // by ID
+}
+
+func newReplicaIDs() *replicaIDs { return &replicaIDs{byName: map[string]index.ReplicaID{}} }
+
+// assign returns name's ID, allocating one for a new name.
+func (m *replicaIDs) assign(name string) (index.ReplicaID, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if id, ok := m.byName[name]; ok {
+		return id, nil
+	}
+	if len(m.names) >= index.MaxReplicas {
+		return 0, fmt.Errorf("%w: more than %d distinct replica names", ErrInvalidConfig, index.MaxReplicas)
+	}
+	id := index.ReplicaID(len(m.names))
+	m.byName[name] = id
+	m.names = append(m.names, name)
+	return id, nil
+}
+
+// ReplicaID implements sync.Replicas.
+func (m *replicaIDs) ReplicaID(name string) (index.ReplicaID, bool) {
+	m.mu.RLock()
+	id, ok := m.byName[name]
+	m.mu.RUnlock()
+	return id, ok
+}
+
+// ReplicaName implements sync.Replicas.
+func (m *replicaIDs) ReplicaName(id index.ReplicaID) (string, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if int(id) >= len(m.names) {
+		return "", false
+	}
+	return m.names[id], true
+}
+
+// tableChange is what a rebuild did to the replica set.
+type tableChange struct {
+	added   []*replica // new *replica objects (new names or changed definitions)
+	removed []*replica // objects no longer in the table
+	dropped []*replica // removed and their name is gone: index entries dropped
+}
+
+// buildTable builds the table for spec. prev (nil at New) supplies the
+// replicas and strategy sets to carry over. It touches the index only to
+// register new replicas' roots and publisher flags, which routing reads
+// under the index lock.
+func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, error) {
+	var ch tableChange
+	defMode, err := index.ParseMode(spec.mode)
+	if err != nil {
+		return nil, ch, fmt.Errorf("%w: index_mode: %w", ErrInvalidConfig, err)
+	}
+	t := &table{version: spec.version, strategy: spec.strategy, route: spec.route,
+		models: map[string]modelRef{}, byName: map[string]*replica{}}
+	sameRoute := prev != nil && reflect.DeepEqual(prev.route, spec.route)
+	prevPools := map[string]*pool{}
+	if prev != nil {
+		for _, p := range prev.pools {
+			prevPools[p.model] = p
+		}
+	}
+	for _, mc := range spec.models {
+		if _, dup := t.models[mc.Name]; dup {
+			return nil, ch, fmt.Errorf("%w: model %q appears twice", ErrInvalidConfig, mc.Name)
+		}
+		var set *route.Set
+		if pp := prevPools[mc.Name]; sameRoute && pp != nil {
+			set = pp.set // keeps the cost model's learned rates
+		} else if set, err = route.NewSet(spec.route); err != nil {
+			return nil, ch, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: defMode}
+		if mc.IndexMode != "" {
+			if p.mode, err = index.ParseMode(mc.IndexMode); err != nil {
+				return nil, ch, fmt.Errorf("%w: model %q: %w", ErrInvalidConfig, mc.Name, err)
+			}
+		}
+		members := make([]route.RingMember, 0, len(mc.Replicas))
+		for _, rc := range mc.Replicas {
+			if _, dup := t.byName[rc.Name]; dup {
+				return nil, ch, fmt.Errorf("%w: replica %q appears twice", ErrInvalidConfig, rc.Name)
+			}
+			id, err := n.ids.assign(rc.Name)
+			if err != nil {
+				return nil, ch, err
+			}
+			var r *replica
+			if prev != nil {
+				if old := prev.byName[rc.Name]; old != nil && old.model == mc.Name && old.cfg == rc {
+					r = old
+				}
+			}
+			if r == nil {
+				if r, err = newReplica(id, rc, mc.Name); err != nil {
+					return nil, ch, fmt.Errorf("%w: replica %q: %w", ErrInvalidConfig, rc.Name, err)
+				}
+				r.mInflight = n.m.inflight.WithLabelValues(r.name)
+				r.mTTFT = n.m.ttft.WithLabelValues(r.name)
+				r.mHealthy = n.m.healthy.WithLabelValues(r.name)
+				ch.added = append(ch.added, r)
+			}
+			p.replicas = append(p.replicas, r)
+			t.replicas = append(t.replicas, r)
+			t.byName[r.name] = r
+			members = append(members, route.RingMember{ID: r.id, Name: r.name})
+		}
+		if err := set.ConsistentHash.SetMembers(members); err != nil {
+			return nil, ch, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		t.pools = append(t.pools, p)
+		t.models[mc.Name] = modelRef{pool: p}
+		for _, a := range mc.Adapters {
+			if _, dup := t.models[a]; dup {
+				return nil, ch, fmt.Errorf("%w: model or adapter %q appears twice", ErrInvalidConfig, a)
+			}
+			t.models[a] = modelRef{pool: p, lora: a}
+		}
+	}
+	if prev != nil {
+		for _, old := range prev.replicas {
+			if t.byName[old.name] == old {
+				continue
+			}
+			ch.removed = append(ch.removed, old)
+			if t.byName[old.name] == nil {
+				ch.dropped = append(ch.dropped, old)
+			}
+		}
+	}
+	for _, r := range ch.added {
+		n.index.SetPublishesEvents(r.id, r.cfg.PublishesKVEvents())
+		n.index.SetReplicaRoot(r.id, n.hasher.Root(r.model, "", ""))
+		r.mHealthy.Set(1)
+	}
+	return t, ch, nil
+}
+
+// applySpec rebuilds the routing table from spec and swaps it in: new
+// replicas get KV-event subscribers (unless the cluster ingests them) and
+// probes, removed ones stop being probed and subscribed, and their index
+// entries go when their name left the config. Serialised by reloadMu.
+func (n *Node) applySpec(spec routingSpec) error {
+	n.reloadMu.Lock()
+	defer n.reloadMu.Unlock()
+	prev := n.tbl.Load()
+	t, ch, err := n.buildTable(spec, prev)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	running := n.started && !n.shutdown
+	n.mu.Unlock()
+	for _, r := range ch.added {
+		if err := n.newSubscriber(r); err != nil {
+			n.log.Error("replica's KV-event subscriber not created", "replica", r.name, "err", err)
+		}
+	}
+	n.tbl.Store(t)
+	for _, r := range ch.removed {
+		r.stopBackground(n.log)
+	}
+	for _, r := range ch.dropped {
+		n.index.DropReplica(r.id)
+		n.m.inflight.DeleteLabelValues(r.name)
+		n.m.healthy.DeleteLabelValues(r.name)
+	}
+	if running {
+		for _, r := range ch.added {
+			n.startReplica(r)
+		}
+	}
+	n.tableVersion.Store(t.version)
+	if prev != nil {
+		n.log.Info("routing config applied", "version", t.version, "models", len(t.pools),
+			"replicas", len(t.replicas), "added", len(ch.added), "removed", len(ch.removed),
+			"strategy", t.strategy)
+	}
+	return nil
+}
+
+// startReplica starts r's probe loop and KV-event subscriber; they stop
+// with stopBackground or at Shutdown. Called with the Node running.
+func (n *Node) startReplica(r *replica) {
+	ctx, cancel := context.WithCancel(n.bgCtx)
+	r.cancel = cancel
+	n.goFunc(func() { n.probeLoop(ctx, r) })
+	if r.sub != nil {
+		if err := r.sub.Start(n.bgCtx); err != nil {
+			n.log.Error("replica's KV-event subscriber did not start", "replica", r.name, "err", err)
+		}
+	}
+}
+
+// stopBackground stops r's probe loop and closes its subscriber (in-flight
+// requests to r are not touched: they finish).
+func (r *replica) stopBackground(log interface {
+	Warn(string, ...any)
+}) {
+	if r.cancel != nil {
+		r.cancel()
+	}
+	if r.sub != nil {
+		if err := r.sub.Close(); err != nil && !errors.Is(err, kvevents.ErrClosed) {
+			log.Warn("closing KV-event subscriber", "replica", r.name, "err", err)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package deploy_test
 
 import (
 	"bytes"
+	"debug/elf"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -814,4 +815,58 @@ func queriedMetrics(t *testing.T) map[string][]string {
 		out[m] = append(out[m], "dashboard variable")
 	}
 	return out
+}
+
+// TestDockerfile keeps the Dockerfile in step with the module and the
+// manifests: the Go version of go.mod, every binary built static
+// (CGO_ENABLED=0, checked on the binaries this test run built the same
+// way: no ELF interpreter) and copied to /usr/local/bin, a non-root user.
+func TestDockerfile(t *testing.T) {
+	data, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(data)
+	gomod, err := os.ReadFile(filepath.Join(repoRoot, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goLine := regexp.MustCompile(`(?m)^go (\d+\.\d+)`).FindStringSubmatch(string(gomod))
+	if goLine == nil {
+		t.Fatal("go.mod: no go directive")
+	}
+	if !strings.Contains(df, "ARG GO_VERSION="+goLine[1]+"\n") {
+		t.Errorf("Dockerfile: want ARG GO_VERSION=%s (go.mod's go directive)", goLine[1])
+	}
+	var pkgs []string
+	for _, b := range ourBinaries {
+		pkgs = append(pkgs, "./cmd/"+b)
+	}
+	for _, want := range []string{
+		"CGO_ENABLED=0",
+		strings.Join(pkgs, " "),
+		"COPY --from=build /out/kvmesh /out/vllmsim /out/kvbench /usr/local/bin/",
+		"USER 65532:65532",
+		"FROM gcr.io/distroless/static",
+	} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile: missing %q", want)
+		}
+	}
+	if regexp.MustCompile(`(?m)^ENTRYPOINT`).MatchString(df) {
+		t.Error("Dockerfile: the manifests name the binary in command:, so the image must set no ENTRYPOINT")
+	}
+	dir := binaries(t)
+	for _, b := range ourBinaries {
+		f, err := elf.Open(filepath.Join(dir, b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP {
+				t.Errorf("%s is dynamically linked (has an ELF interpreter): the distroless/static image cannot run it", b)
+			}
+		}
+		_ = f.Close()
+	}
 }

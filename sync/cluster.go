@@ -51,9 +51,15 @@ type Deps struct {
 	KVMetrics *kvevents.Metrics
 	// Logger; nil discards.
 	Logger *slog.Logger
-	// Transport replaces memberlist's UDP/TCP transport (a MockNetwork
+	// Transport replaces memberlist's UDP/TCP transport (a MemNetwork
 	// transport in tests); nil binds Config.GossipAddr.
 	Transport memberlist.Transport
+	// AfterRestore, when set, is called after every snapshot restore, before
+	// any further delta is applied. index.Restore replaces the replicas'
+	// roots and publisher flags with the peer's: the node re-applies its
+	// own (SetReplicaRoot, SetPublishesEvents) here. It must not call the
+	// Cluster.
+	AfterRestore func()
 }
 
 // Cluster makes this gateway one of N that share an index and a load view.
@@ -381,6 +387,12 @@ func (c *Cluster) teardown() error {
 // Members returns the live members of the cluster, this gateway included,
 // sorted by name.
 func (c *Cluster) Members() []Member { return c.ms.snapshot() }
+
+// Changed returns a channel closed at the next membership change (join,
+// leave, failure or metadata update). Call Changed, then Members, then
+// wait, and no change is missed (the sync/config store's Membership
+// contract).
+func (c *Cluster) Changed() <-chan struct{} { return c.ms.changedCh() }
 
 // AddMemberListener registers l for membership events from now on.
 func (c *Cluster) AddMemberListener(l MemberListener) { c.ms.addListener(l) }

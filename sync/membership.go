@@ -98,6 +98,7 @@ type membership struct {
 	events    []MemberEvent
 	listeners []MemberListener
 	signal    chan struct{}
+	changed   chan struct{} // closed and replaced at every change
 }
 
 func newMembership(cfg Config, log *slog.Logger, m *metrics, onMsg func([]byte)) *membership {
@@ -108,6 +109,7 @@ func newMembership(cfg Config, log *slog.Logger, m *metrics, onMsg func([]byte))
 		onMsg:   onMsg,
 		members: make(map[string]Member),
 		signal:  make(chan struct{}, 1),
+		changed: make(chan struct{}),
 	}
 }
 
@@ -238,6 +240,12 @@ func (ms *membership) eventLoop(ctx context.Context) {
 	}
 }
 
+func (ms *membership) changedCh() <-chan struct{} {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return ms.changed
+}
+
 func (ms *membership) addListener(l MemberListener) {
 	ms.mu.Lock()
 	ms.listeners = append(ms.listeners, l)
@@ -346,6 +354,8 @@ func (ms *membership) handle(kind MemberEventKind, n *memberlist.Node) {
 		delete(ms.members, n.Name)
 	}
 	ms.m.members.Set(float64(len(ms.members)))
+	close(ms.changed)
+	ms.changed = make(chan struct{})
 	if len(ms.events) < maxQueuedEvents {
 		ms.events = append(ms.events, MemberEvent{Kind: kind, Member: mem})
 	} else {

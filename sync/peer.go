@@ -125,6 +125,9 @@ func (c *Cluster) restoreFrom(ctx context.Context, peer Member) error {
 		c.ap.mu.Unlock()
 		return err
 	}
+	if c.deps.AfterRestore != nil {
+		c.deps.AfterRestore()
+	}
 	c.ap.setWatermarksLocked(w)
 	// Our own batches the peer had not applied when it encoded.
 	mine := w[srcDecisions+c.origin]

@@ -63,6 +63,15 @@ func (c *Cluster) flushLoop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
+			// Last decisions out, best effort (Shutdown closes NATS right
+			// after; memberlist is still up for the fallback).
+			c.pmu.Lock()
+			cur := c.pending
+			c.pending = pendingBuf{}
+			c.pmu.Unlock()
+			if len(cur.entries) > 0 {
+				c.publishPending(&cur, &batch, msg)
+			}
 			return
 		case <-c.kick:
 		}
@@ -76,8 +85,7 @@ func (c *Cluster) flushLoop(ctx context.Context) {
 			timer.Reset(c.cfg.FlushInterval)
 			select {
 			case <-ctx.Done():
-				timer.Stop()
-				return
+				timer.Stop() // publish now; the outer loop then returns
 			case <-timer.C:
 			case <-c.kick:
 				timer.Stop()

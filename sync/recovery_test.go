@@ -39,7 +39,16 @@ func TestRestartCatchUpViaSnapshot(t *testing.T) {
 	// A fresh g2 (empty index, new incarnation) joins and restores a
 	// snapshot before Start returns: it has everything at once.
 	fresh := newGW(t, "g2", nil, func(c *Config) { c.Join = []string{gws[0].c.GossipAddr()} })
+	restores := 0
+	fresh.c.deps.AfterRestore = func() { restores++ }
+	changed := fresh.c.Changed()
 	fresh.start(t)
+	require.Equal(t, 1, restores)
+	select {
+	case <-changed:
+	default:
+		t.Fatal("Changed not closed by the join")
+	}
 	t.Cleanup(func() { fresh.stop(t) })
 	require.Equal(t, 1.0, metricValue(t, fresh.reg, "kvmesh_sync_snapshot_pulls_total", map[string]string{"result": "ok"}))
 	require.True(t, allMatch([]*gw{fresh}, chains), "restored index lacks decisions")

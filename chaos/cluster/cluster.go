@@ -1,0 +1,598 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chaos/faultproxy"
+	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/chaos/truth"
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/node"
+)
+
+// KVLink says how gateways receive an engine's KV events.
+type KVLink uint8
+
+const (
+	// KVDirect: gateways subscribe to the engine's PUB directly.
+	KVDirect KVLink = iota
+	// KVProxy: through a faultproxy.Proxy (TCP faults) per engine.
+	KVProxy
+	// KVRelay: through a faultproxy.Relay (message faults) per engine.
+	KVRelay
+	// KVNone: no KV events (history mode).
+	KVNone
+)
+
+// Config describes a cluster.
+type Config struct {
+	// Gateways is the number of gateways. Default 1.
+	Gateways int
+	// Engines is the number of simulated engines. Default 2.
+	Engines int
+	// Model is the served model name. Default "m".
+	Model string
+	// EngineBlockTokens is the engines' KV block size. Default 16 (vLLM).
+	EngineBlockTokens int
+	// IndexBlockTokens is the gateways' index block size; it must divide
+	// EngineBlockTokens for confirmed keys to line up. Default 16.
+	IndexBlockTokens int
+	// NumGPUBlocks is each engine's pool. Default 256: small enough that a
+	// few hundred distinct prompts evict.
+	NumGPUBlocks int
+	// ProxyHTTP puts a faultproxy.Proxy on each engine's HTTP API (shared by
+	// all gateways). Default false.
+	ProxyHTTP bool
+	// KVLink is how KV events travel. Default KVDirect.
+	KVLink KVLink
+	// IndexMode is the gateways' index mode. Default "kv-events".
+	IndexMode string
+	// Strategy is the gateways' default routing strategy. Default
+	// "prefix-cache".
+	Strategy string
+	// Sim, if set, adjusts engine i's config before it starts.
+	Sim func(i int, c *sim.Config)
+	// Node, if set, adjusts gateway i's config before it starts.
+	Node func(i int, c *node.Config)
+	// Logger receives the components' logs; nil discards.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the defaults documented on Config.
+func DefaultConfig() Config {
+	return Config{
+		Gateways: 1, Engines: 2, Model: "m",
+		EngineBlockTokens: 16, IndexBlockTokens: 16, NumGPUBlocks: 256,
+		IndexMode: "kv-events", Strategy: "prefix-cache",
+	}
+}
+
+// Validate reports the first invalid field, wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	switch {
+	case c.Gateways < 1 || c.Engines < 1:
+		return fmt.Errorf("%w: %d gateways, %d engines", ErrInvalidConfig, c.Gateways, c.Engines)
+	case c.Model == "":
+		return fmt.Errorf("%w: empty model", ErrInvalidConfig)
+	case c.IndexBlockTokens < 1 || c.EngineBlockTokens < 1 || c.EngineBlockTokens%c.IndexBlockTokens != 0:
+		return fmt.Errorf("%w: engine block %d, index block %d", ErrInvalidConfig, c.EngineBlockTokens, c.IndexBlockTokens)
+	case c.NumGPUBlocks < 1:
+		return fmt.Errorf("%w: %d GPU blocks", ErrInvalidConfig, c.NumGPUBlocks)
+	case c.KVLink > KVNone:
+		return fmt.Errorf("%w: KV link %d", ErrInvalidConfig, c.KVLink)
+	}
+	return nil
+}
+
+// Cluster is a running set of gateways and engines.
+type Cluster struct {
+	cfg      Config
+	log      *slog.Logger
+	engines  []*Engine
+	gateways []*Gateway
+	hc       *http.Client
+
+	mu       sync.Mutex
+	shutdown bool
+	err      error
+}
+
+// Engine is one simulated replica with its fault points.
+type Engine struct {
+	// Name is the replica name gateways know it by ("e0", "e1", ...).
+	Name string
+	// HTTP is the fault proxy in front of the API (nil unless ProxyHTTP).
+	HTTP *faultproxy.Proxy
+	// KV is the fault proxy on the PUB link (nil unless KVLink == KVProxy).
+	KV *faultproxy.Proxy
+	// Relay is the message relay on the PUB link (nil unless KVRelay).
+	Relay *faultproxy.Relay
+
+	c   *Cluster
+	mu  sync.Mutex
+	srv *sim.Server
+}
+
+// Gateway is one kvmesh node.
+type Gateway struct {
+	Name string
+	Node *node.Node
+}
+
+// URL is the gateway's base URL.
+func (g *Gateway) URL() string { return "http://" + g.Node.HTTPAddr() }
+
+// Start builds and starts engines, fault points and gateways. On error
+// everything already started is shut down.
+func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	l := cfg.Logger
+	if l == nil {
+		l = slog.New(slog.DiscardHandler)
+	}
+	c := &Cluster{cfg: cfg, log: l, hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 10 * time.Second}}
+	if err := c.start(ctx); err != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return nil, errors.Join(err, c.Shutdown(sctx))
+	}
+	return c, nil
+}
+
+func (c *Cluster) start(ctx context.Context) error {
+	for i := range c.cfg.Engines {
+		e := &Engine{Name: fmt.Sprintf("e%d", i), c: c}
+		c.engines = append(c.engines, e)
+		scfg := sim.LocalConfig()
+		scfg.ServedModelName = c.cfg.Model
+		scfg.BlockSize = c.cfg.EngineBlockTokens
+		scfg.NumGPUBlocks = c.cfg.NumGPUBlocks
+		scfg.KVEvents.EnableKVCacheEvents = c.cfg.KVLink != KVNone
+		scfg.Logger = c.log.With("engine", e.Name)
+		if c.cfg.Sim != nil {
+			c.cfg.Sim(i, &scfg)
+		}
+		srv, err := sim.NewServer(scfg)
+		if err != nil {
+			return err
+		}
+		if err := srv.Start(ctx); err != nil {
+			return err
+		}
+		e.srv = srv
+		if c.cfg.ProxyHTTP {
+			if e.HTTP, err = startProxy(e.Name+"/http", srv.Addr(), c.log); err != nil {
+				return err
+			}
+		}
+		switch c.cfg.KVLink {
+		case KVProxy:
+			if e.KV, err = startProxy(e.Name+"/kv", strings.TrimPrefix(srv.KVEventsAddr(), "tcp://"), c.log); err != nil {
+				return err
+			}
+		case KVRelay:
+			rc := faultproxy.DefaultRelayConfig()
+			rc.Name, rc.Upstream, rc.Logger = e.Name+"/relay", srv.KVEventsAddr(), c.log
+			if e.Relay, err = faultproxy.NewRelay(rc); err != nil {
+				return err
+			}
+			if err := e.Relay.Start(); err != nil {
+				return err
+			}
+		}
+	}
+	for i := range c.cfg.Gateways {
+		ncfg := node.LocalConfig()
+		ncfg.IndexMode = c.cfg.IndexMode
+		ncfg.Strategy = c.cfg.Strategy
+		ncfg.Tokenizer = node.TokenizerCharacter // the simulator's byte tokenizer
+		ncfg.BlockSize = c.cfg.IndexBlockTokens
+		var reps []node.ReplicaConfig
+		for _, e := range c.engines {
+			reps = append(reps, e.replicaConfig())
+		}
+		ncfg.Models = []node.ModelConfig{{Name: c.cfg.Model, Replicas: reps}}
+		if c.cfg.Node != nil {
+			c.cfg.Node(i, &ncfg)
+		}
+		g, err := c.startGateway(ctx, fmt.Sprintf("g%d", i), ncfg)
+		if err != nil {
+			return err
+		}
+		c.gateways = append(c.gateways, g)
+	}
+	return nil
+}
+
+func (c *Cluster) startGateway(ctx context.Context, name string, cfg node.Config) (*Gateway, error) {
+	n, err := node.New(cfg, c.log.With("gateway", name))
+	if err != nil {
+		return nil, err
+	}
+	if err := n.Start(ctx); err != nil {
+		return nil, err
+	}
+	return &Gateway{Name: name, Node: n}, nil
+}
+
+func startProxy(name, target string, l *slog.Logger) (*faultproxy.Proxy, error) {
+	pc := faultproxy.DefaultConfig()
+	pc.Name, pc.Target, pc.Logger = name, target, l
+	p, err := faultproxy.New(pc)
+	if err != nil {
+		return nil, err
+	}
+	return p, p.Start()
+}
+
+// replicaConfig is how gateways reach e.
+func (e *Engine) replicaConfig() node.ReplicaConfig {
+	s := e.Server()
+	rc := node.ReplicaConfig{Name: e.Name, URL: s.URL()}
+	if e.HTTP != nil {
+		rc.URL = "http://" + e.HTTP.Addr()
+	}
+	switch {
+	case e.KV != nil:
+		rc.KVEndpoint = "tcp://" + e.KV.Addr()
+	case e.Relay != nil:
+		rc.KVEndpoint = e.Relay.Addr()
+	case e.c.cfg.KVLink == KVDirect:
+		rc.KVEndpoint = s.KVEventsAddr()
+	}
+	if rc.KVEndpoint != "" {
+		rc.ReplayEndpoint = s.KVReplayAddr()
+	}
+	return rc
+}
+
+// Config returns the cluster's configuration.
+func (c *Cluster) Config() Config { return c.cfg }
+
+// Engines returns the engines, in name order.
+func (c *Cluster) Engines() []*Engine { return c.engines }
+
+// Gateways returns the gateways, in name order.
+func (c *Cluster) Gateways() []*Gateway { return c.gateways }
+
+// Server is the engine's current simulator (a restart replaces it).
+func (e *Engine) Server() *sim.Server {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.srv
+}
+
+// URL is the engine's API, bypassing any proxy.
+func (e *Engine) URL() string { return e.Server().URL() }
+
+// Restart stops the engine and starts a new one on the same HTTP, PUB and
+// replay addresses, with an empty cache, a new hash seed and sequence
+// numbers from 0: what a vLLM restart looks like to gateways.
+func (e *Engine) Restart(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := e.srv
+	cfg := old.Config()
+	_, port, err := net.SplitHostPort(old.Addr())
+	if err != nil {
+		return err
+	}
+	if cfg.Port, err = strconv.Atoi(port); err != nil {
+		return err
+	}
+	cfg.KVEvents.Endpoint = old.KVEventsAddr()
+	cfg.KVEvents.ReplayEndpoint = old.KVReplayAddr()
+	cfg.HashSeed = 0
+	if err := old.Shutdown(ctx); err != nil {
+		return fmt.Errorf("cluster: engine %s: stop: %w", e.Name, err)
+	}
+	srv, err := sim.NewServer(cfg)
+	if err != nil {
+		return err
+	}
+	// The old listeners are closed; binding the same ports can still race
+	// the kernel briefly, so retry until ctx ends.
+	for {
+		if err = srv.Start(ctx); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("cluster: engine %s: restart: %w", e.Name, err)
+		}
+		if srv, err = sim.NewServer(cfg); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	e.srv = srv
+	return nil
+}
+
+// ResetCache posts /reset_prefix_cache to the engine until it succeeds (vLLM
+// refuses while requests hold blocks) or ctx ends.
+func (e *Engine) ResetCache(ctx context.Context) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok, err := e.c.resetOnce(ctx, e.URL())
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: engine %s: reset refused until deadline: %w", e.Name, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+func (c *Cluster) resetOnce(ctx context.Context, url string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/reset_prefix_cache", nil)
+	if err != nil {
+		return false, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	var r struct {
+		Success bool `json:"success"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return false, fmt.Errorf("cluster: reset answer: %w", err)
+	}
+	return resp.StatusCode == http.StatusOK && r.Success, nil
+}
+
+// Pair is one gateway's view of one engine measured against the engine.
+type Pair struct {
+	Gateway, Engine string
+	truth.Comparison
+}
+
+// Compare measures every gateway's confirmed index for every engine.
+func (c *Cluster) Compare() ([]Pair, error) {
+	out := make([]Pair, 0, len(c.gateways)*len(c.engines))
+	for _, e := range c.engines {
+		blocks := e.Server().CachedBlocks()
+		for _, g := range c.gateways {
+			ix := g.Node.Index()
+			id, ok := g.Node.ReplicaID(e.Name)
+			if !ok {
+				continue
+			}
+			t, err := truth.FromBlocks(blocks, ix.Hasher(), ix.Hasher().Root(c.cfg.Model, "", ""))
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, Pair{Gateway: g.Name, Engine: e.Name, Comparison: truth.Compare(t, ix, id)})
+		}
+	}
+	return out, nil
+}
+
+// Summary condenses pairs: the worst precision and recall.
+type Summary struct {
+	Pairs                   int
+	MinPrecision, MinRecall float64
+	// Worst is the pair with the lowest precision (then recall).
+	Worst Pair
+}
+
+// Summarize returns the worst figures over pairs (1, 1 for none).
+func Summarize(ps []Pair) Summary {
+	s := Summary{Pairs: len(ps), MinPrecision: 1, MinRecall: 1}
+	if len(ps) > 0 {
+		s.Worst = ps[0]
+	}
+	for _, p := range ps {
+		pr, rc := p.Precision(), p.Recall()
+		if pr < s.MinPrecision || (pr == s.MinPrecision && rc < s.MinRecall) {
+			s.Worst = p
+		}
+		s.MinPrecision = min(s.MinPrecision, pr)
+		s.MinRecall = min(s.MinRecall, rc)
+	}
+	return s
+}
+
+// String is "precision P recall R over N pairs".
+func (s Summary) String() string {
+	return fmt.Sprintf("precision %.4f recall %.4f over %d pairs (worst %s/%s: %s)", s.MinPrecision, s.MinRecall, s.Pairs, s.Worst.Gateway, s.Worst.Engine, s.Worst.Comparison)
+}
+
+// AwaitTruth polls Compare every poll until ok holds for every pair, and
+// returns the summary and how long it took; after ctx ends it returns the
+// last summary and ErrNotConverged.
+func (c *Cluster) AwaitTruth(ctx context.Context, poll time.Duration, ok func(Pair) bool) (Summary, time.Duration, error) {
+	start := time.Now()
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	for {
+		ps, err := c.Compare()
+		if err != nil {
+			return Summary{}, time.Since(start), err
+		}
+		all := true
+		for _, p := range ps {
+			if !ok(p) {
+				all = false
+				break
+			}
+		}
+		s := Summarize(ps)
+		if all {
+			return s, time.Since(start), nil
+		}
+		select {
+		case <-ctx.Done():
+			return s, time.Since(start), fmt.Errorf("%w after %v: %s", ErrNotConverged, time.Since(start).Round(time.Millisecond), s)
+		case <-tick.C:
+		}
+	}
+}
+
+// Exact is an AwaitTruth predicate: confirmed set equal to the engine's.
+// With index blocks smaller than engine blocks it tolerates the inner keys
+// the index loses by design (truth.IsExactButSharedInner).
+func (c *Cluster) Exact(p Pair) bool {
+	if c.cfg.EngineBlockTokens != c.cfg.IndexBlockTokens {
+		return truth.IsExactButSharedInner(p.Comparison)
+	}
+	return p.Exact()
+}
+
+// EngineExact reports whether every gateway's view of e is exact (see
+// Exact); a Compare error counts as not exact.
+func (c *Cluster) EngineExact(e *Engine) bool {
+	ps, err := c.Compare()
+	if err != nil {
+		return false
+	}
+	for _, p := range ps {
+		if p.Engine == e.Name && !c.Exact(p) {
+			return false
+		}
+	}
+	return true
+}
+
+// WarmUp sends prompts straight to each engine until every gateway has
+// heard its events (PUB/SUB drops what is published before a subscription
+// takes effect, and an idle engine publishes nothing that would reveal the
+// gap). It sends at most 200 prompts per engine.
+func (c *Cluster) WarmUp(ctx context.Context) error {
+	if c.cfg.KVLink == KVNone {
+		return nil
+	}
+	for _, e := range c.engines {
+		if err := c.WaitHeard(ctx, e, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitHeard sends prompts straight to e, one at a time, until every gateway
+// holds engine hashes for e and done (if non-nil) returns true; for
+// example until the entries of a restarted engine's predecessor are gone.
+func (c *Cluster) WaitHeard(ctx context.Context, e *Engine, done func() bool) error {
+	for i := 0; i < 200; i++ {
+		all := true
+		for _, g := range c.gateways {
+			id, ok := g.Node.ReplicaID(e.Name)
+			if ok && len(g.Node.Index().AppendEngineHashes(nil, id)) == 0 {
+				all = false
+			}
+		}
+		if all && (done == nil || done()) {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("cluster: engine %s not heard by every gateway: %w", e.Name, err)
+		}
+		prompt := fmt.Sprintf("warm-up %s %d %s", e.Name, i, strings.Repeat("w", 40))
+		if _, err := c.Complete(ctx, e.URL(), prompt, 1); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("cluster: engine %s not heard by every gateway after 200 prompts", e.Name)
+}
+
+// Complete sends one non-streaming completion to base (an engine or a
+// gateway) and returns the replica header (gateways) or "".
+func (c *Cluster) Complete(ctx context.Context, base, prompt string, maxTokens int) (string, error) {
+	body, err := json.Marshal(map[string]any{"model": c.cfg.Model, "prompt": prompt, "max_tokens": maxTokens})
+	if err != nil {
+		return "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(string(body)))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Choices []json.RawMessage `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) == 0 {
+		return "", fmt.Errorf("cluster: completion via %s: status %d: %v", base, resp.StatusCode, err)
+	}
+	return resp.Header.Get(node.HeaderReplica), nil
+}
+
+// ReplicaMatch returns how many leading blocks of prompt gateway g's index
+// attributes to engine e in its confirmed and speculative ledgers (what
+// kv-events routing trusts).
+func (c *Cluster) ReplicaMatch(g *Gateway, e *Engine, prompt string, now time.Time) int {
+	ix := g.Node.Index()
+	id, ok := g.Node.ReplicaID(e.Name)
+	if !ok {
+		return 0
+	}
+	keys := ix.Hasher().AppendKeysString(nil, ix.Hasher().Root(c.cfg.Model, "", ""), prompt)
+	out := make([]int32, 1)
+	ix.Match(keys, []index.ReplicaID{id}, index.ModeKVEvents, now.UnixNano(), out)
+	return int(out[0])
+}
+
+// Shutdown stops gateways, then fault points, then engines, and waits for
+// each. Idempotent: later calls return the first result.
+func (c *Cluster) Shutdown(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.shutdown {
+		return c.err
+	}
+	c.shutdown = true
+	// Idle client connections first: an http.Server counts a connection
+	// that never carried a request as active for 5 s during Shutdown.
+	c.hc.CloseIdleConnections()
+	var errs []error
+	for _, g := range c.gateways {
+		if err := g.Node.Shutdown(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("gateway %s: %w", g.Name, err))
+		}
+	}
+	for _, e := range c.engines {
+		if e.HTTP != nil {
+			errs = append(errs, e.HTTP.Close())
+		}
+		if e.KV != nil {
+			errs = append(errs, e.KV.Close())
+		}
+		if e.Relay != nil {
+			errs = append(errs, e.Relay.Close())
+		}
+		if s := e.Server(); s != nil {
+			if err := s.Shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("engine %s: %w", e.Name, err))
+			}
+		}
+	}
+	c.err = errors.Join(errs...)
+	return c.err
+}

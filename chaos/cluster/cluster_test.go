@@ -1,0 +1,170 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kvmesh/kvmesh/chaos/cluster"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Idle keep-alive connections of servers shut down by the test
+		// close asynchronously.
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		// zmq4 v0.17's PUB writer can miss its close signal and wait
+		// forever: the library's goroutine, not ours (see chaos/sim).
+		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"),
+	)
+}
+
+func prompt(i int) string {
+	return fmt.Sprintf("tenant %d shared instructions %s question %d %s", i%5, strings.Repeat("x", 48), i, strings.Repeat("q", i%40))
+}
+
+func TestClusterTruthThroughProxiesAndCuts(t *testing.T) {
+	cfg := cluster.DefaultConfig()
+	cfg.Gateways, cfg.Engines = 2, 2
+	cfg.ProxyHTTP = true
+	cfg.KVLink = cluster.KVProxy
+	ctx := context.Background()
+	c, err := cluster.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer func() {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		require.NoError(t, c.Shutdown(sctx))
+		require.NoError(t, c.Shutdown(sctx), "idempotent")
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	require.NoError(t, c.WarmUp(wctx))
+
+	lc := cluster.DefaultLoadConfig()
+	lc.Requests, lc.Model, lc.Prompt = 40, cfg.Model, prompt
+	lc.Target = func(i int) string { return c.Gateways()[i%2].URL() }
+	res, err := cluster.RunLoad(ctx, lc)
+	require.NoError(t, err)
+	require.Equal(t, 40, res.OK, res.String())
+
+	s, took, err := c.AwaitTruth(wctx, 5*time.Millisecond, c.Exact)
+	require.NoError(t, err)
+	t.Logf("after load: %s in %v", s, took)
+	require.Equal(t, 4, s.Pairs)
+
+	// Cutting the KV links makes every subscriber redial; the index stays
+	// exact once events flow again.
+	for _, e := range c.Engines() {
+		require.Positive(t, e.KV.Cut())
+	}
+	res, err = cluster.RunLoad(ctx, lc)
+	require.NoError(t, err)
+	require.Equal(t, 40, res.OK, res.String())
+	for _, e := range c.Engines() {
+		// Batches published before a resubscription took effect are
+		// only noticed at the next batch: keep the engine publishing
+		// until every gateway agrees with it.
+		require.NoError(t, c.WaitHeard(wctx, e, func() bool { return c.EngineExact(e) }))
+	}
+	_, _, err = c.AwaitTruth(wctx, 5*time.Millisecond, c.Exact)
+	require.NoError(t, err)
+
+	// An engine refusing connections: the gateways retry the other one.
+	c.Engines()[0].HTTP.SetRefuse(true)
+	res, err = cluster.RunLoad(ctx, lc)
+	require.NoError(t, err)
+	require.Zero(t, res.Lost, res.String())
+	require.Equal(t, 40, res.OK, res.String())
+	c.Engines()[0].HTTP.SetRefuse(false)
+}
+
+func TestLoadClassifiesOutcomes(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		switch r.Header.Get("x-case") {
+		case "ok":
+			fmt.Fprint(w, "data: {\"choices\":[]}\n\ndata: [DONE]\n\n")
+		case "error-event":
+			fmt.Fprint(w, "data: {\"choices\":[]}\n\ndata: {\"error\":{\"code\":\"upstream_stream_broken\"}}\n\n")
+		case "truncated":
+			fmt.Fprint(w, "data: {\"choices\":[]}\n\n")
+		case "status":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprint(w, `{"error":{"code":"no_healthy_replica"}}`)
+		case "hang":
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		case "reset":
+			hj, _ := w.(http.Hijacker)
+			conn, _, _ := hj.Hijack()
+			_ = conn.Close()
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := "http://" + ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	cases := []string{"ok", "error-event", "truncated", "status", "hang", "reset", "refused"}
+	lc := cluster.DefaultLoadConfig()
+	lc.Requests, lc.Concurrency, lc.Model = len(cases), len(cases), "m"
+	lc.RequestTimeout = 300 * time.Millisecond
+	lc.Prompt = func(int) string { return "p" }
+	lc.Target = func(i int) string {
+		if cases[i] == "refused" {
+			return closed
+		}
+		return srv.URL
+	}
+	lc.Header = func(i int, h http.Header) { h.Set("x-case", cases[i]) }
+	res, err := cluster.RunLoad(context.Background(), lc)
+	require.NoError(t, err)
+	require.Equal(t, len(cases), res.Sent)
+	want := map[string]struct {
+		o      cluster.Outcome
+		reason string
+	}{
+		"ok":          {cluster.OK, ""},
+		"error-event": {cluster.Failed, "stream_error/upstream_stream_broken"},
+		"truncated":   {cluster.Lost, "truncated"},
+		"status":      {cluster.Failed, "no_healthy_replica"},
+		"hang":        {cluster.Lost, "hung"},
+		"reset":       {cluster.Lost, "no_response"},
+		"refused":     {cluster.Failed, "connect"},
+	}
+	for _, r := range res.Results {
+		w := want[cases[r.I]]
+		require.Equal(t, w.o, r.Outcome, cases[r.I])
+		require.Equal(t, w.reason, r.Reason, cases[r.I])
+	}
+	require.Equal(t, 1, res.OK)
+	require.Equal(t, 3, res.Failed)
+	require.Equal(t, 3, res.Lost)
+	srv.CloseClientConnections()
+}
+
+func TestConfigValidate(t *testing.T) {
+	cfg := cluster.DefaultConfig()
+	require.NoError(t, cfg.Validate())
+	cfg.EngineBlockTokens = 24
+	require.ErrorIs(t, cfg.Validate(), cluster.ErrInvalidConfig)
+	_, err := cluster.StartLoad(context.Background(), cluster.DefaultLoadConfig())
+	require.ErrorIs(t, err, cluster.ErrInvalidConfig)
+}

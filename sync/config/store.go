@@ -38,6 +38,7 @@ type Store struct {
 	raft      *raft.Raft
 	wal       *wal.WAL
 	meta      *metadb.BoltMetaDB     // closed by us: WAL.Close leaves it open
+	unlock    func() error           // releases the data dir lock
 	netTrans  *raft.NetworkTransport // nil when cfg.Transport was given
 	raftAddr  string
 	leaderObs chan bool
@@ -113,6 +114,11 @@ func (s *Store) openRaft() error {
 	if err := os.MkdirAll(filepath.Join(dir, "wal"), 0o750); err != nil {
 		return fmt.Errorf("config: data dir: %w", err)
 	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return err
+	}
+	s.unlock = unlock
 	s.meta = &metadb.BoltMetaDB{}
 	w, err := wal.Open(filepath.Join(dir, "wal"), wal.WithMetaStore(s.meta))
 	if err != nil {
@@ -219,6 +225,9 @@ func (s *Store) closeStorage() error {
 	}
 	if s.meta != nil {
 		errs = append(errs, s.meta.Close())
+	}
+	if s.unlock != nil {
+		errs = append(errs, s.unlock())
 	}
 	return errors.Join(errs...)
 }

@@ -2,6 +2,8 @@ package config
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"sync"
 	"testing"
@@ -38,6 +40,12 @@ func TestWriteViaFollowerReachesAll(t *testing.T) {
 		got := nd.store.Current()
 		require.Equal(t, cfg, *got.Config, nd.id)
 	}
+
+	// Error kinds survive forwarding: a stale compare-and-set.
+	_, err = f.client(t, testToken).SetConfig(ctxT(t, 5*time.Second), &cfg, Version(v1-1))
+	require.ErrorIs(t, err, ErrVersionConflict)
+	_, err = f.store.RemoveReplica(ctxT(t, 5*time.Second), "nope", "r0")
+	require.ErrorIs(t, err, ErrNotFound)
 
 	// A second write through the same follower, by a helper command.
 	v2, err := f.store.AddReplica(ctxT(t, 5*time.Second), "chat", ReplicaConfig{Name: "r2", URL: "http://127.0.0.1:8002"})
@@ -142,6 +150,13 @@ func TestMinorityPartitionRefusesWrites(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoQuorum)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	require.Contains(t, err.Error(), "no raft quorum")
+
+	// And over HTTP: 503 with the stable code no_quorum.
+	h := httptest.NewServer(minority.srv.Handler())
+	defer h.Close()
+	r := do(t, h.URL, testToken, "PATCH", "/admin/v1/config", `{"strategy":"random"}`, nil)
+	require.Equal(t, http.StatusServiceUnavailable, r.code)
+	require.Equal(t, "no_quorum", errCode(t, r))
 
 	// The minority keeps serving the last applied config.
 	require.Equal(t, v1, minority.store.Current().Version)

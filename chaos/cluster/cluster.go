@@ -320,6 +320,8 @@ func (e *Engine) Restart(ctx context.Context) error {
 		}
 	}
 	e.srv = srv
+	// The harness's own keep-alive connections died with the old engine.
+	e.c.hc.CloseIdleConnections()
 	return nil
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/sync/config/admincli"
 )
 
 func newRootCmd() *cobra.Command {
@@ -31,6 +32,9 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServeCmd(), newExplainCmd(), newVersionCmd())
+	// kvmesh config get|set|patch|edit and kvmesh members, over the admin
+	// gRPC API (--admin-addr, --token).
+	root.AddCommand(admincli.Commands()...)
 	return root
 }
 
@@ -62,7 +66,16 @@ Replicas are given as --replica name=url[,kv=endpoint][,kv-bind=endpoint][,repla
 (repeatable): kv= connects to an engine whose KV-event publisher binds (vLLM with
 tcp://*:5557), kv-bind= binds for engines whose publisher connects, replay= is the
 engine's replay ROUTER. Replicas without model= serve --model. A YAML file
-(--config) can describe several pools; flags given on the command line win.`,
+(--config) can describe several pools; flags given on the command line win.
+
+Without cluster flags the gateway is standalone and opens no port besides
+--http-addr. --cluster (or --join / --bootstrap-expect) makes it a cluster
+member: memberlist gossip (--gossip-addr), an embedded NATS server (or
+--nats-url), the peer snapshot service (--peer-addr), the admin gRPC API
+(--admin-addr; the same API over HTTP/JSON is served on --http-addr under
+/admin/v1/), raft (--raft-addr, --data-dir). The admin token comes from
+--admin-token, $KVMESH_ADMIN_TOKEN or --admin-token-file; the gossip key
+(base64) from --gossip-key-file or $KVMESH_GOSSIP_KEY.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(cmd.Flags())
@@ -101,6 +114,35 @@ engine's replay ROUTER. Replicas without model= serve --model. A YAML file
 	fl.DurationVar(&d.EjectMaxBackoff, "eject-max-backoff", d.EjectMaxBackoff, "longest ejection period")
 	fl.BoolVar(&d.RetryConnectFailures, "retry-connect-failures", d.RetryConnectFailures, "retry once on another replica when connecting fails")
 	fl.DurationVar(&d.ShutdownGrace, "shutdown-grace", d.ShutdownGrace, "how long SIGTERM lets streams drain")
+
+	c := &d.Cluster
+	fl.BoolVar(&c.Enabled, "cluster", c.Enabled, "run as a cluster member (implied by --join and --bootstrap-expect)")
+	fl.BoolVar(&c.NoSync, "no-sync", c.NoSync, "isolated gateway: no gossip, NATS, raft or admin API even with cluster flags")
+	fl.StringVar(&c.Name, "cluster-name", c.Name, "cluster name (namespaces NATS subjects; peers of another cluster are ignored)")
+	fl.StringVar(&c.NodeID, "node-id", c.NodeID, "this gateway's unique, stable id (default: the host name)")
+	fl.StringVar(&c.Profile, "cluster-profile", c.Profile, "cluster timing: lan, or local for loopback clusters")
+	fl.StringVar(&c.GossipAddr, "gossip-addr", c.GossipAddr, "memberlist bind address (UDP and TCP)")
+	fl.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "gossip address peers use when it differs from --gossip-addr")
+	fl.StringSliceVar(&c.Join, "join", c.Join, "seed gateways' gossip addresses (repeatable or comma-separated)")
+	fl.StringVar(&c.GossipKeyFile, "gossip-key-file", c.GossipKeyFile, "file with the base64 gossip encryption key (else $KVMESH_GOSSIP_KEY)")
+	fl.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "external NATS cluster URLs (default: an embedded server per gateway)")
+	fl.StringVar(&c.NATSClientAddr, "nats-client-addr", c.NATSClientAddr, "embedded NATS client listen address")
+	fl.StringVar(&c.NATSClusterAddr, "nats-cluster-addr", c.NATSClusterAddr, "embedded NATS route listen address")
+	fl.StringVar(&c.PeerAddr, "peer-addr", c.PeerAddr, "gRPC peer service (index snapshots) listen address")
+	fl.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin gRPC listen address (config writes are forwarded here)")
+	fl.StringVar(&c.AdvertiseAdminAddr, "advertise-admin-addr", c.AdvertiseAdminAddr, "admin address peers dial when it differs from --admin-addr")
+	fl.StringVar(&c.RaftAddr, "raft-addr", c.RaftAddr, "raft listen address")
+	fl.StringVar(&c.RaftAdvertiseAddr, "raft-advertise-addr", c.RaftAdvertiseAddr, "raft address peers dial when it differs from --raft-addr")
+	fl.StringVar(&c.DataDir, "data-dir", c.DataDir, "raft log and config snapshots (keep across restarts)")
+	fl.IntVar(&c.BootstrapExpect, "bootstrap-expect", c.BootstrapExpect, "raft voters: the first N gateways form the config cluster")
+	fl.StringVar(&c.AdminToken, "admin-token", c.AdminToken, "admin API bearer token (prefer $KVMESH_ADMIN_TOKEN or --admin-token-file)")
+	fl.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile, "file holding the admin token")
+	fl.StringVar(&c.AdminTLS.CertFile, "admin-tls-cert", "", "admin gRPC TLS certificate (PEM)")
+	fl.StringVar(&c.AdminTLS.KeyFile, "admin-tls-key", "", "admin gRPC TLS key (PEM)")
+	fl.StringVar(&c.AdminTLS.CAFile, "admin-tls-ca", "", "CA for admin gRPC peers and clients (PEM)")
+	fl.StringVar(&c.RaftTLS.CertFile, "raft-tls-cert", "", "raft mutual-TLS certificate (PEM)")
+	fl.StringVar(&c.RaftTLS.KeyFile, "raft-tls-key", "", "raft mutual-TLS key (PEM)")
+	fl.StringVar(&c.RaftTLS.CAFile, "raft-tls-ca", "", "raft mutual-TLS CA (PEM)")
 	return cmd, f
 }
 
@@ -138,6 +180,35 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("eject-max-backoff", func() { cfg.EjectMaxBackoff = d.EjectMaxBackoff })
 	set("retry-connect-failures", func() { cfg.RetryConnectFailures = d.RetryConnectFailures })
 	set("shutdown-grace", func() { cfg.ShutdownGrace = d.ShutdownGrace })
+
+	c, fc := &cfg.Cluster, &d.Cluster
+	set("cluster", func() { c.Enabled = fc.Enabled })
+	set("no-sync", func() { c.NoSync = fc.NoSync })
+	set("cluster-name", func() { c.Name = fc.Name })
+	set("node-id", func() { c.NodeID = fc.NodeID })
+	set("cluster-profile", func() { c.Profile = fc.Profile })
+	set("gossip-addr", func() { c.GossipAddr = fc.GossipAddr })
+	set("advertise-addr", func() { c.AdvertiseAddr = fc.AdvertiseAddr })
+	set("join", func() { c.Join, c.Enabled = fc.Join, true })
+	set("gossip-key-file", func() { c.GossipKeyFile = fc.GossipKeyFile })
+	set("nats-url", func() { c.NATSURL = fc.NATSURL })
+	set("nats-client-addr", func() { c.NATSClientAddr = fc.NATSClientAddr })
+	set("nats-cluster-addr", func() { c.NATSClusterAddr = fc.NATSClusterAddr })
+	set("peer-addr", func() { c.PeerAddr = fc.PeerAddr })
+	set("admin-addr", func() { c.AdminAddr = fc.AdminAddr })
+	set("advertise-admin-addr", func() { c.AdvertiseAdminAddr = fc.AdvertiseAdminAddr })
+	set("raft-addr", func() { c.RaftAddr = fc.RaftAddr })
+	set("raft-advertise-addr", func() { c.RaftAdvertiseAddr = fc.RaftAdvertiseAddr })
+	set("data-dir", func() { c.DataDir = fc.DataDir })
+	set("bootstrap-expect", func() { c.BootstrapExpect, c.Enabled = fc.BootstrapExpect, true })
+	set("admin-token", func() { c.AdminToken = fc.AdminToken })
+	set("admin-token-file", func() { c.AdminTokenFile = fc.AdminTokenFile })
+	set("admin-tls-cert", func() { c.AdminTLS.CertFile = fc.AdminTLS.CertFile })
+	set("admin-tls-key", func() { c.AdminTLS.KeyFile = fc.AdminTLS.KeyFile })
+	set("admin-tls-ca", func() { c.AdminTLS.CAFile = fc.AdminTLS.CAFile })
+	set("raft-tls-cert", func() { c.RaftTLS.CertFile = fc.RaftTLS.CertFile })
+	set("raft-tls-key", func() { c.RaftTLS.KeyFile = fc.RaftTLS.KeyFile })
+	set("raft-tls-ca", func() { c.RaftTLS.CAFile = fc.RaftTLS.CAFile })
 
 	for _, spec := range f.replicas {
 		r, model, err := node.ParseReplicaSpec(spec)

@@ -146,3 +146,79 @@ func TestServeRunsUntilCancelled(t *testing.T) {
 	_, err = http.Get("http://" + addr + "/health")
 	assert.Error(t, err, "the gateway stopped listening")
 }
+
+func TestServeClusterFlags(t *testing.T) {
+	cfg, err := parseServe(t, "--model", "M", "--replica", "a=http://h:1")
+	require.NoError(t, err)
+	assert.False(t, cfg.Cluster.Active(), "no cluster flag: standalone")
+
+	cfg, err = parseServe(t, "--model", "M", "--replica", "a=http://h:1", "--node-id", "gw1",
+		"--join", "10.0.0.1:7946,10.0.0.2:7946", "--join", "10.0.0.3:7946", "--data-dir", "/tmp/x",
+		"--admin-token", "t", "--raft-addr", "127.0.0.1:9301", "--nats-url", "nats://n:4222")
+	require.NoError(t, err)
+	assert.True(t, cfg.Cluster.Active(), "--join implies --cluster")
+	assert.Equal(t, []string{"10.0.0.1:7946", "10.0.0.2:7946", "10.0.0.3:7946"}, cfg.Cluster.Join)
+	assert.Equal(t, "gw1", cfg.Cluster.NodeID)
+	assert.Equal(t, "/tmp/x", cfg.Cluster.DataDir)
+	assert.Equal(t, "127.0.0.1:9301", cfg.Cluster.RaftAddr)
+	assert.Equal(t, "nats://n:4222", cfg.Cluster.NATSURL)
+	assert.Equal(t, 3, cfg.Cluster.BootstrapExpect, "default")
+
+	cfg, err = parseServe(t, "--model", "M", "--replica", "a=http://h:1", "--bootstrap-expect", "1", "--no-sync")
+	require.NoError(t, err)
+	assert.True(t, cfg.Cluster.Enabled)
+	assert.False(t, cfg.Cluster.Active(), "--no-sync keeps the gateway isolated")
+
+	_, err = parseServe(t, "--model", "M", "--replica", "a=http://h:1", "--cluster", "--cluster-name", "bad name")
+	assert.ErrorIs(t, err, node.ErrInvalidConfig)
+}
+
+// TestClusterAdminCommands serves a one-gateway cluster through serve and
+// drives it with the admin commands: members, config get and config patch.
+func TestClusterAdminCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts raft, memberlist and NATS: skipped with -short")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	adminAddr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	cfg := node.LocalConfig()
+	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{{Name: "a", URL: "http://127.0.0.1:1"}}}}
+	cfg.Cluster.Enabled = true
+	cfg.Cluster.NodeID = "solo"
+	cfg.Cluster.DataDir = t.TempDir()
+	cfg.Cluster.BootstrapExpect = 1
+	cfg.Cluster.AdminToken = "tok"
+	cfg.Cluster.AdminAddr = adminAddr
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+
+	run := func(args ...string) (string, error) {
+		cmd := newRootCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(append(args, "--admin-addr", adminAddr, "--token", "tok"))
+		err := cmd.Execute()
+		return out.String(), err
+	}
+	require.Eventually(t, func() bool {
+		out, err := run("config", "get")
+		return err == nil && strings.Contains(out, `"strategy"`) && !strings.Contains(out, `"version": 0`)
+	}, 20*time.Second, 20*time.Millisecond, "the seed config is applied")
+	out, err := run("members")
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "solo")
+	out, err = run("config", "patch", `{"strategy":"cost"}`)
+	require.NoError(t, err, out)
+	assert.Contains(t, out, "applied version")
+	out, err = run("config", "get")
+	require.NoError(t, err)
+	assert.Contains(t, out, `"strategy": "cost"`)
+}

@@ -5,18 +5,40 @@
 //	    --replica b=http://127.0.0.1:8002,kv=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558 \
 //	    --index-mode hybrid --strategy cost
 //	kvmesh explain --addr 127.0.0.1:8080 --model M --prompt "..."
+//	kvmesh config get|set|patch|edit --admin-addr 127.0.0.1:7948
+//	kvmesh members --admin-addr 127.0.0.1:7948
 //	kvmesh version
+//
+// A three-gateway cluster on one machine (tokens from the environment):
+//
+//	export KVMESH_ADMIN_TOKEN=secret
+//	kvmesh serve --node-id a --cluster --cluster-profile local --http-addr 127.0.0.1:8080 \
+//	    --gossip-addr 127.0.0.1:7946 --nats-client-addr 127.0.0.1:4222 --nats-cluster-addr 127.0.0.1:6222 \
+//	    --peer-addr 127.0.0.1:7947 --admin-addr 127.0.0.1:7948 --raft-addr 127.0.0.1:7949 \
+//	    --data-dir /tmp/kvmesh-a --bootstrap-expect 3 --model M --replica r1=http://127.0.0.1:8001
+//	# b and c: other ports and data dirs, plus --join 127.0.0.1:7946
 package main
 
 import (
 	"fmt"
 	"os"
+
+	"github.com/kvmesh/kvmesh/sync/config/admincli"
 )
+
+// defaultAdminAddr is where a gateway started with default flags serves
+// the admin gRPC API (node.DefaultClusterConfig's AdminAddr, on loopback).
+const defaultAdminAddr = "127.0.0.1:7948"
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3".
 var version = "dev"
 
 func main() {
+	// The admin commands default to admincli.DefaultAddr; point them at
+	// the gateway's default admin address unless the user chose one.
+	if os.Getenv(admincli.AddrEnv) == "" {
+		_ = os.Setenv(admincli.AddrEnv, defaultAdminAddr)
+	}
 	if err := newRootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvmesh:", err)
 		os.Exit(1)

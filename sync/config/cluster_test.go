@@ -60,7 +60,9 @@ func newCluster(t *testing.T, n, expect int, inmem bool, tune func(*StoreConfig)
 func newClusterWith(t *testing.T, c *testCluster, n int) *testCluster {
 	t.Helper()
 	c.t = t
-	c.members = NewStaticMembership()
+	if c.members == nil {
+		c.members = NewStaticMembership()
+	}
 	for i := range n {
 		c.nodes = append(c.nodes, &testNode{id: fmt.Sprintf("n%d", i), dir: t.TempDir()})
 	}

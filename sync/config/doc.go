@@ -46,9 +46,11 @@
 // Membership (declared here, implemented by sync's memberlist layer;
 // StaticMembership for tests) supplies live members with their raft and
 // admin addresses. With BootstrapExpect = N, a fresh node waits until it
-// sees N members; the N with the smallest IDs bootstrap with the identical
-// voter set (raft accepts identical bootstraps), unless a peer reports
-// (Status RPC) that it already belongs to a cluster. Later gateways are
+// sees N members; the N with the smallest IDs are the voters, and the
+// smallest of them alone bootstraps (once the set has been stable for
+// BootstrapSettle, and unless a peer reports through the Status RPC that it
+// already belongs to a cluster), so differing momentary views cannot write
+// two initial configurations. Later gateways are
 // added by the leader as non-voters. The leader reconciles on every
 // membership change and every ReconcileInterval: servers missing from
 // membership for DeadServerGrace are removed, non-voters are promoted

@@ -54,6 +54,8 @@ type Store struct {
 
 	absentSince map[string]time.Time // reconcile state; run goroutine only
 	seeded      bool                 // run goroutine only
+	bootKey     string               // run goroutine only: candidate voter set
+	bootSince   time.Time            // run goroutine only: when bootKey was first seen
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -230,6 +232,22 @@ func (s *Store) closeStorage() error {
 		errs = append(errs, s.unlock())
 	}
 	return errors.Join(errs...)
+}
+
+// Leave prepares a graceful stop: a leader hands leadership to another
+// voter (raft leadership transfer) so writes pause for one round trip
+// instead of an election timeout. It does not remove the node from the
+// raft configuration (a restart keeps its vote; the leader removes a
+// gateway that stays away for DeadServerGrace). Call it before Shutdown.
+func (s *Store) Leave() error {
+	if !s.IsLeader() {
+		return nil
+	}
+	err := s.raft.LeadershipTransfer().Error()
+	if err != nil && !errors.Is(err, raft.ErrNotLeader) {
+		return fmt.Errorf("config: leadership transfer: %w", err)
+	}
+	return nil
 }
 
 // NodeID returns this node's id.
@@ -557,11 +575,28 @@ func (s *Store) runLoop() {
 	t := time.NewTicker(s.cfg.ReconcileInterval)
 	defer t.Stop()
 	needBootstrap := true
+	var bootWake *time.Timer
+	defer func() {
+		if bootWake != nil {
+			bootWake.Stop()
+		}
+	}()
+	var bootC <-chan time.Time
 	for {
 		changed := s.cfg.Membership.Changed()
 		s.pruneClients()
 		if needBootstrap {
-			needBootstrap = !s.tryBootstrap()
+			done, wait := s.tryBootstrap(time.Now())
+			needBootstrap = !done
+			bootC = nil
+			if needBootstrap && wait > 0 {
+				if bootWake == nil {
+					bootWake = time.NewTimer(wait)
+				} else {
+					bootWake.Reset(wait)
+				}
+				bootC = bootWake.C
+			}
 		}
 		s.observe()
 		select {
@@ -570,6 +605,7 @@ func (s *Store) runLoop() {
 		case <-s.leaderObs:
 		case <-changed:
 		case <-t.C:
+		case <-bootC:
 		}
 	}
 }
@@ -613,44 +649,56 @@ func (s *Store) inConfiguration() bool {
 	})
 }
 
-// tryBootstrap forms a fresh cluster when this node is one of the
-// BootstrapExpect members with the smallest IDs and no peer already belongs
-// to a cluster. It returns true once nothing is left to do: the node has
-// state, is in a configuration, or bootstrapped.
-func (s *Store) tryBootstrap() bool {
+// tryBootstrap forms a fresh cluster. Exactly one node bootstraps: the
+// member with the smallest ID among the BootstrapExpect smallest it sees,
+// once that set has stayed the same for BootstrapSettle and no peer
+// reports that it already belongs to a cluster. The others of the set are
+// in its configuration and simply wait for the leader to contact them; a
+// single bootstrapper cannot write two different initial configurations
+// when views of membership differ for a moment. It returns done once
+// nothing is left to do (the node has state or is in a configuration),
+// else how long to wait before trying again (0: until something changes).
+func (s *Store) tryBootstrap(now time.Time) (done bool, wait time.Duration) {
 	if s.inConfiguration() || s.raft.LastIndex() > 0 {
-		return true
+		return true, 0
 	}
 	members := s.cfg.Membership.Members()
 	if len(members) < s.cfg.BootstrapExpect {
-		return false
+		s.bootKey = ""
+		return false, 0
 	}
 	set := smallestIDs(members, s.cfg.BootstrapExpect)
-	if !slices.ContainsFunc(set, func(m Member) bool { return m.ID == s.cfg.NodeID }) {
-		return false // a later gateway: the leader adds it as a non-voter
+	if set[0].ID != s.cfg.NodeID {
+		s.bootKey = ""
+		return false, 0 // another node bootstraps; the leader will contact us
 	}
 	servers := make([]raft.Server, 0, len(set))
-	for _, m := range set {
+	ids := make([]string, len(set))
+	for i, m := range set {
 		if m.RaftAddr == "" {
-			return false // wait for its metadata
+			return false, 0 // wait for its metadata
 		}
 		servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
+		ids[i] = m.ID
+	}
+	key := strings.Join(ids, ",")
+	if key != s.bootKey {
+		s.bootKey, s.bootSince = key, now
+	}
+	if settled := now.Sub(s.bootSince); settled < s.cfg.BootstrapSettle {
+		return false, s.cfg.BootstrapSettle - settled
 	}
 	if p := s.formedPeer(members); p != "" {
 		s.log.Info("not bootstrapping: a peer already belongs to a cluster", "peer", p)
-		return false
+		return false, 0
 	}
 	err := s.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
 	if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
 		s.log.Error("raft bootstrap failed", "err", err)
-		return false
+		return false, s.cfg.BootstrapSettle
 	}
-	ids := make([]string, len(set))
-	for i, m := range set {
-		ids[i] = m.ID
-	}
-	s.log.Info("raft bootstrapped", "voters", strings.Join(ids, ","))
-	return true
+	s.log.Info("raft bootstrapped", "voters", key)
+	return true, 0
 }
 
 // formedPeer asks the other members whether they already belong to a raft

@@ -377,3 +377,46 @@ func TestSingleNodeAndOnApplyOrder(t *testing.T) {
 	_, err := nd.store.Patch(ctxT(t, 5*time.Second), []byte(`{"hash_seed":1}`), Version(last-1))
 	require.ErrorIs(t, err, ErrVersionConflict)
 }
+
+func TestOnlySmallestBootstraps(t *testing.T) {
+	// a0 sorts first but is not running: nobody else may bootstrap while
+	// it is a member, or two initial configurations could exist.
+	ghost := Member{ID: "a0", RaftAddr: "127.0.0.1:1", AdminAddr: "127.0.0.1:1"}
+	c := &testCluster{expect: 3, members: NewStaticMembership(ghost)}
+	newClusterWith(t, c, 3)
+	require.Never(t, func() bool {
+		for _, nd := range c.nodes {
+			if nd.store.raft.LastIndex() > 0 {
+				return true
+			}
+		}
+		return false
+	}, 500*time.Millisecond, 20*time.Millisecond, "a node bootstrapped while the smallest member was away")
+
+	// a0 is declared dead: n0 is now the smallest and bootstraps all three.
+	c.members.Remove("a0")
+	leader := c.waitLeader(10 * time.Second)
+	f := leader.store.raft.GetConfiguration()
+	require.NoError(t, f.Error())
+	var ids []string
+	for _, s := range f.Configuration().Servers {
+		require.Equal(t, raft.Voter, s.Suffrage)
+		ids = append(ids, string(s.ID))
+	}
+	require.ElementsMatch(t, []string{"n0", "n1", "n2"}, ids)
+}
+
+func TestLeaveTransfersLeadership(t *testing.T) {
+	c := newCluster(t, 3, 3, false, nil)
+	old := c.waitLeader(10 * time.Second)
+	require.NoError(t, old.store.Leave())
+	require.Eventually(t, func() bool {
+		id, _ := old.store.Leader()
+		return id != "" && id != old.id
+	}, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, c.follower().store.Leave(), "a follower's Leave is a no-op")
+	c.stop(old)
+	cfg := testConfig()
+	_, err := c.live()[0].store.Set(ctxT(t, 5*time.Second), cfg, nil)
+	require.NoError(t, err)
+}

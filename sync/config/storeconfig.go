@@ -35,11 +35,17 @@ type StoreConfig struct {
 	// (Shutdown does not close it). Default nil.
 	Transport raft.Transport
 	// BootstrapExpect is the number of voters. A fresh cluster forms when
-	// a node sees this many members: the BootstrapExpect members with the
-	// smallest IDs bootstrap with each other as voters; later gateways
-	// join as non-voters, and the leader promotes non-voters to keep this
-	// many voters. Default 3 (tolerates one failure). Must be ≥ 1.
+	// nodes see this many members: the BootstrapExpect members with the
+	// smallest IDs become the voters (the smallest of them bootstraps);
+	// later gateways join as non-voters, and the leader promotes
+	// non-voters to keep this many voters. Start the first
+	// BootstrapExpect gateways before any others. Default 3 (tolerates one
+	// failure). Must be ≥ 1.
 	BootstrapExpect int
+	// BootstrapSettle is how long the candidate voter set must stay
+	// unchanged before the bootstrapping node acts, so gateways that start
+	// together are all seen. Default 2s (a few gossip rounds).
+	BootstrapSettle time.Duration
 	// Membership is the live-member source. Required.
 	Membership Membership
 	// Seed, when set, is proposed by the first leader of a cluster whose
@@ -93,6 +99,7 @@ func DefaultStoreConfig() StoreConfig {
 	return StoreConfig{
 		RaftBindAddr:       "127.0.0.1:9301",
 		BootstrapExpect:    3,
+		BootstrapSettle:    2 * time.Second,
 		ApplyTimeout:       10 * time.Second,
 		HeartbeatTimeout:   time.Second,
 		ElectionTimeout:    time.Second,
@@ -114,6 +121,7 @@ func LocalStoreConfig() StoreConfig {
 	c := DefaultStoreConfig()
 	c.RaftBindAddr = "127.0.0.1:0"
 	c.ApplyTimeout = 3 * time.Second
+	c.BootstrapSettle = 100 * time.Millisecond
 	c.HeartbeatTimeout = 200 * time.Millisecond
 	c.ElectionTimeout = 200 * time.Millisecond
 	c.LeaderLeaseTimeout = 100 * time.Millisecond
@@ -144,6 +152,8 @@ func (c *StoreConfig) Validate() error {
 		return bad("Membership is nil")
 	case c.ApplyTimeout <= 0:
 		return bad("ApplyTimeout %v must be positive", c.ApplyTimeout)
+	case c.BootstrapSettle < 0:
+		return bad("BootstrapSettle %v is negative", c.BootstrapSettle)
 	case c.DeadServerGrace <= 0 || c.ReconcileInterval <= 0:
 		return bad("DeadServerGrace and ReconcileInterval must be positive")
 	case c.SnapshotRetain < 1:

@@ -137,3 +137,17 @@ func metricValue(t *testing.T, m prometheus.Metric) float64 {
 }
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func TestMetricsReRegister(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	a, err := newMetrics(reg)
+	require.NoError(t, err)
+	b, err := newMetrics(reg)
+	require.NoError(t, err, "a reopened store reuses its series")
+	a.version.Set(42)
+	require.Equal(t, 42.0, metricValue(t, b.version))
+	clash := prometheus.NewRegistry()
+	require.NoError(t, clash.Register(prometheus.NewCounter(prometheus.CounterOpts{Name: "kvmesh_config_version"})))
+	_, err = newMetrics(clash)
+	require.Error(t, err, "a different collector under the same name is an error")
+}

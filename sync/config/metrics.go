@@ -1,6 +1,11 @@
 package config
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the store's Prometheus series. Every gateway exports them;
 // comparing kvmesh_config_version across gateways shows convergence.
@@ -48,12 +53,42 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.applies.WithLabelValues("rejected")
 	m.forwarded.WithLabelValues("ok")
 	m.forwarded.WithLabelValues("error")
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.version, m.applies, m.leader, m.voters, m.forwarded} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
+	if reg == nil {
+		return m, nil
+	}
+	// A store reopened in the same process (a restart in tests, a node
+	// rebuilt after a config error) reuses the series already registered.
+	var err error
+	if m.version, err = register(reg, m.version); err != nil {
+		return nil, err
+	}
+	if m.applies, err = register(reg, m.applies); err != nil {
+		return nil, err
+	}
+	if m.leader, err = register(reg, m.leader); err != nil {
+		return nil, err
+	}
+	if m.voters, err = register(reg, m.voters); err != nil {
+		return nil, err
+	}
+	if m.forwarded, err = register(reg, m.forwarded); err != nil {
+		return nil, err
 	}
 	return m, nil
+}
+
+// register registers c, or returns the identical collector registered
+// before.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	err := reg.Register(c)
+	var are prometheus.AlreadyRegisteredError
+	switch {
+	case err == nil:
+		return c, nil
+	case errors.As(err, &are):
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	return c, fmt.Errorf("config: metrics: %w", err)
 }

@@ -82,7 +82,7 @@ func Open(cfg StoreConfig) (*Store, error) {
 	log = log.With("component", "config", "node", cfg.NodeID)
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
-		return nil, fmt.Errorf("config: metrics: %w", err)
+		return nil, err
 	}
 	s := &Store{
 		cfg:         cfg,
@@ -248,6 +248,26 @@ func (s *Store) Leave() error {
 		return fmt.Errorf("config: leadership transfer: %w", err)
 	}
 	return nil
+}
+
+// WaitLeader blocks until this node knows a raft leader, or ctx ends. It
+// polls every 10 ms (raft has no leader-change subscription that cannot
+// drop a signal).
+func (s *Store) WaitLeader(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if id, _ := s.Leader(); id != "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: waiting for a leader: %w", ErrNoQuorum, ctx.Err())
+		case <-s.stop:
+			return ErrClosed
+		case <-t.C:
+		}
+	}
 }
 
 // NodeID returns this node's id.

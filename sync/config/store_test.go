@@ -223,7 +223,9 @@ func TestRestartAllKeepsConfig(t *testing.T) {
 	for _, nd := range c.nodes {
 		c.start(nd) // same data dir, new ports: membership carries them
 	}
-	c.waitLeader(10 * time.Second)
+	for _, nd := range c.nodes {
+		require.NoError(t, nd.store.WaitLeader(ctxT(t, 10*time.Second)))
+	}
 	c.waitVersion(v, c.nodes...)
 	for _, nd := range c.nodes {
 		require.Equal(t, want, *nd.store.Current().Config, nd.id)

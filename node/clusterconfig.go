@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	sockaddr "github.com/hashicorp/go-sockaddr"
+
 	kvsync "github.com/kvmesh/kvmesh/sync"
 	"github.com/kvmesh/kvmesh/sync/config"
 )
@@ -285,13 +287,20 @@ func (c *ClusterConfig) adminToken() (string, error) {
 	return tok, nil
 }
 
-// advertiseHost is the host peers use for this gateway's unspecified-host
-// listeners: AdvertiseAddr's host, else loopback.
+// advertiseHost is the host peers use for this gateway's listeners bound
+// to an unspecified address: AdvertiseAddr's host, else GossipAddr's when
+// it names one, else the host's private IPv4 address (memberlist's own
+// choice for a 0.0.0.0 gossip bind), else loopback.
 func (c *ClusterConfig) advertiseHost() string {
-	if c.AdvertiseAddr != "" {
-		if h, _, err := net.SplitHostPort(c.AdvertiseAddr); err == nil && h != "" {
-			return h
+	for _, a := range []string{c.AdvertiseAddr, c.GossipAddr} {
+		if h, _, err := net.SplitHostPort(a); err == nil && h != "" {
+			if ip := net.ParseIP(h); ip == nil || !ip.IsUnspecified() {
+				return h
+			}
 		}
+	}
+	if ip, err := sockaddr.GetPrivateIP(); err == nil && ip != "" {
+		return ip
 	}
 	return "127.0.0.1"
 }

@@ -41,6 +41,7 @@ type Node struct {
 	ids          *replicaIDs
 	reloadMu     sync.Mutex // serialises table rebuilds
 	tableVersion atomic.Uint64
+	running      atomic.Bool // background work runs; changed under reloadMu
 
 	// Cluster mode (nil/zero standalone): see cluster.go.
 	cl *clusterParts
@@ -288,7 +289,12 @@ func (n *Node) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	// A config apply (cluster mode) may rebuild the table from here on:
+	// reloadMu makes it see either the table before the background work
+	// started (and start its new replicas itself) or after.
+	n.reloadMu.Lock()
 	if err := n.startKVEvents(ctx); err != nil {
+		n.reloadMu.Unlock()
 		if n.cl != nil {
 			n.closeCluster(context.Background())
 		}
@@ -298,20 +304,20 @@ func (n *Node) Start(ctx context.Context) error {
 		n.wg.Wait()
 		return err
 	}
-	n.started = true
-	n.goFunc(func() {
-		if err := n.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			n.log.Error("http server stopped", "err", err)
-		}
-	})
-	n.reloadMu.Lock()
 	t := n.tbl.Load()
 	for _, r := range t.replicas {
 		ctx, cancel := context.WithCancel(n.bgCtx)
 		r.cancel = cancel
 		n.goFunc(func() { n.probeLoop(ctx, r) })
 	}
+	n.running.Store(true)
 	n.reloadMu.Unlock()
+	n.started = true
+	n.goFunc(func() {
+		if err := n.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			n.log.Error("http server stopped", "err", err)
+		}
+	})
 	n.goFunc(n.expireLoop)
 	n.log.Info("gateway listening", "addr", ln.Addr().String(), "models", len(t.pools),
 		"replicas", len(t.replicas), "index_mode", n.cfg.IndexMode, "tokenizer", n.tokName,
@@ -399,6 +405,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			})
 		}
 		step("stopped probes and KV-event subscribers", func() {
+			n.reloadMu.Lock() // no table rebuild is half done past here
+			n.running.Store(false)
+			n.reloadMu.Unlock()
 			n.bgCancel()
 			n.wg.Wait()
 			n.stopKVEvents()

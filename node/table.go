@@ -207,9 +207,7 @@ func (n *Node) applySpec(spec routingSpec) error {
 	if err != nil {
 		return err
 	}
-	n.mu.Lock()
-	running := n.started && !n.shutdown
-	n.mu.Unlock()
+	running := n.running.Load()
 	for _, r := range ch.added {
 		if err := n.newSubscriber(r); err != nil {
 			n.log.Error("replica's KV-event subscriber not created", "replica", r.name, "err", err)

@@ -1,0 +1,125 @@
+package node
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestReloadDrainsRemovedReplica swaps the routing table while a stream
+// runs on a replica the new table removes: the stream finishes, new
+// requests go to the replica the table added, and the removed replica's
+// probes stop.
+func TestReloadDrainsRemovedReplica(t *testing.T) {
+	slow := newFakeEngine(t, "slow")
+	slow.chunks.Store(10)
+	slow.chunkDelay.Store(int64(30 * time.Millisecond))
+	fresh := newFakeEngine(t, "fresh")
+	n := startNode(t, nil, rc("slow", slow.url()))
+	before := n.tbl.Load()
+
+	done := make(chan string, 1)
+	go func() {
+		req, err := http.NewRequest(http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", strings.NewReader(streamReq))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			k, err := resp.Body.Read(buf)
+			b.Write(buf[:k])
+			if err != nil {
+				break
+			}
+		}
+		done <- resp.Header.Get(HeaderReplica) + "|" + b.String()
+	}()
+	<-slow.started
+
+	spec := specFromConfig(&n.cfg)
+	spec.version = 7
+	spec.strategy = "least-request"
+	spec.models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("fresh", fresh.url())}}}
+	require.NoError(t, n.applySpec(spec))
+	assert.EqualValues(t, 7, n.ConfigVersion())
+	assert.Equal(t, []string{"fresh"}, n.Replicas())
+	require.NotNil(t, before.byName["slow"].cancel)
+
+	for i := 0; i < 5; i++ {
+		resp := post(t, n, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"after %d","max_tokens":1}`, i), nil)
+		assert.Equal(t, "fresh", resp.Header.Get(HeaderReplica), "no new traffic to a removed replica")
+		readAll(t, resp)
+	}
+	select {
+	case out := <-done:
+		assert.True(t, strings.HasPrefix(out, "slow|"), out)
+		assert.True(t, strings.HasSuffix(out, "data: [DONE]\n\n"), "the in-flight stream finished: %q", out)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream to the removed replica did not finish")
+	}
+	assert.Zero(t, before.byName["slow"].inflight.Load())
+	require.Eventually(t, func() bool { return fresh.requests.Load() >= 5 }, 5*time.Second, time.Millisecond)
+}
+
+// TestReloadCarriesReplicasOver checks that a rebuild keeps the *replica of
+// an unchanged definition (its counters and health), replaces a changed
+// one under the same ID, and keeps the strategy set (the cost model's
+// learned rates) while the route parameters are equal.
+func TestReloadCarriesReplicasOver(t *testing.T) {
+	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
+	n := startNode(t, nil, rc("a", a.url()), rc("b", b.url()))
+	t0 := n.tbl.Load()
+	ra, rb := t0.byName["a"], t0.byName["b"]
+	ra.inflight.Store(3) // stands for requests in flight across the reload
+
+	spec := specFromConfig(&n.cfg)
+	spec.models = []ModelConfig{{Name: "m", Strategy: "cost", Replicas: []ReplicaConfig{
+		rc("a", a.url()), {Name: "b", URL: b.url() + "/"}}}}
+	require.NoError(t, n.applySpec(spec))
+	t1 := n.tbl.Load()
+	assert.Same(t, ra, t1.byName["a"], "unchanged replica carried over")
+	assert.EqualValues(t, 3, t1.byName["a"].inflight.Load())
+	assert.NotSame(t, rb, t1.byName["b"], "changed definition: a new replica")
+	assert.Equal(t, rb.id, t1.byName["b"].id, "same name, same index ID")
+	assert.Same(t, t0.pools[0].set, t1.pools[0].set, "route parameters unchanged: strategies kept")
+	assert.Equal(t, "cost", t1.pools[0].strategy)
+	ra.inflight.Store(0)
+
+	spec.route.PrefixCache.ImbalanceAbsCount++
+	require.NoError(t, n.applySpec(spec))
+	assert.NotSame(t, t1.pools[0].set, n.tbl.Load().pools[0].set, "new route parameters: new strategies")
+
+	bad := spec
+	bad.models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", a.url()), rc("a", b.url())}}}
+	require.ErrorIs(t, n.applySpec(bad), ErrInvalidConfig)
+	assert.Len(t, n.tbl.Load().replicas, 2, "a rejected table leaves the current one in force")
+}
+
+func TestReadyStandalone(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	n := startNode(t, nil, rc("a", a.url()))
+	resp, err := http.Get("http://" + n.HTTPAddr() + "/ready")
+	require.NoError(t, err)
+	body := readAll(t, resp)
+	assert.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Contains(t, body, `"config_version":0`)
+	resp, err = http.Get("http://" + n.HTTPAddr() + "/admin/v1/config")
+	require.NoError(t, err)
+	readAll(t, resp)
+	assert.Equal(t, http.StatusNotFound, resp.StatusCode, "no admin API standalone")
+	assert.Empty(t, n.AdminAddr())
+	assert.Nil(t, n.Cluster())
+}

@@ -2,17 +2,21 @@ package scenarios
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 var longFlag = flag.Bool("long", false, "run the long, heavier form of every scenario (or KVMESH_CHAOS_LONG=1)")
@@ -136,4 +140,17 @@ func row(t *testing.T, r cluster.Row) {
 	report.Add(r)
 	t.Log(r.Line())
 	require.Zero(t, r.Load.Lost, "lost requests: %s", r.Load)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// prometheusRegistry registers m on a fresh registry to read it back.
+func prometheusRegistry(t *testing.T, m *kvevents.Metrics) *prometheus.Registry {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	require.NoError(t, m.Register(reg))
+	return reg
 }

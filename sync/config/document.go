@@ -260,6 +260,16 @@ func (c *RoutingConfig) ModelNames() []string {
 	return names
 }
 
+// KeysCompatible reports whether block keys computed under c equal those
+// computed under o: same hash seed, block size and tokenizer. When it is
+// false, a gateway applying o must drop (or rebuild) its prefix index,
+// because no old key matches a new one.
+func (c *RoutingConfig) KeysCompatible(o *RoutingConfig) bool {
+	return c.HashSeed == o.HashSeed &&
+		c.PrefixCache.BlockSize == o.PrefixCache.BlockSize &&
+		c.PrefixCache.Tokenizer == o.PrefixCache.Tokenizer
+}
+
 // Clone returns a deep copy.
 func (c *RoutingConfig) Clone() RoutingConfig {
 	out := *c

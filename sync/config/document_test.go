@@ -153,3 +153,20 @@ func mustJSON(t *testing.T, v any) string {
 	require.NoError(t, err)
 	return string(b)
 }
+
+func TestKeysCompatible(t *testing.T) {
+	a := testConfig()
+	b := a.Clone()
+	b.PrefixCache.ImbalanceAbsCount = 1
+	b.Models["chat"] = ModelConfig{Replicas: []ReplicaConfig{{Name: "x", URL: "http://h:1"}}}
+	require.True(t, a.KeysCompatible(&b), "thresholds and pools do not change keys")
+	for _, mutate := range []func(*RoutingConfig){
+		func(c *RoutingConfig) { c.HashSeed++ },
+		func(c *RoutingConfig) { c.PrefixCache.BlockSize = 32 },
+		func(c *RoutingConfig) { c.PrefixCache.Tokenizer = TokenizerTiktoken },
+	} {
+		c := a.Clone()
+		mutate(&c)
+		require.False(t, a.KeysCompatible(&c))
+	}
+}

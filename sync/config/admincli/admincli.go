@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"gopkg.in/yaml.v3"
 
 	"github.com/kvmesh/kvmesh/proto/adminpb"
 	"github.com/kvmesh/kvmesh/sync/config"
@@ -113,8 +114,9 @@ func newSetCmd() *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "set -f FILE",
-		Short: "Replace the config with a JSON document (- reads stdin)",
-		Long: "Replace the config. FILE holds either the bare document or the output of\n" +
+		Short: "Replace the config with a JSON or YAML document (- reads stdin)",
+		Long: "Replace the config. FILE (JSON, or YAML with the same keys) holds either\n" +
+			"the bare document or the output of\n" +
 			"`config get` ({\"version\",\"config\"}); with the latter the write is a\n" +
 			"compare-and-set on that version unless --force.",
 		Args: cobra.NoArgs,
@@ -124,6 +126,9 @@ func newSetCmd() *cobra.Command {
 			}
 			data, err := readInput(cmd.InOrStdin(), file)
 			if err != nil {
+				return err
+			}
+			if data, err = yamlToJSON(data); err != nil {
 				return err
 			}
 			doc, ver, err := unwrap(data)
@@ -456,6 +461,23 @@ func unwrap(data []byte) ([]byte, *uint64, error) {
 		return nil, nil, fmt.Errorf("%w: version: %w", config.ErrInvalidConfig, err)
 	}
 	return cfg, &v, nil
+}
+
+// yamlToJSON converts a YAML document to JSON; JSON input (starting with
+// '{') is returned as is.
+func yamlToJSON(data []byte) ([]byte, error) {
+	if t := bytes.TrimSpace(data); len(t) > 0 && t[0] == '{' {
+		return data, nil
+	}
+	var v any
+	if err := yaml.Unmarshal(data, &v); err != nil {
+		return nil, fmt.Errorf("%w: yaml: %w", config.ErrInvalidConfig, err)
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: yaml: %w", config.ErrInvalidConfig, err)
+	}
+	return out, nil
 }
 
 func printJSON(out io.Writer, v any) error {

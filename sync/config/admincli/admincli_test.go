@@ -163,6 +163,16 @@ func TestConfigSetGetPatch(t *testing.T) {
 	_, _, err = run(t, g, "", "config", "patch", `{"prefix_cache":{"stddev_factor":-1}}`)
 	require.ErrorIs(t, err, config.ErrInvalidConfig)
 
+	// YAML with the same keys.
+	yml := "hash_seed: 18446744073709551615\nmodels:\n  chat:\n    strategy: cost\n    replicas:\n      - name: y0\n        url: http://127.0.0.1:8100\n"
+	_, _, err = run(t, g, yml, "config", "set", "-f", "-")
+	require.NoError(t, err)
+	cur := g.store.Current().Config
+	require.Equal(t, uint64(1<<64-1), cur.HashSeed)
+	require.Equal(t, "cost", cur.Models["chat"].Strategy)
+	_, _, err = run(t, g, "models: [unclosed", "config", "set", "-f", "-")
+	require.ErrorIs(t, err, config.ErrInvalidConfig)
+
 	// Token from a file.
 	t.Setenv(config.TokenEnv, "")
 	tf := filepath.Join(t.TempDir(), "token")

@@ -2,7 +2,7 @@
 // commands that talk to a gateway's Admin gRPC service (sync/config).
 //
 //	kvmesh config get                      the applied config as {"version","config"}
-//	kvmesh config set -f cfg.json          replace it (a {"version","config"} file is a compare-and-set)
+//	kvmesh config set -f cfg.json          replace it (JSON or YAML; a {"version","config"} file is a compare-and-set)
 //	kvmesh config patch '{"strategy":"cost"}'   RFC 7386 merge patch
 //	kvmesh config edit                     $EDITOR on the document; validates; retries on version conflict
 //	kvmesh members                         gateways with their raft role

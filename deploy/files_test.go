@@ -588,7 +588,7 @@ func TestKubernetesOverlays(t *testing.T) {
 
 // probePathsServed are the probe paths TestLiveMetrics proves a running
 // gateway answers with 200.
-var probePathsServed = []string{"/health"}
+var probePathsServed = []string{"/health", "/ready"}
 
 // promtool returns promtool's path or skips.
 func promtool(t *testing.T) string {

@@ -41,9 +41,12 @@ type stack struct {
 	bin     string
 	engines []engine
 	dead    string // a replica URL nobody listens on
-	gw      *proc
-	gwAddr  string
+	gw      *proc  // the first gateway
+	gwAddr  string // its HTTP address
 	cfgPath string
+	// gateways are the HTTP addresses of every gateway: the standalone one
+	// and, in the metrics stack, the members of a two-gateway cluster.
+	gateways []string
 }
 
 // startEngine starts one vllmsim with KV events (PUB bound on [::1], replay
@@ -74,8 +77,8 @@ func freeDeadAddr(t *testing.T) string {
 }
 
 // writeGatewayConfig writes a gateway YAML config for the engines (and
-// the dead replica when dead != "").
-func writeGatewayConfig(t *testing.T, engines []engine, dead string) string {
+// the dead replica when dead != ""), with extra YAML appended.
+func writeGatewayConfig(t *testing.T, engines []engine, dead string, extra ...string) string {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "strategy: prefix-cache\nindex_mode: hybrid\nblock_size: 16\nmodels:\n  - name: %s\n    replicas:\n", liveModel)
@@ -84,6 +87,9 @@ func writeGatewayConfig(t *testing.T, engines []engine, dead string) string {
 	}
 	if dead != "" {
 		fmt.Fprintf(&b, "      - name: engine-dead\n        url: http://%s\n", dead)
+	}
+	for _, e := range extra {
+		b.WriteString(e)
 	}
 	path := filepath.Join(t.TempDir(), "kvmesh.yaml")
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
@@ -104,16 +110,77 @@ func writeGatewayConfig(t *testing.T, engines []engine, dead string) string {
 // loopback port.
 func (s *stack) startGateway(t *testing.T, extra ...string) {
 	t.Helper()
-	args := append([]string{"serve", "--config", s.cfgPath, "--http-addr=127.0.0.1:0", "--log-level=info"}, extra...)
-	var m []string
-	s.gw, m = startProc(t, "kvmesh serve", filepath.Join(s.bin, "kvmesh"), args, gatewayReady)
-	s.gwAddr = m[0]
+	s.gw, s.gwAddr = s.runGateway(t, "kvmesh serve", s.cfgPath, extra...)
+}
+
+// runGateway starts one gateway and returns it and its HTTP address.
+func (s *stack) runGateway(t *testing.T, name, cfgPath string, extra ...string) (*proc, string) {
+	t.Helper()
+	args := append([]string{"serve", "--config", cfgPath, "--http-addr=127.0.0.1:0", "--log-level=info"}, extra...)
+	p, m := startProc(t, name, filepath.Join(s.bin, "kvmesh"), args, gatewayReady)
+	s.gateways = append(s.gateways, m[0])
+	return p, m[0]
+}
+
+var clusterMember = regexp.MustCompile(`msg="cluster member" node_id=\S+ cluster=\S+ gossip=(\S+)`)
+
+// clusterYAML is the cluster section of a loopback member: every listener
+// on port 0, local timing, its own data directory, the admin token and
+// gossip key from files (as the Kubernetes Secret mounts them).
+func clusterYAML(t *testing.T, id string, join []string) string {
+	t.Helper()
+	dir := t.TempDir()
+	token := filepath.Join(dir, "admin-token")
+	key := filepath.Join(dir, "gossip-key")
+	if err := os.WriteFile(token, []byte("deploy-test-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// base64 of 32 bytes: every member needs the same key.
+	if err := os.WriteFile(key, []byte("a3ZtZXNoLWRlcGxveS10ZXN0LWdvc3NpcC1rZXkhISE=\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "cluster:\n  enabled: true\n  node_id: %s\n  profile: local\n", id)
+	for _, k := range []string{"gossip_addr", "nats_client_addr", "nats_cluster_addr", "peer_addr", "admin_addr", "raft_addr"} {
+		fmt.Fprintf(&b, "  %s: 127.0.0.1:0\n", k)
+	}
+	fmt.Fprintf(&b, "  data_dir: %s\n  bootstrap_expect: 1\n  admin_token_file: %s\n  gossip_key_file: %s\n", filepath.Join(dir, "data"), token, key)
+	if len(join) > 0 {
+		fmt.Fprintf(&b, "  join: [%s]\n", strings.Join(join, ", "))
+	}
+	return b.String()
+}
+
+// startCluster starts two cluster-mode gateways in front of the stack's
+// engines: gw-1 bootstraps the config store alone, gw-2 joins it; it
+// returns once both answer /ready.
+func (s *stack) startCluster(t *testing.T, extra ...string) {
+	t.Helper()
+	cfg1 := writeGatewayConfig(t, s.engines, s.dead, clusterYAML(t, "gw-1", nil))
+	p1, addr1 := s.runGateway(t, "kvmesh serve gw-1", cfg1, extra...)
+	m := clusterMember.FindStringSubmatch(p1.logs())
+	if m == nil {
+		t.Fatalf("gw-1 logged no cluster member line:\n%s", p1.logs())
+	}
+	cfg2 := writeGatewayConfig(t, s.engines, s.dead, clusterYAML(t, "gw-2", []string{m[1]}))
+	_, addr2 := s.runGateway(t, "kvmesh serve gw-2", cfg2, extra...)
+	for _, a := range []string{addr1, addr2} {
+		require.Eventually(t, func() bool {
+			resp, err := http.Get("http://" + a + "/ready")
+			if err != nil {
+				return false
+			}
+			_ = resp.Body.Close()
+			return resp.StatusCode == http.StatusOK
+		}, 30*time.Second, 50*time.Millisecond, "gateway %s never ready", a)
+	}
 }
 
 // startMetricsStack starts engines a and b (block size 16, like the
-// gateway), engine c (block size 8: its KV events cannot be applied) and a
-// gateway that also lists a dead replica, with ejection after one failure
-// and no active health checks so that requests reach the dead replica.
+// gateway), engine c (block size 8: its KV events cannot be applied), a
+// standalone gateway and a two-gateway cluster, all of which also list a
+// dead replica, with ejection after one failure and no active health checks
+// so that requests reach the dead replica.
 func startMetricsStack(t *testing.T) *stack {
 	t.Helper()
 	s := &stack{bin: binaries(t)}
@@ -125,7 +192,9 @@ func startMetricsStack(t *testing.T) *stack {
 	}
 	s.dead = freeDeadAddr(t)
 	s.cfgPath = writeGatewayConfig(t, s.engines, s.dead)
-	s.startGateway(t, "--eject-after=1", "--eject-backoff=200ms", "--health-interval=0", "--scrape-interval=100ms")
+	flags := []string{"--eject-after=1", "--eject-backoff=200ms", "--health-interval=0", "--scrape-interval=100ms"}
+	s.startGateway(t, flags...)
+	s.startCluster(t, flags...)
 	return s
 }
 
@@ -210,7 +279,7 @@ func scrapeNames(ctx context.Context, addr string) (map[string]bool, error) {
 // scrapeAll merges the names exported by the gateway and every engine.
 func (s *stack) scrapeAll(ctx context.Context) (map[string]bool, error) {
 	all := map[string]bool{}
-	addrs := []string{s.gwAddr}
+	addrs := append([]string(nil), s.gateways...)
 	for _, e := range s.engines {
 		addrs = append(addrs, e.addr)
 	}
@@ -248,7 +317,8 @@ func (s *stack) drive(t *testing.T, want map[string][]string, budget int) map[st
 	}
 	var have map[string]bool
 	for i := range budget {
-		code, done, err := complete(ctx, s.gwAddr, liveModel, strategies[i%len(strategies)], prompt(i%4, i), 4)
+		gw := s.gateways[i%len(s.gateways)]
+		code, done, err := complete(ctx, gw, liveModel, strategies[(i/len(s.gateways))%len(strategies)], prompt(i%4, i), 4)
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
@@ -285,14 +355,16 @@ func TestLiveMetrics(t *testing.T) {
 	for _, n := range missing(want, have) {
 		t.Errorf("metric %s is not exported by kvmesh or vllmsim; read by %q", n, want[n])
 	}
-	for _, path := range probePathsServed {
-		resp, err := http.Get("http://" + s.gwAddr + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("probe path %s: %s", path, resp.Status)
+	for _, gw := range s.gateways {
+		for _, path := range probePathsServed {
+			resp, err := http.Get("http://" + gw + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("gateway %s probe path %s: %s", gw, path, resp.Status)
+			}
 		}
 	}
 	if !t.Failed() {

@@ -95,7 +95,7 @@ func TestPrometheusAnswersDashboard(t *testing.T) {
 	}
 	var cfg strings.Builder
 	fmt.Fprintf(&cfg, "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - %s\nscrape_configs:\n", rules)
-	fmt.Fprintf(&cfg, "  - job_name: kvmesh\n    static_configs:\n      - targets: [%q]\n", s.gwAddr)
+	fmt.Fprintf(&cfg, "  - job_name: kvmesh\n    static_configs:\n      - targets: [\"%s\"]\n", strings.Join(s.gateways, `", "`))
 	fmt.Fprintf(&cfg, "  - job_name: vllm\n    static_configs:\n")
 	for _, e := range s.engines {
 		fmt.Fprintf(&cfg, "      - targets: [%q]\n        labels:\n          replica: %s\n", e.addr, e.name)
@@ -114,7 +114,7 @@ func TestPrometheusAnswersDashboard(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	targets := 1 + len(s.engines)
+	targets := len(s.gateways) + len(s.engines)
 	require.Eventually(t, func() bool {
 		v, err := promQuery(ctx, base, "count(up == 1)")
 		return err == nil && len(v.Result) == 1 && v.Result[0].Value[1] == fmt.Sprint(targets)
@@ -123,7 +123,8 @@ func TestPrometheusAnswersDashboard(t *testing.T) {
 	// Traffic while Prometheus scrapes, so that rates have samples.
 	deadline := time.Now().Add(8 * time.Second)
 	for i := 0; i < 2000 && time.Now().Before(deadline); i++ {
-		if code, _, err := complete(ctx, s.gwAddr, liveModel, strategies[i%len(strategies)], prompt(i%4, 1000+i), 4); err != nil || code != http.StatusOK {
+		gw := s.gateways[i%len(s.gateways)]
+		if code, _, err := complete(ctx, gw, liveModel, strategies[(i/len(s.gateways))%len(strategies)], prompt(i%4, 1000+i), 4); err != nil || code != http.StatusOK {
 			t.Fatalf("request %d: status %d, %v", i, code, err)
 		}
 	}

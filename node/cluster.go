@@ -173,7 +173,7 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 			return fmt.Errorf("%w: cluster.admin_tls: %w", ErrInvalidConfig, err)
 		}
 	}
-	sc.Logger = n.log.With("component", "config")
+	sc.Logger = n.log // the store adds component=config
 	sc.Registerer = n.m.reg
 	if cl.store, err = config.Open(sc); err != nil {
 		return fmt.Errorf("node: config store: %w", err)
@@ -201,7 +201,7 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 
 	if cl.admin, err = config.NewServer(cl.store, config.ServerConfig{
 		Token: cl.token, Index: adminProviders{n}, Explainer: adminProviders{n},
-		Snapshotter: adminProviders{n}, Logger: n.log.With("component", "admin"),
+		Snapshotter: adminProviders{n}, Logger: n.log,
 	}); err != nil {
 		return fmt.Errorf("node: admin server: %w", err)
 	}

@@ -27,9 +27,53 @@
 // subscriber whose batches feed the index's confirmed ledger; a reset drops
 // that replica's confirmed entries.
 //
-// Seams for the replication work: SetPeerLoad adds peers' in-flight counts
-// to the load view; SetRecordListener hears every decision written to the
-// index; Index exposes the index for snapshots and remote deltas.
+// Routing table: pools, model names and replicas live in one immutable
+// table behind an atomic pointer. A request loads it once; a config apply
+// builds a new table and swaps it, so no request sees half a config.
+// Replicas whose definition is unchanged are carried over (in-flight
+// counts, health and learned cost rates survive); a removed replica drains
+// (its in-flight streams finish, it gets no new traffic, its probes and
+// subscriber stop, and its index entries are dropped); an added one gets
+// probes, a subscriber and traffic. Replica names map to index IDs that
+// are never reused. Hash seed, block size, tokenizer and index capacity
+// and TTLs shape the index and are read at New only.
+//
+// Standalone mode (the default): nothing but HTTPAddr is opened; the Node
+// routes on its own Config and index. Config.Cluster.NoSync forces this
+// mode even when cluster flags are set (the study's isolated baseline).
+//
+// Cluster mode (Config.Cluster.Enabled): Start opens, in order, the admin
+// gRPC listener, the raft config store (sync/config; its membership is the
+// gossip view: raft id = node id, raft and admin addresses from the
+// memberlist metadata), the sync.Cluster (memberlist, embedded or external
+// NATS, the peer snapshot service; Start joins and restores the index from
+// a live peer), and the admin gRPC server; then it wires the seams:
+// SetPeerLoad(cluster) adds peers' in-flight counts to the load view,
+// SetRecordListener publishes every recorded decision as a delta, and
+// Store.OnApply hot-reloads the routing table on every applied config
+// version. An empty raft config is seeded from the Node's own Config by
+// the first leader. KV events: engines with a kv (connect) endpoint are
+// the cluster's KV sources, ingested by exactly one owner gateway
+// (rendezvous hash over live members) and applied everywhere from its
+// normalized deltas; the Node subscribes itself only to kv_bind engines
+// and to kv engines added by a config change after Start (every gateway
+// then subscribes: sync.Cluster's sources are fixed at Start). The admin
+// API is served over gRPC on Cluster.AdminAddr and over HTTP/JSON on the
+// gateway's own listener under /admin/v1/ (bearer token on every call).
+//
+// Probes: GET /health is liveness (200 until Shutdown begins). GET /ready
+// is readiness: 200 once serving and, in cluster mode, joined, index
+// bootstrapped and a raft config version applied. kvmesh_config_version
+// is exported on every node (0 standalone).
+//
+// Graceful shutdown (SIGTERM in kvmesh serve, then Shutdown with
+// ShutdownGrace): /health and /ready turn 503; the gateway gossips its
+// leave (peers take over its KV-event streams at once instead of after
+// failure detection); the HTTP server stops accepting and in-flight
+// streams drain until the grace ends, the rest are cut; the admin API,
+// config store (a leader's followers elect a new leader within the
+// election timeout) and cluster stop; probes and subscribers stop. Each
+// step is logged with its duration.
 //
 // Lifecycle: New builds, Start listens and returns, Shutdown stops in
 // order (stop accepting, drain streams until its context ends, cut the

@@ -226,9 +226,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	} else if n > 0 {
 		c.log.Info("joined cluster", "seeds_answered", n)
 	}
-	if len(c.cfg.Join) > 0 {
-		c.goFunc(func() { c.ms.joinLoop(c.bg) })
-	}
+	c.goFunc(func() { c.ms.joinLoop(c.bg) })
 
 	// 4. Bootstrap from a peer, once our NATS server routes to the others
 	// (deltas published meanwhile are buffered, not missed).

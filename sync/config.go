@@ -74,6 +74,15 @@ type Config struct {
 	// answered. Default 2s.
 	JoinRetry time.Duration
 
+	// ReconnectInterval is how often this gateway tries to rejoin members
+	// the failure detector declared dead (they may be alive behind a
+	// healed partition). Default 10s; LocalConfig 500ms.
+	ReconnectInterval time.Duration
+
+	// ReconnectTimeout is how long a failed member keeps being retried.
+	// Default 1h: longer than any partition worth healing automatically.
+	ReconnectTimeout time.Duration
+
 	// SecretKey, when set, encrypts gossip (AES-GCM, 16, 24 or 32 bytes).
 	// Every gateway must use the same key. Default none.
 	SecretKey []byte
@@ -210,6 +219,8 @@ func DefaultConfig() Config {
 		Version:           "dev",
 		GossipAddr:        "0.0.0.0:7946",
 		JoinRetry:         2 * time.Second,
+		ReconnectInterval: 10 * time.Second,
+		ReconnectTimeout:  time.Hour,
 		GossipProfile:     ProfileLAN,
 		PeerAddr:          "0.0.0.0:7947",
 		NATSClientAddr:    "127.0.0.1:4222",
@@ -242,6 +253,7 @@ func LocalConfig(nodeName string) Config {
 	c.SuspicionMult = 2
 	c.GossipInterval = 50 * time.Millisecond
 	c.JoinRetry = 200 * time.Millisecond
+	c.ReconnectInterval = 500 * time.Millisecond
 	c.PeerAddr = "127.0.0.1:0"
 	c.NATSClientAddr = "127.0.0.1:0"
 	c.NATSClusterAddr = "127.0.0.1:0"
@@ -297,6 +309,7 @@ func (c Config) Validate() error {
 		d    time.Duration
 	}{
 		{"JoinRetry", c.JoinRetry}, {"FlushInterval", c.FlushInterval},
+		{"ReconnectInterval", c.ReconnectInterval}, {"ReconnectTimeout", c.ReconnectTimeout},
 		{"BootstrapTimeout", c.BootstrapTimeout}, {"RouteWait", c.RouteWait},
 		{"LoadInterval", c.LoadInterval}, {"LoadTTL", c.LoadTTL},
 		{"DigestInterval", c.DigestInterval}, {"RepairMinInterval", c.RepairMinInterval},

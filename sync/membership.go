@@ -99,6 +99,14 @@ type membership struct {
 	listeners []MemberListener
 	signal    chan struct{}
 	changed   chan struct{} // closed and replaced at every change
+	failed    map[string]failedMember
+}
+
+// failedMember is a member the failure detector declared dead, which the
+// reconnect loop keeps trying (it may be alive behind a healed partition).
+type failedMember struct {
+	addr string
+	at   time.Time
 }
 
 func newMembership(cfg Config, log *slog.Logger, m *metrics, onMsg func([]byte)) *membership {
@@ -110,6 +118,7 @@ func newMembership(cfg Config, log *slog.Logger, m *metrics, onMsg func([]byte))
 		members: make(map[string]Member),
 		signal:  make(chan struct{}, 1),
 		changed: make(chan struct{}),
+		failed:  make(map[string]failedMember),
 	}
 }
 
@@ -195,21 +204,47 @@ func (ms *membership) join(seeds []string) (int, error) {
 	return n, nil
 }
 
-// joinLoop retries the seeds while this gateway is alone.
+// joinLoop retries the seeds while this gateway is alone, and every
+// ReconnectInterval tries to rejoin members the failure detector declared
+// dead within ReconnectTimeout: memberlist alone never merges two sides of
+// a healed partition (each holds the other dead at the same incarnation),
+// but a push-pull with a failed member makes both refute and revive.
 func (ms *membership) joinLoop(ctx context.Context) {
 	t := time.NewTicker(ms.cfg.JoinRetry)
 	defer t.Stop()
+	lastReconnect := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if ms.ml.NumMembers() > 1 {
+		if ms.ml.NumMembers() <= 1 && len(ms.cfg.Join) > 0 {
+			if _, err := ms.join(ms.cfg.Join); err != nil {
+				ms.log.Debug("join retry failed", "err", err)
+			}
+		}
+		if time.Since(lastReconnect) < ms.cfg.ReconnectInterval {
 			continue
 		}
-		if _, err := ms.join(ms.cfg.Join); err != nil {
-			ms.log.Debug("join retry failed", "err", err)
+		lastReconnect = time.Now()
+		var addrs []string
+		ms.mu.Lock()
+		for name, f := range ms.failed {
+			if time.Since(f.at) > ms.cfg.ReconnectTimeout {
+				delete(ms.failed, name)
+				continue
+			}
+			addrs = append(addrs, f.addr)
+		}
+		ms.mu.Unlock()
+		for _, a := range addrs {
+			if ctx.Err() != nil {
+				return
+			}
+			if _, err := ms.ml.Join([]string{a}); err != nil {
+				ms.log.Debug("reconnect to failed member", "addr", a, "err", err)
+			}
 		}
 	}
 }
@@ -344,6 +379,7 @@ func (ms *membership) handle(kind MemberEventKind, n *memberlist.Node) {
 	switch kind {
 	case MemberJoin, MemberUpdate:
 		ms.members[n.Name] = mem
+		delete(ms.failed, n.Name)
 	default:
 		// memberlist does not say whether a node left or died (Node.State
 		// is not updated): a gateway that leaves gracefully first gossips
@@ -352,6 +388,11 @@ func (ms *membership) handle(kind MemberEventKind, n *memberlist.Node) {
 			kind = MemberFail
 		}
 		delete(ms.members, n.Name)
+		if kind == MemberFail && !mem.Self {
+			ms.failed[n.Name] = failedMember{addr: mem.Addr, at: time.Now()}
+		} else {
+			delete(ms.failed, n.Name)
+		}
 	}
 	ms.m.members.Set(float64(len(ms.members)))
 	close(ms.changed)

@@ -14,8 +14,9 @@
 //	cfg.KVSources = ...                     // engines with a kv (connect) endpoint
 //	c, err := kvsync.New(cfg, kvsync.Deps{
 //		Index:      n.Index(),              // required
-//		Replicas:   names,                  // required: ReplicaID(name) and ReplicaName(id)
-//		Load:       loads,                  // AppendInFlight: this gateway's exact in-flight counts
+//		Replicas:   kvsync.NewReplicaTable(names), // required: name <-> ReplicaID, in node's order
+//		Load:       kvsync.LoadFunc(appendInFlight), // this gateway's exact in-flight counts
+//		AfterRestore: reapplyRootsAndPublisherFlags,
 //		Registerer: n.Registry(),           // kvmesh_sync_* metrics
 //		KVMetrics:  kvMetrics,              // shared kvevents counters (optional)
 //		Logger:     log,
@@ -27,12 +28,15 @@
 //	...
 //	err = c.Shutdown(ctx)                   // graceful leave, then stop
 //
-// What node must change (a follow-up; node is not edited here): implement
-// Replicas (node has ReplicaID(name); it needs ReplicaName(id) too) and
-// LoadSource over its replicas' in-flight atomics; call PublishDecision in
-// recordDecision; and not start its own kvevents subscribers for replicas
-// listed in Config.KVSources (the cluster's owner ingests those for
-// everyone). Replicas with kv_bind (the engine's publisher connects to the
+// What node must change (a follow-up; node is not edited here): build a
+// ReplicaTable from its replica names in ID order (or implement Replicas)
+// and a LoadSource over its replicas' in-flight atomics; pass AfterRestore
+// to re-apply SetReplicaRoot and SetPublishesEvents (index.Restore replaces
+// them with the peer's); call PublishDecision in recordDecision; and not
+// start its own kvevents subscribers for replicas listed in
+// Config.KVSources (the cluster's owner ingests those for everyone;
+// KVOwner and OwnsKV say who does). Members and Changed satisfy the
+// sync/config store's Membership contract after converting Member. Replicas with kv_bind (the engine's publisher connects to the
 // gateway) cannot move between gateways: node keeps ingesting those
 // itself, and they are not shared. Every gateway must configure the same
 // replica names, model roots (index.SetReplicaRoot), hash seed and block
@@ -50,7 +54,10 @@
 // under memberlist's lock without blocking and delivered to
 // MemberListeners from the Cluster's own goroutine. A graceful Leave first
 // gossips metadata with Leaving set, which is how peers tell a leave from a
-// failure (memberlist's events do not say). MemNetwork is an in-memory
+// failure (memberlist's events do not say). Members declared failed are
+// retried every ReconnectInterval for ReconnectTimeout, so both sides of a
+// healed partition merge again (memberlist alone leaves each side holding
+// the other dead). MemNetwork is an in-memory
 // transport that can partition, for tests and the chaos suite.
 //
 // # NATS subjects

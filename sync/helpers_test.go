@@ -16,33 +16,6 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 )
 
-// staticReplicas is a fixed name <-> ReplicaID table, as a node builds from
-// its replica pools.
-type staticReplicas struct {
-	ids   map[string]index.ReplicaID
-	names []string
-}
-
-func newStaticReplicas(names ...string) *staticReplicas {
-	s := &staticReplicas{ids: make(map[string]index.ReplicaID), names: names}
-	for i, n := range names {
-		s.ids[n] = index.ReplicaID(i)
-	}
-	return s
-}
-
-func (s *staticReplicas) ReplicaID(name string) (index.ReplicaID, bool) {
-	id, ok := s.ids[name]
-	return id, ok
-}
-
-func (s *staticReplicas) ReplicaName(id index.ReplicaID) (string, bool) {
-	if int(id) >= len(s.names) {
-		return "", false
-	}
-	return s.names[id], true
-}
-
 // fakeLoad is a LoadSource with settable counts.
 type fakeLoad struct {
 	mu sync.Mutex
@@ -106,7 +79,7 @@ func newGW(t testing.TB, name string, tr memberlist.Transport, mutate func(*Conf
 	}
 	g := &gw{name: name, ix: newIndex(t), reg: prometheus.NewRegistry(), load: &fakeLoad{}}
 	c, err := New(cfg, Deps{
-		Index: g.ix, Replicas: newStaticReplicas(testReplicas...), Load: g.load,
+		Index: g.ix, Replicas: NewReplicaTable(testReplicas), Load: g.load,
 		Registerer: g.reg, Logger: testLogger(t), Transport: tr,
 	})
 	require.NoError(t, err)

@@ -52,7 +52,7 @@ func confirmed(g *gw) int { return g.ix.Stats().Entries[index.Confirmed] }
 func ownersOf(gws []*gw) []string {
 	var out []string
 	for _, g := range gws {
-		if g.c.own.owned("r0") {
+		if g.c.OwnsKV("r0") {
 			out = append(out, g.name)
 		}
 	}
@@ -70,6 +70,10 @@ func testHandover(t *testing.T, crash bool) {
 	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = src })
 
 	want := Owner("r0", []string{"g0", "g1", "g2"})
+	for _, g := range gws {
+		require.Equal(t, want, g.c.KVOwner("r0"))
+	}
+	require.Equal(t, "", gws[0].c.KVOwner("r1"), "not a KV source")
 	require.Eventually(t, func() bool {
 		o := ownersOf(gws)
 		return len(o) == 1 && o[0] == want

@@ -54,9 +54,10 @@
 // added by the leader as non-voters. The leader reconciles on every
 // membership change and every ReconcileInterval: servers missing from
 // membership for DeadServerGrace are removed, non-voters are promoted
-// (smallest ID first) while there are fewer than N voters, and a server
-// that came back on a new address is updated. Raft dials peers through
-// Membership (a ServerAddressProvider), so restarting on new ports works.
+// (smallest ID first) while there are fewer than N voters. Raft dials
+// peers through Membership (a ServerAddressProvider), so a gateway that
+// restarts on new ports is reached under its id; the configuration keeps
+// the address it was added with, as a fallback.
 //
 // # Admin API
 //

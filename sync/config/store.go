@@ -778,9 +778,8 @@ func (s *Store) seed() {
 
 // reconcile makes the raft configuration follow membership: live members
 // not in it join as non-voters, servers missing for DeadServerGrace are
-// removed, moved servers get their new address, and non-voters are
-// promoted (smallest ID first) while there are fewer than BootstrapExpect
-// voters.
+// removed, and non-voters are promoted (smallest ID first) while there are
+// fewer than BootstrapExpect voters.
 func (s *Store) reconcile(servers []raft.Server, now time.Time) {
 	live := map[string]Member{}
 	for _, m := range s.cfg.Membership.Members() {
@@ -798,12 +797,13 @@ func (s *Store) reconcile(servers []raft.Server, now time.Time) {
 		if srv.ID == self {
 			continue
 		}
-		m, ok := live[string(srv.ID)]
-		if ok {
+		// A server that came back on another address keeps its old
+		// address in the configuration: the transport dials through
+		// membership (addressProvider), and rewriting a live server's
+		// address trips a data race inside raft v1.8.0's replication
+		// (hashicorp/raft#681).
+		if _, ok := live[string(srv.ID)]; ok {
 			delete(s.absentSince, string(srv.ID))
-			if m.RaftAddr != "" && m.RaftAddr != string(srv.Address) {
-				s.change("address", srv.ID, m.RaftAddr, srv.Suffrage, timeout)
-			}
 			continue
 		}
 		since, seen := s.absentSince[string(srv.ID)]

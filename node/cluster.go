@@ -192,7 +192,7 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	}
 	if cl.cluster, err = kvsync.New(kc, kvsync.Deps{
 		Index: n.index, Replicas: n.ids, Load: loadSource{n}, Registerer: n.m.reg,
-		KVMetrics: n.kvMetrics, Logger: n.log,
+		KVMetrics: n.kvMetrics, Logger: n.log, AfterRestore: n.reapplyReplicaFlags,
 	}); err != nil {
 		return fmt.Errorf("node: cluster: %w", err)
 	}
@@ -289,6 +289,16 @@ func (n *Node) onConfigApply(v *config.Versioned) {
 	n.cl.configApplied.Store(true)
 }
 
+// reapplyReplicaFlags restores this gateway's replica roots and
+// publisher flags in the index after a snapshot from a peer replaced them
+// (sync.Deps.AfterRestore).
+func (n *Node) reapplyReplicaFlags() {
+	for _, r := range n.tbl.Load().replicas {
+		n.index.SetPublishesEvents(r.id, r.cfg.PublishesKVEvents())
+		n.index.SetReplicaRoot(r.id, n.hasher.Root(r.model, "", ""))
+	}
+}
+
 // warnRestartOnly logs the config fields that differ from the Node's and
 // only take effect when the gateway restarts with them (they shape the
 // index and the block keys, which are built once).
@@ -308,10 +318,13 @@ func (n *Node) warnRestartOnly(v *config.Versioned) {
 		time.Duration(d.Index.SpeculativeTTL) != n.cfg.SpeculativeTTL {
 		diff = append(diff, "index")
 	}
+	restart := 0.0
 	if len(diff) > 0 {
+		restart = 1
 		n.log.Warn("routing config fields differ from this gateway's and take effect only at restart",
 			"version", v.Version, "fields", strings.Join(diff, ","))
 	}
+	n.m.restartRequired.Set(restart)
 }
 
 // routingDocument converts the Node's own Config into the raft document

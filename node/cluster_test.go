@@ -230,6 +230,7 @@ func TestClusterThreeGateways(t *testing.T) {
 	owner := ownerOf("e1", gws)
 	th := time.Now()
 	stops[owner]()
+	t.Logf("(b) graceful stop of the owner %s took %v", ids[owner], time.Since(th).Round(time.Millisecond))
 	gone := gws[owner]
 	gws[owner] = nil
 	live := []*Node{}
@@ -238,6 +239,10 @@ func TestClusterThreeGateways(t *testing.T) {
 			live = append(live, g)
 		}
 	}
+	require.Eventually(t, func() bool {
+		id, _ := live[0].ConfigStore().Leader()
+		return id != "" && id != ids[owner]
+	}, 10*time.Second, time.Millisecond, "a live gateway leads raft")
 	next := ownerOf("e1", live)
 	require.Eventually(t, func() bool {
 		return gaugeValue(t, gws[next], "kvmesh_sync_kv_owned_sources") >= 1 &&
@@ -343,5 +348,21 @@ func TestClusterThreeGateways(t *testing.T) {
 			assert.NotEqual(t, "e2", resp.Header.Get(HeaderReplica))
 			readAll(t, resp)
 		}
+	}
+	t.Logf("(e) e3 added and got traffic on every gateway; e2 removed and got none")
+
+	// A change of what shapes block keys is applied to the config but
+	// flagged: it takes effect at restart.
+	code, out = admin(t, gws[0], http.MethodPatch, "/admin/v1/config", `{"hash_seed":42}`)
+	require.Equal(t, http.StatusOK, code, out)
+	for _, g := range gws {
+		require.Eventually(t, func() bool { return gaugeValue(t, g, "kvmesh_config_restart_required") == 1 },
+			10*time.Second, time.Millisecond)
+	}
+	code, out = admin(t, gws[0], http.MethodPatch, "/admin/v1/config", `{"hash_seed":0}`)
+	require.Equal(t, http.StatusOK, code, out)
+	for _, g := range gws {
+		require.Eventually(t, func() bool { return gaugeValue(t, g, "kvmesh_config_restart_required") == 0 },
+			10*time.Second, time.Millisecond)
 	}
 }

@@ -60,6 +60,11 @@
 // then subscribes: sync.Cluster's sources are fixed at Start). The admin
 // API is served over gRPC on Cluster.AdminAddr and over HTTP/JSON on the
 // gateway's own listener under /admin/v1/ (bearer token on every call).
+// A config that changes what shapes block keys (hash seed, block size,
+// tokenizer) or the index bounds is applied to routing but the index keeps
+// its own until restart: kvmesh_config_restart_required is 1 meanwhile.
+// After a snapshot restore the Node re-applies its replica roots and
+// publisher flags (sync.Deps.AfterRestore).
 //
 // Probes: GET /health is liveness (200 until Shutdown begins). GET /ready
 // is readiness: 200 once serving and, in cluster mode, joined, index
@@ -69,11 +74,12 @@
 // Graceful shutdown (SIGTERM in kvmesh serve, then Shutdown with
 // ShutdownGrace): /health and /ready turn 503; the gateway gossips its
 // leave (peers take over its KV-event streams at once instead of after
-// failure detection); the HTTP server stops accepting and in-flight
-// streams drain until the grace ends, the rest are cut; the admin API,
-// config store (a leader's followers elect a new leader within the
-// election timeout) and cluster stop; probes and subscribers stop. Each
-// step is logged with its duration.
+// failure detection); the config store leaves raft (a leader first
+// transfers leadership, so writes pause for a round trip, not an election
+// timeout); the HTTP server stops accepting and in-flight streams drain
+// until the grace ends, the rest are cut; the admin API, config store and
+// cluster stop; probes and subscribers stop. Each step is logged with its
+// duration.
 //
 // Lifecycle: New builds, Start listens and returns, Shutdown stops in
 // order (stop accepting, drain streams until its context ends, cut the

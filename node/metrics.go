@@ -35,6 +35,9 @@ type metrics struct {
 	clientErrors   *prometheus.CounterVec // code
 	tokenizeCache  *prometheus.CounterVec // result
 	kvApplyErrors  *prometheus.CounterVec // replica, reason
+	// restartRequired is 1 while the applied cluster config changes what
+	// only a restart applies (hash seed, block size, tokenizer, index).
+	restartRequired prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -94,9 +97,13 @@ func newMetrics() *metrics {
 		Name: "kvmesh_index_kv_apply_errors_total",
 		Help: "KV-event batches or events the index could not apply, by replica and reason.",
 	}, []string{"replica", "reason"})
+	m.restartRequired = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvmesh_config_restart_required",
+		Help: "1 while the applied cluster config changes hash seed, block size, tokenizer or index bounds, which take effect only when the gateway restarts.",
+	})
 	m.reg.MustRegister(m.decisions, m.matchFraction, m.decisionTime, m.inflight,
 		m.upstreamErrors, m.ttft, m.healthy, m.ejections, m.retries, m.requests,
-		m.clientErrors, m.tokenizeCache, m.kvApplyErrors,
+		m.clientErrors, m.tokenizeCache, m.kvApplyErrors, m.restartRequired,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

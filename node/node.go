@@ -348,8 +348,8 @@ func (n *Node) HTTPAddr() string {
 // Shutdown stops the Node in order, logging each step with its duration:
 // /health and /ready turn 503 (load balancers drain the gateway); in
 // cluster mode the gateway gossips its leave (peers take over its KV-event
-// streams at once) and, if it is the raft leader, the config store is
-// told to step down; the HTTP server stops accepting and in-flight
+// streams at once) and leaves raft (a leader transfers leadership to
+// another voter first); the HTTP server stops accepting and in-flight
 // requests and streams finish until ctx is done, the rest are cut (a cut
 // stream ends with an SSE error event when its upstream fails, or the
 // connection closes); then the admin API, the config store and the cluster
@@ -380,11 +380,12 @@ func (n *Node) Shutdown(ctx context.Context) error {
 					n.log.Warn("gossip leave", "err", err)
 				}
 			})
-			if n.cl.store.IsLeader() {
-				// The store has no leadership transfer: followers elect a
-				// new leader within the election timeout after it stops.
-				n.log.Info("shutdown: this gateway is the raft leader; a follower takes over after the store stops")
-			}
+			leader := n.cl.store.IsLeader()
+			step("left raft (leadership transferred if leader)", func() {
+				if err := n.cl.store.Leave(); err != nil {
+					n.log.Warn("raft leave", "leader", leader, "err", err)
+				}
+			})
 		}
 		var err error
 		step("drained HTTP requests and streams", func() {

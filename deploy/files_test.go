@@ -3,9 +3,13 @@ package deploy_test
 import (
 	"bytes"
 	"debug/elf"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,7 +28,9 @@ var overlays = []string{"dev", "prod"}
 
 // gatewayConfigs are every gateway YAML config the deploy files mount.
 var gatewayConfigs = []string{
-	"compose/kvmesh.yaml",
+	"compose/gateway-1.yaml",
+	"compose/gateway-2.yaml",
+	"compose/gateway-3.yaml",
 	"kubernetes/base/kvmesh.yaml",
 	"kubernetes/overlays/dev/kvmesh.yaml",
 	"kubernetes/overlays/prod/kvmesh.yaml",
@@ -307,11 +313,11 @@ func TestReplicaLabelsMatchGatewayConfig(t *testing.T) {
 	if !jobs["kvmesh"] {
 		t.Error(`prometheus.yml: no job "kvmesh" (the KvmeshGatewayDown alert selects up{job="kvmesh"})`)
 	}
-	if want := replicaNames(t, "compose/kvmesh.yaml"); !slices.Equal(labels, want) {
+	if want := replicaNames(t, "compose/gateway-1.yaml"); !slices.Equal(labels, want) {
 		t.Errorf("prometheus.yml engine replica labels %q, compose gateway replicas %q", labels, want)
 	}
 	composeServices := readYAMLFile(t, "compose.yaml")[0]["services"].(map[string]any)
-	for _, r := range replicaNames(t, "compose/kvmesh.yaml") {
+	for _, r := range replicaNames(t, "compose/gateway-1.yaml") {
 		if _, ok := composeServices[r]; !ok {
 			t.Errorf("compose gateway replica %q has no compose service", r)
 		}
@@ -419,7 +425,7 @@ func TestComposeShutdownTiming(t *testing.T) {
 		if filepath.Base(argv[0]) != "kvmesh" {
 			continue
 		}
-		grace := shutdownGrace(t, argv, "compose/kvmesh.yaml")
+		grace := shutdownGrace(t, argv, composeGatewayConfig(t, services[name].(map[string]any)))
 		sgp, _ := services[name].(map[string]any)["stop_grace_period"].(string)
 		stop, err := time.ParseDuration(sgp)
 		if err != nil {
@@ -428,6 +434,137 @@ func TestComposeShutdownTiming(t *testing.T) {
 		}
 		if stop < grace+5*time.Second {
 			t.Errorf("compose %s: stop_grace_period %v < shutdown grace %v + 5s: docker would SIGKILL draining streams", name, stop, grace)
+		}
+	}
+}
+
+// composeGatewayConfig returns the host path of the file a compose
+// gateway service mounts at /etc/kvmesh/kvmesh.yaml (relative to deploy/).
+func composeGatewayConfig(t *testing.T, svc map[string]any) string {
+	t.Helper()
+	for _, v := range svc["volumes"].([]any) {
+		src, dst, _ := strings.Cut(v.(string), ":")
+		if strings.HasPrefix(dst, "/etc/kvmesh/kvmesh.yaml") {
+			return filepath.Clean(src)
+		}
+	}
+	t.Fatalf("compose service mounts no /etc/kvmesh/kvmesh.yaml: %v", svc["volumes"])
+	return ""
+}
+
+// TestComposeCluster: the three compose gateways form one cluster. Each
+// config names its own service (node id, fixed address on the compose
+// subnet), joins all gateways, uses the compose NATS, finds the token and
+// gossip key where compose mounts its secrets and keeps raft data on a
+// volume; apart from identity the configs are equal.
+func TestComposeCluster(t *testing.T) {
+	doc := readYAMLFile(t, "compose.yaml")[0]
+	services := doc["services"].(map[string]any)
+	subnet, _ := get(doc, "networks", "default", "ipam", "config").([]any)
+	if len(subnet) != 1 {
+		t.Fatal("compose.yaml: want one subnet on the default network")
+	}
+	_, ipnet, err := net.ParseCIDR(get(subnet[0], "subnet").(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gateways []string
+	for name, argv := range composeArgvs(t) {
+		if filepath.Base(argv[0]) == "kvmesh" {
+			gateways = append(gateways, name)
+		}
+	}
+	slices.Sort(gateways)
+	if len(gateways) != 3 {
+		t.Fatalf("compose gateways %q, want 3", gateways)
+	}
+	var wantJoin []string
+	for _, g := range gateways {
+		wantJoin = append(wantJoin, g+":7946")
+	}
+	var first []byte
+	for _, name := range gateways {
+		svc := services[name].(map[string]any)
+		path := composeGatewayConfig(t, svc)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := node.ParseConfigYAML(data, node.DefaultConfig())
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		c := cfg.Cluster
+		if !c.Enabled || c.NoSync {
+			t.Errorf("%s: cluster mode off", path)
+		}
+		if c.NodeID != name || svc["hostname"] != name {
+			t.Errorf("%s: node_id %q, hostname %v, want the service name %q", path, c.NodeID, svc["hostname"], name)
+		}
+		ip := get(svc, "networks", "default", "ipv4_address")
+		host, port, err := net.SplitHostPort(c.AdvertiseAddr)
+		if err != nil || host != ip || port != "7946" || !ipnet.Contains(net.ParseIP(host)) {
+			t.Errorf("%s: advertise_addr %q, service address %v in %v: want %v:7946", path, c.AdvertiseAddr, ip, ipnet, ip)
+		}
+		join := slices.Clone(c.Join)
+		slices.Sort(join)
+		if !slices.Equal(join, wantJoin) {
+			t.Errorf("%s: join %q, want %q", path, c.Join, wantJoin)
+		}
+		if c.BootstrapExpect != len(gateways) {
+			t.Errorf("%s: bootstrap_expect %d, want %d", path, c.BootstrapExpect, len(gateways))
+		}
+		u, err := url.Parse(c.NATSURL)
+		if err != nil || u.Scheme != "nats" || services[u.Hostname()] == nil {
+			t.Errorf("%s: nats_url %q names no compose service", path, c.NATSURL)
+		}
+		mounted := false
+		for _, v := range svc["volumes"].([]any) {
+			_, dst, _ := strings.Cut(v.(string), ":")
+			mounted = mounted || strings.TrimSuffix(dst, ":rw") == c.DataDir
+		}
+		if !mounted {
+			t.Errorf("%s: data_dir %q is not a volume of %s (the root filesystem is read-only)", path, c.DataDir, name)
+		}
+		for file, check := range map[string]func([]byte) error{
+			c.AdminTokenFile: func(b []byte) error {
+				if strings.TrimSpace(string(b)) == "" {
+					return errors.New("empty token")
+				}
+				return nil
+			},
+			c.GossipKeyFile: func(b []byte) error {
+				k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+				if err != nil {
+					return err
+				}
+				if l := len(k); l != 16 && l != 24 && l != 32 {
+					return fmt.Errorf("%d bytes, want 16, 24 or 32", l)
+				}
+				return nil
+			},
+		} {
+			secret, ok := strings.CutPrefix(file, "/run/secrets/")
+			if !ok || !slices.Contains(svc["secrets"].([]any), any(secret)) {
+				t.Errorf("%s: %q is not a secret compose mounts for %s", path, file, name)
+				continue
+			}
+			src, _ := get(doc, "secrets", secret, "file").(string)
+			b, err := os.ReadFile(src)
+			if err != nil {
+				t.Errorf("secret %s: %v", secret, err)
+				continue
+			}
+			if err := check(b); err != nil {
+				t.Errorf("secret %s (%s): %v", secret, src, err)
+			}
+		}
+		// Identity aside, every gateway has the same config.
+		same := regexp.MustCompile(`(?m)^(# Gateway config of compose service|  node_id:|  advertise_addr:).*$`).ReplaceAll(data, nil)
+		if first == nil {
+			first = same
+		} else if !bytes.Equal(first, same) {
+			t.Errorf("%s differs from %s beyond node_id and advertise_addr", path, composeGatewayConfig(t, services[gateways[0]].(map[string]any)))
 		}
 	}
 }

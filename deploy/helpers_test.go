@@ -27,6 +27,10 @@ const repoRoot = ".."
 // ourBinaries are the programs the kvmesh image ships, by base name.
 var ourBinaries = []string{"kvmesh", "vllmsim", "kvbench"}
 
+// natsServerPkg is nats-server's main package; go build names it
+// "nats-server".
+const natsServerPkg = "github.com/nats-io/nats-server/v2"
+
 // binDir holds the binaries built once for the whole test run.
 var binDir struct {
 	once sync.Once
@@ -65,6 +69,9 @@ func binaries(t testing.TB) string {
 		for _, b := range ourBinaries {
 			args = append(args, "./cmd/"+b)
 		}
+		// The external NATS of the cluster tests, built from the module the
+		// gateway embeds (no download): compose and prod use an external one.
+		args = append(args, natsServerPkg)
 		cmd := exec.Command(goTool(), args...)
 		cmd.Dir = repoRoot
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -124,10 +124,22 @@ func (s *stack) runGateway(t *testing.T, name, cfgPath string, extra ...string) 
 
 var clusterMember = regexp.MustCompile(`msg="cluster member" node_id=\S+ cluster=\S+ gossip=(\S+)`)
 
+// startNATS runs an external nats-server on a free loopback port and
+// returns its client URL.
+func startNATS(t *testing.T, bin string) string {
+	t.Helper()
+	_, m := startProc(t, "nats-server", filepath.Join(bin, "nats-server"),
+		[]string{"-a", "127.0.0.1", "-p", "-1"}, natsReady)
+	return "nats://" + m[0]
+}
+
+var natsReady = regexp.MustCompile(`Listening for client connections on (\S+)`)
+
 // clusterYAML is the cluster section of a loopback member: every listener
 // on port 0, local timing, its own data directory, the admin token and
-// gossip key from files (as the Kubernetes Secret mounts them).
-func clusterYAML(t *testing.T, id string, join []string) string {
+// gossip key from files (as the Kubernetes Secret mounts them), the
+// external NATS at natsURL.
+func clusterYAML(t *testing.T, id, natsURL string, join []string) string {
 	t.Helper()
 	dir := t.TempDir()
 	token := filepath.Join(dir, "admin-token")
@@ -141,9 +153,10 @@ func clusterYAML(t *testing.T, id string, join []string) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "cluster:\n  enabled: true\n  node_id: %s\n  profile: local\n", id)
-	for _, k := range []string{"gossip_addr", "nats_client_addr", "nats_cluster_addr", "peer_addr", "admin_addr", "raft_addr"} {
+	for _, k := range []string{"gossip_addr", "peer_addr", "admin_addr", "raft_addr"} {
 		fmt.Fprintf(&b, "  %s: 127.0.0.1:0\n", k)
 	}
+	fmt.Fprintf(&b, "  nats_url: %s\n", natsURL)
 	fmt.Fprintf(&b, "  data_dir: %s\n  bootstrap_expect: 1\n  admin_token_file: %s\n  gossip_key_file: %s\n", filepath.Join(dir, "data"), token, key)
 	if len(join) > 0 {
 		fmt.Fprintf(&b, "  join: [%s]\n", strings.Join(join, ", "))
@@ -151,18 +164,19 @@ func clusterYAML(t *testing.T, id string, join []string) string {
 	return b.String()
 }
 
-// startCluster starts two cluster-mode gateways in front of the stack's
-// engines: gw-1 bootstraps the config store alone, gw-2 joins it; it
-// returns once both answer /ready.
+// startCluster starts an external NATS and two cluster-mode gateways in
+// front of the stack's engines: gw-1 bootstraps the config store alone,
+// gw-2 joins it; it returns once both answer /ready.
 func (s *stack) startCluster(t *testing.T, extra ...string) {
 	t.Helper()
-	cfg1 := writeGatewayConfig(t, s.engines, s.dead, clusterYAML(t, "gw-1", nil))
+	natsURL := startNATS(t, s.bin)
+	cfg1 := writeGatewayConfig(t, s.engines, s.dead, clusterYAML(t, "gw-1", natsURL, nil))
 	p1, addr1 := s.runGateway(t, "kvmesh serve gw-1", cfg1, extra...)
 	m := clusterMember.FindStringSubmatch(p1.logs())
 	if m == nil {
 		t.Fatalf("gw-1 logged no cluster member line:\n%s", p1.logs())
 	}
-	cfg2 := writeGatewayConfig(t, s.engines, s.dead, clusterYAML(t, "gw-2", []string{m[1]}))
+	cfg2 := writeGatewayConfig(t, s.engines, s.dead, clusterYAML(t, "gw-2", natsURL, []string{m[1]}))
 	_, addr2 := s.runGateway(t, "kvmesh serve gw-2", cfg2, extra...)
 	for _, a := range []string{addr1, addr2} {
 		require.Eventually(t, func() bool {

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/chaos/faultproxy"
@@ -60,6 +62,22 @@ type Config struct {
 	// Strategy is the gateways' default routing strategy. Default
 	// "prefix-cache".
 	Strategy string
+	// ClusterMode makes the gateways one kvmesh cluster: gossip, index and
+	// load replication over NATS, raft config store, admin API, with
+	// node.LocalClusterConfig (loopback, port 0, local timing). Only each
+	// engine's owner gateway subscribes to it; peers get its events
+	// through NATS. Default false: standalone gateways that each subscribe
+	// to every engine.
+	ClusterMode bool
+	// DataDir is the base directory for the gateways' raft data (one
+	// subdirectory per gateway id). Required with ClusterMode.
+	DataDir string
+	// NATSURL points every gateway at an external NATS server instead of
+	// an embedded one each. Default "".
+	NATSURL string
+	// BootstrapExpect is the number of raft voters. Default min(3,
+	// Gateways).
+	BootstrapExpect int
 	// Sim, if set, adjusts engine i's config before it starts.
 	Sim func(i int, c *sim.Config)
 	// Node, if set, adjusts gateway i's config before it starts.
@@ -90,6 +108,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: %d GPU blocks", ErrInvalidConfig, c.NumGPUBlocks)
 	case c.KVLink > KVNone:
 		return fmt.Errorf("%w: KV link %d", ErrInvalidConfig, c.KVLink)
+	case c.ClusterMode && c.DataDir == "":
+		return fmt.Errorf("%w: cluster mode needs a data dir", ErrInvalidConfig)
+	case c.BootstrapExpect < 0:
+		return fmt.Errorf("%w: bootstrap expect %d", ErrInvalidConfig, c.BootstrapExpect)
 	}
 	return nil
 }
@@ -98,9 +120,13 @@ func (c Config) Validate() error {
 type Cluster struct {
 	cfg      Config
 	log      *slog.Logger
-	engines  []*Engine
-	gateways []*Gateway
-	hc       *http.Client
+	engines []*Engine
+	hc      *http.Client
+
+	gmu      sync.Mutex
+	gateways []*Gateway // live gateways, in start order
+	nextGW   int
+	closing  atomic.Bool // set by Shutdown before it takes gmu
 
 	mu       sync.Mutex
 	shutdown bool
@@ -123,10 +149,12 @@ type Engine struct {
 	srv *sim.Server
 }
 
-// Gateway is one kvmesh node.
+// Gateway is one kvmesh node. A restarted gateway is a new Gateway with
+// the same Name.
 type Gateway struct {
 	Name string
 	Node *node.Node
+	cfg  node.Config
 }
 
 // URL is the gateway's base URL.
@@ -193,27 +221,62 @@ func (c *Cluster) start(ctx context.Context) error {
 			}
 		}
 	}
-	for i := range c.cfg.Gateways {
-		ncfg := node.LocalConfig()
-		ncfg.IndexMode = c.cfg.IndexMode
-		ncfg.Strategy = c.cfg.Strategy
-		ncfg.Tokenizer = node.TokenizerCharacter // the simulator's byte tokenizer
-		ncfg.BlockSize = c.cfg.IndexBlockTokens
-		var reps []node.ReplicaConfig
-		for _, e := range c.engines {
-			reps = append(reps, e.replicaConfig())
-		}
-		ncfg.Models = []node.ModelConfig{{Name: c.cfg.Model, Replicas: reps}}
-		if c.cfg.Node != nil {
-			c.cfg.Node(i, &ncfg)
-		}
-		g, err := c.startGateway(ctx, fmt.Sprintf("g%d", i), ncfg)
-		if err != nil {
+	for range c.cfg.Gateways {
+		if _, err := c.AddGateway(ctx); err != nil {
 			return err
 		}
-		c.gateways = append(c.gateways, g)
 	}
-	return nil
+	return c.WaitReady(ctx)
+}
+
+// AdminToken is the admin API token of gateways in ClusterMode.
+const AdminToken = "kvmesh-chaos-admin-token"
+
+// gatewayConfig is gateway i's config: every engine as a replica and, in
+// ClusterMode, cluster membership that joins the live gateways.
+func (c *Cluster) gatewayConfig(i int, name string) node.Config {
+	ncfg := node.LocalConfig()
+	ncfg.IndexMode = c.cfg.IndexMode
+	ncfg.Strategy = c.cfg.Strategy
+	ncfg.Tokenizer = node.TokenizerCharacter // the simulator's byte tokenizer
+	ncfg.BlockSize = c.cfg.IndexBlockTokens
+	var reps []node.ReplicaConfig
+	for _, e := range c.engines {
+		reps = append(reps, e.replicaConfig())
+	}
+	ncfg.Models = []node.ModelConfig{{Name: c.cfg.Model, Replicas: reps}}
+	if c.cfg.ClusterMode {
+		cc := node.LocalClusterConfig()
+		cc.Enabled = true
+		cc.NodeID = name
+		cc.DataDir = filepath.Join(c.cfg.DataDir, name)
+		cc.AdminToken = AdminToken
+		cc.NATSURL = c.cfg.NATSURL
+		cc.BootstrapExpect = c.cfg.BootstrapExpect
+		if cc.BootstrapExpect == 0 {
+			cc.BootstrapExpect = min(3, c.cfg.Gateways)
+		}
+		for _, g := range c.Gateways() {
+			cc.Join = append(cc.Join, g.Node.Cluster().GossipAddr())
+		}
+		ncfg.Cluster = cc
+	}
+	if c.cfg.Node != nil {
+		c.cfg.Node(i, &ncfg)
+	}
+	return ncfg
+}
+
+// AddGateway starts one more gateway (scale-out), named g<N>. In
+// ClusterMode it joins the live gateways; call WaitReady before relying on
+// its index.
+func (c *Cluster) AddGateway(ctx context.Context) (*Gateway, error) {
+	c.gmu.Lock()
+	i := c.nextGW
+	c.nextGW++
+	c.gmu.Unlock()
+	name := fmt.Sprintf("g%d", i)
+	return c.startGateway(ctx, name, c.gatewayConfig(i, name))
 }
 
 func (c *Cluster) startGateway(ctx context.Context, name string, cfg node.Config) (*Gateway, error) {
@@ -224,7 +287,127 @@ func (c *Cluster) startGateway(ctx context.Context, name string, cfg node.Config
 	if err := n.Start(ctx); err != nil {
 		return nil, err
 	}
-	return &Gateway{Name: name, Node: n}, nil
+	g := &Gateway{Name: name, Node: n, cfg: cfg}
+	c.gmu.Lock()
+	defer c.gmu.Unlock()
+	if c.closing.Load() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return nil, errors.Join(ErrShutdown, n.Shutdown(sctx))
+	}
+	c.gateways = append(c.gateways, g)
+	return g, nil
+}
+
+// Gateway returns the live gateway called name, or nil.
+func (c *Cluster) Gateway(name string) *Gateway {
+	for _, g := range c.Gateways() {
+		if g.Name == name {
+			return g
+		}
+	}
+	return nil
+}
+
+// remove takes g out of the live set; false if it was not live.
+func (c *Cluster) remove(g *Gateway) bool {
+	c.gmu.Lock()
+	defer c.gmu.Unlock()
+	for i, x := range c.gateways {
+		if x == g {
+			c.gateways = append(c.gateways[:i:i], c.gateways[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// StopGateway shuts g down gracefully: it stops accepting, lets in-flight
+// streams finish until ctx ends, leaves the cluster, and is no longer
+// live. (scale-in, SIGTERM)
+func (c *Cluster) StopGateway(ctx context.Context, g *Gateway) error {
+	if !c.remove(g) {
+		return fmt.Errorf("cluster: gateway %s is not live", g.Name)
+	}
+	return g.Node.Shutdown(ctx)
+}
+
+// KillGateway stops g at once, the in-process stand-in for kill -9: the
+// listener closes and every in-flight stream is cut without a drain
+// (Shutdown with an expired context). Its error, the expired deadline, is
+// expected and not returned.
+func (c *Cluster) KillGateway(g *Gateway) {
+	if !c.remove(g) {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = g.Node.Shutdown(ctx)
+}
+
+// RestartGateway starts a stopped or killed gateway again: same name,
+// node id and data dir (so raft keeps its log), new HTTP port, joining the
+// live gateways. Call WaitReady before relying on it.
+func (c *Cluster) RestartGateway(ctx context.Context, old *Gateway) (*Gateway, error) {
+	cfg := old.cfg
+	cfg.HTTPAddr = "127.0.0.1:0"
+	if c.cfg.ClusterMode {
+		cfg.Cluster.Join = nil
+		for _, g := range c.Gateways() {
+			cfg.Cluster.Join = append(cfg.Cluster.Join, g.Node.Cluster().GossipAddr())
+		}
+	}
+	return c.startGateway(ctx, old.Name, cfg)
+}
+
+// WaitReady waits until every live gateway reports ready (in ClusterMode:
+// joined, index bootstrapped from a peer, raft config applied).
+func (c *Cluster) WaitReady(ctx context.Context) error {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ready := true
+		for _, g := range c.Gateways() {
+			if !g.Node.Ready() {
+				ready = false
+			}
+		}
+		if ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: gateways not ready: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// ConfigVersions lists each live gateway's raft config version
+// ("g0=v3 g1=v3"), or "" outside ClusterMode.
+func (c *Cluster) ConfigVersions() string {
+	if !c.cfg.ClusterMode {
+		return ""
+	}
+	var parts []string
+	for _, g := range c.Gateways() {
+		parts = append(parts, fmt.Sprintf("%s=v%d", g.Name, g.Node.ConfigVersion()))
+	}
+	return strings.Join(parts, " ")
+}
+
+// ConfigConverged reports whether every live gateway applies the same
+// non-zero config version.
+func (c *Cluster) ConfigConverged() bool {
+	var v uint64
+	for i, g := range c.Gateways() {
+		gv := g.Node.ConfigVersion()
+		if gv == 0 || (i > 0 && gv != v) {
+			return false
+		}
+		v = gv
+	}
+	return true
 }
 
 func startProxy(name, target string, l *slog.Logger) (*faultproxy.Proxy, error) {
@@ -264,8 +447,12 @@ func (c *Cluster) Config() Config { return c.cfg }
 // Engines returns the engines, in name order.
 func (c *Cluster) Engines() []*Engine { return c.engines }
 
-// Gateways returns the gateways, in name order.
-func (c *Cluster) Gateways() []*Gateway { return c.gateways }
+// Gateways returns the live gateways, in start order.
+func (c *Cluster) Gateways() []*Gateway {
+	c.gmu.Lock()
+	defer c.gmu.Unlock()
+	return append([]*Gateway(nil), c.gateways...)
+}
 
 // Server is the engine's current simulator (a restart replaces it).
 func (e *Engine) Server() *sim.Server {
@@ -373,10 +560,11 @@ type Pair struct {
 
 // Compare measures every gateway's confirmed index for every engine.
 func (c *Cluster) Compare() ([]Pair, error) {
-	out := make([]Pair, 0, len(c.gateways)*len(c.engines))
+	gws := c.Gateways()
+	out := make([]Pair, 0, len(gws)*len(c.engines))
 	for _, e := range c.engines {
 		blocks := e.Server().CachedBlocks()
-		for _, g := range c.gateways {
+		for _, g := range gws {
 			ix := g.Node.Index()
 			id, ok := g.Node.ReplicaID(e.Name)
 			if !ok {
@@ -500,7 +688,7 @@ func (c *Cluster) WarmUp(ctx context.Context) error {
 func (c *Cluster) WaitHeard(ctx context.Context, e *Engine, done func() bool) error {
 	for i := 0; i < 200; i++ {
 		all := true
-		for _, g := range c.gateways {
+		for _, g := range c.Gateways() {
 			id, ok := g.Node.ReplicaID(e.Name)
 			if ok && len(g.Node.Index().AppendEngineHashes(nil, id)) == 0 {
 				all = false
@@ -570,11 +758,16 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 		return c.err
 	}
 	c.shutdown = true
+	c.closing.Store(true)
 	// Idle client connections first: an http.Server counts a connection
 	// that never carried a request as active for 5 s during Shutdown.
 	c.hc.CloseIdleConnections()
 	var errs []error
-	for _, g := range c.gateways {
+	c.gmu.Lock()
+	gws := c.gateways
+	c.gateways = nil
+	c.gmu.Unlock()
+	for _, g := range gws {
 		if err := g.Node.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("gateway %s: %w", g.Name, err))
 		}

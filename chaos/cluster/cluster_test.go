@@ -146,7 +146,7 @@ func TestLoadClassifiesOutcomes(t *testing.T) {
 		"truncated":   {cluster.Lost, "truncated"},
 		"status":      {cluster.Failed, "no_healthy_replica"},
 		"hang":        {cluster.Lost, "hung"},
-		"reset":       {cluster.Lost, "no_response"},
+		"reset":       {cluster.Failed, "conn_error"},
 		"refused":     {cluster.Failed, "connect"},
 	}
 	for _, r := range res.Results {
@@ -155,8 +155,8 @@ func TestLoadClassifiesOutcomes(t *testing.T) {
 		require.Equal(t, w.reason, r.Reason, cases[r.I])
 	}
 	require.Equal(t, 1, res.OK)
-	require.Equal(t, 3, res.Failed)
-	require.Equal(t, 3, res.Lost)
+	require.Equal(t, 4, res.Failed)
+	require.Equal(t, 2, res.Lost)
 	srv.CloseClientConnections()
 }
 
@@ -167,4 +167,49 @@ func TestConfigValidate(t *testing.T) {
 	require.ErrorIs(t, cfg.Validate(), cluster.ErrInvalidConfig)
 	_, err := cluster.StartLoad(context.Background(), cluster.DefaultLoadConfig())
 	require.ErrorIs(t, err, cluster.ErrInvalidConfig)
+}
+
+func TestClusterModeSharesTheIndex(t *testing.T) {
+	cfg := cluster.DefaultConfig()
+	cfg.Gateways, cfg.Engines = 3, 2
+	cfg.ClusterMode = true
+	cfg.DataDir = t.TempDir()
+	ctx := context.Background()
+	start := time.Now()
+	c, err := cluster.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer func() {
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		require.NoError(t, c.Shutdown(sctx))
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	require.NoError(t, c.WarmUp(wctx))
+	t.Logf("3 gateways ready and warm in %v", time.Since(start).Round(time.Millisecond))
+	require.True(t, c.ConfigConverged(), c.ConfigVersions())
+
+	lc := cluster.DefaultLoadConfig()
+	lc.Requests, lc.Model, lc.Prompt = 60, cfg.Model, prompt
+	lc.Target = func(i int) string { gs := c.Gateways(); return gs[i%len(gs)].URL() }
+	res, err := cluster.RunLoad(ctx, lc)
+	require.NoError(t, err)
+	require.Equal(t, 60, res.OK, res.String())
+	for _, e := range c.Engines() {
+		require.NoError(t, c.WaitHeard(wctx, e, func() bool { return c.EngineExact(e) }))
+	}
+	s, took, err := c.AwaitTruth(wctx, 5*time.Millisecond, c.Exact)
+	require.NoError(t, err)
+	require.Equal(t, 6, s.Pairs)
+	t.Logf("every gateway exact (through the owners and NATS) in %v; %s", took, c.ConfigVersions())
+
+	// A restarted gateway catches up from its peers.
+	g1 := c.Gateway("g1")
+	c.KillGateway(g1)
+	g1, err = c.RestartGateway(ctx, g1)
+	require.NoError(t, err)
+	require.NoError(t, c.WaitReady(wctx))
+	_, took, err = c.AwaitTruth(wctx, 5*time.Millisecond, c.Exact)
+	require.NoError(t, err)
+	t.Logf("restarted %s exact after %v", g1.Name, took)
 }

@@ -44,7 +44,7 @@ func CounterSum(g prometheus.Gatherer, name string, match map[string]string) flo
 // GatewayCounter sums a counter over every gateway.
 func (c *Cluster) GatewayCounter(name string, match map[string]string) float64 {
 	var sum float64
-	for _, g := range c.gateways {
+	for _, g := range c.Gateways() {
 		sum += CounterSum(g.Node.Registry(), name, match)
 	}
 	return sum

@@ -24,11 +24,16 @@ type Outcome uint8
 const (
 	// OK: a complete response (a stream that ended with [DONE]).
 	OK Outcome = iota
-	// Failed: an error the client can see (error status with a body, an
-	// SSE error event, a refused connection: nothing was accepted).
+	// Failed: an error the client can see: an error status with a body,
+	// an SSE error event, a refused connection (reason "connect"), or a
+	// connection that broke under the client's HTTP library, which reports
+	// it as an error (reason "conn_error": a reset, or a chunked body cut
+	// before its terminator, as when a gateway dies). Scenarios that kill
+	// no gateway require conn_error == 0.
 	Failed
-	// Lost: no response, a hang past the deadline, or a stream that ended
-	// without [DONE] and without an error event.
+	// Lost: no answer before the deadline (reason "hung"), a stream that
+	// ended cleanly without [DONE] and without an error event
+	// ("truncated"), or a 200 whose body is not a completion ("bad_body").
 	Lost
 )
 
@@ -101,7 +106,9 @@ type Result struct {
 	// gateway's error code, "http_503", "connect", "truncated", "hung", ...
 	Reason string
 	// Replica is the gateway's x-kvmesh-replica header.
-	Replica  string
+	Replica string
+	// Target is the base URL the request was sent to.
+	Target   string
 	Start    time.Time
 	Duration time.Duration
 }
@@ -266,7 +273,8 @@ func (l *Load) one(i int) Result {
 		res.Outcome, res.Reason = Failed, "marshal"
 		return res
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.cfg.Target(i)+"/v1/completions", bytes.NewReader(body))
+	res.Target = l.cfg.Target(i)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, res.Target+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
 		res.Outcome, res.Reason = Failed, "request"
 		return res
@@ -291,7 +299,10 @@ func (l *Load) one(i int) Result {
 			Choices []json.RawMessage `json:"choices"`
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) == 0 {
-			res.Outcome, res.Reason = Lost, bodyReason(ctx, err, "bad_body")
+			if errors.Is(err, io.ErrUnexpectedEOF) { // a JSON body cut short
+				_, err = io.Copy(io.Discard, resp.Body)
+			}
+			res.Outcome, res.Reason = bodyOutcome(ctx, err, "bad_body")
 			return res
 		}
 		return res
@@ -300,9 +311,10 @@ func (l *Load) one(i int) Result {
 	return res
 }
 
-// classifyTransportError: a dial that failed means nothing was sent and the
-// client knows at once (failed, visible); anything else means the request
-// may have been sent and no answer came (lost).
+// classifyTransportError: a dial that failed means nothing was sent
+// ("connect"); a deadline means no answer came ("hung", lost); any other
+// error broke the connection and the client's library reported it
+// ("conn_error", visible).
 func classifyTransportError(ctx context.Context, err error) (Outcome, string) {
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
@@ -311,17 +323,21 @@ func classifyTransportError(ctx context.Context, err error) (Outcome, string) {
 	if ctx.Err() != nil {
 		return Lost, "hung"
 	}
-	return Lost, "no_response"
+	return Failed, "conn_error"
 }
 
-func bodyReason(ctx context.Context, err error, other string) string {
-	if ctx.Err() != nil {
-		return "hung"
+// bodyOutcome classifies a body that ended without a complete answer:
+// past the deadline it hung (lost); a read error (reset, chunked body cut
+// short) is visible to the client; a clean end is a silent truncation
+// (lost).
+func bodyOutcome(ctx context.Context, err error, clean string) (Outcome, string) {
+	switch {
+	case ctx.Err() != nil:
+		return Lost, "hung"
+	case err != nil && !errors.Is(err, io.EOF):
+		return Failed, "conn_error"
 	}
-	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
-		return "read_error"
-	}
-	return other
+	return Lost, clean
 }
 
 // errorCode reads an OpenAI-style error body's code, else "http_<status>".
@@ -368,5 +384,5 @@ func classifyStream(ctx context.Context, body io.Reader) (Outcome, string) {
 			return Failed, code
 		}
 	}
-	return Lost, bodyReason(ctx, sc.Err(), "truncated")
+	return bodyOutcome(ctx, sc.Err(), "truncated")
 }

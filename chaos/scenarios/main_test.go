@@ -134,12 +134,14 @@ func awaitWithin(t *testing.T, c *cluster.Cluster, step string, d time.Duration,
 	return s, took
 }
 
-// row logs and records a scenario's line.
+// row logs and records a scenario's line. No request may be lost, and in
+// a scenario that kills no gateway no connection may break either.
 func row(t *testing.T, r cluster.Row) {
 	t.Helper()
 	report.Add(r)
 	t.Log(r.Line())
 	require.Zero(t, r.Load.Lost, "lost requests: %s", r.Load)
+	require.Zero(t, r.Load.Reasons["failed/conn_error"], "broken connections without a gateway kill: %s", r.Load)
 }
 
 func isTimeout(err error) bool {

@@ -118,8 +118,8 @@ func (c Config) Validate() error {
 
 // Cluster is a running set of gateways and engines.
 type Cluster struct {
-	cfg      Config
-	log      *slog.Logger
+	cfg     Config
+	log     *slog.Logger
 	engines []*Engine
 	hc      *http.Client
 

@@ -35,6 +35,12 @@ type Config struct {
 	Speed float64 `json:"speed"`
 	// Profile is the simulator's engine profile.
 	Profile string `json:"profile"`
+	// EngineBlockSize is the simulated engines' KV block size in tokens
+	// (informational: the engine factory applies it). 16 is vLLM's default
+	// and works in every mode; 1568 is the seed's hybrid-model attention
+	// granularity (history mode only: the gateway index caps blocks at 1024
+	// tokens).
+	EngineBlockSize int `json:"engine_block_size,omitempty"`
 	// RPS is the fixed arrival rate in model time (seed: 1.6).
 	RPS float64 `json:"rps"`
 	// Arrivals per phase (seed: 96).
@@ -80,34 +86,36 @@ var Modes = []string{"history", "kv-events", "hybrid"}
 // cores.
 func DefaultConfig() Config {
 	return Config{
-		Engine:        "live",
-		Scenarios:     []string{ScenarioCold, ScenarioWarm, ScenarioHot50, ScenarioHot90},
-		Strategies:    []string{"random", "least-request", "prefix-cache", "cost"},
-		Modes:         []string{"history", "hybrid"},
-		Gateways:      []int{1},
-		Rounds:        2,
-		Replicas:      2,
-		Seed:          102,
-		Speed:         10,
-		Profile:       "l20-qwen27b-fp8",
-		RPS:           1.6,
-		Arrivals:      96,
-		InflightCap:   48,
-		MaxTokens:     128,
-		InitMaxTokens: 16,
-		Groups:        8,
-		Candidates:    16,
-		InitRetries:   3,
-		Turns:         5,
-		Think:         2 * time.Second,
-		SampleEvery:   5 * time.Second,
-		SLO:           DefaultSLO(),
+		Engine:          "live",
+		Scenarios:       []string{ScenarioCold, ScenarioWarm, ScenarioHot50, ScenarioHot90},
+		Strategies:      []string{"random", "least-request", "prefix-cache", "cost"},
+		Modes:           []string{"history", "hybrid"},
+		Gateways:        []int{1},
+		Rounds:          2,
+		Replicas:        2,
+		Seed:            102,
+		Speed:           10,
+		Profile:         "l20-qwen27b-fp8",
+		EngineBlockSize: 16,
+		RPS:             1.6,
+		Arrivals:        96,
+		InflightCap:     48,
+		MaxTokens:       128,
+		InitMaxTokens:   16,
+		Groups:          8,
+		Candidates:      16,
+		InitRetries:     3,
+		Turns:           5,
+		Think:           2 * time.Second,
+		SampleEvery:     5 * time.Second,
+		SLO:             DefaultSLO(),
 	}
 }
 
-// QuickConfig returns the reduced grid behind --quick: one round of hot50 and
-// warm with least-request, prefix-cache and cost in history mode, 48
-// arrivals per phase, at speed 20; it finishes in well under 3 minutes.
+// QuickConfig returns the reduced grid behind --quick: one round of warm
+// and hot50 with least-request, prefix-cache and cost in history mode, 48
+// arrivals per phase, at speed 10; it finishes in about a minute on two
+// cores (the limit is 3).
 func QuickConfig() Config {
 	c := DefaultConfig()
 	c.Scenarios = []string{ScenarioWarm, ScenarioHot50}
@@ -115,7 +123,6 @@ func QuickConfig() Config {
 	c.Modes = []string{"history"}
 	c.Rounds = 1
 	c.Arrivals = 48
-	c.Speed = 20
 	return c
 }
 

@@ -200,8 +200,8 @@ func WriteHTML(w io.Writer, res *Results) error {
 	fmt.Fprintf(w, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kvbench report</title><style>%s</style></head><body>\n", htmlStyle)
 	fmt.Fprintf(w, "<h1>kvbench report</h1>\n")
 	c := res.Config
-	fmt.Fprintf(w, "<p>Engine <code>%s</code>, profile <code>%s</code>, speed %g (all times model time), %g RPS, %d arrivals per phase, in-flight cap %d, %d replicas, seed %d. SLO: TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v.</p>\n",
-		html.EscapeString(c.Engine), html.EscapeString(c.Profile), c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.Replicas, c.Seed, c.SLO.TTFT, c.SLO.TPOT, c.SLO.E2E)
+	fmt.Fprintf(w, "<p>Engine <code>%s</code>, profile <code>%s</code>, engine block size %d, speed %g (all times model time), %g RPS, %d arrivals per phase, in-flight cap %d, %d replicas, seed %d. SLO: TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v.</p>\n",
+		html.EscapeString(c.Engine), html.EscapeString(c.Profile), c.EngineBlockSize, c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.Replicas, c.Seed, c.SLO.TTFT, c.SLO.TPOT, c.SLO.E2E)
 	fmt.Fprintf(w, "<h2>Verdicts</h2><ul>\n")
 	for _, sc := range scenariosOf(res) {
 		v := html.EscapeString(Verdict(res, sc))
@@ -209,6 +209,13 @@ func WriteHTML(w io.Writer, res *Results) error {
 		fmt.Fprintf(w, "<li>%s</li>\n", v)
 	}
 	fmt.Fprintf(w, "</ul>\n")
+	for _, hc := range c.HostChecks {
+		fmt.Fprintf(w, "<p>%s</p>\n", html.EscapeString(HostCheckLine(hc)))
+	}
+	if lag := LaggingPhases(res); len(lag) > 0 {
+		fmt.Fprintf(w, "<p><b>Host did not keep up</b> (arrivals sent more than %v late at P95; latencies inflated): %s.</p>\n",
+			LagTolerance, html.EscapeString(strings.Join(lag, ", ")))
+	}
 	for _, sc := range scenariosOf(res) {
 		fmt.Fprintf(w, "<h2>%s</h2>\n", html.EscapeString(sc))
 		for _, ck := range cellsOf(res) {

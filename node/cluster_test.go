@@ -365,4 +365,61 @@ func TestClusterThreeGateways(t *testing.T) {
 		require.Eventually(t, func() bool { return gaugeValue(t, g, "kvmesh_config_restart_required") == 0 },
 			10*time.Second, time.Millisecond)
 	}
+
+	// (f) The raft leader stops gracefully: it hands leadership over, and
+	// a write through a survivor succeeds at once.
+	li := -1
+	for i, g := range gws {
+		if g.ConfigStore().IsLeader() {
+			li = i
+		}
+	}
+	require.GreaterOrEqual(t, li, 0)
+	leaderStop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, gws[li].Shutdown(ctx))
+	}
+	tl := time.Now()
+	leaderStop()
+	stopTook := time.Since(tl)
+	survivor := gws[(li+1)%3]
+	tw := time.Now()
+	code, out = admin(t, survivor, http.MethodPatch, "/admin/v1/config", `{"strategy":"cost"}`)
+	require.Equal(t, http.StatusOK, code, out)
+	t.Logf("(f) leader %s stopped in %v; the next write via %s took %v", gws[li].NodeID(),
+		stopTook.Round(time.Millisecond), survivor.NodeID(), time.Since(tw).Round(time.Millisecond))
+}
+
+// TestClusterStartFailureCleansUp starts a second gateway on the data dir
+// another one holds: Start fails, and everything it opened is closed
+// (goleak checks the goroutines at the end of the package).
+func TestClusterStartFailureCleansUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts raft, memberlist and NATS: skipped with -short")
+	}
+	e := newFakeEngine(t, "a")
+	dir := t.TempDir()
+	first, _ := startGateway(t, gwConfig("gw-1", dir, nil, 1, rc("a", e.url())))
+	waitReady(t, first)
+	n, err := New(gwConfig("gw-2", dir, nil, 1, rc("a", e.url())), nil)
+	require.NoError(t, err)
+	require.Error(t, n.Start(context.Background()), "the data dir is locked by gw-1")
+	require.NoError(t, n.Shutdown(context.Background()))
+	assert.False(t, n.Ready())
+	assert.True(t, first.Ready(), "the first gateway is unaffected")
+}
+
+// TestNoSyncIsStandalone: --no-sync keeps a gateway with cluster flags
+// isolated: no cluster, no admin port, ready at once.
+func TestNoSyncIsStandalone(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	cfg := gwConfig("gw", t.TempDir(), []string{"127.0.0.1:1"}, 3, rc("a", e.url()))
+	cfg.Cluster.NoSync = true
+	cfg.Cluster.AdminToken = ""
+	n, _ := startGateway(t, cfg)
+	assert.Nil(t, n.Cluster())
+	assert.Nil(t, n.ConfigStore())
+	assert.Empty(t, n.AdminAddr())
+	assert.True(t, n.Ready())
 }

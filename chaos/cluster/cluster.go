@@ -682,19 +682,25 @@ func (c *Cluster) WarmUp(ctx context.Context) error {
 	return nil
 }
 
-// WaitHeard sends prompts straight to e, one at a time, until every gateway
-// holds engine hashes for e and done (if non-nil) returns true; for
-// example until the entries of a restarted engine's predecessor are gone.
+// WaitHeard sends prompts straight to e until every gateway holds engine
+// hashes for e and done (if non-nil) returns true; for example until the
+// entries of a restarted engine's predecessor are gone. After each prompt
+// it polls the condition for up to 20 ms before sending another, and it
+// sends at most 1,000 prompts; ctx bounds it in time.
 func (c *Cluster) WaitHeard(ctx context.Context, e *Engine, done func() bool) error {
-	for i := 0; i < 200; i++ {
-		all := true
+	cond := func() bool {
 		for _, g := range c.Gateways() {
 			id, ok := g.Node.ReplicaID(e.Name)
 			if ok && len(g.Node.Index().AppendEngineHashes(nil, id)) == 0 {
-				all = false
+				return false
 			}
 		}
-		if all && (done == nil || done()) {
+		return done == nil || done()
+	}
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for i := 0; i < 1000; i++ {
+		if cond() {
 			return nil
 		}
 		if err := ctx.Err(); err != nil {
@@ -704,8 +710,17 @@ func (c *Cluster) WaitHeard(ctx context.Context, e *Engine, done func() bool) er
 		if _, err := c.Complete(ctx, e.URL(), prompt, 1); err != nil {
 			return err
 		}
+		for range 10 {
+			if cond() {
+				return nil
+			}
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+		}
 	}
-	return fmt.Errorf("cluster: engine %s not heard by every gateway after 200 prompts", e.Name)
+	return fmt.Errorf("cluster: engine %s not heard by every gateway after 1000 prompts", e.Name)
 }
 
 // Complete sends one non-streaming completion to base (an engine or a

@@ -210,6 +210,13 @@ func StartLoad(ctx context.Context, cfg LoadConfig) (*Load, error) {
 	return l, nil
 }
 
+// Completed is the number of requests that have ended so far.
+func (l *Load) Completed() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.results)
+}
+
 // RunLoad runs a load to its end.
 func RunLoad(ctx context.Context, cfg LoadConfig) (LoadResult, error) {
 	l, err := StartLoad(ctx, cfg)

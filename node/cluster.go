@@ -35,7 +35,7 @@ type clusterParts struct {
 	cluster     *kvsync.Cluster
 	store       *config.Store
 	admin       *config.Server
-	adminHTTP   http.Handler
+	adminHTTP   atomic.Pointer[http.Handler] // set once the admin server exists
 	grpcSrv     *grpc.Server
 	grpcLn      net.Listener
 	members     *memberView
@@ -86,6 +86,8 @@ func (n *Node) Cluster() *kvsync.Cluster {
 	if n.cl == nil {
 		return nil
 	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	return n.cl.cluster
 }
 
@@ -95,12 +97,19 @@ func (n *Node) ConfigStore() *config.Store {
 	if n.cl == nil {
 		return nil
 	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	return n.cl.store
 }
 
 // AdminAddr is the admin gRPC listen address after Start ("" standalone).
 func (n *Node) AdminAddr() string {
-	if n.cl == nil || n.cl.grpcLn == nil {
+	if n.cl == nil {
+		return ""
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cl.grpcLn == nil {
 		return ""
 	}
 	return n.cl.grpcLn.Addr().String()
@@ -205,7 +214,8 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	}); err != nil {
 		return fmt.Errorf("node: admin server: %w", err)
 	}
-	cl.adminHTTP = cl.admin.Handler()
+	h := cl.admin.Handler()
+	cl.adminHTTP.Store(&h)
 	if cl.grpcSrv, err = config.NewGRPCServer(cl.admin, cc.AdminTLS); err != nil {
 		return fmt.Errorf("%w: cluster.admin_tls: %w", ErrInvalidConfig, err)
 	}

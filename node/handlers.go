@@ -115,12 +115,18 @@ func (n *Node) serveReady(w http.ResponseWriter, r *http.Request) {
 // serveAdmin serves the admin HTTP/JSON API (cluster mode) under
 // /admin/v1/, on the gateway's own listener.
 func (n *Node) serveAdmin(w http.ResponseWriter, r *http.Request) {
-	if n.cl == nil || n.cl.adminHTTP == nil {
+	if n.cl == nil {
 		n.refuse(w, &apiError{status: http.StatusNotFound, code: CodeNotFound,
 			message: "the admin API runs in cluster mode only"})
 		return
 	}
-	n.cl.adminHTTP.ServeHTTP(w, r)
+	h := n.cl.adminHTTP.Load()
+	if h == nil {
+		n.refuse(w, &apiError{status: http.StatusServiceUnavailable, code: CodeNotReady,
+			message: "the admin API is not up yet", retryAfter: 1})
+		return
+	}
+	(*h).ServeHTTP(w, r)
 }
 
 // modelEntry is one entry of GET /v1/models.

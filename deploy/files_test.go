@@ -398,16 +398,11 @@ func flagValue(argv []string, name string) (string, bool) {
 	return "", false
 }
 
-// shutdownGrace is the gateway's drain time for argv and its config file.
+// shutdownGrace is the longest a gateway takes to exit after SIGTERM for
+// argv and its config file: the drain grace plus, in cluster mode, the
+// bounded gossip leave.
 func shutdownGrace(t *testing.T, argv []string, configPath string) time.Duration {
 	t.Helper()
-	if v, ok := flagValue(argv, "shutdown-grace"); ok {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatalf("--shutdown-grace %q: %v", v, err)
-		}
-		return d
-	}
 	data, err := os.ReadFile(configPath)
 	if err != nil {
 		t.Fatal(err)
@@ -416,7 +411,16 @@ func shutdownGrace(t *testing.T, argv []string, configPath string) time.Duration
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cfg.ShutdownGrace
+	grace := cfg.ShutdownGrace
+	if v, ok := flagValue(argv, "shutdown-grace"); ok {
+		if grace, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("--shutdown-grace %q: %v", v, err)
+		}
+	}
+	if cfg.Cluster.Active() {
+		grace += cfg.Cluster.LeaveTimeout
+	}
+	return grace
 }
 
 func TestComposeShutdownTiming(t *testing.T) {
@@ -433,7 +437,7 @@ func TestComposeShutdownTiming(t *testing.T) {
 			continue
 		}
 		if stop < grace+5*time.Second {
-			t.Errorf("compose %s: stop_grace_period %v < shutdown grace %v + 5s: docker would SIGKILL draining streams", name, stop, grace)
+			t.Errorf("compose %s: stop_grace_period %v < shutdown grace (+ leave timeout) %v + 5s: docker would SIGKILL draining streams", name, stop, grace)
 		}
 	}
 }
@@ -696,8 +700,12 @@ func TestKubernetesOverlays(t *testing.T) {
 				sleep = s
 			}
 			tgp, _ := pod["terminationGracePeriodSeconds"].(int)
-			if need := time.Duration(sleep)*time.Second + grace + 5*time.Second; time.Duration(tgp)*time.Second < need {
-				t.Errorf("terminationGracePeriodSeconds %d < preStop %ds + shutdown grace %v + 5s", tgp, sleep, grace)
+			leave := time.Duration(0)
+			if cfg.Cluster.Active() {
+				leave = cfg.Cluster.LeaveTimeout
+			}
+			if need := time.Duration(sleep)*time.Second + grace + leave + 5*time.Second; time.Duration(tgp)*time.Second < need {
+				t.Errorf("terminationGracePeriodSeconds %d < preStop %ds + shutdown grace %v + leave timeout %v + 5s", tgp, sleep, grace, leave)
 			}
 			ports := map[string]bool{}
 			for _, p := range gw["ports"].([]any) {
@@ -719,8 +727,147 @@ func TestKubernetesOverlays(t *testing.T) {
 			if get(gw, "securityContext", "readOnlyRootFilesystem") != true || get(pod, "securityContext", "runAsNonRoot") != true {
 				t.Error("gateway must run as non-root on a read-only root filesystem")
 			}
+			checkClusterWiring(t, objs, sts, gw, pod, cfg, ports)
 		})
 	}
+}
+
+// checkClusterWiring checks the rendered StatefulSet against the cluster
+// section of its config: every listener has a named container port the
+// peers Service exposes, the join list is the StatefulSet's own pod names,
+// the voters survive the PDB, raft data is on a claim, and the token and
+// gossip key are files of the mounted Secret (rendered in dev, created by
+// the operator in prod).
+func checkClusterWiring(t *testing.T, objs map[string]map[string]map[string]any, sts, gw, pod map[string]any, cfg node.Config, ports map[string]bool) {
+	t.Helper()
+	c := cfg.Cluster
+	if !c.Enabled || c.NoSync {
+		t.Fatal("cluster mode is off in the gateway config")
+	}
+	if c.NodeID != "" {
+		t.Errorf("cluster.node_id %q: leave it empty so each pod uses its host name", c.NodeID)
+	}
+	containerPorts := map[string]string{} // "7946/TCP" → name
+	for _, p := range gw["ports"].([]any) {
+		proto, _ := get(p, "protocol").(string)
+		if proto == "" {
+			proto = "TCP"
+		}
+		containerPorts[fmt.Sprintf("%v/%s", get(p, "containerPort"), proto)] = get(p, "name").(string)
+	}
+	listeners := map[string]string{"gossip_addr": c.GossipAddr, "peer_addr": c.PeerAddr, "admin_addr": c.AdminAddr, "raft_addr": c.RaftAddr}
+	if c.NATSURL == "" {
+		listeners["nats_cluster_addr"] = c.NATSClusterAddr
+	}
+	peers := objs["Service"][get(sts, "spec", "serviceName").(string)]
+	exposed := map[string]bool{}
+	for _, p := range get(peers, "spec", "ports").([]any) {
+		if tp, ok := get(p, "targetPort").(string); ok {
+			exposed[tp] = true
+		}
+	}
+	for key, addr := range listeners {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			t.Errorf("cluster.%s %q: %v", key, addr, err)
+			continue
+		}
+		if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
+			t.Errorf("cluster.%s %q must listen on every interface in a pod", key, addr)
+		}
+		protos := []string{"TCP"}
+		if key == "gossip_addr" {
+			protos = append(protos, "UDP") // memberlist probes over UDP
+		}
+		for _, proto := range protos {
+			name, ok := containerPorts[port+"/"+proto]
+			if !ok {
+				t.Errorf("cluster.%s port %s/%s is not a container port", key, port, proto)
+				continue
+			}
+			if !exposed[name] {
+				t.Errorf("cluster.%s: the peers Service does not expose port %q", key, name)
+			}
+		}
+	}
+	replicas, _ := get(sts, "spec", "replicas").(int)
+	var want []string
+	for i := range replicas {
+		want = append(want, fmt.Sprintf("%s-%d.%s:%s", get(sts, "metadata", "name"), i, get(sts, "spec", "serviceName"), gossipPort(t, c.GossipAddr)))
+	}
+	if !slices.Equal(c.Join, want) {
+		t.Errorf("cluster.join %q, want the StatefulSet's pods %q", c.Join, want)
+	}
+	if c.BootstrapExpect > replicas {
+		t.Errorf("bootstrap_expect %d > %d replicas: raft would never form", c.BootstrapExpect, replicas)
+	}
+	if pdb := objs["PodDisruptionBudget"]["kvmesh"]; pdb != nil {
+		maxUnavailable, _ := get(pdb, "spec", "maxUnavailable").(int)
+		if quorum := c.BootstrapExpect/2 + 1; c.BootstrapExpect-maxUnavailable < quorum {
+			t.Errorf("PDB maxUnavailable %d can take the %d voters below quorum %d", maxUnavailable, c.BootstrapExpect, quorum)
+		}
+	}
+	mounts := map[string]string{} // volume name → mount path
+	for _, m := range gw["volumeMounts"].([]any) {
+		mounts[get(m, "name").(string)] = get(m, "mountPath").(string)
+	}
+	claims := map[string]bool{}
+	for _, vct := range get(sts, "spec", "volumeClaimTemplates").([]any) {
+		claims[get(vct, "metadata", "name").(string)] = true
+	}
+	dataOnClaim := false
+	for name, path := range mounts {
+		dataOnClaim = dataOnClaim || (claims[name] && path == c.DataDir)
+	}
+	if !dataOnClaim {
+		t.Errorf("cluster.data_dir %q is not a volumeClaimTemplate mount (mounts %v, claims %v)", c.DataDir, mounts, claims)
+	}
+	var secretName, secretPath string
+	for _, v := range pod["volumes"].([]any) {
+		if n, ok := get(v, "secret", "secretName").(string); ok {
+			secretName, secretPath = n, mounts[get(v, "name").(string)]
+		}
+	}
+	if secretName == "" || secretPath == "" {
+		t.Fatal("no mounted Secret volume")
+	}
+	secret := objs["Secret"][secretName]
+	for _, file := range []string{c.AdminTokenFile, c.GossipKeyFile} {
+		if filepath.Dir(file) != secretPath {
+			t.Errorf("%q is not a file of the Secret volume mounted at %q", file, secretPath)
+			continue
+		}
+		if secret == nil {
+			continue // created by the operator (prod)
+		}
+		v, ok := get(secret, "data", filepath.Base(file)).(string)
+		if !ok {
+			t.Errorf("Secret %s has no key %q", secretName, filepath.Base(file))
+			continue
+		}
+		raw, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if file == c.GossipKeyFile {
+			k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw)))
+			if l := len(k); err != nil || (l != 16 && l != 24 && l != 32) {
+				t.Errorf("Secret %s gossip-key: want base64 of 16, 24 or 32 bytes (%v, %d bytes)", secretName, err, l)
+			}
+		}
+	}
+	if secret == nil && secretName != "kvmesh-secrets" {
+		t.Errorf("Secret %q is neither rendered nor the documented kvmesh-secrets", secretName)
+	}
+}
+
+func gossipPort(t *testing.T, addr string) string {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port
 }
 
 // probePathsServed are the probe paths TestLiveMetrics proves a running

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -308,6 +309,19 @@ func TestClusterThreeGateways(t *testing.T) {
 	}
 	t.Logf("(d) config v%d written via follower %s, applied on all 3 in %v", applied.Version, follower.NodeID(),
 		time.Since(twrite).Round(time.Millisecond))
+	// The admin diagnostics come from the Node: index stats, explain, the
+	// index snapshot.
+	code, out = admin(t, follower, http.MethodGet, "/admin/v1/index/stats", "")
+	require.Equal(t, http.StatusOK, code, out)
+	assert.Contains(t, out, `"gateway"`)
+	code, out = admin(t, follower, http.MethodGet, "/admin/v1/explain?strategy=prefix-cache&model=m&prompt="+url.QueryEscape(prompt), "")
+	require.Equal(t, http.StatusOK, code, out)
+	assert.Contains(t, out, `"pick": "`+picked+`"`)
+	code, out = admin(t, follower, http.MethodGet, "/admin/v1/explain?model=nope&prompt=x", "")
+	assert.Equal(t, http.StatusNotFound, code, out)
+	code, out = admin(t, follower, http.MethodGet, "/admin/v1/snapshot", "")
+	require.Equal(t, http.StatusOK, code)
+	assert.NotEmpty(t, out)
 	code, out = admin(t, follower, http.MethodPatch, "/admin/v1/config", `{"strategy":"no-such-strategy"}`)
 	assert.Equal(t, http.StatusBadRequest, code, out)
 	req, err := http.NewRequest(http.MethodPatch, "http://"+follower.HTTPAddr()+"/admin/v1/config", strings.NewReader(`{}`))

@@ -242,15 +242,16 @@ func DefaultConfig() Config {
 
 // LocalConfig returns a preset for one of several gateways on loopback
 // (tests, kvbench): every listener on 127.0.0.1 port 0, memberlist's local
-// profile with a fast failure detector (about 1 s), short intervals.
+// profile with a fast failure detector (about 1-2 s, tolerant of a loaded
+// 2-core machine), short intervals.
 func LocalConfig(nodeName string) Config {
 	c := DefaultConfig()
 	c.NodeName = nodeName
 	c.GossipAddr = "127.0.0.1:0"
 	c.GossipProfile = ProfileLocal
 	c.ProbeInterval = 200 * time.Millisecond
-	c.ProbeTimeout = 100 * time.Millisecond
-	c.SuspicionMult = 2
+	c.ProbeTimeout = 200 * time.Millisecond
+	c.SuspicionMult = 3
 	c.GossipInterval = 50 * time.Millisecond
 	c.JoinRetry = 200 * time.Millisecond
 	c.ReconnectInterval = 500 * time.Millisecond

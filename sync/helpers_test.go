@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -125,14 +126,23 @@ func startCluster(t testing.TB, n int, tr func(name string) memberlist.Transport
 
 func waitMembers(t testing.TB, gws []*gw, n int) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	if !assert.Eventually(t, func() bool {
 		for _, g := range gws {
 			if len(g.c.Members()) != n {
 				return false
 			}
 		}
 		return true
-	}, 15*time.Second, 10*time.Millisecond, "members did not converge to %d", n)
+	}, 30*time.Second, 10*time.Millisecond, "members did not converge to %d", n) {
+		for _, g := range gws {
+			var names []string
+			for _, m := range g.c.Members() {
+				names = append(names, m.Name+"@"+m.Addr)
+			}
+			t.Logf("%s (%s) sees %v", g.name, g.c.GossipAddr(), names)
+		}
+		t.FailNow()
+	}
 	require.Eventually(t, func() bool {
 		for _, g := range gws {
 			if g.c.cfg.NATSURL == "" && g.c.bus.numRemotes() != n-1 {

@@ -139,7 +139,7 @@ var natsReady = regexp.MustCompile(`Listening for client connections on (\S+)`)
 // on port 0, local timing, its own data directory, the admin token and
 // gossip key from files (as the Kubernetes Secret mounts them), the
 // external NATS at natsURL.
-func clusterYAML(t *testing.T, id, natsURL string, join []string) string {
+func clusterYAML(t *testing.T, id, natsURL string, expect int, join []string) string {
 	t.Helper()
 	dir := t.TempDir()
 	token := filepath.Join(dir, "admin-token")
@@ -157,37 +157,56 @@ func clusterYAML(t *testing.T, id, natsURL string, join []string) string {
 		fmt.Fprintf(&b, "  %s: 127.0.0.1:0\n", k)
 	}
 	fmt.Fprintf(&b, "  nats_url: %s\n", natsURL)
-	fmt.Fprintf(&b, "  data_dir: %s\n  bootstrap_expect: 1\n  admin_token_file: %s\n  gossip_key_file: %s\n", filepath.Join(dir, "data"), token, key)
+	fmt.Fprintf(&b, "  data_dir: %s\n  bootstrap_expect: %d\n  admin_token_file: %s\n  gossip_key_file: %s\n", filepath.Join(dir, "data"), expect, token, key)
 	if len(join) > 0 {
 		fmt.Fprintf(&b, "  join: [%s]\n", strings.Join(join, ", "))
 	}
 	return b.String()
 }
 
-// startCluster starts an external NATS and two cluster-mode gateways in
-// front of the stack's engines: gw-1 bootstraps the config store alone,
-// gw-2 joins it; it returns once both answer /ready.
-func (s *stack) startCluster(t *testing.T, extra ...string) {
+// member is one cluster-mode gateway of a test.
+type member struct {
+	id   string
+	p    *proc
+	addr string // HTTP
+}
+
+// startCluster starts an external NATS and n cluster-mode gateways in
+// front of the stack's engines with bootstrap_expect expect: gw-1 first,
+// the others join it. It returns once every member answers /ready.
+func (s *stack) startCluster(t *testing.T, n, expect int, extra ...string) []member {
 	t.Helper()
 	natsURL := startNATS(t, s.bin)
-	cfg1 := writeGatewayConfig(t, s.engines, s.dead, clusterYAML(t, "gw-1", natsURL, nil))
-	p1, addr1 := s.runGateway(t, "kvmesh serve gw-1", cfg1, extra...)
-	m := clusterMember.FindStringSubmatch(p1.logs())
-	if m == nil {
-		t.Fatalf("gw-1 logged no cluster member line:\n%s", p1.logs())
-	}
-	cfg2 := writeGatewayConfig(t, s.engines, s.dead, clusterYAML(t, "gw-2", natsURL, []string{m[1]}))
-	_, addr2 := s.runGateway(t, "kvmesh serve gw-2", cfg2, extra...)
-	for _, a := range []string{addr1, addr2} {
-		require.Eventually(t, func() bool {
-			resp, err := http.Get("http://" + a + "/ready")
-			if err != nil {
-				return false
+	var members []member
+	var seed []string
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("gw-%d", i)
+		cfg := writeGatewayConfig(t, s.engines, s.dead, clusterYAML(t, id, natsURL, expect, seed))
+		p, addr := s.runGateway(t, "kvmesh serve "+id, cfg, extra...)
+		if i == 1 {
+			m := clusterMember.FindStringSubmatch(p.logs())
+			if m == nil {
+				t.Fatalf("gw-1 logged no cluster member line:\n%s", p.logs())
 			}
-			_ = resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		}, 30*time.Second, 50*time.Millisecond, "gateway %s never ready", a)
+			seed = []string{m[1]}
+		}
+		members = append(members, member{id: id, p: p, addr: addr})
 	}
+	for _, m := range members {
+		require.Eventually(t, func() bool { return httpStatus(m.addr, "/ready") == http.StatusOK },
+			30*time.Second, 50*time.Millisecond, "%s never ready", m.id)
+	}
+	return members
+}
+
+// httpStatus is the status of GET addr+path, 0 when it fails.
+func httpStatus(addr, path string) int {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
 }
 
 // startMetricsStack starts engines a and b (block size 16, like the
@@ -208,7 +227,7 @@ func startMetricsStack(t *testing.T) *stack {
 	s.cfgPath = writeGatewayConfig(t, s.engines, s.dead)
 	flags := []string{"--eject-after=1", "--eject-backoff=200ms", "--health-interval=0", "--scrape-interval=100ms"}
 	s.startGateway(t, flags...)
-	s.startCluster(t, flags...)
+	s.startCluster(t, 2, 1, flags...)
 	return s
 }
 
@@ -483,4 +502,97 @@ func gaugeSum(t *testing.T, addr, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestClusterGracefulShutdown stops the raft leader of a three-gateway
+// cluster (bootstrap_expect 3, as the manifests run it) while it relays a
+// stream, and checks the documented order: it leaves gossip, hands raft
+// leadership to a follower, drains the stream, stops, exits 0; the other
+// two keep a leader and stay ready.
+func TestClusterGracefulShutdown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: skips the cluster shutdown test")
+	}
+	s := &stack{bin: binaries(t)}
+	s.engines = []engine{startEngine(t, s.bin, "engine-slow", 16, "--profile=l20-qwen27b-fp8", "--speed=10")}
+	members := s.startCluster(t, 3, 3, "--shutdown-grace=20s")
+	var leader member
+	var rest []member
+	require.Eventually(t, func() bool {
+		leader, rest = member{}, nil
+		for _, m := range members {
+			if gaugeSum(t, m.addr, "kvmesh_raft_leader") == 1 {
+				leader = m
+			} else {
+				rest = append(rest, m)
+			}
+		}
+		return leader.p != nil && len(rest) == 2
+	}, 30*time.Second, 50*time.Millisecond, "no single raft leader")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type result struct {
+		code int
+		done bool
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() { // owner: this test, which reads res below
+		code, done, err := complete(ctx, leader.addr, liveModel, "", prompt(0, 1), 300)
+		res <- result{code, done, err}
+	}()
+	require.Eventually(t, func() bool {
+		return gaugeSum(t, leader.addr, "kvmesh_proxy_inflight") >= 1
+	}, 10*time.Second, 10*time.Millisecond, "stream never in flight")
+	sigterm := time.Now()
+	if err := leader.p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// A follower takes over; the two left stay ready with two members.
+	require.Eventually(t, func() bool {
+		leaders := 0.0
+		for _, m := range rest {
+			leaders += gaugeSum(t, m.addr, "kvmesh_raft_leader")
+		}
+		return leaders == 1
+	}, 10*time.Second, 20*time.Millisecond, "no follower became leader")
+	handover := time.Since(sigterm)
+	select {
+	case <-leader.p.done:
+	case <-time.After(25 * time.Second):
+		t.Fatal("leader still running 25s after SIGTERM")
+	}
+	exited := time.Since(sigterm)
+	if leader.p.err != nil {
+		t.Errorf("leader exit: %v, want status 0", leader.p.err)
+	}
+	if r := <-res; r.code != http.StatusOK || !r.done {
+		t.Errorf("stream through the stopping leader: status %d, [DONE] %v (err %v)", r.code, r.done, r.err)
+	}
+	for _, m := range rest {
+		require.Eventually(t, func() bool {
+			return httpStatus(m.addr, "/ready") == http.StatusOK && gaugeSum(t, m.addr, "kvmesh_sync_members") == 2
+		}, 15*time.Second, 50*time.Millisecond, "%s not ready with 2 members", m.id)
+	}
+	// The documented steps, in order.
+	logs := leader.p.logs()
+	last := -1
+	for _, step := range []string{
+		`msg="shutdown: left gossip"`,
+		`msg="shutdown: left raft (leadership transferred if leader)"`,
+		`msg="shutdown: drained HTTP requests and streams"`,
+		`msg="shutdown: stopped admin API, config store and cluster"`,
+		`msg="shutdown: stopped probes and KV-event subscribers"`,
+		`msg="gateway stopped"`,
+	} {
+		i := strings.Index(logs, step)
+		if i < 0 || i < last {
+			t.Errorf("shutdown step %s missing or out of order", step)
+			continue
+		}
+		last = i
+	}
+	t.Logf("leader %s: new leader visible %v after SIGTERM, exited %v after SIGTERM (stream drained)",
+		leader.id, handover.Round(time.Millisecond), exited.Round(time.Millisecond))
 }

@@ -54,6 +54,13 @@ func startGateway(t testing.TB, cfg Config) (*Node, func()) {
 	return n, stop
 }
 
+func stopNode(t testing.TB, n *Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, n.Shutdown(ctx))
+}
+
 func startSimM(t testing.TB) *sim.Server {
 	t.Helper()
 	return startSim(t, true)
@@ -340,14 +347,19 @@ func TestClusterThreeGateways(t *testing.T) {
 	for _, g := range gws {
 		require.Eventually(t, func() bool { return g.tbl.Load().byName["e3"] != nil }, 10*time.Second, time.Millisecond)
 	}
+	var e3Prompt string
 	for gi, g := range gws {
 		got := false
 		for k := 0; k < 60 && !got; k++ {
-			b := fmt.Sprintf(`{"model":"m","prompt":"scale-out %d %d","max_tokens":1}`, gi, k)
+			p := fmt.Sprintf("scale-out %d %d %s", gi, k, strings.Repeat("z", 64))
+			b := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, p)
 			resp := post(t, g, "/v1/completions", b, map[string]string{HeaderStrategy: "random"})
 			require.Equal(t, http.StatusOK, resp.StatusCode)
 			got = resp.Header.Get(HeaderReplica) == "e3"
 			readAll(t, resp)
+			if got {
+				e3Prompt = p
+			}
 		}
 		assert.True(t, got, "gateway %s never sent traffic to the new replica", g.NodeID())
 	}
@@ -364,6 +376,27 @@ func TestClusterThreeGateways(t *testing.T) {
 		}
 	}
 	t.Logf("(e) e3 added and got traffic on every gateway; e2 removed and got none")
+
+	// (c, again) A gateway restarted with its original flags (e1, e2)
+	// takes the pool from the raft config and keeps the entries of e3,
+	// which its snapshot names before its config has it.
+	ri := -1
+	for i, g := range gws {
+		if !g.ConfigStore().IsLeader() {
+			ri = i
+			break
+		}
+	}
+	stopNode(t, gws[ri])
+	tr = time.Now()
+	gws[ri], _ = startGateway(t, gwConfig(ids[ri], dirs[ri], []string{gws[(ri+1)%3].Cluster().GossipAddr()}, 3, reps...))
+	waitReady(t, gws[ri])
+	assert.ElementsMatch(t, []string{"e1", "e3"}, gws[ri].Replicas(), "the pool comes from the raft config")
+	require.Eventually(t, func() bool {
+		rep := debugRoute(t, gws[ri], "prefix-cache", e3Prompt)
+		return rep.Pick == "e3" && matchedOf(rep, "e3") == len(e3Prompt)/16
+	}, 10*time.Second, time.Millisecond, "history of a replica added at run time survives the restart")
+	t.Logf("(c) %s restarted with stale flags, took the raft pool and e3's entries in %v", ids[ri], time.Since(tr).Round(time.Millisecond))
 
 	// A change of what shapes block keys is applied to the config but
 	// flagged: it takes effect at restart.
@@ -389,13 +422,8 @@ func TestClusterThreeGateways(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, li, 0)
-	leaderStop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		require.NoError(t, gws[li].Shutdown(ctx))
-	}
 	tl := time.Now()
-	leaderStop()
+	stopNode(t, gws[li])
 	stopTook := time.Since(tl)
 	survivor := gws[(li+1)%3]
 	tw := time.Now()

@@ -47,14 +47,21 @@ func specFromConfig(c *Config) routingSpec {
 	return routingSpec{strategy: c.Strategy, mode: c.IndexMode, route: c.Route, models: c.Models}
 }
 
+// maxForeignReplicas bounds the IDs handed out for names that peers
+// mention before this gateway's routing table has them (see
+// replicaIDs.ReplicaID), so a confused peer cannot use up the index's
+// ID space.
+const maxForeignReplicas = 1024
+
 // replicaIDs maps replica names to process-local index.ReplicaIDs. An ID
 // is assigned at a name's first appearance and never reused, so a replica
 // that leaves and comes back keeps its ID, and deltas about a name always
 // land on one ledger column. Safe for concurrent use.
 type replicaIDs struct {
-	mu     sync.RWMutex
-	byName map[string]index.ReplicaID
-	names  []string // by ID
+	mu      sync.RWMutex
+	byName  map[string]index.ReplicaID
+	names   []string // by ID
+	foreign int      // IDs assigned for names peers mentioned first
 }
 
 func newReplicaIDs() *replicaIDs { return &replicaIDs{byName: map[string]index.ReplicaID{}} }
@@ -75,12 +82,32 @@ func (m *replicaIDs) assign(name string) (index.ReplicaID, error) {
 	return id, nil
 }
 
-// ReplicaID implements sync.Replicas.
+// ReplicaID implements sync.Replicas. A name this gateway has not seen
+// yet gets an ID too (up to maxForeignReplicas such names): a peer's
+// snapshot or deltas may name a replica that a config change added before
+// this gateway applied it (a restarted gateway restores the index before
+// its raft config catches up). Its entries are then kept, and the replica
+// routes on them as soon as the config adds it.
 func (m *replicaIDs) ReplicaID(name string) (index.ReplicaID, bool) {
 	m.mu.RLock()
 	id, ok := m.byName[name]
 	m.mu.RUnlock()
-	return id, ok
+	if ok || name == "" {
+		return id, ok
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if id, ok := m.byName[name]; ok {
+		return id, true
+	}
+	if m.foreign >= maxForeignReplicas || len(m.names) >= index.MaxReplicas {
+		return 0, false
+	}
+	m.foreign++
+	id = index.ReplicaID(len(m.names))
+	m.byName[name] = id
+	m.names = append(m.names, name)
+	return id, true
 }
 
 // ReplicaName implements sync.Replicas.

@@ -123,3 +123,28 @@ func TestReadyStandalone(t *testing.T) {
 	assert.Empty(t, n.AdminAddr())
 	assert.Nil(t, n.Cluster())
 }
+
+func TestReplicaIDsForeignNames(t *testing.T) {
+	m := newReplicaIDs()
+	a, err := m.assign("a")
+	require.NoError(t, err)
+	x, ok := m.ReplicaID("x")
+	require.True(t, ok, "a name a peer mentions first gets an ID")
+	assert.NotEqual(t, a, x)
+	x2, err := m.assign("x")
+	require.NoError(t, err)
+	assert.Equal(t, x, x2, "the config adding it later finds the same ID")
+	name, ok := m.ReplicaName(x)
+	require.True(t, ok)
+	assert.Equal(t, "x", name)
+	for i := 1; i < maxForeignReplicas; i++ {
+		_, ok := m.ReplicaID(fmt.Sprintf("f%d", i))
+		require.True(t, ok)
+	}
+	_, ok = m.ReplicaID("one-too-many")
+	assert.False(t, ok, "foreign names are bounded")
+	_, err = m.assign("configured")
+	assert.NoError(t, err, "configured names are not")
+	_, ok = m.ReplicaID("")
+	assert.False(t, ok)
+}

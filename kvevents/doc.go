@@ -64,8 +64,21 @@
 //   - Same seq again: dropped and counted as a duplicate.
 //   - Full queue: the reader drops batches and the writer, on reaching the
 //     next batch that got through, calls HandleReset(ResetOverflow).
-//   - A batch that fails to decode consumes its seq (so it is no gap) and is
-//     counted in kvmesh_kvevents_malformed_total; it is not passed on.
+//   - A batch that fails to decode (ErrMalformed) is counted in
+//     kvmesh_kvevents_malformed_total. Its events are not known, so it is
+//     never skipped silently: with a replay endpoint the subscriber asks
+//     once for that seq again (a copy damaged in transit decodes from the
+//     engine's buffer) and delivers the replayed copy in order; if there is
+//     no endpoint, the replay does not return the seq or the copy does not
+//     decode either, HandleReset(ResetMalformed) (counted in
+//     kvmesh_kvevents_resets_total{reason="malformed"}). Either way the
+//     seq is consumed and the stream continues with the next batch.
+//   - A well-formed batch without a known event (ErrNoEvents: an empty
+//     list, or only event types this version does not know) consumes its
+//     seq, is not passed on and is counted in
+//     kvmesh_kvevents_no_event_batches_total (unknown events also in
+//     ignored_events_total). That is no loss: the index tracks only the
+//     three known kinds, so no reset.
 //
 // When the publisher goes away the reader redials with exponential backoff
 // (a bound SUB just waits for the publisher to reconnect). Handler must not

@@ -13,12 +13,15 @@ type Metrics struct {
 	Events        *prometheus.CounterVec // {replica,type}
 	IgnoredEvents *prometheus.CounterVec // {replica}: events of unknown type
 	Malformed     *prometheus.CounterVec // {replica}: payloads or frames that failed to decode
-	Gaps          *prometheus.CounterVec // {replica}: seq jumps forward
-	Replays       *prometheus.CounterVec // {replica,result}: complete|partial|failed
-	Resets        *prometheus.CounterVec // {replica,reason}
-	Duplicates    *prometheus.CounterVec // {replica}: batches already delivered
-	Dropped       *prometheus.CounterVec // {replica}: dropped on a full queue
-	Reconnects    *prometheus.CounterVec // {replica}: SUB connections re-established
+	// NoEventBatches: well-formed batches without a known event (ErrNoEvents):
+	// their seq is consumed, nothing the index tracks is lost.
+	NoEventBatches *prometheus.CounterVec // {replica}
+	Gaps           *prometheus.CounterVec // {replica}: seq jumps forward
+	Replays        *prometheus.CounterVec // {replica,result}: complete|partial|failed
+	Resets         *prometheus.CounterVec // {replica,reason}: rewind|gap_unrecoverable|overflow|malformed
+	Duplicates     *prometheus.CounterVec // {replica}: batches already delivered
+	Dropped        *prometheus.CounterVec // {replica}: dropped on a full queue
+	Reconnects     *prometheus.CounterVec // {replica}: SUB connections re-established
 }
 
 // NewMetrics creates unregistered counters.
@@ -29,21 +32,22 @@ func NewMetrics() *Metrics {
 		}, labels)
 	}
 	return &Metrics{
-		Batches:       c("batches_total", "KV-event batches delivered to the handler.", "replica"),
-		Events:        c("events_total", "KV events delivered to the handler, by type.", "replica", "type"),
-		IgnoredEvents: c("ignored_events_total", "KV events of unknown type skipped.", "replica"),
-		Malformed:     c("malformed_total", "KV-event messages that failed to decode (including batches with no known events).", "replica"),
-		Gaps:          c("gaps_total", "Forward jumps in a replica's sequence numbers.", "replica"),
-		Replays:       c("replays_total", "Replay requests, by result (complete, partial, failed).", "replica", "result"),
-		Resets:        c("resets_total", "Times a replica's confirmed state was declared unknown, by reason.", "replica", "reason"),
-		Duplicates:    c("duplicates_total", "Batches dropped because their seq was already delivered.", "replica"),
-		Dropped:       c("dropped_total", "Batches dropped because the delivery queue was full.", "replica"),
-		Reconnects:    c("reconnects_total", "SUB connections (re)established to a replica's publisher.", "replica"),
+		Batches:        c("batches_total", "KV-event batches delivered to the handler.", "replica"),
+		Events:         c("events_total", "KV events delivered to the handler, by type.", "replica", "type"),
+		IgnoredEvents:  c("ignored_events_total", "KV events of unknown type skipped.", "replica"),
+		Malformed:      c("malformed_total", "KV-event messages that failed to decode (a lost batch resets the replica unless a replayed copy decodes).", "replica"),
+		NoEventBatches: c("no_event_batches_total", "Well-formed KV-event batches without a known event (empty, or only unknown event types): nothing lost.", "replica"),
+		Gaps:           c("gaps_total", "Forward jumps in a replica's sequence numbers.", "replica"),
+		Replays:        c("replays_total", "Replay requests, by result (complete, partial, failed).", "replica", "result"),
+		Resets:         c("resets_total", "Times a replica's confirmed state was declared unknown, by reason.", "replica", "reason"),
+		Duplicates:     c("duplicates_total", "Batches dropped because their seq was already delivered.", "replica"),
+		Dropped:        c("dropped_total", "Batches dropped because the delivery queue was full.", "replica"),
+		Reconnects:     c("reconnects_total", "SUB connections (re)established to a replica's publisher.", "replica"),
 	}
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Batches, m.Events, m.IgnoredEvents, m.Malformed, m.Gaps,
+	return []prometheus.Collector{m.Batches, m.Events, m.IgnoredEvents, m.Malformed, m.NoEventBatches, m.Gaps,
 		m.Replays, m.Resets, m.Duplicates, m.Dropped, m.Reconnects}
 }
 

@@ -32,6 +32,9 @@ const (
 	ResetGapUnrecoverable
 	// ResetOverflow: the delivery queue was full and batches were dropped.
 	ResetOverflow
+	// ResetMalformed: a batch failed to decode and no decodable copy could
+	// be replayed, so its events (stores and removals) are lost.
+	ResetMalformed
 )
 
 func (r ResetReason) String() string {
@@ -42,6 +45,8 @@ func (r ResetReason) String() string {
 		return "gap_unrecoverable"
 	case ResetOverflow:
 		return "overflow"
+	case ResetMalformed:
+		return "malformed"
 	}
 	return fmt.Sprintf("ResetReason(%d)", uint8(r))
 }
@@ -56,8 +61,8 @@ type Handler interface {
 	// what you keep.
 	HandleBatch(replica string, seq Seq, b *Batch)
 	// HandleReset says the replica's confirmed state is unknown (engine
-	// restart, unrecoverable gap, queue overflow): drop it and rebuild from
-	// the batches that follow.
+	// restart, unrecoverable gap, queue overflow, undecodable batch): drop
+	// it and rebuild from the batches that follow.
 	HandleReset(replica string, reason ResetReason)
 }
 
@@ -161,6 +166,9 @@ type Subscriber struct {
 	// dropLive is a test hook: live messages whose seq it accepts are
 	// discarded by the reader as if never received.
 	dropLive func(Seq) bool
+	// mangle is a test hook: it may replace a payload before it is decoded,
+	// live (replayed false) or from a replay, as corruption in transit would.
+	mangle func(seq Seq, replayed bool, payload []byte) []byte
 
 	// Writer state, owned by the writer goroutine.
 	hasLast  bool
@@ -169,10 +177,10 @@ type Subscriber struct {
 	lastLive Seq // last live seq seen, for rewind detection
 	dec      *Decoder
 
-	mBatches, mIgnored, mMalformed, mGaps, mDup, mDropped, mReconnects prometheus.Counter
-	mEvents                                                            [4]prometheus.Counter
-	mResets                                                            [4]prometheus.Counter
-	mReplays                                                           map[string]prometheus.Counter
+	mBatches, mIgnored, mMalformed, mNoEvents, mGaps, mDup, mDropped, mReconnects prometheus.Counter
+	mEvents                                                                       [4]prometheus.Counter
+	mResets                                                                       [5]prometheus.Counter
+	mReplays                                                                      map[string]prometheus.Counter
 }
 
 // NewSubscriber validates cfg; nothing is opened before Start. m may be
@@ -202,6 +210,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler, m *Metrics, logger *slog.Log
 		mBatches:    m.Batches.WithLabelValues(r),
 		mIgnored:    m.IgnoredEvents.WithLabelValues(r),
 		mMalformed:  m.Malformed.WithLabelValues(r),
+		mNoEvents:   m.NoEventBatches.WithLabelValues(r),
 		mGaps:       m.Gaps.WithLabelValues(r),
 		mDup:        m.Duplicates.WithLabelValues(r),
 		mDropped:    m.Dropped.WithLabelValues(r),
@@ -211,7 +220,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler, m *Metrics, logger *slog.Log
 	for _, k := range []Kind{KindBlockStored, KindBlockRemoved, KindAllBlocksCleared} {
 		s.mEvents[k] = m.Events.WithLabelValues(r, k.String())
 	}
-	for _, rr := range []ResetReason{ResetRewind, ResetGapUnrecoverable, ResetOverflow} {
+	for _, rr := range []ResetReason{ResetRewind, ResetGapUnrecoverable, ResetOverflow, ResetMalformed} {
 		s.mResets[rr] = m.Resets.WithLabelValues(r, rr.String())
 	}
 	for _, res := range []string{replayComplete, replayPartial, replayFailed} {
@@ -355,8 +364,12 @@ func (s *Subscriber) readLoop(ctx context.Context) {
 		if s.dropLive != nil && s.dropLive(it.seq) {
 			continue
 		}
+		payload := f[2]
+		if s.mangle != nil {
+			payload = s.mangle(it.seq, false, payload)
+		}
 		b := s.pool.Get().(*Batch)
-		it.ignored, it.err = dec.Decode(f[2], b)
+		it.ignored, it.err = dec.Decode(payload, b)
 		if it.err != nil {
 			s.pool.Put(b)
 		} else {
@@ -440,7 +453,31 @@ func (s *Subscriber) live(ctx context.Context, it item) {
 			s.reset(ResetGapUnrecoverable)
 		}
 	}
-	s.deliver(it.seq, it.b, it.err, it.ignored)
+	s.deliverLive(ctx, it)
+}
+
+// deliverLive delivers a live batch in sequence. A payload that failed to
+// decode may have been damaged on its way (a relay, a bad link): the
+// engine's replay buffer keeps what it published, so one replay of that
+// seq is tried before the batch is declared lost.
+func (s *Subscriber) deliverLive(ctx context.Context, it item) {
+	if it.err == nil || errors.Is(it.err, ErrNoEvents) || s.cfg.ReplayEndpoint == "" {
+		s.deliver(it.seq, it.b, it.err, it.ignored)
+		return
+	}
+	s.recycle(it.b)
+	s.mMalformed.Inc()
+	s.log.Warn("kv-event batch failed to decode, asking for a replayed copy", "seq", uint64(it.seq), "err", it.err)
+	s.replay(ctx, it.seq, it.seq+1)
+	if ctx.Err() != nil {
+		return
+	}
+	if s.hasLast && s.last == it.seq {
+		// The replayed copy was delivered, or it failed too and replay
+		// already reset.
+		return
+	}
+	s.lost(it.seq, fmt.Errorf("%w; replay did not return seq %d", it.err, it.seq))
 }
 
 // replay asks the engine's ROUTER for batches from `from` on and delivers
@@ -500,6 +537,9 @@ func (s *Subscriber) replay(ctx context.Context, from, until Seq) {
 		if delivered == 0 && seq != from {
 			contiguous = false
 		}
+		if s.mangle != nil {
+			payload = s.mangle(seq, true, payload)
+		}
 		b := s.pool.Get().(*Batch)
 		ignored, derr := s.dec.Decode(payload, b)
 		s.deliver(seq, b, derr, ignored)
@@ -554,19 +594,26 @@ func parseReplayReply(f [][]byte) (Seq, []byte, bool) {
 	return Seq(binary.BigEndian.Uint64(seqFrame)), payload, true
 }
 
-// deliver hands one batch to the Handler (or counts it malformed) and
-// advances the delivered sequence.
+// deliver hands one batch to the Handler and advances the delivered
+// sequence. A batch with no known event (ErrNoEvents) consumes its seq and
+// loses nothing the index uses; any other decode error loses the batch's
+// events, so the replica is reset.
 func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) {
 	s.hasLast, s.last = true, seq
 	if ignored > 0 {
 		s.mIgnored.Add(float64(ignored))
 	}
 	if err != nil {
-		// The batch is lost; its seq is consumed so it does not look like a
-		// gap. Its content cannot be recovered by replay either.
-		s.mMalformed.Inc()
-		s.log.Warn("kv-event batch failed to decode", "seq", uint64(seq), "err", err)
 		s.recycle(b)
+		if errors.Is(err, ErrNoEvents) {
+			// Only event types this version does not know (or none at
+			// all): nothing the index tracks was in it.
+			s.mNoEvents.Inc()
+			s.log.Debug("kv-event batch without known events", "seq", uint64(seq), "ignored", ignored)
+			return
+		}
+		s.mMalformed.Inc()
+		s.lost(seq, err)
 		return
 	}
 	s.h.HandleBatch(s.cfg.Replica, seq, b)
@@ -577,6 +624,14 @@ func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) {
 		}
 	}
 	s.recycle(b)
+}
+
+// lost resets the replica for an undecodable batch and consumes its seq, so
+// the batches after it continue the stream rather than look like a gap.
+func (s *Subscriber) lost(seq Seq, err error) {
+	s.log.Warn("kv-event batch lost: cannot decode it", "seq", uint64(seq), "err", err)
+	s.reset(ResetMalformed)
+	s.hasLast, s.last = true, seq
 }
 
 func (s *Subscriber) reset(r ResetReason) {

@@ -506,8 +506,8 @@ func TestSequenceRulesRawPub(t *testing.T) {
 	require.Eventually(t, func() bool { send(5, good(5)); return h.batches() > 0 }, 5*time.Second, 10*time.Millisecond)
 	send(6, good(6))
 	send(6, good(6))                                       // duplicate
-	send(7, []byte{0x92, 0xcb})                            // truncated: malformed, seq consumed
-	send(8, mp{}.arr(2).f64(1).arr(1).arr(1).str("Nope"))  // no known events
+	send(7, []byte{0x92, 0xcb})                            // truncated, no replay: lost, reset, seq consumed
+	send(8, mp{}.arr(2).f64(1).arr(1).arr(1).str("Nope"))  // no known events: nothing lost
 	send(9, good(9))                                       // no gap: 7 and 8 were accounted
 	send(3, good(3))                                       // rewind
 	pub.SendMulti(zmq4.NewMsgFrom([]byte("t"), []byte{1})) //nolint:errcheck // bad seq frame
@@ -522,9 +522,11 @@ func TestSequenceRulesRawPub(t *testing.T) {
 			got = append(got, fmt.Sprint(r.seq))
 		}
 	}
-	require.Equal(t, []string{"5", "6", "9", "rewind", "3", "4"}, got)
+	require.Equal(t, []string{"5", "6", "malformed", "9", "rewind", "3", "4"}, got)
 	require.GreaterOrEqual(t, counterValue(t, m.Duplicates.WithLabelValues("r1")), 1.0)
-	require.Equal(t, 3.0, counterValue(t, m.Malformed.WithLabelValues("r1")))
+	require.Equal(t, 2.0, counterValue(t, m.Malformed.WithLabelValues("r1")))
+	require.Equal(t, 1.0, counterValue(t, m.NoEventBatches.WithLabelValues("r1")))
+	require.Equal(t, 1.0, counterValue(t, m.Resets.WithLabelValues("r1", "malformed")))
 	require.Equal(t, 1.0, counterValue(t, m.IgnoredEvents.WithLabelValues("r1")))
 	require.Zero(t, counterValue(t, m.Gaps.WithLabelValues("r1")))
 }

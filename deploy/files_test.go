@@ -728,6 +728,22 @@ func TestKubernetesOverlays(t *testing.T) {
 				t.Error("gateway must run as non-root on a read-only root filesystem")
 			}
 			checkClusterWiring(t, objs, sts, gw, pod, cfg, ports)
+			// Engine scrapes label their series replica=<pod name>.
+			if len(objs["PodMonitor"]) == 0 {
+				t.Error("no PodMonitor for the engines: the dashboard's vllm:* panels would be empty")
+			}
+			for name, pm := range objs["PodMonitor"] {
+				for _, ep := range get(pm, "spec", "podMetricsEndpoints").([]any) {
+					ok := false
+					for _, r := range get(ep, "relabelings").([]any) {
+						src, _ := get(r, "sourceLabels").([]any)
+						ok = ok || (get(r, "targetLabel") == "replica" && len(src) == 1 && src[0] == "__meta_kubernetes_pod_name")
+					}
+					if !ok {
+						t.Errorf("PodMonitor %s: an endpoint does not set replica from the pod name", name)
+					}
+				}
+			}
 		})
 	}
 }

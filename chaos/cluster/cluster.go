@@ -15,11 +15,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
 	"github.com/kvmesh/kvmesh/chaos/faultproxy"
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/chaos/truth"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/node"
+	kvsync "github.com/kvmesh/kvmesh/sync"
 )
 
 // KVLink says how gateways receive an engine's KV events.
@@ -75,6 +78,10 @@ type Config struct {
 	// NATSURL points every gateway at an external NATS server instead of
 	// an embedded one each. Default "".
 	NATSURL string
+	// ExternalNATS starts one NATS server for the cluster with a
+	// faultproxy.Proxy in front (Cluster.NATS), and points every gateway
+	// at the proxy, so a scenario can cut NATS off. Overrides NATSURL.
+	ExternalNATS bool
 	// BootstrapExpect is the number of raft voters. Default min(3,
 	// Gateways).
 	BootstrapExpect int
@@ -122,6 +129,10 @@ type Cluster struct {
 	log     *slog.Logger
 	engines []*Engine
 	hc      *http.Client
+	// NATS is the fault proxy in front of the cluster's NATS server (nil
+	// unless Config.ExternalNATS).
+	NATS    *faultproxy.Proxy
+	natsSrv *natsserver.Server
 
 	gmu      sync.Mutex
 	gateways []*Gateway // live gateways, in start order
@@ -180,6 +191,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 }
 
 func (c *Cluster) start(ctx context.Context) error {
+	if c.cfg.ClusterMode && c.cfg.ExternalNATS {
+		if err := c.startNATS(); err != nil {
+			return err
+		}
+	}
 	for i := range c.cfg.Engines {
 		e := &Engine{Name: fmt.Sprintf("e%d", i), c: c}
 		c.engines = append(c.engines, e)
@@ -227,6 +243,28 @@ func (c *Cluster) start(ctx context.Context) error {
 		}
 	}
 	return c.WaitReady(ctx)
+}
+
+// startNATS starts the cluster's NATS server on a free loopback port and
+// a fault proxy in front of it.
+func (c *Cluster) startNATS() error {
+	s, err := natsserver.NewServer(&natsserver.Options{
+		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: kvsync.MaxMessageBytes,
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: NATS: %w", err)
+	}
+	s.Start()
+	c.natsSrv = s
+	if !s.ReadyForConnections(10 * time.Second) {
+		return fmt.Errorf("cluster: NATS did not start")
+	}
+	c.NATS, err = startProxy("nats", s.Addr().String(), c.log)
+	if err != nil {
+		return err
+	}
+	c.cfg.NATSURL = "nats://" + c.NATS.Addr()
+	return nil
 }
 
 // AdminToken is the admin API token of gateways in ClusterMode.
@@ -802,6 +840,13 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("engine %s: %w", e.Name, err))
 			}
 		}
+	}
+	if c.NATS != nil {
+		errs = append(errs, c.NATS.Close())
+	}
+	if c.natsSrv != nil {
+		c.natsSrv.Shutdown()
+		c.natsSrv.WaitForShutdown()
 	}
 	c.err = errors.Join(errs...)
 	return c.err

@@ -154,7 +154,7 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	defer cancel()
 	defer func() {
 		if err != nil {
-			n.closeCluster(context.Background())
+			n.closeCluster(context.Background(), nil)
 		}
 	}()
 
@@ -242,9 +242,14 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	return nil
 }
 
-// closeCluster closes whatever startCluster opened, in reverse order.
-// Idempotent (each part is closed once by its own idempotent Close).
-func (n *Node) closeCluster(ctx context.Context) {
+// closeCluster closes whatever startCluster opened, in reverse order:
+// the seams, the admin gRPC server, the config store, the cluster. step
+// runs (and may time and log) each part; nil just runs it. Each part's
+// own close is idempotent.
+func (n *Node) closeCluster(ctx context.Context, step func(what string, f func())) {
+	if step == nil {
+		step = func(_ string, f func()) { f() }
+	}
 	cl := n.cl
 	if cl.cancelApply != nil {
 		cl.cancelApply()
@@ -252,19 +257,23 @@ func (n *Node) closeCluster(ctx context.Context) {
 	n.SetRecordListener(nil)
 	n.SetPeerLoad(nil)
 	if cl.grpcSrv != nil {
-		stopGRPC(ctx, cl.grpcSrv)
+		step("stopped the admin gRPC API", func() { stopGRPC(ctx, cl.grpcSrv) })
 	} else if cl.grpcLn != nil {
 		_ = cl.grpcLn.Close()
 	}
 	if cl.store != nil {
-		if err := cl.store.Shutdown(); err != nil {
-			n.log.Warn("config store shutdown", "err", err)
-		}
+		step("stopped the config store", func() {
+			if err := cl.store.Shutdown(); err != nil {
+				n.log.Warn("config store shutdown", "err", err)
+			}
+		})
 	}
 	if cl.cluster != nil {
-		if err := cl.cluster.Shutdown(ctx); err != nil {
-			n.log.Warn("cluster shutdown", "err", err)
-		}
+		step("stopped the cluster (gossip, NATS, peer service)", func() {
+			if err := cl.cluster.Shutdown(ctx); err != nil {
+				n.log.Warn("cluster shutdown", "err", err)
+			}
+		})
 	}
 }
 

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -42,7 +44,12 @@ func gwConfig(id, dataDir string, join []string, expect int, reps ...ReplicaConf
 // and also runs at cleanup.
 func startGateway(t testing.TB, cfg Config) (*Node, func()) {
 	t.Helper()
-	n, err := New(cfg, nil)
+	var logger *slog.Logger
+	if os.Getenv("KVMESH_TEST_LOG") != "" { // KVMESH_TEST_LOG=1 go test -v: gateway logs on stderr
+		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).
+			With("gw", cfg.Cluster.NodeID)
+	}
+	n, err := New(cfg, logger)
 	require.NoError(t, err)
 	require.NoError(t, n.Start(context.Background()))
 	stop := func() {

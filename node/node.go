@@ -296,7 +296,7 @@ func (n *Node) Start(ctx context.Context) error {
 	if err := n.startKVEvents(ctx); err != nil {
 		n.reloadMu.Unlock()
 		if n.cl != nil {
-			n.closeCluster(context.Background())
+			n.closeCluster(context.Background(), nil)
 		}
 		n.bgCancel()
 		n.reqAbort()
@@ -399,11 +399,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		})
 		n.reqAbort()
 		if n.cl != nil {
-			step("stopped admin API, config store and cluster", func() {
-				cctx, cancel := context.WithTimeout(context.Background(), n.cfg.Cluster.LeaveTimeout)
-				defer cancel()
-				n.closeCluster(cctx)
-			})
+			cctx, cancel := context.WithTimeout(context.Background(), n.cfg.Cluster.LeaveTimeout)
+			n.closeCluster(cctx, step)
+			cancel()
 		}
 		step("stopped probes and KV-event subscribers", func() {
 			n.reloadMu.Lock() // no table rebuild is half done past here

@@ -472,3 +472,38 @@ func TestNoSyncIsStandalone(t *testing.T) {
 	assert.Empty(t, n.AdminAddr())
 	assert.True(t, n.Ready())
 }
+
+// TestClusterShutdownDrains stops a cluster gateway while a stream runs:
+// the stream finishes within the grace, and Ready turns false at once.
+func TestClusterShutdownDrains(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts raft, memberlist and NATS: skipped with -short")
+	}
+	slow := newFakeEngine(t, "slow")
+	slow.chunks.Store(10)
+	slow.chunkDelay.Store(int64(30 * time.Millisecond))
+	n, _ := startGateway(t, gwConfig("solo", t.TempDir(), nil, 1, rc("slow", slow.url())))
+	waitReady(t, n)
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/completions", "application/json", strings.NewReader(streamReq))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- string(b)
+	}()
+	<-slow.started
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		stopped <- n.Shutdown(ctx)
+	}()
+	require.Eventually(t, func() bool { return !n.Ready() }, 5*time.Second, time.Millisecond)
+	out := <-done
+	assert.True(t, strings.HasSuffix(out, "data: [DONE]\n\n"), "the stream drained: %q", out)
+	require.NoError(t, <-stopped)
+}

@@ -29,7 +29,8 @@ type Replicas interface {
 }
 
 // LoadSource reports this gateway's exact in-flight counts. It is called
-// every Config.LoadInterval from the Cluster's load goroutine.
+// every Config.LoadInterval from the Cluster's load goroutine (never
+// concurrently with itself) and must not block.
 type LoadSource interface {
 	// AppendInFlight appends one entry per replica to dst and returns it.
 	AppendInFlight(dst []ReplicaLoad) []ReplicaLoad
@@ -95,6 +96,9 @@ type Cluster struct {
 	// onApplied, when set (tests, benchmarks), sees every applied peer
 	// decision batch with the local apply time.
 	onApplied func(b *DecisionBatch, appliedAt int64)
+	// testBroadcast, when set (tests), receives gossip fallback messages
+	// instead of memberlist.
+	testBroadcast func(msg []byte)
 
 	mu       sync.Mutex
 	started  bool

@@ -151,7 +151,11 @@ func (c *Cluster) sendDecisions(batch *DecisionBatch, msg []byte, transport stri
 			transport = "gossip"
 		}
 	default:
-		c.ms.broadcast(append([]byte(nil), msg...))
+		if c.testBroadcast != nil {
+			c.testBroadcast(msg)
+		} else {
+			c.ms.broadcast(append([]byte(nil), msg...))
+		}
 	}
 	c.m.published.WithLabelValues("decisions", transport).Inc()
 	return msg
@@ -160,9 +164,10 @@ func (c *Cluster) sendDecisions(batch *DecisionBatch, msg []byte, transport stri
 // gossipDecisions sends entries as batches small enough for one gossip
 // packet each, splitting long key chains.
 func (c *Cluster) gossipDecisions(entries []Decision, msg []byte) []byte {
-	// Per-batch overhead (header, origin, seq, time, name table) is under
-	// 64 + name bytes; per entry 1+1+10+3 plus 8 per key.
-	budget := broadcastLimit - 64 - maxName
+	// Per-batch overhead: header 4, origin, seq and time 20, entry count 3
+	// and a name table; size counts each entry's name once more, 16 bytes
+	// of ledger, name index, age and key count, and 8 per key.
+	budget := broadcastLimit - 40 - len(c.origin) - (maxName + 3)
 	var part []Decision
 	size := 0
 	flush := func() {

@@ -140,3 +140,31 @@ func reencodeLoose(m Message) []byte {
 	}
 	return b
 }
+
+// TestGossipPiecesFitAPacket: the NATS-outage fallback splits decisions
+// with long names and long chains into messages that fit one gossip packet
+// and lose no key.
+func TestGossipPiecesFitAPacket(t *testing.T) {
+	g := newGW(t, string(bytes.Repeat([]byte("n"), 128)), nil, nil)
+	var got [][]byte
+	long := string(bytes.Repeat([]byte("r"), maxName))
+	entries := []Decision{
+		{Replica: long, Ledger: index.History, At: 1, Keys: chain(1, 500)},
+		{Replica: "r0", Ledger: index.Speculative, At: 2, Keys: chain(2, 3)},
+		{Replica: long, Ledger: index.History, At: 3, Keys: chain(3, 90)},
+	}
+	// Capture what would be broadcast.
+	g.c.testBroadcast = func(msg []byte) { got = append(got, append([]byte(nil), msg...)) }
+	g.c.gossipDecisions(entries, nil)
+	keys := map[string]int{}
+	for _, m := range got {
+		require.LessOrEqual(t, len(m), broadcastLimit)
+		d, err := DecodeMessage(m)
+		require.NoError(t, err)
+		for _, e := range d.Decisions.Entries {
+			keys[e.Replica] += len(e.Keys)
+		}
+	}
+	require.Equal(t, 590, keys[long])
+	require.Equal(t, 3, keys["r0"])
+}

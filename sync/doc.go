@@ -9,24 +9,24 @@
 //
 // A gateway builds one Cluster next to its index:
 //
-//	cfg := kvsync.DefaultConfig()           // or LocalConfig(name) on loopback
+//	cfg := kvsync.DefaultConfig() // or LocalConfig(name) on loopback
 //	cfg.NodeName, cfg.Join = "gw-a", []string{"10.0.0.2:7946"}
-//	cfg.KVSources = ...                     // engines with a kv (connect) endpoint
+//	cfg.KVSources = ...           // engines with a kv (connect) endpoint
 //	c, err := kvsync.New(cfg, kvsync.Deps{
-//		Index:      n.Index(),              // required
-//		Replicas:   kvsync.NewReplicaTable(names), // required: name <-> ReplicaID, in node's order
-//		Load:       kvsync.LoadFunc(appendInFlight), // this gateway's exact in-flight counts
-//		AfterRestore: reapplyRootsAndPublisherFlags,
-//		Registerer: n.Registry(),           // kvmesh_sync_* metrics
-//		KVMetrics:  kvMetrics,              // shared kvevents counters (optional)
-//		Logger:     log,
+//		Index:        n.Index(),                       // required
+//		Replicas:     kvsync.NewReplicaTable(names),   // required: name <-> ReplicaID, in node's order
+//		Load:         kvsync.LoadFunc(appendInFlight), // this gateway's exact in-flight counts
+//		AfterRestore: reapplyRootsAndPublisherFlags,   // index.Restore replaces them
+//		Registerer:   n.Registry(),                    // kvmesh_sync_* metrics
+//		KVMetrics:    kvMetrics,                       // shared kvevents counters (optional)
+//		Logger:       log,
 //	})
-//	err = c.Start(ctx)                      // joins, bootstraps the index, returns
-//	n.SetPeerLoad(c)                        // c.InFlight(replica) satisfies node.PeerLoad
+//	err = c.Start(ctx)   // joins, bootstraps the index, returns
+//	n.SetPeerLoad(c)     // c.InFlight(replica) satisfies node.PeerLoad
 //	// on every routing decision, right after index.Record:
 //	c.PublishDecision(replicaName, ledger, keys, now)
 //	...
-//	err = c.Shutdown(ctx)                   // graceful leave, then stop
+//	err = c.Shutdown(ctx) // graceful leave, then stop
 //
 // What node must change (a follow-up; node is not edited here): build a
 // ReplicaTable from its replica names in ID order (or implement Replicas)

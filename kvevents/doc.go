@@ -47,6 +47,16 @@
 // waits for the Handler. Its writer goroutine applies the sequence rules and
 // calls the Handler in order:
 //
+//   - Catch-up on (re)connect: with a replay endpoint, as soon as the SUB
+//     connects (a bound SUB: at Start and after its publisher went away,
+//     since it cannot see the publisher connect) the writer replays from
+//     0 (first connection, JoinReplay) or from last+1 (reconnect), and
+//     repeats that with the reconnect backoff until the first live batch
+//     arrives. This covers an engine that published before the subscriber
+//     connected, or while the subscription was still on its way (ZMQ's
+//     slow joiner), and then went idle: no later seq would ever reveal that
+//     gap. Live batches that repeat replayed ones are duplicates. Polls
+//     that find nothing new are not counted in replays_total.
 //   - First batch of a stream (or after a reset): accepted at any seq. If
 //     seq > 0, JoinReplay is on and a replay endpoint is configured, it first
 //     replays from 0 to learn what the engine already cached (as far as its
@@ -84,7 +94,11 @@
 // (a bound SUB just waits for the publisher to reconnect). Handler must not
 // keep a *Batch after HandleBatch returns: batches are recycled.
 //
-// Known limits: a restarted engine whose new seq has already passed the
+// Known limits: without a replay endpoint, batches an engine published
+// before the subscription reached it are lost to the subscriber, and if the
+// engine then stays idle nothing reveals them (those blocks are never
+// confirmed; the first later batch is accepted as a stream start, with no
+// reset since there was no state). A restarted engine whose new seq has already passed the
 // last seq seen before the restart is indistinguishable from a gap by seq
 // alone (the replay then serves the new engine's batches without a reset);
 // a publisher that vanishes without closing its TCP connection is not

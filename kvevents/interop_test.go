@@ -112,8 +112,11 @@ func TestInteropLibzmqPublisher(t *testing.T) {
 				}
 				require.Equal(t, Seq(count), want)
 				require.Zero(t, counterValue(t, m.Malformed.WithLabelValues("r1")))
-				require.Equal(t, 1.0, counterValue(t, m.Replays.WithLabelValues("r1", replayComplete)),
+				// The catch-up on connect, and a gap replay when batches
+				// went out before the subscription reached the PUB.
+				require.GreaterOrEqual(t, counterValue(t, m.Replays.WithLabelValues("r1", replayComplete)), 1.0,
 					"seq 0..4 came through the libzmq ROUTER")
+				require.Zero(t, counterValue(t, m.Replays.WithLabelValues("r1", replayFailed)))
 			})
 		}
 	}

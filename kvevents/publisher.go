@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -257,9 +258,11 @@ func (p *Publisher) Close() error {
 		p.closed = true
 		p.mu.Unlock()
 		p.cancel()
-		err := p.pub.Close()
+		err := ignoreClosedConn(p.pub.Close())
 		if p.router != nil {
-			err = errors.Join(err, p.router.Close())
+			// A replay client that already hung up leaves a connection
+			// whose close reports net.ErrClosed: not a failure to close.
+			err = errors.Join(err, ignoreClosedConn(p.router.Close()))
 		}
 		p.wg.Wait()
 		// zmq4 adds a connection whose Dial was in flight during Close
@@ -389,4 +392,13 @@ func sockAddr(s zmq4.Socket, ep string) string {
 		return "tcp://" + a.String()
 	}
 	return ep
+}
+
+// ignoreClosedConn drops net.ErrClosed from a socket's Close error: zmq4
+// reports closing a connection its peer already closed that way.
+func ignoreClosedConn(err error) error {
+	if err == nil || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
 }

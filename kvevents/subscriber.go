@@ -139,6 +139,9 @@ type item struct {
 	// new connection only carries new messages, so a seq not above the last
 	// one seen means a restarted engine, never a duplicate.
 	afterReconnect bool
+	// connected marks a control item without a message: the SUB has just
+	// (re)connected, so the writer catches up through replay.
+	connected bool
 }
 
 // Subscriber consumes one engine replica's KV events: a reader goroutine
@@ -175,6 +178,10 @@ type Subscriber struct {
 	last     Seq // last seq delivered (or accounted as malformed)
 	hasLive  bool
 	lastLive Seq // last live seq seen, for rewind detection
+	// caughtUp: a catch-up replay after a (re)connect delivered batches, so
+	// the next live message may repeat one of them rather than mean a
+	// restart.
+	caughtUp bool
 	dec      *Decoder
 
 	mBatches, mIgnored, mMalformed, mNoEvents, mGaps, mDup, mDropped, mReconnects prometheus.Counter
@@ -323,6 +330,11 @@ func (s *Subscriber) readLoop(ctx context.Context) {
 	connected := s.cfg.Bind
 	overflow, reconnected := false, false
 	dec := NewDecoder()
+	if s.cfg.Bind {
+		// A bound SUB cannot see its publisher connect: catch up now (the
+		// writer retries until the engine's ROUTER answers).
+		s.signalConnected()
+	}
 	for ctx.Err() == nil {
 		if !connected {
 			if err := s.sock.Dial(s.cfg.Endpoint); err != nil {
@@ -335,6 +347,7 @@ func (s *Subscriber) readLoop(ctx context.Context) {
 			connected, backoff = true, s.cfg.ReconnectMin
 			s.mReconnects.Inc()
 			s.log.Info("kv-event subscriber connected", "endpoint", s.cfg.Endpoint)
+			s.signalConnected()
 		}
 		msg, err := s.sock.Recv()
 		if err != nil {
@@ -348,8 +361,11 @@ func (s *Subscriber) readLoop(ctx context.Context) {
 			reconnected = true
 			if !s.cfg.Bind {
 				connected = false
-			} else if !wait() {
-				return
+			} else {
+				if !wait() {
+					return
+				}
+				s.signalConnected()
 			}
 			continue
 		}
@@ -392,21 +408,104 @@ func (s *Subscriber) readLoop(ctx context.Context) {
 	}
 }
 
-// writeLoop delivers queued batches in order, replaying gaps.
+// signalConnected tells the writer that the SUB (re)connected. It never
+// blocks: on a full queue the overflow reset and the live batches behind it
+// take care of the stream.
+func (s *Subscriber) signalConnected() {
+	select {
+	case s.q <- item{connected: true}:
+	default:
+	}
+}
+
+// writeLoop delivers queued batches in order, replaying gaps, and catches
+// up after each (re)connect.
 func (s *Subscriber) writeLoop(ctx context.Context) {
 	defer s.wg.Done()
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	var retryC <-chan time.Time
+	backoff := s.cfg.ReconnectMin
+	catchUp := func() {
+		retryC = nil
+		if !s.catchUp(ctx) || ctx.Err() != nil {
+			return
+		}
+		// Until a live batch arrives, the subscription may not have
+		// reached the publisher yet (ZMQ's slow joiner): batches published
+		// meanwhile are lost to this SUB and, if the engine then goes
+		// idle, nothing would reveal them. So catch up again, with
+		// backoff, until the first live batch hands over to the sequence
+		// rules (or the engine's ROUTER, not up yet, answers).
+		if timer == nil {
+			timer = time.NewTimer(backoff)
+		} else {
+			timer.Reset(backoff)
+		}
+		retryC = timer.C
+		backoff = min(2*backoff, s.cfg.ReconnectMax)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-retryC:
+			catchUp()
 		case it := <-s.q:
+			if it.connected {
+				backoff = s.cfg.ReconnectMin
+				catchUp()
+				continue
+			}
+			if retryC != nil {
+				// A live batch: the sequence rules (join replay, gap
+				// replay) take over.
+				timer.Stop()
+				retryC = nil
+			}
 			s.live(ctx, it)
 		}
 	}
 }
 
+// catchUp replays, after the SUB (re)connects and until the first live
+// batch, what the engine published that was not delivered yet: from seq 0
+// on the first connection (when JoinReplay is set), from last+1 after a
+// reconnect. Without it an engine that published before the subscriber
+// connected and then went idle would never reveal the gap, and its blocks
+// would never be confirmed. Live batches that repeat replayed ones are
+// dropped as duplicates. It reports whether catching up applies at all (a
+// replay endpoint, and JoinReplay or something delivered before).
+func (s *Subscriber) catchUp(ctx context.Context) bool {
+	if s.cfg.ReplayEndpoint == "" {
+		return false
+	}
+	from := Seq(0)
+	switch {
+	case s.hasLast:
+		from = s.last + 1
+	case !s.cfg.JoinReplay:
+		return false
+	}
+	_, delivered := s.replayRange(ctx, from, ReplayEnd, true)
+	if delivered > 0 {
+		// Live messages of this connection may repeat what was replayed.
+		s.caughtUp = true
+	}
+	return true
+}
+
 // live applies the sequence rules to one live message.
 func (s *Subscriber) live(ctx context.Context, it item) {
+	if s.caughtUp {
+		// The catch-up ran on this connection, so seqs it delivered may
+		// also arrive live: not a restart.
+		it.afterReconnect, s.caughtUp = false, false
+	}
 	joinReplay := s.cfg.JoinReplay
 	if it.afterOverflow {
 		s.reset(ResetOverflow)
@@ -414,7 +513,8 @@ func (s *Subscriber) live(ctx context.Context, it item) {
 		// A replay now would feed more into a handler that just fell behind.
 		joinReplay = false
 	}
-	if s.hasLive {
+	switch {
+	case s.hasLive:
 		switch {
 		case it.seq < s.lastLive, it.afterReconnect && it.seq == s.lastLive:
 			s.log.Info("kv-event sequence rewound: engine restarted", "seq", uint64(it.seq), "last", uint64(s.lastLive))
@@ -425,6 +525,11 @@ func (s *Subscriber) live(ctx context.Context, it item) {
 			s.recycle(it.b)
 			return
 		}
+	case it.afterReconnect && s.hasLast && it.seq <= s.last:
+		// Only a catch-up replay delivered before (no live message yet),
+		// and a new connection carries only new messages: a restart.
+		s.log.Info("kv-event sequence rewound: engine restarted", "seq", uint64(it.seq), "last", uint64(s.last))
+		s.reset(ResetRewind)
 	}
 	s.hasLive, s.lastLive = true, it.seq
 
@@ -484,25 +589,42 @@ func (s *Subscriber) deliverLive(ctx context.Context, it item) {
 // those before `until` (the live batch that revealed the gap) in order.
 // Batches it cannot place after the last delivered one trigger a reset.
 func (s *Subscriber) replay(ctx context.Context, from, until Seq) {
+	s.replayRange(ctx, from, until, false)
+}
+
+// replayRange is replay; until == ReplayEnd means everything the engine
+// still has. It reports whether the ROUTER answered (the end marker
+// arrived) and how many batches it delivered. Catch-ups repeat until live
+// traffic arrives, so only those that deliver something or fail after
+// reaching the engine are counted in replays_total.
+func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp bool) (answered bool, delivered int) {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 	defer cancel()
-	result := replayFailed
+	result, count := replayFailed, true
 	defer func() {
-		if ctx.Err() == nil {
+		if catchUp && answered && delivered == 0 {
+			count = false // nothing new: a poll, not a replay
+		}
+		if ctx.Err() == nil && count {
 			s.mReplays[result].Inc()
 		}
 	}()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(discardStdLogger))
 	defer d.Close()
 	if err := d.Dial(s.cfg.ReplayEndpoint); err != nil {
-		s.log.Warn("kv-event replay: dial failed", "endpoint", s.cfg.ReplayEndpoint, "err", err)
-		return
+		if catchUp {
+			count = false
+			s.log.Debug("kv-event catch-up: replay dial failed", "endpoint", s.cfg.ReplayEndpoint, "err", err)
+		} else {
+			s.log.Warn("kv-event replay: dial failed", "endpoint", s.cfg.ReplayEndpoint, "err", err)
+		}
+		return false, 0
 	}
 	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(from))); err != nil {
 		s.log.Warn("kv-event replay: request failed", "err", err)
-		return
+		return false, 0
 	}
-	delivered, contiguous := 0, true
+	contiguous := true
 	for {
 		msg, err := d.Recv()
 		if err != nil {
@@ -517,6 +639,7 @@ func (s *Subscriber) replay(ctx context.Context, from, until Seq) {
 			continue
 		}
 		if seq == ReplayEnd {
+			answered = true
 			break
 		}
 		if seq >= until {
@@ -546,12 +669,15 @@ func (s *Subscriber) replay(ctx context.Context, from, until Seq) {
 		delivered++
 	}
 	switch {
-	case contiguous && s.hasLast && s.last+1 == until:
+	case until == ReplayEnd && answered && contiguous,
+		until != ReplayEnd && contiguous && s.hasLast && s.last+1 == until:
 		result = replayComplete
-	case delivered > 0:
+	case delivered > 0, until == ReplayEnd && answered:
 		result = replayPartial
 	}
-	s.log.Debug("kv-event replay done", "from", uint64(from), "until", uint64(until), "delivered", delivered, "result", result)
+	s.log.Debug("kv-event replay done", "from", uint64(from), "until", uint64(until), "delivered", delivered,
+		"result", result, "catch_up", catchUp)
+	return answered, delivered
 }
 
 // drainClosed reads what a closed zmq4 socket still has queued. zmq4's

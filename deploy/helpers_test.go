@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"gopkg.in/yaml.v3"
 )
 
@@ -42,6 +44,15 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if binDir.dir != "" {
 		_ = os.RemoveAll(binDir.dir)
+	}
+	// Every goroutine the tests started (log scanners, process waiters,
+	// request senders) has ended; only idle keep-alive connections remain.
+	http.DefaultClient.CloseIdleConnections()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }
@@ -295,6 +306,7 @@ type proc struct {
 func startProc(t *testing.T, name, bin string, args []string, ready *regexp.Regexp) (*proc, []string) {
 	t.Helper()
 	p := &proc{name: name, cmd: exec.Command(bin, args...), done: make(chan struct{})}
+	setParentDeathSignal(p.cmd) // no orphan if the test binary dies
 	pr, pw := io.Pipe()
 	p.cmd.Stdout = pw
 	p.cmd.Stderr = pw

@@ -200,8 +200,8 @@ func WriteHTML(w io.Writer, res *Results) error {
 	fmt.Fprintf(w, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>kvbench report</title><style>%s</style></head><body>\n", htmlStyle)
 	fmt.Fprintf(w, "<h1>kvbench report</h1>\n")
 	c := res.Config
-	fmt.Fprintf(w, "<p>Engine <code>%s</code>, profile <code>%s</code>, engine block size %d, speed %g (all times model time), %g RPS, %d arrivals per phase, in-flight cap %d, %d replicas, seed %d. SLO: TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v.</p>\n",
-		html.EscapeString(c.Engine), html.EscapeString(c.Profile), c.EngineBlockSize, c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.Replicas, c.Seed, c.SLO.TTFT, c.SLO.TPOT, c.SLO.E2E)
+	fmt.Fprintf(w, "<p>Engine <code>%s</code>, profile <code>%s</code>, %s, speed %g (all times model time), %g RPS, %d arrivals per phase, in-flight cap %d, %d replicas, seed %d. SLO: TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v.</p>\n",
+		html.EscapeString(c.Engine), html.EscapeString(c.Profile), blockSizeText(c), c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.Replicas, c.Seed, c.SLO.TTFT, c.SLO.TPOT, c.SLO.E2E)
 	fmt.Fprintf(w, "<h2>Verdicts</h2><ul>\n")
 	for _, sc := range scenariosOf(res) {
 		v := html.EscapeString(Verdict(res, sc))
@@ -321,7 +321,7 @@ func queueChart(ph PhaseDetail) string {
 			}
 		}
 	}
-	p := newPlot(340, 200, xmax, ymax, fmt.Sprintf("r%d %s — running (solid), waiting (dashed)", ph.Round, ph.Strategy), "time (s)", "requests")
+	p := newPlot(380, 200, xmax, ymax, fmt.Sprintf("r%d %s — run (solid) / wait (dashed)", ph.Round, ph.Strategy), "time (s)", "requests")
 	var items [][2]string
 	for i, n := range ph.Replicas {
 		col := replicaPalette[i%len(replicaPalette)]

@@ -432,9 +432,9 @@ func unmeasured(res *Results) []string {
 func WriteMarkdown(w io.Writer, res *Results) error {
 	c := res.Config
 	fmt.Fprintf(w, "# kvbench report\n\n")
-	fmt.Fprintf(w, "Engine `%s`, profile `%s`, engine block size %d tokens, speed %g (all times are model time), %g RPS, %d arrivals per phase, "+
+	fmt.Fprintf(w, "Engine `%s`, profile `%s`, %s, speed %g (all times are model time), %g RPS, %d arrivals per phase, "+
 		"in-flight cap %d, max_tokens %d, %d replicas, seed %d, %d round(s) (even rounds run the strategies in reverse).\n\n",
-		c.Engine, c.Profile, c.EngineBlockSize, c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.MaxTokens, c.Replicas, c.Seed, c.Rounds)
+		c.Engine, c.Profile, blockSizeText(c), c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.MaxTokens, c.Replicas, c.Seed, c.Rounds)
 	fmt.Fprintf(w, "Pass = complete stream (HTTP 200, content, [DONE], exactly max_tokens completion tokens) and "+
 		"TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v, over scheduled arrivals (unsent arrivals count as failures). "+
 		"P95 by linear interpolation over successful requests. Token hit = Δvllm:prefix_cache_hits_total / "+
@@ -475,4 +475,11 @@ func WriteMarkdown(w io.Writer, res *Results) error {
 		t.Markdown(w)
 	}
 	return nil
+}
+
+func blockSizeText(c Config) string {
+	if c.EngineBlockSize <= 0 {
+		return "engine block size not recorded"
+	}
+	return fmt.Sprintf("engine block size %d tokens", c.EngineBlockSize)
 }

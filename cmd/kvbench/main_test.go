@@ -36,9 +36,6 @@ func run(t *testing.T, args ...string) (string, string, error) {
 // TestKvbenchEndToEnd runs the command on a tiny grid (fast profile) and
 // recomputes its tables from requests.jsonl.
 func TestKvbenchEndToEnd(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts simulators and gateways for ~10 s; skipped under -short")
-	}
 	dir := t.TempDir()
 	stdout, stderr, err := run(t, "--quick", "--profile", "fast", "--speed", "20", "--arrivals", "10", "--rps", "4",
 		"--max-tokens", "16", "--scenarios", "cold,hot50", "--out", dir)

@@ -3,11 +3,21 @@ package des
 import (
 	"os"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/chaos/study"
 )
+
+// cpuTime is the process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
 
 // scaleConfig is one phase at scale: a single scenario and strategy with
 // n arrivals at rps, for measuring simulation throughput.
@@ -55,9 +65,12 @@ func TestScale(t *testing.T) {
 	}
 	cfg := scaleConfig(scenario, strategy, mode, gws, n, rps)
 	cfg.Replicas = 64
+	cpu0 := cpuTime()
 	start := time.Now()
 	res, _ := runStudy(t, cfg, DefaultOptions())
 	wall := time.Since(start)
+	cpu := cpuTime() - cpu0
+	t.Logf("process CPU %s (user+sys, all threads): %.0f arrivals per CPU second", cpu.Round(time.Millisecond), float64(n)/cpu.Seconds())
 	r := res.Runs[0]
 	t.Logf("%d arrivals (%s, %s, %s, 64 replicas, %d gateways, %g RPS) in %s: %.0f arrivals/s; pass %d, ttft95 %.2fs, hit %.3f",
 		n, scenario, strategy, mode, gws, rps, wall.Round(time.Millisecond), float64(n)/wall.Seconds(), r.SLOPass, float64(r.TTFTP95), float64(r.TokenHitRate))

@@ -14,6 +14,17 @@
 // blocks have keys. Hasher methods are safe for concurrent use and append to
 // a caller's slice without allocating otherwise.
 //
+// Confirmed keys must equal the keys the gateway computes for the same
+// request, so a parentless StoredBlocks of a LoRA or salted sequence carries
+// Root = Root(model, lora, salt) (HasRoot); kvevents.StoredForIndex does
+// that from the event's lora_name and extra_keys. The engine reports the
+// salt only through extra_keys (newer vLLM): from an engine without them a
+// salted sequence is confirmed under the replica's unsalted root, which no
+// salted request computes, so salted prompts then match only through
+// speculative and history entries. Blocks whose engine hash mixed in
+// multimodal or prompt-embedding keys are not derivable from text and are
+// not applied (kvevents.BlockStored.IndexableBlocks).
+//
 // # Ledgers and modes
 //
 // Each (block, replica) pair may be held in any of three ledgers (see

@@ -18,9 +18,10 @@ var (
 	// generation (bad msgpack, wrong shape, wrong field type, truncated).
 	ErrMalformed = errors.New("kvevents: malformed payload")
 	// ErrNoEvents: the payload is a well-formed batch but yields no event kvmesh
-	// understands (an empty list, or only unknown event types). vLLM never
-	// publishes an empty batch, so this is counted like a malformed payload
-	// rather than passed on as a silent empty batch.
+	// understands (an empty list, or only unknown event types). It is never
+	// passed on as a silent empty batch: the Subscriber counts it
+	// (no_event_batches_total) and consumes its seq, without a reset, since
+	// nothing the index tracks was in it.
 	ErrNoEvents = errors.New("kvevents: batch has no known events")
 )
 
@@ -53,6 +54,160 @@ type Decoder struct {
 	// events may carry "type" anywhere); its slices are swapped into the
 	// output event so no copy is made.
 	tmp BlockStored
+	// ek collects what the event's extra_keys say (see finishExtraKeys).
+	ek extraKeysScan
+}
+
+// extraKeysScan is what extra_keys told about one event. vLLM builds each
+// block's entry as (LoRA name?, multimodal keys..., cache salt (first block
+// of a sequence only)?, prompt-embedding hash?), or None when empty.
+// Strings are the LoRA name and the salt (and, before vLLM made multimodal
+// keys (id, offset) tuples, multimodal ids); tuples and byte strings are
+// multimodal and prompt-embedding keys.
+type extraKeysScan struct {
+	present bool
+	// first holds the string items of entry 0 (at most maxFirstStrings);
+	// firstOpaque is set when entry 0 had anything else or more strings.
+	first       []string
+	firstOpaque bool
+	// other is the first string item of entries 1.., at entry otherAt;
+	// opaque is the first entry 1.. with a non-string item, a second
+	// string, or a string different from other; -1 for none.
+	other    string
+	hasOther bool
+	otherAt  int
+	opaque   int
+}
+
+// maxFirstStrings bounds the strings kept from a first block's extra keys:
+// the LoRA name and the salt, plus one to see that there were more.
+const maxFirstStrings = 3
+
+func (e *extraKeysScan) reset() {
+	e.present, e.first, e.firstOpaque = false, e.first[:0], false
+	e.other, e.hasOther, e.otherAt, e.opaque = "", false, 0, -1
+}
+
+func (e *extraKeysScan) markOpaque(i int) {
+	if i == 0 {
+		e.firstOpaque = true
+	} else if e.opaque < 0 || i < e.opaque {
+		e.opaque = i
+	}
+}
+
+// extraKeys reads extra_keys: list[tuple | None] | None.
+func (d *Decoder) extraKeys() error {
+	if d.isNil() {
+		return d.dec.DecodeNil()
+	}
+	n, err := d.arrayLen()
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		return nil
+	}
+	e := &d.ek
+	e.present = true
+	for i := range n {
+		if d.isNil() {
+			if err := d.dec.DecodeNil(); err != nil {
+				return err
+			}
+			continue
+		}
+		c, err := d.dec.PeekCode()
+		if err != nil {
+			return err
+		}
+		if !isArray(c) {
+			e.markOpaque(i)
+			if err := d.skip(1); err != nil {
+				return err
+			}
+			continue
+		}
+		m, err := d.arrayLen()
+		if err != nil {
+			return err
+		}
+		strs := 0
+		for range m {
+			c, err := d.dec.PeekCode()
+			if err != nil {
+				return err
+			}
+			if !msgpcode.IsString(c) {
+				// A multimodal (id, offset) tuple, a prompt-embedding
+				// hash (bytes), or something newer.
+				e.markOpaque(i)
+				if err := d.skip(2); err != nil {
+					return err
+				}
+				continue
+			}
+			p, err := d.str()
+			if err != nil {
+				return err
+			}
+			strs++
+			switch {
+			case i == 0:
+				if len(e.first) < maxFirstStrings {
+					e.first = append(e.first, string(p))
+				} else {
+					e.firstOpaque = true
+				}
+			case !e.hasOther:
+				e.other, e.hasOther, e.otherAt = string(p), true, i
+			case string(p) != e.other:
+				e.markOpaque(i)
+			}
+			if i > 0 && strs > 1 {
+				e.markOpaque(i)
+			}
+		}
+	}
+	return nil
+}
+
+// finishExtraKeys fills s's extra-key summary once the whole event (its
+// LoRA name and parent) is known. Blocks after a sequence's first carry
+// only the LoRA name; the first carries the LoRA name, then the salt. One
+// string besides the LoRA name in a parentless first block is read as the
+// salt. (An older engine's lone multimodal id there would be misread as a
+// salt; that only yields keys no request computes, never a false match,
+// and the multimodal item's later blocks are opaque anyway.)
+func (d *Decoder) finishExtraKeys(s *BlockStored) {
+	e := &d.ek
+	s.HasExtraKeys, s.CacheSalt, s.OpaqueFrom, s.HasOpaque = e.present, "", 0, false
+	if !e.present {
+		return
+	}
+	opaque := e.opaque
+	if e.hasOther && e.other != s.LoRAName && (opaque < 0 || e.otherAt < opaque) {
+		opaque = e.otherAt
+	}
+	first := e.first
+	if !s.HasParent && s.LoRAName != "" && len(first) > 0 && first[0] == s.LoRAName {
+		first = first[1:]
+	}
+	switch {
+	case e.firstOpaque:
+		opaque = 0
+	case s.HasParent:
+		if len(first) > 1 || len(first) == 1 && first[0] != s.LoRAName {
+			opaque = 0
+		}
+	case len(first) == 1:
+		s.CacheSalt = first[0]
+	case len(first) > 1:
+		opaque = 0
+	}
+	if opaque >= 0 {
+		s.OpaqueFrom, s.HasOpaque = opaque, true
+	}
 }
 
 // NewDecoder returns a Decoder with empty reusable buffers.
@@ -220,6 +375,7 @@ func (d *Decoder) event(b *Batch) (bool, error) {
 	t.TokenIDs = t.TokenIDs[:0]
 	t.BlockSize = 0
 	t.Medium, t.LoRAName = "", ""
+	d.ek.reset()
 	hasLoRA, lora := false, int64(0)
 	var kind Kind
 
@@ -306,6 +462,7 @@ func (d *Decoder) event(b *Batch) (bool, error) {
 		s.TokenIDs, t.TokenIDs = t.TokenIDs, s.TokenIDs[:0]
 		s.ParentBlockHash, s.HasParent = t.ParentBlockHash, t.HasParent
 		s.BlockSize, s.Medium, s.LoRAName = t.BlockSize, t.Medium, t.LoRAName
+		d.finishExtraKeys(s)
 		if hasLoRA {
 			if s.LoRAID == nil {
 				s.LoRAID = new(int64)
@@ -341,13 +498,14 @@ const (
 	fieldLoRAID
 	fieldMedium
 	fieldLoRAName
+	fieldExtraKeys
 )
 
 // Field order of vLLM's BlockStored / BlockRemoved structs, which is the
-// position order of the tagged-array encoding. Later fields (extra_keys,
-// group_idx, kv_cache_spec_*) are skipped.
+// position order of the tagged-array encoding. Later fields (group_idx,
+// kv_cache_spec_*, ...) are skipped.
 var (
-	storedFields  = [...]fieldID{fieldBlockHashes, fieldParentBlockHash, fieldTokenIDs, fieldBlockSize, fieldLoRAID, fieldMedium, fieldLoRAName}
+	storedFields  = [...]fieldID{fieldBlockHashes, fieldParentBlockHash, fieldTokenIDs, fieldBlockSize, fieldLoRAID, fieldMedium, fieldLoRAName, fieldExtraKeys}
 	removedFields = [...]fieldID{fieldBlockHashes, fieldMedium}
 )
 
@@ -367,11 +525,13 @@ func fieldByName(key []byte) fieldID {
 		return fieldMedium
 	case "lora_name":
 		return fieldLoRAName
+	case "extra_keys":
+		return fieldExtraKeys
 	}
 	return fieldUnknown
 }
 
-var fieldNames = [...]string{"unknown", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"}
+var fieldNames = [...]string{"unknown", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys"}
 
 // field decodes one named field into d.tmp, skipping names it does not know.
 // The same names mean the same thing in every event type, so the decoder
@@ -411,6 +571,8 @@ func (d *Decoder) field(name fieldID, hasLoRA *bool, lora *int64) error {
 		t.Medium, err = d.optStr()
 	case fieldLoRAName:
 		t.LoRAName, err = d.optStr()
+	case fieldExtraKeys:
+		err = d.extraKeys()
 	default:
 		return d.skip(0)
 	}

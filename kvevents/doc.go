@@ -12,7 +12,7 @@
 // with map events {"type": "BlockStored", ...}; (c) the newest map batch
 // {"ts", "events", "data_parallel_rank"}. Fields are vLLM's, in its struct
 // order (BlockStored: block_hashes, parent_block_hash, token_ids, block_size,
-// lora_id, medium, lora_name, then extra_keys, group_idx, ... which are
+// lora_id, medium, lora_name, extra_keys, then group_idx, ... which are
 // skipped). Block hashes are opaque EngineHash values: integers bit-for-bit
 // (negative int64 as two's complement), byte strings folded with
 // xxh3.Hash. Unknown fields and event types are skipped without error (the
@@ -22,7 +22,27 @@
 // ids are delivered as they are: converting them to kvmesh block keys is the
 // index's job.
 //
-// Encoder writes any of the three forms (Encoding) the way msgspec does.
+// # Extra keys, cache salt, LoRA
+//
+// vLLM mixes per-block "extra keys" into its block hashes: the LoRA name
+// (every block of a LoRA request), multimodal item keys, the request's
+// cache_salt (only the block at token 0) and prompt-embedding hashes.
+// Newer engines send them in BlockStored.extra_keys, one entry per block;
+// the decoder summarizes them as CacheSalt (a parentless event's first
+// block: the string besides the LoRA name) and OpaqueFrom (the first block
+// with anything kvmesh cannot derive from a prompt's text). StoredForIndex
+// and RemovedForIndex turn events into index input the way the gateway keys
+// requests: GPU medium only, Root = Hasher.Root(model, lora_name,
+// cache_salt) for a parentless salted or LoRA event, opaque blocks and
+// everything after them dropped. Limits: an engine that does not send
+// extra_keys (older vLLM) gives no salt, so its salted sequences are
+// confirmed under the unsalted root and a salted request matches them only
+// through speculative/history entries (LoRA still works through
+// lora_name); multimodal and prompt-embedding blocks are never confirmed.
+//
+// Encoder writes any of the three forms (Encoding) the way msgspec does,
+// including extra_keys (LoRA name, cache salt) when CacheSalt or
+// HasExtraKeys is set.
 //
 // # Wire
 //

@@ -148,13 +148,18 @@ func (e *Encoder) event(ev *Event) error {
 		if s == nil {
 			s = &BlockStored{}
 		}
+		// All seven fields have no default in vLLM's struct, so msgspec
+		// writes them all; extra_keys (and group_idx) only when set.
+		extra := s.CacheSalt != "" || s.HasExtraKeys
+		n := 8
+		if extra {
+			n = 9
+		}
 		if arr {
-			// All seven fields have no default in vLLM's struct, so msgspec
-			// writes them all; extra_keys and group_idx are defaults.
-			_ = en.EncodeArrayLen(8)
+			_ = en.EncodeArrayLen(n)
 			_ = en.EncodeString("BlockStored")
 		} else {
-			_ = en.EncodeMapLen(8)
+			_ = en.EncodeMapLen(n)
 			_ = en.EncodeString("type")
 			_ = en.EncodeString("BlockStored")
 		}
@@ -183,6 +188,10 @@ func (e *Encoder) event(ev *Event) error {
 		e.optStr(s.Medium)
 		e.key(arr, "lora_name")
 		e.optStr(s.LoRAName)
+		if extra {
+			e.key(arr, "extra_keys")
+			e.extraKeys(s)
+		}
 	case KindBlockRemoved:
 		r := ev.Removed
 		if r == nil {
@@ -212,6 +221,36 @@ func (e *Encoder) event(ev *Event) error {
 		return fmt.Errorf("kvevents: cannot encode event kind %d", ev.Kind)
 	}
 	return nil
+}
+
+// extraKeys writes extra_keys as vLLM builds them for a text request: per
+// block the LoRA name, plus the cache salt on a sequence's first block; None
+// for a block with neither. Multimodal and prompt-embedding keys are not
+// represented in BlockStored, so OpaqueFrom is not encoded.
+func (e *Encoder) extraKeys(s *BlockStored) {
+	en := e.enc
+	_ = en.EncodeArrayLen(len(s.BlockHashes))
+	for i := range s.BlockHashes {
+		n := 0
+		if s.LoRAName != "" {
+			n++
+		}
+		salted := i == 0 && !s.HasParent && s.CacheSalt != ""
+		if salted {
+			n++
+		}
+		if n == 0 {
+			_ = en.EncodeNil()
+			continue
+		}
+		_ = en.EncodeArrayLen(n)
+		if s.LoRAName != "" {
+			_ = en.EncodeString(s.LoRAName)
+		}
+		if salted {
+			_ = en.EncodeString(s.CacheSalt)
+		}
+	}
 }
 
 func (e *Encoder) key(arr bool, name string) {

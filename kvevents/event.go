@@ -1,5 +1,7 @@
 package kvevents
 
+import "strings"
+
 // EngineHash is an engine's identifier for one KV block. Consumers treat it as
 // opaque: vLLM may send it as an unsigned or (in old versions) signed integer,
 // or as raw bytes when integer hashes are off. Integers are kept bit-for-bit
@@ -63,6 +65,56 @@ type BlockStored struct {
 	// Medium is "GPU", "CPU", ... or "" when the engine did not say.
 	Medium   string
 	LoRAName string
+
+	// The fields below summarize extra_keys, which newer vLLM sends (one
+	// entry per block: the LoRA name, multimodal item keys, the cache salt
+	// on a sequence's first block, prompt-embedding hashes) and which the
+	// engine mixed into its block hashes.
+
+	// HasExtraKeys is set when the event carried an extra_keys list.
+	HasExtraKeys bool
+	// CacheSalt is the request's cache_salt, found in the extra keys of a
+	// parentless event's first block; "" when there is none or the engine
+	// does not send extra_keys.
+	CacheSalt string
+	// OpaqueFrom, when HasOpaque is set, is the index of the first block
+	// whose extra keys hold something kvmesh cannot derive from a prompt's
+	// text (multimodal item hashes, prompt-embedding hashes, or keys it
+	// cannot classify). Keys computed from token ids alone would claim that
+	// block, and every block chained after it, for any prompt with the same
+	// placeholder tokens.
+	OpaqueFrom int
+	HasOpaque  bool
+}
+
+// GPUMedium reports whether an event's medium is the GPU tier, which is the
+// cache the confirmed ledger tracks: "GPU" in any case, or "" from engines
+// that do not say (older vLLM, GPU only). CPU and disk offload tiers report
+// their own stores and removals, which must not touch the GPU ledger.
+func GPUMedium(medium string) bool {
+	return medium == "" || medium == "GPU" || strings.EqualFold(medium, "gpu")
+}
+
+// OnGPU reports whether the stored blocks are in the GPU tier.
+func (s *BlockStored) OnGPU() bool { return GPUMedium(s.Medium) }
+
+// OnGPU reports whether the removed blocks were in the GPU tier.
+func (r *BlockRemoved) OnGPU() bool { return GPUMedium(r.Medium) }
+
+// RootInputs returns the LoRA name and cache salt the engine mixed into the
+// hash of the sequence's first block: for a parentless event, the inputs of
+// the root key (index.Hasher.Root(model, lora, salt)), the same the gateway
+// computes for the request.
+func (s *BlockStored) RootInputs() (lora, salt string) { return s.LoRAName, s.CacheSalt }
+
+// IndexableBlocks is the number of leading blocks whose kvmesh keys follow
+// from their token ids (and the root): all of them unless a block carries
+// opaque extra keys (see OpaqueFrom).
+func (s *BlockStored) IndexableBlocks() int {
+	if s.HasOpaque && s.OpaqueFrom < len(s.BlockHashes) {
+		return max(s.OpaqueFrom, 0)
+	}
+	return len(s.BlockHashes)
 }
 
 // BlockRemoved reports blocks evicted from Medium.

@@ -58,6 +58,10 @@ func TestGoldenMapV026(t *testing.T) {
 				BlockHashes:     []EngineHash{big, EngineHash(xxh3.Hash(bytesHash))},
 				ParentBlockHash: 42, HasParent: true,
 				TokenIDs: goldenTokens(), BlockSize: 16, Medium: "GPU",
+				// A string other than the LoRA name in the extra keys of a
+				// block that is not a sequence's first cannot be a salt
+				// (vLLM salts token 0 only): not derivable from text.
+				HasExtraKeys: true, HasOpaque: true, OpaqueFrom: 0,
 			}},
 			{Kind: KindBlockRemoved, Removed: &BlockRemoved{BlockHashes: []EngineHash{big}, Medium: "GPU"}},
 		},

@@ -23,6 +23,7 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/node"
 	kvsync "github.com/kvmesh/kvmesh/sync"
+	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 // KVLink says how gateways receive an engine's KV events.
@@ -127,6 +128,7 @@ func (c Config) Validate() error {
 type Cluster struct {
 	cfg     Config
 	log     *slog.Logger
+	emu     sync.Mutex
 	engines []*Engine
 	hc      *http.Client
 	// NATS is the fault proxy in front of the cluster's NATS server (nil
@@ -155,9 +157,10 @@ type Engine struct {
 	// Relay is the message relay on the PUB link (nil unless KVRelay).
 	Relay *faultproxy.Relay
 
-	c   *Cluster
-	mu  sync.Mutex
-	srv *sim.Server
+	c       *Cluster
+	retired atomic.Bool
+	mu      sync.Mutex
+	srv     *sim.Server
 }
 
 // Gateway is one kvmesh node. A restarted gateway is a new Gateway with
@@ -196,45 +199,9 @@ func (c *Cluster) start(ctx context.Context) error {
 			return err
 		}
 	}
-	for i := range c.cfg.Engines {
-		e := &Engine{Name: fmt.Sprintf("e%d", i), c: c}
-		c.engines = append(c.engines, e)
-		scfg := sim.LocalConfig()
-		scfg.ServedModelName = c.cfg.Model
-		scfg.BlockSize = c.cfg.EngineBlockTokens
-		scfg.NumGPUBlocks = c.cfg.NumGPUBlocks
-		scfg.KVEvents.EnableKVCacheEvents = c.cfg.KVLink != KVNone
-		scfg.Logger = c.log.With("engine", e.Name)
-		if c.cfg.Sim != nil {
-			c.cfg.Sim(i, &scfg)
-		}
-		srv, err := sim.NewServer(scfg)
-		if err != nil {
+	for range c.cfg.Engines {
+		if _, err := c.startEngine(ctx); err != nil {
 			return err
-		}
-		if err := srv.Start(ctx); err != nil {
-			return err
-		}
-		e.srv = srv
-		if c.cfg.ProxyHTTP {
-			if e.HTTP, err = startProxy(e.Name+"/http", srv.Addr(), c.log); err != nil {
-				return err
-			}
-		}
-		switch c.cfg.KVLink {
-		case KVProxy:
-			if e.KV, err = startProxy(e.Name+"/kv", strings.TrimPrefix(srv.KVEventsAddr(), "tcp://"), c.log); err != nil {
-				return err
-			}
-		case KVRelay:
-			rc := faultproxy.DefaultRelayConfig()
-			rc.Name, rc.Upstream, rc.Logger = e.Name+"/relay", srv.KVEventsAddr(), c.log
-			if e.Relay, err = faultproxy.NewRelay(rc); err != nil {
-				return err
-			}
-			if err := e.Relay.Start(); err != nil {
-				return err
-			}
 		}
 	}
 	for range c.cfg.Gateways {
@@ -244,6 +211,150 @@ func (c *Cluster) start(ctx context.Context) error {
 	}
 	return c.WaitReady(ctx)
 }
+
+// startEngine starts engine e<N> with its fault points and adds it to the
+// cluster's engines (gateways started later include it).
+func (c *Cluster) startEngine(ctx context.Context) (*Engine, error) {
+	c.emu.Lock()
+	i := len(c.engines)
+	e := &Engine{Name: fmt.Sprintf("e%d", i), c: c}
+	c.engines = append(c.engines, e) // listed at once so Shutdown stops it
+	c.emu.Unlock()
+	scfg := sim.LocalConfig()
+	scfg.ServedModelName = c.cfg.Model
+	scfg.BlockSize = c.cfg.EngineBlockTokens
+	scfg.NumGPUBlocks = c.cfg.NumGPUBlocks
+	scfg.KVEvents.EnableKVCacheEvents = c.cfg.KVLink != KVNone
+	scfg.Logger = c.log.With("engine", e.Name)
+	if c.cfg.Sim != nil {
+		c.cfg.Sim(i, &scfg)
+	}
+	srv, err := sim.NewServer(scfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.Start(ctx); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.srv = srv
+	e.mu.Unlock()
+	if c.cfg.ProxyHTTP {
+		if e.HTTP, err = startProxy(e.Name+"/http", srv.Addr(), c.log); err != nil {
+			return nil, err
+		}
+	}
+	switch c.cfg.KVLink {
+	case KVProxy:
+		if e.KV, err = startProxy(e.Name+"/kv", strings.TrimPrefix(srv.KVEventsAddr(), "tcp://"), c.log); err != nil {
+			return nil, err
+		}
+	case KVRelay:
+		rc := faultproxy.DefaultRelayConfig()
+		rc.Name, rc.Upstream, rc.Logger = e.Name+"/relay", srv.KVEventsAddr(), c.log
+		if e.Relay, err = faultproxy.NewRelay(rc); err != nil {
+			return nil, err
+		}
+		if err := e.Relay.Start(); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// AddEngine starts one more engine (engine scale-out) that no gateway
+// routes to yet: add it through the config store (AddReplicaToConfig) or
+// start new gateways.
+func (c *Cluster) AddEngine(ctx context.Context) (*Engine, error) {
+	return c.startEngine(ctx)
+}
+
+// ReplicaConfig is e as the raft config store describes a replica.
+func (e *Engine) ReplicaConfig() config.ReplicaConfig {
+	rc := e.replicaConfig()
+	return config.ReplicaConfig{Name: rc.Name, URL: rc.URL, KV: rc.KVEndpoint, Replay: rc.ReplayEndpoint}
+}
+
+// leaderStore returns the config store of the gateway leading raft now.
+func (c *Cluster) leaderStore() *config.Store {
+	for _, g := range c.Gateways() {
+		if st := g.Node.ConfigStore(); st != nil && st.IsLeader() {
+			return st
+		}
+	}
+	return nil
+}
+
+// hasReplica reports whether v's model pool lists name.
+func hasReplica(v *config.Versioned, model, name string) bool {
+	if v == nil || v.Config == nil {
+		return false
+	}
+	for _, r := range v.Config.Models[model].Replicas {
+		if r.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// writeConfig runs op on the raft leader's store until done reports the
+// leader's config holds the change, retrying while there is no leader or
+// a write's outcome is unknown (leadership lost mid-commit, which raft's
+// short local timeouts make likely on a loaded machine). It returns the
+// version that holds the change.
+func (c *Cluster) writeConfig(ctx context.Context, op func(*config.Store) (uint64, error), done func(*config.Versioned) bool) (uint64, error) {
+	if !c.cfg.ClusterMode {
+		return 0, fmt.Errorf("%w: config writes need ClusterMode", ErrInvalidConfig)
+	}
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		if st := c.leaderStore(); st != nil {
+			if cur := st.Current(); done(cur) {
+				return cur.Version, nil
+			}
+			v, err := op(st)
+			if err == nil {
+				return v, nil
+			}
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("cluster: config write: %w (last error: %v)", ctx.Err(), last)
+		case <-tick.C:
+		}
+	}
+}
+
+// AddReplicaToConfig adds e to the model's pool through the raft config
+// (engine scale-out) and returns the version that holds it.
+func (c *Cluster) AddReplicaToConfig(ctx context.Context, e *Engine) (uint64, error) {
+	model := c.cfg.Model
+	return c.writeConfig(ctx, func(st *config.Store) (uint64, error) {
+		return st.AddReplica(ctx, model, e.ReplicaConfig())
+	}, func(v *config.Versioned) bool { return hasReplica(v, model, e.Name) })
+}
+
+// RemoveReplicaFromConfig removes e from the model's pool through the raft
+// config (engine scale-in), marks it retired and returns the version that
+// no longer holds it.
+func (c *Cluster) RemoveReplicaFromConfig(ctx context.Context, e *Engine) (uint64, error) {
+	model := c.cfg.Model
+	v, err := c.writeConfig(ctx, func(st *config.Store) (uint64, error) {
+		return st.RemoveReplica(ctx, model, e.Name)
+	}, func(v *config.Versioned) bool { return !hasReplica(v, model, e.Name) })
+	if err == nil {
+		e.Retire()
+	}
+	return v, err
+}
+
+// Retire marks e as no longer routed to (after removing it from the
+// config): Compare leaves it out. The engine keeps running until Shutdown.
+func (e *Engine) Retire() { e.retired.Store(true) }
 
 // startNATS starts the cluster's NATS server on a free loopback port and
 // a fault proxy in front of it.
@@ -278,8 +389,16 @@ func (c *Cluster) gatewayConfig(i int, name string) node.Config {
 	ncfg.Strategy = c.cfg.Strategy
 	ncfg.Tokenizer = node.TokenizerCharacter // the simulator's byte tokenizer
 	ncfg.BlockSize = c.cfg.IndexBlockTokens
+	// Health and scrape timing for a loaded test machine (the chaos suite
+	// runs beside other packages, often under -race): LocalConfig's 250 ms
+	// timeouts and 2-poll threshold flap when CPU is scarce, and a flapping
+	// replica is a harness artefact, not the fault under test.
+	ncfg.HealthInterval = 200 * time.Millisecond
+	ncfg.HealthTimeout = 2 * time.Second
+	ncfg.UnhealthyAfter = 3
+	ncfg.ScrapeTimeout = time.Second
 	var reps []node.ReplicaConfig
-	for _, e := range c.engines {
+	for _, e := range c.Engines() {
 		reps = append(reps, e.replicaConfig())
 	}
 	ncfg.Models = []node.ModelConfig{{Name: c.cfg.Model, Replicas: reps}}
@@ -482,8 +601,18 @@ func (e *Engine) replicaConfig() node.ReplicaConfig {
 // Config returns the cluster's configuration.
 func (c *Cluster) Config() Config { return c.cfg }
 
-// Engines returns the engines, in name order.
-func (c *Cluster) Engines() []*Engine { return c.engines }
+// Engines returns the engines that are not retired, in name order.
+func (c *Cluster) Engines() []*Engine {
+	c.emu.Lock()
+	defer c.emu.Unlock()
+	out := make([]*Engine, 0, len(c.engines))
+	for _, e := range c.engines {
+		if !e.retired.Load() && e.Server() != nil {
+			out = append(out, e)
+		}
+	}
+	return out
+}
 
 // Gateways returns the live gateways, in start order.
 func (c *Cluster) Gateways() []*Gateway {
@@ -599,8 +728,9 @@ type Pair struct {
 // Compare measures every gateway's confirmed index for every engine.
 func (c *Cluster) Compare() ([]Pair, error) {
 	gws := c.Gateways()
-	out := make([]Pair, 0, len(gws)*len(c.engines))
-	for _, e := range c.engines {
+	engines := c.Engines()
+	out := make([]Pair, 0, len(gws)*len(engines))
+	for _, e := range engines {
 		blocks := e.Server().CachedBlocks()
 		for _, g := range gws {
 			ix := g.Node.Index()
@@ -712,7 +842,7 @@ func (c *Cluster) WarmUp(ctx context.Context) error {
 	if c.cfg.KVLink == KVNone {
 		return nil
 	}
-	for _, e := range c.engines {
+	for _, e := range c.Engines() {
 		if err := c.WaitHeard(ctx, e, nil); err != nil {
 			return err
 		}
@@ -825,7 +955,10 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("gateway %s: %w", g.Name, err))
 		}
 	}
-	for _, e := range c.engines {
+	c.emu.Lock()
+	engines := c.engines
+	c.emu.Unlock()
+	for _, e := range engines {
 		if e.HTTP != nil {
 			errs = append(errs, e.HTTP.Close())
 		}

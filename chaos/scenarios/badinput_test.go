@@ -181,7 +181,7 @@ func TestBadInput(t *testing.T) {
 	ps, err := c.Compare()
 	require.NoError(t, err)
 	afterGarble := cluster.Summarize(ps)
-	notes = append(notes, fmt.Sprintf("zmq: %.0f garbled batches counted malformed (skipped, not replayed: precision %.4f recall %.4f until reset)",
+	notes = append(notes, fmt.Sprintf("zmq: %.0f garbled batches counted malformed (right after: precision %.4f recall %.4f)",
 		malformed, afterGarble.MinPrecision, afterGarble.MinRecall))
 
 	// Garbage on each engine's replay ROUTER: raw TCP bytes and malformed

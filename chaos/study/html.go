@@ -242,6 +242,9 @@ func WriteHTML(w io.Writer, res *Results) error {
 	if t, ok := CalibrationTable(res); ok {
 		fmt.Fprintf(w, "<h2>Calibration</h2>\n")
 		htmlTable(w, t)
+		if c, ok := CalibrationCheck(res); ok {
+			htmlTable(w, c)
+		}
 	}
 	if t, ok := BeatCheck(res); ok {
 		fmt.Fprintf(w, "<h2>Beating it</h2>\n")

@@ -62,3 +62,43 @@ func TestCalibrationAndVerdict(t *testing.T) {
 	assert.Contains(t, txt.String(), "== hot50 — kv-events · 1 gateway ==")
 	assert.NotContains(t, txt.String(), "**")
 }
+
+func TestCalibrationCheck(t *testing.T) {
+	cfg := study.DefaultConfig()
+	cfg.Rounds = 1
+	res := &study.Results{Config: cfg, Runs: []study.Run{
+		run("hot50", 1, "least-request", "history", 95, 1.7, 0.85, 48, 48),
+		run("hot50", 1, "prefix-cache", "history", 40, 8.3, 0.93, 27, 69),
+		run("warm", 1, "least-request", "history", 96, 0.3, 0.93, 48, 48),
+		run("warm", 1, "prefix-cache", "history", 85, 0.3, 0.93, 48, 48),
+		run("warm", 1, "cost", "history", 60, 0.3, 0.93, 70, 26),
+	}}
+	boot := func(name string, a, b int) study.PhaseDetail {
+		p := study.PhaseDetail{Name: name, Measured: true, Replicas: []string{"A", "B"}}
+		for i := range a + b {
+			rep := "A"
+			if i >= a {
+				rep = "B"
+			}
+			p.Init.Bootstrap = append(p.Init.Bootstrap, study.Placement{Replica: rep, Complete: true})
+		}
+		return p
+	}
+	res.Phases = []study.PhaseDetail{
+		boot("r1-warm-prefix-cache@history/g1", 4, 4),
+		boot("r1-warm-cost@history/g1", 6, 2),
+		{Name: "r1-hot50-least-request@history/g1", Measured: true, LagP95S: 0.5},
+	}
+	tab, ok := study.CalibrationCheck(res)
+	require.True(t, ok)
+	got := map[string][2]string{}
+	for _, r := range tab.Rows {
+		got[r[1]] = [2]string{r[2], r[3]}
+	}
+	assert.Equal(t, [2]string{"69", "met"}, got["hot50: prefix-cache puts ≥ 65 of 96 on one replica"])
+	assert.Equal(t, [2]string{"95", "met (host lagging: inflated)"}, got["hot50: least-request passes ≥ 90"])
+	assert.Equal(t, [2]string{"55 fewer (40 vs 95)", "met (host lagging: inflated)"}, got["hot50: prefix-cache passes ≥ 30 fewer than least-request"])
+	assert.Equal(t, [2]string{"96 (index unknown)", "met"}, got["warm, balanced index: least-request passes ≥ 90"], "index-blind")
+	assert.Equal(t, [2]string{"85 (index 4/4)", "not met"}, got["warm, balanced index: prefix-cache passes ≥ 90"])
+	assert.Equal(t, [2]string{"60 (index 6/2)", "n/a: index not balanced"}, got["warm, balanced index: cost passes ≥ 90"])
+}

@@ -472,6 +472,10 @@ func TestComposeCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, dynamic, err := net.ParseCIDR(get(subnet[0], "ip_range").(string))
+	if err != nil {
+		t.Fatalf("compose.yaml: ip_range: %v (dynamic addresses must stay off the gateways' fixed ones)", err)
+	}
 	var gateways []string
 	for name, argv := range composeArgvs(t) {
 		if filepath.Base(argv[0]) == "kvmesh" {
@@ -507,8 +511,8 @@ func TestComposeCluster(t *testing.T) {
 		}
 		ip := get(svc, "networks", "default", "ipv4_address")
 		host, port, err := net.SplitHostPort(c.AdvertiseAddr)
-		if err != nil || host != ip || port != "7946" || !ipnet.Contains(net.ParseIP(host)) {
-			t.Errorf("%s: advertise_addr %q, service address %v in %v: want %v:7946", path, c.AdvertiseAddr, ip, ipnet, ip)
+		if err != nil || host != ip || port != "7946" || !ipnet.Contains(net.ParseIP(host)) || dynamic.Contains(net.ParseIP(host)) {
+			t.Errorf("%s: advertise_addr %q, service address %v: want %v:7946, in %v and outside the dynamic range %v", path, c.AdvertiseAddr, ip, ip, ipnet, dynamic)
 		}
 		join := slices.Clone(c.Join)
 		slices.Sort(join)

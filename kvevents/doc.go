@@ -89,7 +89,10 @@
 //     HandleReset(ResetGapUnrecoverable), then delivery continues with what
 //     replay did return and the live stream.
 //   - Rewind (a live seq below the last live seq, e.g. 0 after an engine
-//     restart, or equal to it on a new connection): HandleReset(ResetRewind),
+//     restart, or equal to it on a new connection; or, when only a catch-up
+//     delivered before, a first live seq on a new connection at or below
+//     the last delivered one, unless the catch-up on that same connection
+//     delivered batches, which it may repeat): HandleReset(ResetRewind),
 //     then as a first batch.
 //   - Same seq again: dropped and counted as a duplicate.
 //   - Full queue: the reader drops batches and the writer, on reaching the
@@ -118,9 +121,10 @@
 // before the subscription reached it are lost to the subscriber, and if the
 // engine then stays idle nothing reveals them (those blocks are never
 // confirmed; the first later batch is accepted as a stream start, with no
-// reset since there was no state). A restarted engine whose new seq has already passed the
-// last seq seen before the restart is indistinguishable from a gap by seq
-// alone (the replay then serves the new engine's batches without a reset);
+// reset since there was no state). A restarted engine whose new seq has
+// already passed the last seq seen before the restart is indistinguishable
+// from a gap by seq alone (the replay then serves the new engine's batches
+// without a reset);
 // a publisher that vanishes without closing its TCP connection is not
 // detected (zmq4 has no heartbeats).
 package kvevents

@@ -383,7 +383,7 @@ func TestEngineKVEventsConfigDecodes(t *testing.T) {
 	}
 }
 
-// durationFlag returns the value of --name=v or --name v in argv.
+// flagValue returns the value of --name=v or --name v in argv.
 func flagValue(argv []string, name string) (string, bool) {
 	for i, a := range argv {
 		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
@@ -713,7 +713,7 @@ func TestKubernetesOverlays(t *testing.T) {
 			if get(gw, "securityContext", "readOnlyRootFilesystem") != true || get(pod, "securityContext", "runAsNonRoot") != true {
 				t.Error("gateway must run as non-root on a read-only root filesystem")
 			}
-			checkClusterWiring(t, objs, sts, gw, pod, cfg, ports)
+			checkClusterWiring(t, objs, sts, gw, pod, cfg)
 			// Engine scrapes label their series replica=<pod name>.
 			if len(objs["PodMonitor"]) == 0 {
 				t.Error("no PodMonitor for the engines: the dashboard's vllm:* panels would be empty")
@@ -740,7 +740,7 @@ func TestKubernetesOverlays(t *testing.T) {
 // the voters survive the PDB, raft data is on a claim, and the token and
 // gossip key are files of the mounted Secret (rendered in dev, created by
 // the operator in prod).
-func checkClusterWiring(t *testing.T, objs map[string]map[string]map[string]any, sts, gw, pod map[string]any, cfg node.Config, ports map[string]bool) {
+func checkClusterWiring(t *testing.T, objs map[string]map[string]map[string]any, sts, gw, pod map[string]any, cfg node.Config) {
 	t.Helper()
 	c := cfg.Cluster
 	if !c.Enabled || c.NoSync {

@@ -96,9 +96,6 @@ func binaries(t testing.TB) string {
 	return binDir.dir
 }
 
-// deployPath joins elements under deploy/ (the test's working directory).
-func deployPath(elem ...string) string { return filepath.Join(elem...) }
-
 // readYAMLDocs parses every document of a YAML file or stream.
 func readYAMLDocs(t testing.TB, name string, data []byte) []map[string]any {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/require"
 )
 
@@ -51,4 +52,38 @@ func publishMoreUntil(t *testing.T, p *Publisher, next Seq, gen int, cond func()
 		waitFor(10*time.Millisecond, cond)
 	}
 	return next
+}
+
+// TestRestartAfterCatchUpOnlyIsRewind: the subscriber learned seqs 0..4
+// only through the catch-up (the engine was idle), then the engine
+// restarts and publishes seq 0 on the new connection: a rewind, not a
+// duplicate of the replayed seq 0.
+func TestRestartAfterCatchUpOnlyIsRewind(t *testing.T) {
+	p := newPublisher(t, testPublisherConfig())
+	for i := range Seq(5) {
+		_, err := p.Publish(batchFor(i, 32))
+		require.NoError(t, err)
+	}
+	h := &recorder{}
+	m := NewMetrics()
+	startSubscriber(t, testSubscriberConfig(p.Addr(), p.ReplayAddr()), h, m, nil)
+	require.Eventually(t, func() bool { return h.batches() == 5 }, 5*time.Second, 5*time.Millisecond)
+	addr := p.Addr()
+	require.NoError(t, p.Close())
+
+	// The restarted engine, on the same address, without replay.
+	pub := zmq4.NewPub(t.Context())
+	t.Cleanup(func() { _ = pub.Close() })
+	require.Eventually(t, func() bool { return pub.Listen(addr) == nil }, 5*time.Second, 10*time.Millisecond)
+	b := batchFor(0, 33)
+	payload, err := Encode(&b, EncodingMap)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(0), payload)))
+		return h.batches() > 5
+	}, 5*time.Second, 10*time.Millisecond)
+	recs := h.snapshot()
+	requireContiguous(t, recs[:5], 0, 5, 32)
+	require.Equal(t, record{reset: ResetRewind}, recs[5], "records %v", recs)
+	require.Equal(t, record{seq: 0, hash: hashFor(0, 33), events: 1}, recs[6])
 }

@@ -457,7 +457,9 @@ func (s *Subscriber) writeLoop(ctx context.Context) {
 			catchUp()
 		case it := <-s.q:
 			if it.connected {
-				backoff = s.cfg.ReconnectMin
+				// A new connection: what an earlier catch-up delivered
+				// is no longer on its way live.
+				backoff, s.caughtUp = s.cfg.ReconnectMin, false
 				catchUp()
 				continue
 			}

@@ -33,9 +33,18 @@
 //   - A full block whose hash is already cached by another block is not
 //     cached a second time (and emits no BlockStored).
 //   - Model time runs Config.Speed times faster than wall time; metrics
-//     (TTFT histogram) are in model seconds, so they read like the modelled
-//     hardware. Arrivals and steps share one clock mapped from wall time,
-//     so host scheduling delays are magnified by Speed.
+//     (TTFT, TPOT, E2E histograms) are in model seconds, so they read like
+//     the modelled hardware. An arrival's model time is wall time × Speed;
+//     the engine's clock is its own: steps follow each other back to back
+//     while there is work, an idle engine restarts at the arrival that woke
+//     it, and a request joins the first step starting at or after its
+//     arrival. The driver releases a step's outputs when its model end is
+//     due on the wall clock; if the host runs it late it releases them at
+//     once and catches up without sleeping, so host scheduling delay never
+//     becomes model time. Clients still see late tokens then:
+//     kvmesh_sim_driver_lag_seconds and Stats.DriverLag* report how late
+//     (wall time), so a harness can flag phases the host could not keep up
+//     with.
 //   - A step's KV events are published as one batch when the step is
 //     scheduled (vLLM caches a block when it allocates the slots that fill
 //     it), in engine order with AllBlocksCleared from resets; no batch is

@@ -146,6 +146,22 @@ type Stats struct {
 	GenerationTokens          uint64
 	Preemptions               uint64
 	Finished                  map[FinishReason]uint64
+
+	// The Driver fields describe a Server's real-time driver and are zero
+	// from Engine.Stats. A step's outputs are due at the wall time of its
+	// model end; its lag is how much later (wall time, >= 0) they were
+	// released because the host ran the driver late. Lag never stretches
+	// model time (the driver catches up), but clients see late tokens, so
+	// a phase whose lag is a sizeable part of the step time (model step /
+	// Speed) measured the host, not the model. Diff DriverSteps and
+	// DriverLagSum over a phase for its mean lag.
+	DriverSteps uint64
+	// DriverLag is the last step's lag.
+	DriverLag time.Duration
+	// DriverLagMax is the largest lag since Start.
+	DriverLagMax time.Duration
+	// DriverLagSum is the sum of every step's lag since Start.
+	DriverLagSum time.Duration
 }
 
 // CachedBlock is one block the engine can currently reuse: what a consumer

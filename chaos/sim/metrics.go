@@ -16,6 +16,18 @@ var e2eBuckets = []float64{
 	50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 }
 
+// tpotBuckets are vLLM's buckets for vllm:time_per_output_token_seconds.
+var tpotBuckets = []float64{
+	0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+	2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+}
+
+// lagBuckets are for kvmesh_sim_driver_lag_seconds, in wall seconds.
+var lagBuckets = []float64{
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+	0.25, 0.5, 1, 2.5,
+}
+
 // metrics are the replica's Prometheus metrics, with vLLM's names and the
 // model_name label, on a private registry. Durations are model seconds.
 type metrics struct {
@@ -23,6 +35,8 @@ type metrics struct {
 	success   *prometheus.CounterVec
 	ttft      prometheus.Histogram
 	e2e       prometheus.Histogram
+	tpot      prometheus.Histogram
+	driverLag prometheus.Histogram
 	genTokens prometheus.Counter
 	prompt    prometheus.Counter
 	aborted   prometheus.Counter
@@ -47,6 +61,15 @@ func newMetrics(model string, stats func() Stats) *metrics {
 			Name: "vllm:e2e_request_latency_seconds", Help: "Histogram of end to end request latency in seconds (model time).",
 			ConstLabels: l, Buckets: e2eBuckets,
 		}),
+		tpot: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "vllm:time_per_output_token_seconds", Help: "Histogram of time per output token in seconds (model time).",
+			ConstLabels: l, Buckets: tpotBuckets,
+		}),
+		driverLag: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:        "kvmesh_sim_driver_lag_seconds",
+			Help:        "Simulator only: wall seconds by which each engine step's outputs were released after their model-schedule due time (host scheduling delay; model time is not stretched by it).",
+			ConstLabels: l, Buckets: lagBuckets,
+		}),
 		genTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "vllm:generation_tokens_total", Help: "Number of generation tokens processed.", ConstLabels: l,
 		}),
@@ -70,7 +93,7 @@ func newMetrics(model string, stats func() Stats) *metrics {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: l}, func() float64 { return f(stats()) })
 	}
 	m.reg.MustRegister(
-		m.success, m.ttft, m.e2e, m.genTokens, m.prompt, m.aborted, m.published, m.pubErrors,
+		m.success, m.ttft, m.e2e, m.tpot, m.driverLag, m.genTokens, m.prompt, m.aborted, m.published, m.pubErrors,
 		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", func(s Stats) float64 { return float64(s.Running) }),
 		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", func(s Stats) float64 { return float64(s.Waiting) }),
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", func(s Stats) float64 { return s.KVUsage }),

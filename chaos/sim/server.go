@@ -25,6 +25,22 @@ type reqEvent struct {
 
 type pending struct {
 	ch chan reqEvent // capacity MaxTokens+1: the driver never blocks
+	// last is the model time of the request's previous output token.
+	last time.Time
+}
+
+// arrival is a submitted request the driver has not handed to the engine
+// yet: it joins the first step that starts at or after at (model time).
+type arrival struct {
+	req Request
+	at  time.Time
+}
+
+// driverLag accumulates how late the driver released step outputs against
+// the model schedule (wall time); guarded by Server.mu.
+type driverLag struct {
+	steps          uint64
+	last, max, sum time.Duration
 }
 
 // Server is one simulated vLLM replica: engine, real-time driver, HTTP API,
@@ -36,20 +52,25 @@ type Server struct {
 	tok     tokenizer.Tokenizer
 	metrics *metrics
 
-	mu      sync.Mutex // guards eng, pending, pub publishing order
+	mu      sync.Mutex // guards eng, pending, inbox, lag, pub publishing order
 	eng     *Engine
 	pending map[RequestID]*pending
+	inbox   []arrival // in arrival order (model time never goes back)
+	lag     driverLag
 	nextID  uint64
 	pub     EventPublisher
 	zmq     *kvevents.Publisher // the publisher Start built, if any
 
-	epoch    time.Time // wall time at model time epoch
-	wake     chan struct{}
-	stop     chan struct{}
-	driverWG sync.WaitGroup
-	httpSrv  *http.Server
-	ln       net.Listener
-	serveErr chan error
+	epoch time.Time // wall time at model time epoch
+	wake  chan struct{}
+	// afterWake, if set (tests only), runs in the driver goroutine each
+	// time it wakes from a wait: it stands for a late wake-up.
+	afterWake func()
+	stop      chan struct{}
+	driverWG  sync.WaitGroup
+	httpSrv   *http.Server
+	ln        net.Listener
+	serveErr  chan error
 	// newConns tracks connections that have not sent a request yet:
 	// net/http's Shutdown waits up to 5 s for those, so Shutdown closes
 	// them (and any that arrive once closing is set).
@@ -131,15 +152,8 @@ func (s *Server) start(ctx context.Context) error {
 	}
 	s.ln = ln
 	s.httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ConnState: s.trackConn}
-	s.epoch = time.Now()
-	s.mu.Lock()
-	s.started = true
-	s.mu.Unlock()
-	s.driverWG.Add(2)
-	go func() {
-		defer s.driverWG.Done()
-		s.drive()
-	}()
+	s.startDriver()
+	s.driverWG.Add(1)
 	go func() {
 		defer s.driverWG.Done()
 		if err := s.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -149,6 +163,19 @@ func (s *Server) start(ctx context.Context) error {
 	s.log.Info("vllmsim started", "addr", ln.Addr().String(), "profile", s.cfg.Profile.Name, "speed", s.cfg.Speed,
 		"block_size", s.cfg.BlockSize, "num_gpu_blocks", s.cfg.NumGPUBlocks, "max_num_seqs", s.cfg.MaxNumSeqs)
 	return nil
+}
+
+// startDriver anchors model time at wall now and starts the driver.
+func (s *Server) startDriver() {
+	s.epoch = time.Now()
+	s.mu.Lock()
+	s.started = true
+	s.mu.Unlock()
+	s.driverWG.Add(1)
+	go func() {
+		defer s.driverWG.Done()
+		s.drive()
+	}()
 }
 
 // Addr is the HTTP listen address ("" before Start).
@@ -256,9 +283,8 @@ func (s *Server) closeNewConns() {
 func (s *Server) stopDriver() { s.stopOnce.Do(func() { close(s.stop) }) }
 
 // modelNow maps wall time to model time: Speed model seconds per wall
-// second. Arrivals and steps share this clock, so a driver that falls behind
-// (host contention) shows up as a slower engine; at high Speed host jitter
-// is magnified by Speed.
+// second from the epoch. Only arrivals read it: the engine's own clock
+// advances by modelled step durations (see drive).
 func (s *Server) modelNow() time.Time {
 	el := time.Since(s.epoch)
 	return s.epoch.Add(time.Duration(float64(el) * s.cfg.Speed))
@@ -270,41 +296,98 @@ func (s *Server) wallTime(model time.Time) time.Time {
 }
 
 // drive runs engine steps in real time until stop.
+//
+// The engine has its own model clock: while it has work, each step starts
+// at the previous step's model end, back to back, and an idle engine
+// restarts at the model time of the arrival that woke it, never at the
+// moment the goroutine happened to wake. A request joins the first step
+// that starts at or after its arrival. After computing a step the driver
+// sleeps until the wall time its model end is due and then releases its
+// outputs; if it is already late (the host did not schedule it in time) it
+// releases them at once and computes the next step without sleeping, so it
+// catches up instead of stretching model time. How late each release was
+// is recorded (Stats.DriverLag*, kvmesh_sim_driver_lag_seconds).
 func (s *Server) drive() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	clock := s.epoch // model time from which the engine is free
 	for {
 		s.mu.Lock()
-		res := s.eng.Step(s.modelNow())
+		s.admitLocked(clock)
+		res := s.eng.Step(clock)
 		s.publishLocked(res.Events)
+		if res.Idle() && len(s.inbox) > 0 {
+			// Idle until the next arrival: jump to it (admitLocked left
+			// only arrivals after clock).
+			clock = s.inbox[0].at
+			s.mu.Unlock()
+			continue
+		}
 		s.mu.Unlock()
 		if res.Idle() {
 			select {
 			case <-s.wake:
+				s.woke()
 				continue
 			case <-s.stop:
 				s.failPending()
 				return
 			}
 		}
-		// Sleep until the step's end on the wall clock (an absolute
-		// deadline, so the driver's own overhead does not accumulate).
-		if d := time.Until(s.wallTime(res.End())); d > 0 {
+		clock = res.End()
+		due := s.wallTime(clock)
+		if d := time.Until(due); d > 0 {
 			timer.Reset(d)
 			select {
 			case <-timer.C:
+				s.woke()
 			case <-s.stop:
 				timer.Stop()
 				s.failPending()
 				return
 			}
+		} else {
+			select {
+			case <-s.stop:
+				s.failPending()
+				return
+			default:
+			}
 		}
-		s.deliver(res)
+		s.deliver(res, max(time.Since(due), 0))
 	}
 }
 
-// deliver hands a finished step's outputs to the waiting handlers.
-func (s *Server) deliver(res StepResult) {
+func (s *Server) woke() {
+	if s.afterWake != nil {
+		s.afterWake()
+	}
+}
+
+// admitLocked hands the engine every submitted request that has arrived by
+// model time now.
+func (s *Server) admitLocked(now time.Time) {
+	n := 0
+	for ; n < len(s.inbox) && !s.inbox[n].at.After(now); n++ {
+		a := s.inbox[n]
+		if err := s.eng.Add(a.req, a.at); err != nil {
+			// Cannot happen: submit checked the request and IDs are unique.
+			s.log.Error("vllmsim: engine refused a checked request", "err", err)
+			if p := s.pending[a.req.ID]; p != nil {
+				close(p.ch)
+				delete(s.pending, a.req.ID)
+			}
+		}
+	}
+	if n > 0 {
+		s.inbox = append(s.inbox[:0], s.inbox[n:]...)
+	}
+}
+
+// deliver hands a finished step's outputs to the waiting handlers; lag is
+// how late (wall time) that is against the step's model end.
+func (s *Server) deliver(res StepResult, lag time.Duration) {
+	s.metrics.driverLag.Observe(lag.Seconds())
 	for _, o := range res.Outputs {
 		if o.Index == 0 {
 			s.metrics.ttft.Observe(o.TTFT.Seconds())
@@ -316,10 +399,19 @@ func (s *Server) deliver(res StepResult) {
 		s.metrics.e2e.Observe(f.E2E.Seconds())
 		s.metrics.prompt.Add(float64(f.PromptTokens))
 	}
+	end := res.End()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.lag.steps++
+	s.lag.last = lag
+	s.lag.sum += lag
+	s.lag.max = max(s.lag.max, lag)
 	for _, o := range res.Outputs {
 		if p := s.pending[o.ID]; p != nil {
+			if o.Index > 0 {
+				s.metrics.tpot.Observe(end.Sub(p.last).Seconds())
+			}
+			p.last = end
 			s.send(p, reqEvent{out: o})
 		}
 	}
@@ -379,11 +471,12 @@ func (s *Server) submit(prefix string, prompt []uint32, maxTokens int) (RequestI
 	if !s.started {
 		return "", nil, ErrClosed
 	}
-	s.nextID++
-	id := RequestID(fmt.Sprintf("%s-%016x", prefix, s.nextID))
-	if err := s.eng.Add(Request{ID: id, Prompt: prompt, MaxTokens: maxTokens}, s.modelNow()); err != nil {
+	if err := s.eng.Check(len(prompt), maxTokens); err != nil {
 		return "", nil, err
 	}
+	s.nextID++
+	id := RequestID(fmt.Sprintf("%s-%016x", prefix, s.nextID))
+	s.inbox = append(s.inbox, arrival{req: Request{ID: id, Prompt: prompt, MaxTokens: maxTokens}, at: s.modelNow()})
 	p := &pending{ch: make(chan reqEvent, maxTokens+1)}
 	s.pending[id] = p
 	select {
@@ -401,16 +494,28 @@ func (s *Server) abort(id RequestID) {
 		return
 	}
 	delete(s.pending, id)
+	for i, a := range s.inbox {
+		if a.req.ID == id {
+			s.inbox = append(s.inbox[:i], s.inbox[i+1:]...)
+			s.metrics.aborted.Inc()
+			return
+		}
+	}
 	if s.eng.Abort(id) {
 		s.metrics.aborted.Inc()
 	}
 }
 
-// Stats returns the engine's current gauges and counters.
+// Stats returns the engine's current gauges and counters and the driver's
+// lag. Waiting includes requests submitted but not yet handed to the engine.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.eng.Stats()
+	st := s.eng.Stats()
+	st.Waiting += len(s.inbox)
+	st.DriverSteps = s.lag.steps
+	st.DriverLag, st.DriverLagMax, st.DriverLagSum = s.lag.last, s.lag.max, s.lag.sum
+	return st
 }
 
 // CachedBlocks returns the blocks the engine can currently reuse (hash,

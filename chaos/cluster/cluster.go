@@ -86,6 +86,11 @@ type Config struct {
 	// BootstrapExpect is the number of raft voters. Default min(3,
 	// Gateways).
 	BootstrapExpect int
+	// FrontProxies puts a faultproxy.Proxy in front of every gateway's HTTP
+	// port (Gateway.Front) and makes Gateway.URL point at it, so that
+	// KillGateway can cut clients' connections the way a process death
+	// does (a reset, not a response). Default false.
+	FrontProxies bool
 	// Sim, if set, adjusts engine i's config before it starts.
 	Sim func(i int, c *sim.Config)
 	// Node, if set, adjusts gateway i's config before it starts.
@@ -168,11 +173,19 @@ type Engine struct {
 type Gateway struct {
 	Name string
 	Node *node.Node
-	cfg  node.Config
+	// Front is the proxy clients reach the gateway through (nil unless
+	// Config.FrontProxies).
+	Front *faultproxy.Proxy
+	cfg   node.Config
 }
 
-// URL is the gateway's base URL.
-func (g *Gateway) URL() string { return "http://" + g.Node.HTTPAddr() }
+// URL is the gateway's base URL for clients (through Front if any).
+func (g *Gateway) URL() string {
+	if g.Front != nil {
+		return "http://" + g.Front.Addr()
+	}
+	return "http://" + g.Node.HTTPAddr()
+}
 
 // Start builds and starts engines, fault points and gateways. On error
 // everything already started is shut down.
@@ -445,12 +458,19 @@ func (c *Cluster) startGateway(ctx context.Context, name string, cfg node.Config
 		return nil, err
 	}
 	g := &Gateway{Name: name, Node: n, cfg: cfg}
+	if c.cfg.FrontProxies {
+		if g.Front, err = startProxy(name+"/front", n.HTTPAddr(), c.log); err != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			return nil, errors.Join(err, n.Shutdown(sctx))
+		}
+	}
 	c.gmu.Lock()
 	defer c.gmu.Unlock()
 	if c.closing.Load() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		return nil, errors.Join(ErrShutdown, n.Shutdown(sctx))
+		return nil, errors.Join(ErrShutdown, n.Shutdown(sctx), g.closeFront())
 	}
 	c.gateways = append(c.gateways, g)
 	return g, nil
@@ -486,20 +506,35 @@ func (c *Cluster) StopGateway(ctx context.Context, g *Gateway) error {
 	if !c.remove(g) {
 		return fmt.Errorf("cluster: gateway %s is not live", g.Name)
 	}
-	return g.Node.Shutdown(ctx)
+	err := g.Node.Shutdown(ctx)
+	return errors.Join(err, g.closeFront())
 }
 
-// KillGateway stops g at once, the in-process stand-in for kill -9: the
-// listener closes and every in-flight stream is cut without a drain
-// (Shutdown with an expired context). Its error, the expired deadline, is
-// expected and not returned.
+func (g *Gateway) closeFront() error {
+	if g.Front == nil {
+		return nil
+	}
+	return g.Front.Close()
+}
+
+// KillGateway stops g at once, the in-process stand-in for kill -9. With a
+// Front proxy, every client connection is cut first (clients see a reset,
+// as when the process dies) and new ones are refused; then the node is
+// shut down with an expired context (no drain). Without one, clients see
+// the node's own cut path (Shutdown past its deadline). The expected
+// deadline error is not returned.
 func (c *Cluster) KillGateway(g *Gateway) {
 	if !c.remove(g) {
 		return
 	}
+	if g.Front != nil {
+		g.Front.SetRefuse(true)
+		g.Front.Cut()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_ = g.Node.Shutdown(ctx)
+	_ = g.closeFront()
 }
 
 // RestartGateway starts a stopped or killed gateway again: same name,
@@ -954,6 +989,7 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 		if err := g.Node.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("gateway %s: %w", g.Name, err))
 		}
+		errs = append(errs, g.closeFront())
 	}
 	c.emu.Lock()
 	engines := c.engines

@@ -34,7 +34,7 @@ func awaitVersion(t *testing.T, c *cluster.Cluster, v uint64) time.Time {
 // removal is applied). No request fails or is lost; the cluster ends exact
 // with one config version.
 func TestScaleOutAndIn(t *testing.T) {
-	c := startClusterMode(t, 3, 2)
+	c := startClusterMode(t, 3, 2, nil)
 	ctx := context.Background()
 	n := scale(300, 2000)
 	lc := loadConfig(c, "scale", n)
@@ -62,12 +62,7 @@ func TestScaleOutAndIn(t *testing.T) {
 	cancel()
 	for _, g := range added {
 		start := time.Now()
-		var why string
-		require.Eventually(t, func() bool {
-			var ok bool
-			ok, why = within1pct(c, g.Name)
-			return ok
-		}, 5*time.Second, 5*time.Millisecond, "new gateway %s within 1%% of peers: %s", g.Name, why)
+		awaitWithin1pct(t, c, g.Name, start.Add(5*time.Second))
 		catch = max(catch, time.Since(start))
 	}
 
@@ -117,11 +112,7 @@ func TestScaleOutAndIn(t *testing.T) {
 	require.Positive(t, toNew, "the added engine got traffic")
 	require.Zero(t, toGoneAfter, "no request routed to the removed engine after the removal applied")
 
-	wctx, cancel = context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	for _, e := range c.Engines() {
-		require.NoError(t, c.WaitHeard(wctx, e, func() bool { return c.EngineExact(e) }))
-	}
+	settleWithin(t, c, "after scaling", 20*time.Second)
 	s, took := awaitWithin(t, c, "after scaling", 5*time.Second, c.Exact)
 	require.Eventually(t, c.ConfigConverged, 10*time.Second, 5*time.Millisecond, c.ConfigVersions())
 	row(t, cluster.Row{

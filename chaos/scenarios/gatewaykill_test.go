@@ -139,7 +139,10 @@ func TestGatewayKillAndRestart(t *testing.T) {
 		if ev.hard {
 			c.KillGateway(g)
 		} else {
-			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			// node's Shutdown also waits out http.Server's 5 s allowance
+			// for connections that never sent a request (a client's or the
+			// front proxy's spare connection), so the drain gets 15 s.
+			sctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 			require.NoError(t, c.StopGateway(sctx, g), "graceful stop of %s drains", g.Name)
 			cancel()
 		}

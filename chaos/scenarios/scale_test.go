@@ -80,7 +80,7 @@ func TestScaleOutAndIn(t *testing.T) {
 	// three are the raft voters).
 	step(3)
 	for _, g := range added {
-		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, 15*time.Second) // see TestGatewayKillAndRestart
 		require.NoError(t, c.StopGateway(sctx, g))
 		cancel()
 	}

@@ -20,8 +20,16 @@ type Config struct {
 	Modes []string `json:"modes"`
 	// Gateways lists gateway counts; arrivals rotate over the gateways.
 	Gateways []int `json:"gateways"`
-	// GatewaysIsolated records that gateways do not share an index (no
-	// replication yet): a count > 1 measures isolated gateways.
+	// Sync lists, for gateway counts above 1, whether the gateways share
+	// an index: SyncSynced (one cluster: decision deltas, KV events and
+	// load reports shared) and/or SyncIsolated (independent gateways, the
+	// `--no-sync` baseline). Each gateway count above 1 runs once per
+	// entry; a single gateway runs once. Empty: SyncIsolated when
+	// GatewaysIsolated is set, else SyncSynced.
+	Sync []string `json:"sync,omitempty"`
+	// GatewaysIsolated records that every gateway count > 1 measures
+	// isolated gateways (Sync is exactly [SyncIsolated], or, in older
+	// results, no replication existed).
 	GatewaysIsolated bool `json:"gateways_isolated"`
 	// Rounds is the number of repetitions (seed: 2).
 	Rounds int `json:"rounds"`
@@ -72,6 +80,14 @@ type Config struct {
 	// engine is a HostChecker): how faithfully the host kept model time.
 	HostChecks []HostCheck `json:"host_checks,omitempty"`
 }
+
+// Gateway sharing settings (Config.Sync).
+const (
+	// SyncSynced runs several gateways as one cluster sharing the index.
+	SyncSynced = "synced"
+	// SyncIsolated runs several gateways that share nothing.
+	SyncIsolated = "isolated"
+)
 
 // Known strategy names (the gateway's).
 var Strategies = []string{"random", "least-request", "prefix-cache", "consistent-hash", "cost"}
@@ -154,6 +170,14 @@ func (c *Config) Validate() error {
 			return bad("gateway count %d < 1", g)
 		}
 	}
+	for i, s := range c.Sync {
+		if s != SyncSynced && s != SyncIsolated {
+			return bad("unknown gateway sync %q (want %s or %s)", s, SyncSynced, SyncIsolated)
+		}
+		if slices.Contains(c.Sync[:i], s) {
+			return bad("gateway sync %q listed twice", s)
+		}
+	}
 	switch {
 	case c.Rounds < 1:
 		return bad("rounds %d < 1", c.Rounds)
@@ -190,6 +214,36 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// SyncSettings returns Sync, or its default when empty: SyncIsolated
+// when GatewaysIsolated is set, else SyncSynced.
+func (c *Config) SyncSettings() []string {
+	if len(c.Sync) > 0 {
+		return c.Sync
+	}
+	if c.GatewaysIsolated {
+		return []string{SyncIsolated}
+	}
+	return []string{SyncSynced}
+}
+
+// Cells returns the grid's cells in run order: for each mode, for each
+// gateway count, one cell per sync setting (a single gateway once).
+func (c *Config) Cells() []Cell {
+	var out []Cell
+	for _, mode := range c.Modes {
+		for _, g := range c.Gateways {
+			if g == 1 {
+				out = append(out, Cell{Mode: mode, Gateways: 1, Replicas: c.Replicas})
+				continue
+			}
+			for _, s := range c.SyncSettings() {
+				out = append(out, Cell{Mode: mode, Gateways: g, Replicas: c.Replicas, Isolated: s == SyncIsolated})
+			}
+		}
+	}
+	return out
 }
 
 // RoundStrategies returns the strategies in the order round r (1-based)

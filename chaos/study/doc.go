@@ -9,7 +9,12 @@
 // Everything here talks to the world through the Engine interface: a
 // reactor with a model-time clock (Now, At), asynchronous requests (Send)
 // and gauge samples (Observe), and synchronous control operations between
-// phases (ResetCaches, Counters, WaitIdle). The live engine
+// phases (ResetCaches, Counters, WaitIdle), plus two optional ones: a
+// HostChecker reports whether the host keeps model time, and a Settler
+// waits after each initialisation until gateways that share an index
+// asynchronously agree. A grid's cells (Config.Cells) are its index modes ×
+// gateway counts × gateway sync settings (several gateways synced into one
+// cluster, or isolated). The live engine
 // (package chaos/study/httpenv with chaos/study/live) implements it over
 // loopback HTTP against simulated engines and real gateways; a
 // discrete-event engine implements the same interface in virtual time and

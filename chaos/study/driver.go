@@ -80,6 +80,7 @@ func (d *driver) record(i, group int) *RequestRecord {
 		Strategy:  d.ph.Strategy,
 		Mode:      d.ph.Cell.Mode,
 		Gateways:  d.ph.Cell.Gateways,
+		Isolated:  d.ph.Cell.Isolated,
 		Seq:       i,
 		Group:     group,
 		Document:  d.plan.Docs[group].Number,

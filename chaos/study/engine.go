@@ -2,6 +2,7 @@ package study
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -167,11 +168,41 @@ type HostCheck struct {
 const HostCheckTolerance = 1.15
 
 // Cell is one setting of the grid axes that need their own world: the index
-// mode and the number of gateways. An EngineFactory builds an Engine for it.
+// mode, the number of gateways and whether they share an index. An
+// EngineFactory builds an Engine for it.
 type Cell struct {
 	Mode     string
 	Gateways int
 	Replicas int
+	// Isolated is set for a cell of several gateways that share nothing
+	// (each routes on its own index and its own load counts: the
+	// `--no-sync` baseline). Unset with several gateways, they form one
+	// cluster sharing the index (decision deltas, KV events) and load
+	// reports. Always false for one gateway.
+	Isolated bool
+}
+
+// Name is the cell's short name in phase names and host checks, e.g.
+// "history/g1", "hybrid/g3" (synced) or "hybrid/g3-isolated".
+func (c Cell) Name() string {
+	return cellName(c.Mode, c.Gateways, c.Isolated)
+}
+
+func cellName(mode string, gateways int, isolated bool) string {
+	if isolated && gateways > 1 {
+		return fmt.Sprintf("%s/g%d-isolated", mode, gateways)
+	}
+	return fmt.Sprintf("%s/g%d", mode, gateways)
+}
+
+// Settler is implemented by engines whose gateways share state
+// asynchronously (a replicated index). RunPhase calls Settle after a
+// scenario's initialisation (and cache reset) and before the first
+// arrival, so that every gateway starts the phase with the state the
+// initialisation established through gateway 0, as one gateway would.
+// Settle polls; it must not be called while Run is running.
+type Settler interface {
+	Settle(ctx context.Context) error
 }
 
 // EngineFactory builds a fresh Engine for a cell. The Runner closes it when

@@ -219,11 +219,11 @@ func WriteHTML(w io.Writer, res *Results) error {
 	for _, sc := range scenariosOf(res) {
 		fmt.Fprintf(w, "<h2>%s</h2>\n", html.EscapeString(sc))
 		for _, ck := range cellsOf(res) {
-			runs := filterRuns(res.Runs, sc, ck)
+			runs := filterRuns(res, sc, ck)
 			if len(runs) == 0 {
 				continue
 			}
-			htmlTable(w, runTable(sc+" — "+CellLabel(ck.mode, ck.gateways, c.GatewaysIsolated), runs))
+			htmlTable(w, runTable(sc+" — "+ck.label(), runs))
 			fmt.Fprintf(w, "<div class=\"charts\">\n")
 			for _, round := range roundsOf(runs) {
 				fmt.Fprint(w, ttftTimeline(res, sc, ck, round))
@@ -232,7 +232,7 @@ func WriteHTML(w io.Writer, res *Results) error {
 			fmt.Fprint(w, replicaBars(runs))
 			fmt.Fprintf(w, "</div>\n<div class=\"charts\">\n")
 			for _, ph := range res.Phases {
-				if ph.Scenario == sc && ph.Mode == ck.mode && ph.Gateways == ck.gateways && ph.Measured {
+				if ph.Scenario == sc && ck.matches(res, ph.Mode, ph.Gateways, ph.Isolated) && ph.Measured {
 					fmt.Fprint(w, queueChart(ph))
 				}
 			}
@@ -254,10 +254,10 @@ func WriteHTML(w io.Writer, res *Results) error {
 	return err
 }
 
-func filterRuns(runs []Run, sc string, ck cellKey) []Run {
+func filterRuns(res *Results, sc string, ck cellKey) []Run {
 	var out []Run
-	for _, r := range runs {
-		if r.Scenario == sc && r.Mode == ck.mode && r.Gateways == ck.gateways {
+	for _, r := range res.Runs {
+		if r.Scenario == sc && ck.has(res, &r) {
 			out = append(out, r)
 		}
 	}
@@ -283,7 +283,7 @@ func ttftTimeline(res *Results, sc string, ck cellKey, round int) string {
 	var strategies []string
 	xmax, ymax := 1.0, res.Config.SLO.TTFT.Seconds()*1.5
 	for _, r := range res.Requests {
-		if r.Scenario == sc && r.Mode == ck.mode && r.Gateways == ck.gateways && r.Round == round {
+		if r.Scenario == sc && ck.matches(res, r.Mode, r.Gateways, r.Isolated) && r.Round == round {
 			recs = append(recs, r)
 			if !slices.Contains(strategies, r.Strategy) {
 				strategies = append(strategies, r.Strategy)

@@ -79,6 +79,9 @@ func phaseLine(name string, run *Run, det *PhaseDetail, err error, wall time.Dur
 	if det != nil && float64(det.LagP95S) > LagTolerance.Seconds() {
 		lag = fmt.Sprintf(" HOST LAGGING: arrivals %.0f ms late at P95, latencies inflated;", 1000*float64(det.LagP95S))
 	}
+	if det != nil && det.SettleMS > 0 {
+		lag += fmt.Sprintf(" peers settled in %.0f ms;", det.SettleMS)
+	}
 	return fmt.Sprintf("phase %s: pass %d/%d, failed %d, TTFT P95 %s s, TPOT P95 %s ms, hit %s, per replica %v;%s (wall %s)",
 		name, run.SLOPass, run.Arrivals, run.Failed, fnum(run.TTFTP95, 3), fnum(run.TPOTP95, 1),
 		fpct(run.TokenHitRate), run.PerReplica, lag, wall.Round(100*time.Millisecond))

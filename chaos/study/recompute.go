@@ -33,6 +33,7 @@ func Recompute(recs []RequestRecord, slo SLO, prev *Results) (*Results, []string
 		sum := Summarize(rs, slo)
 		run := Run{
 			Scenario: k.Scenario, Round: k.Round, Strategy: k.Strategy, Mode: k.Mode, Gateways: k.Gateways,
+			Isolated: k.Isolated,
 			Arrivals: sum.Arrivals, Succeeded: sum.Succeeded, Failed: sum.Failed, SLOPass: sum.SLOPass,
 			TTFTP95: Num(sum.TTFTP95), TPOTP95: Num(sum.TPOTP95), E2EP95: Num(sum.E2EP95),
 			TokenHitRate: Num(math.NaN()), PerReplica: sum.PerReplica,

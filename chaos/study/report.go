@@ -139,22 +139,43 @@ func selectionString(m map[string]int) string {
 	return strings.Join(parts, " ")
 }
 
-// CellLabel describes a cell for table titles; gateways > 1 are labelled
-// isolated while the gateways share no index.
+// CellLabel describes a cell for table titles: one gateway, several
+// gateways sharing one index (a synced cluster), or several isolated
+// gateways (the --no-sync baseline).
 func CellLabel(mode string, gateways int, isolated bool) string {
 	if gateways == 1 {
 		return mode + " · 1 gateway"
 	}
 	if isolated {
-		return fmt.Sprintf("%s · %d gateways (isolated: no index replication yet)", mode, gateways)
+		return fmt.Sprintf("%s · %d gateways, isolated (no shared index)", mode, gateways)
 	}
-	return fmt.Sprintf("%s · %d gateways", mode, gateways)
+	return fmt.Sprintf("%s · %d gateways, synced (shared index)", mode, gateways)
 }
 
 type cellKey struct {
 	mode     string
 	gateways int
+	isolated bool
 }
+
+// isolated reports whether run r measured isolated gateways: its own flag,
+// or the whole study's (results written before per-run flags existed).
+func isolated(res *Results, r *Run) bool {
+	return r.Gateways > 1 && (r.Isolated || res.Config.GatewaysIsolated)
+}
+
+func (ck cellKey) has(res *Results, r *Run) bool {
+	return ck.matches(res, r.Mode, r.Gateways, r.Isolated)
+}
+
+// matches reports whether a run, phase or request of this mode, gateway
+// count and isolation flag belongs to the cell.
+func (ck cellKey) matches(res *Results, mode string, gateways int, iso bool) bool {
+	iso = gateways > 1 && (iso || res.Config.GatewaysIsolated)
+	return mode == ck.mode && gateways == ck.gateways && iso == ck.isolated
+}
+
+func (ck cellKey) label() string { return CellLabel(ck.mode, ck.gateways, ck.isolated) }
 
 // ScenarioTables returns one table per (scenario, cell), rounds separate,
 // rows in the order the runs appear.
@@ -164,14 +185,14 @@ func ScenarioTables(res *Results) []Table {
 		for _, ck := range cellsOf(res) {
 			var runs []Run
 			for _, r := range res.Runs {
-				if r.Scenario == sc && r.Mode == ck.mode && r.Gateways == ck.gateways {
+				if r.Scenario == sc && ck.has(res, &r) {
 					runs = append(runs, r)
 				}
 			}
 			if len(runs) == 0 {
 				continue
 			}
-			out = append(out, runTable(sc+" — "+CellLabel(ck.mode, ck.gateways, res.Config.GatewaysIsolated), runs))
+			out = append(out, runTable(sc+" — "+ck.label(), runs))
 		}
 	}
 	return out
@@ -210,7 +231,7 @@ func scenariosOf(res *Results) []string {
 func cellsOf(res *Results) []cellKey {
 	var out []cellKey
 	for _, r := range res.Runs {
-		k := cellKey{r.Mode, r.Gateways}
+		k := cellKey{r.Mode, r.Gateways, isolated(res, &r)}
 		if !slices.Contains(out, k) {
 			out = append(out, k)
 		}
@@ -247,7 +268,7 @@ func Verdict(res *Results, scenario string) string {
 		}
 		label := r.Strategy
 		if multiCell {
-			label = fmt.Sprintf("%s@%s/g%d", r.Strategy, r.Mode, r.Gateways)
+			label = r.Strategy + "@" + cellName(r.Mode, r.Gateways, isolated(res, &r))
 		}
 		a := find(label)
 		a.pass = append(a.pass, r.SLOPass)
@@ -382,7 +403,7 @@ func BeatCheck(res *Results) (Table, bool) {
 			v = "misses " + strings.Join(miss, ", ")
 		}
 		t.Rows = append(t.Rows, []string{
-			fmt.Sprintf("%s / %d", c.Scenario, c.Round), fmt.Sprintf("%s/g%d", c.Mode, c.Gateways),
+			fmt.Sprintf("%s / %d", c.Scenario, c.Round), cellName(c.Mode, c.Gateways, isolated(res, &c)),
 			fmt.Sprintf("%d | %d", c.SLOPass, best),
 			fmt.Sprintf("%s | %s", fnum(c.TTFTP95, 3), fnum(lr.TTFTP95, 3)),
 			fmt.Sprintf("%s | %s", fpct(c.TokenHitRate), fpct(pc.TokenHitRate-0.02)),
@@ -453,9 +474,11 @@ func WriteMarkdown(w io.Writer, res *Results) error {
 		fmt.Fprintf(w, "**Host did not keep up** in %d phase(s) (arrivals sent more than %v late at P95, so engine steps were stretched too and their latencies are inflated): %s.\n\n",
 			len(lag), LagTolerance, strings.Join(lag, ", "))
 	}
-	if c.GatewaysIsolated && slices.ContainsFunc(c.Gateways, func(g int) bool { return g > 1 }) {
-		fmt.Fprintf(w, "Gateway counts above 1 run **isolated** gateways (arrivals round-robin, no shared index): "+
-			"the replication work is a later issue.\n\n")
+	if slices.ContainsFunc(c.Gateways, func(g int) bool { return g > 1 }) {
+		fmt.Fprintf(w, "Arrivals rotate round-robin over the gateways. **Synced** gateways form one cluster sharing the "+
+			"index (decision deltas, KV events) and load reports; **isolated** gateways (--no-sync) share nothing. "+
+			"Initialisation (warm bootstrap, hot-spot placement) goes through gateway 0; synced peers are waited for "+
+			"until their indexes hold the same entries before the first arrival, isolated peers start without it.\n\n")
 	}
 	fmt.Fprintf(w, "## Verdicts\n\n")
 	for _, sc := range scenariosOf(res) {

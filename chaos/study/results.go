@@ -42,11 +42,14 @@ func (n *Num) UnmarshalJSON(b []byte) error {
 // Run is one row of results.json: one measured phase, in exactly the schema
 // issue 5 specifies.
 type Run struct {
-	Scenario     string         `json:"scenario"`
-	Round        int            `json:"round"`
-	Strategy     string         `json:"strategy"`
-	Mode         string         `json:"mode"`
-	Gateways     int            `json:"gateways"`
+	Scenario string `json:"scenario"`
+	Round    int    `json:"round"`
+	Strategy string `json:"strategy"`
+	Mode     string `json:"mode"`
+	Gateways int    `json:"gateways"`
+	// Isolated marks a run of several gateways sharing nothing (the
+	// --no-sync baseline); false for one gateway or a synced cluster.
+	Isolated     bool           `json:"isolated,omitempty"`
 	Replicas     int            `json:"replicas"`
 	Arrivals     int            `json:"arrivals"`
 	Succeeded    int            `json:"succeeded"`
@@ -63,7 +66,8 @@ type Run struct {
 
 // Key returns the phase key of r.
 func (r *Run) Key() PhaseKey {
-	return PhaseKey{Scenario: r.Scenario, Round: r.Round, Strategy: r.Strategy, Mode: r.Mode, Gateways: r.Gateways}
+	return PhaseKey{Scenario: r.Scenario, Round: r.Round, Strategy: r.Strategy, Mode: r.Mode, Gateways: r.Gateways,
+		Isolated: r.Isolated}
 }
 
 // PhaseKey identifies a phase across files.
@@ -73,12 +77,14 @@ type PhaseKey struct {
 	Strategy string
 	Mode     string
 	Gateways int
+	Isolated bool
 }
 
 // PhaseName returns the canonical phase name, e.g.
-// "r1-hot50-prefix-cache@history/g1".
+// "r1-hot50-prefix-cache@history/g1" or, for isolated gateways,
+// "r1-hot50-prefix-cache@history/g3-isolated".
 func (k PhaseKey) PhaseName() string {
-	return fmt.Sprintf("r%d-%s-%s@%s/g%d", k.Round, k.Scenario, k.Strategy, k.Mode, k.Gateways)
+	return fmt.Sprintf("r%d-%s-%s@%s", k.Round, k.Scenario, k.Strategy, cellName(k.Mode, k.Gateways, k.Isolated))
 }
 
 // Results is everything a study produced.
@@ -98,12 +104,16 @@ type PhaseDetail struct {
 	Strategy string   `json:"strategy"`
 	Mode     string   `json:"mode"`
 	Gateways int      `json:"gateways"`
+	Isolated bool     `json:"isolated,omitempty"`
 	Replicas []string `json:"replicas"`
 	// Measured is false when initialisation failed and no arrivals ran.
 	Measured bool   `json:"measured"`
 	Error    string `json:"error,omitempty"`
 	// Init is the initial-state evidence (placements, attempts).
 	Init InitInfo `json:"init"`
+	// SettleMS is the wall time the engine took to bring every gateway
+	// to the initialisation's state (Settler; synced gateways only).
+	SettleMS float64 `json:"settle_ms,omitempty"`
 	// StartS and EndS are the model times of the first arrival and of the
 	// last completion, on the engine's clock.
 	StartS float64 `json:"start_s"`
@@ -141,6 +151,7 @@ type RequestRecord struct {
 	Strategy  string `json:"strategy"`
 	Mode      string `json:"mode"`
 	Gateways  int    `json:"gateways"`
+	Isolated  bool   `json:"isolated,omitempty"`
 	Seq       int    `json:"seq"`
 	Group     int    `json:"group"`
 	Document  int    `json:"document"`
@@ -226,7 +237,8 @@ func (r *RequestRecord) Outcome() Outcome {
 
 // Key returns the phase key of the record.
 func (r *RequestRecord) Key() PhaseKey {
-	return PhaseKey{Scenario: r.Scenario, Round: r.Round, Strategy: r.Strategy, Mode: r.Mode, Gateways: r.Gateways}
+	return PhaseKey{Scenario: r.Scenario, Round: r.Round, Strategy: r.Strategy, Mode: r.Mode, Gateways: r.Gateways,
+		Isolated: r.Isolated}
 }
 
 // File names inside the output directory.

@@ -60,12 +60,9 @@ func (rn *Runner) Run(ctx context.Context) (*Results, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	res := &Results{Config: cfg}
-	for _, mode := range cfg.Modes {
-		for _, gws := range cfg.Gateways {
-			cell := Cell{Mode: mode, Gateways: gws, Replicas: cfg.Replicas}
-			if err := rn.runCell(ctx, log, cell, res); err != nil {
-				return res, err
-			}
+	for _, cell := range cfg.Cells() {
+		if err := rn.runCell(ctx, log, cell, res); err != nil {
+			return res, err
 		}
 	}
 	return res, nil
@@ -75,15 +72,15 @@ func (rn *Runner) runCell(ctx context.Context, log *slog.Logger, cell Cell, res 
 	cfg := &rn.Config
 	e, err := rn.Factory(ctx, cell)
 	if err != nil {
-		return fmt.Errorf("%w: start engine for %s/g%d: %v", ErrEngine, cell.Mode, cell.Gateways, err)
+		return fmt.Errorf("%w: start engine for %s: %v", ErrEngine, cell.Name(), err)
 	}
 	defer func() { _ = e.Close() }()
 	if hc, ok := e.(HostChecker); ok {
 		chk, err := hc.HostCheck(ctx)
 		if err != nil {
-			return fmt.Errorf("%w: host check for %s/g%d: %w", ErrEngine, cell.Mode, cell.Gateways, err)
+			return fmt.Errorf("%w: host check for %s: %w", ErrEngine, cell.Name(), err)
 		}
-		chk.Cell = fmt.Sprintf("%s/g%d", cell.Mode, cell.Gateways)
+		chk.Cell = cell.Name()
 		res.Config.HostChecks = append(res.Config.HostChecks, chk)
 		if !chk.OK {
 			log.Warn("host too slow for this speed: latencies are inflated", "cell", chk.Cell,
@@ -96,7 +93,8 @@ func (rn *Runner) runCell(ctx context.Context, log *slog.Logger, cell Cell, res 
 	for round := 1; round <= cfg.Rounds; round++ {
 		for _, sc := range cfg.Scenarios {
 			for _, strat := range cfg.RoundStrategies(round) {
-				key := PhaseKey{Scenario: sc, Round: round, Strategy: strat, Mode: cell.Mode, Gateways: cell.Gateways}
+				key := PhaseKey{Scenario: sc, Round: round, Strategy: strat, Mode: cell.Mode, Gateways: cell.Gateways,
+					Isolated: cell.Isolated}
 				ph := &Phase{
 					Name:     key.PhaseName(),
 					Scenario: sc,
@@ -137,7 +135,7 @@ func (rn *Runner) runCell(ctx context.Context, log *slog.Logger, cell Cell, res 
 func RunPhase(ctx context.Context, e Engine, cfg *Config, ph *Phase, prog Progress) (*Run, PhaseDetail, []RequestRecord, error) {
 	det := PhaseDetail{
 		Name: ph.Name, Scenario: ph.Scenario, Round: ph.Round, Strategy: ph.Strategy,
-		Mode: ph.Cell.Mode, Gateways: ph.Cell.Gateways, Replicas: e.Replicas(),
+		Mode: ph.Cell.Mode, Gateways: ph.Cell.Gateways, Isolated: ph.Cell.Isolated, Replicas: e.Replicas(),
 	}
 	fail := func(err error) (*Run, PhaseDetail, []RequestRecord, error) {
 		det.Error = err.Error()
@@ -155,6 +153,13 @@ func RunPhase(ctx context.Context, e Engine, cfg *Config, ph *Phase, prog Progre
 	}
 	if err := e.WaitIdle(ctx); err != nil {
 		return fail(err)
+	}
+	if s, ok := e.(Settler); ok {
+		t0 := time.Now()
+		if err := s.Settle(ctx); err != nil {
+			return fail(fmt.Errorf("%w: gateways did not converge after initialisation: %w", ErrEngine, err))
+		}
+		det.SettleMS = float64(time.Since(t0).Microseconds()) / 1000
 	}
 	before, err := e.Counters(ctx)
 	if err != nil {
@@ -189,6 +194,7 @@ func RunPhase(ctx context.Context, e Engine, cfg *Config, ph *Phase, prog Progre
 		Strategy:     ph.Strategy,
 		Mode:         ph.Cell.Mode,
 		Gateways:     ph.Cell.Gateways,
+		Isolated:     ph.Cell.Isolated,
 		Replicas:     len(names),
 		Arrivals:     sum.Arrivals,
 		Succeeded:    sum.Succeeded,

@@ -18,6 +18,20 @@
 // arrivals went out; both are reported, because a live engine at speed S
 // turns each millisecond of host scheduling delay into S model
 // milliseconds.
+//
+// Several gateways (--gateways 3) form one cluster sharing the index and
+// load reports (node's cluster mode: gossip, embedded NATS, raft, all on
+// loopback); --no-sync runs them isolated instead, and --sync
+// synced,isolated runs both side by side (issue 6's figure):
+//
+//	kvbench --gateways 1,3 --sync synced,isolated --modes hybrid,history
+//
+// --engine des runs the same study on the discrete-event engine (package
+// chaos/des) in virtual time, with the propagation delays as flags;
+// `kvbench sweep` runs it over replica, gateway and rate settings:
+//
+//	kvbench --engine des --replicas 64 --gateways 8 --arrivals 100000
+//	kvbench sweep --replicas 8,64 --gateways 1,8 --rps 1.6,12.8
 package main
 
 import (
@@ -34,9 +48,17 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
+	"github.com/kvmesh/kvmesh/chaos/des"
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/chaos/study/live"
+)
+
+// Engines accepted by --engine.
+const (
+	engineLive = "live"
+	engineDES  = "des"
 )
 
 func main() {
@@ -54,41 +76,32 @@ type options struct {
 	out      string
 	logLevel string
 	timeout  time.Duration
+	engine   string
+	noSync   bool
+	// des are the discrete-event engine's options (--engine des, sweep).
+	des des.Options
 }
 
-func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
-	cfg := study.DefaultConfig()
-	var opt options
-	root := &cobra.Command{
-		Use:   "kvbench",
-		Short: "Measure routing strategies and index modes side by side (the seed study, reproduced)",
-		Long: `kvbench runs the seed study's scenarios (cold, warm, hot50, hot90, multiturn)
-against in-process simulated vLLM replicas and kvmesh gateways on loopback, for
-every strategy, index mode, gateway count and round, and writes results.json,
-requests.jsonl, phases.json, report.md and report.html into --out.
+// desFlags are the flags that only the discrete-event engine reads.
+var desFlags = []string{"sync-delay", "load-delay", "kv-delay"}
 
-All reported times are model time (wall time × --speed).`,
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := resolve(cmd, cfg, opt)
-			if err != nil {
-				return err
-			}
-			return runStudy(cmd.Context(), c, opt, stdout, stderr)
-		},
-	}
-	f := root.Flags()
+// addStudyFlags registers the study's flags on f; the sweep subcommand
+// leaves out the axes it sweeps (replicas, gateways, rps).
+func addStudyFlags(f *pflag.FlagSet, cfg *study.Config, opt *options, sweep bool) {
 	f.StringSliceVar(&cfg.Scenarios, "scenarios", cfg.Scenarios, "scenarios: cold, warm, hot50, hot90, multiturn")
 	f.StringSliceVar(&cfg.Strategies, "strategies", cfg.Strategies, "strategies in round-1 order (even rounds reverse): random, least-request, prefix-cache, consistent-hash, cost")
 	f.StringSliceVar(&cfg.Modes, "modes", cfg.Modes, "gateway index modes: history, kv-events, hybrid")
-	f.IntSliceVar(&cfg.Gateways, "gateways", cfg.Gateways, "gateway counts; arrivals round-robin over gateways (>1: isolated gateways, no shared index yet)")
+	if !sweep {
+		f.IntSliceVar(&cfg.Gateways, "gateways", cfg.Gateways, "gateway counts; arrivals round-robin over gateways; more than one form a cluster sharing the index (see --sync, --no-sync)")
+		f.StringSliceVar(&cfg.Sync, "sync", nil, "for gateway counts > 1: synced (one cluster, shared index and load), isolated (no sharing), or both (default synced)")
+		f.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "simulated engine replicas")
+		f.Float64Var(&cfg.RPS, "rps", cfg.RPS, "fixed arrival rate per phase (model time)")
+	}
+	f.BoolVar(&opt.noSync, "no-sync", false, "isolated gateways: several gateways share no index and no load (same as --sync isolated)")
 	f.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds; even rounds run the strategies in reverse order")
-	f.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "simulated engine replicas")
-	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed for salts and arrival sequences (round r uses seed+r-1)")
-	f.Float64Var(&cfg.Speed, "speed", cfg.Speed, "simulator time compression; reported times are model time")
+	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed for salts and arrival sequences (round r uses seed+r-1); also seeds the DES engine")
+	f.Float64Var(&cfg.Speed, "speed", cfg.Speed, "simulator time compression (live engine); reported times are model time")
 	f.StringVar(&cfg.Profile, "profile", cfg.Profile, "simulator profile: l20-qwen27b-fp8 or fast")
-	f.Float64Var(&cfg.RPS, "rps", cfg.RPS, "fixed arrival rate per phase (model time)")
 	f.IntVar(&cfg.Arrivals, "arrivals", cfg.Arrivals, "scheduled arrivals per phase")
 	f.IntVar(&cfg.InflightCap, "inflight-cap", cfg.InflightCap, "client in-flight cap; arrivals beyond it are unsent and fail")
 	f.IntVar(&cfg.MaxTokens, "max-tokens", cfg.MaxTokens, "completion tokens per measured request")
@@ -98,16 +111,54 @@ All reported times are model time (wall time × --speed).`,
 	f.StringVar(&opt.logLevel, "log-level", "warn", "log level of simulators and gateways (debug, info, warn, error)")
 	f.IntVar(&cfg.EngineBlockSize, "engine-block-size", cfg.EngineBlockSize, "simulated engines' KV block size in tokens (1568 = the seed's hybrid-model granularity; history mode only)")
 	f.DurationVar(&opt.timeout, "timeout", 0, "stop the study after this wall time (0: no limit)")
-	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout))
+	f.DurationVar(&opt.des.SyncDelay, "sync-delay", opt.des.SyncDelay, "DES: how long a routing decision takes to reach the peer gateways' indexes")
+	f.DurationVar(&opt.des.LoadDelay, "load-delay", opt.des.LoadDelay, "DES: how stale a gateway's view of its peers' in-flight counts is")
+	f.DurationVar(&opt.des.KVDelay, "kv-delay", opt.des.KVDelay, "DES: how long an engine's KV events take to reach the gateways")
+}
+
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+	cfg := study.DefaultConfig()
+	opt := options{des: des.DefaultOptions()}
+	root := &cobra.Command{
+		Use:   "kvbench",
+		Short: "Measure routing strategies and index modes side by side (the seed study, reproduced)",
+		Long: `kvbench runs the seed study's scenarios (cold, warm, hot50, hot90, multiturn)
+against in-process simulated vLLM replicas and kvmesh gateways on loopback, for
+every strategy, index mode, gateway count and round, and writes results.json,
+requests.jsonl, phases.json, report.md and report.html into --out.
+
+Several gateways form one cluster sharing the index (--sync synced, the
+default) or run isolated (--no-sync, or --sync synced,isolated for both).
+Initialisation goes through gateway 0; synced peers are waited for until
+their indexes agree before the first arrival.
+
+All reported times are model time (wall time × --speed). --engine des runs
+the study on the discrete-event engine in virtual time instead.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, o, err := resolve(cmd, cfg, opt)
+			if err != nil {
+				return err
+			}
+			opt.des = o
+			return runStudy(cmd.Context(), c, opt, stdout, stderr)
+		},
+	}
+	f := root.Flags()
+	addStudyFlags(f, &cfg, &opt, false)
+	f.StringVar(&opt.engine, "engine", engineLive, "engine: live (simulators and gateways on loopback) or des (discrete-event, virtual time)")
+	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout), newSweepCmd(stdout, stderr))
 	return root
 }
 
-// resolve applies --quick under the explicitly set flags.
-func resolve(cmd *cobra.Command, flagged study.Config, opt options) (study.Config, error) {
+// resolve applies --quick under the explicitly set flags, the gateway
+// sync settings and, for the DES engine, its options and adaptations.
+func resolve(cmd *cobra.Command, flagged study.Config, opt options) (study.Config, des.Options, error) {
 	c := flagged
+	f := cmd.Flags()
 	if opt.quick {
 		c = study.QuickConfig()
-		f := cmd.Flags()
 		set := func(name string, apply func()) {
 			if f.Changed(name) {
 				apply()
@@ -117,6 +168,7 @@ func resolve(cmd *cobra.Command, flagged study.Config, opt options) (study.Confi
 		set("strategies", func() { c.Strategies = flagged.Strategies })
 		set("modes", func() { c.Modes = flagged.Modes })
 		set("gateways", func() { c.Gateways = flagged.Gateways })
+		set("sync", func() { c.Sync = flagged.Sync })
 		set("rounds", func() { c.Rounds = flagged.Rounds })
 		set("replicas", func() { c.Replicas = flagged.Replicas })
 		set("seed", func() { c.Seed = flagged.Seed })
@@ -129,13 +181,47 @@ func resolve(cmd *cobra.Command, flagged study.Config, opt options) (study.Confi
 		set("turns", func() { c.Turns = flagged.Turns })
 		set("engine-block-size", func() { c.EngineBlockSize = flagged.EngineBlockSize })
 	}
-	c.Engine = "live"
-	for _, g := range c.Gateways {
-		if g > 1 {
-			c.GatewaysIsolated = true
+	o := opt.des
+	if opt.noSync {
+		if f.Changed("sync") {
+			return c, o, fmt.Errorf("%w: --no-sync and --sync together", study.ErrInvalidConfig)
 		}
+		c.Sync = []string{study.SyncIsolated}
 	}
-	return c, c.Validate()
+	// Every multi-gateway cell isolated: the study-wide flag the DES
+	// engine and older readers use.
+	c.GatewaysIsolated = len(c.Sync) == 1 && c.Sync[0] == study.SyncIsolated
+	switch opt.engine {
+	case engineLive:
+		for _, name := range desFlags {
+			if f.Changed(name) {
+				return c, o, fmt.Errorf("%w: --%s needs --engine des", study.ErrInvalidConfig, name)
+			}
+		}
+		c.Engine = engineLive
+	case engineDES:
+		o.Profile = c.Profile
+		o.EngineBlockSize = c.EngineBlockSize
+		o.Seed = c.Seed
+		o.NoSync = c.GatewaysIsolated
+		c = des.StudyConfig(c, o)
+		if err := o.Validate(); err != nil {
+			return c, o, err
+		}
+	default:
+		return c, o, fmt.Errorf("%w: --engine %q (want %s or %s)", study.ErrInvalidConfig, opt.engine, engineLive, engineDES)
+	}
+	return c, o, c.Validate()
+}
+
+// desFactory builds DES worlds from o, isolating a cell's gateways when
+// the cell says so (des.Factory takes isolation from its options).
+func desFactory(o des.Options) study.EngineFactory {
+	return func(ctx context.Context, cell study.Cell) (study.Engine, error) {
+		co := o
+		co.NoSync = cell.Isolated
+		return des.Factory(co)(ctx, cell)
+	}
 }
 
 func logger(level string, w io.Writer) (*slog.Logger, error) {
@@ -156,22 +242,30 @@ func runStudy(ctx context.Context, cfg study.Config, opt options, stdout, stderr
 		ctx, cancel = context.WithTimeout(ctx, opt.timeout)
 		defer cancel()
 	}
-	lc := live.DefaultConfig()
-	lc.Profile = cfg.Profile
-	lc.Speed = cfg.Speed
-	lc.EngineBlockSize = cfg.EngineBlockSize
-	lc.Logger = log
-	phases := 0
-	for _, s := range cfg.Scenarios {
-		_ = s
-		phases += len(cfg.Strategies)
+	var factory study.EngineFactory
+	engine := fmt.Sprintf("live engine, speed %g", cfg.Speed)
+	if opt.engine == engineDES {
+		factory = desFactory(opt.des)
+		engine = fmt.Sprintf("DES engine, delays sync %v load %v kv %v", opt.des.SyncDelay, opt.des.LoadDelay, opt.des.KVDelay)
+	} else {
+		lc := live.DefaultConfig()
+		lc.Profile = cfg.Profile
+		lc.Speed = cfg.Speed
+		lc.EngineBlockSize = cfg.EngineBlockSize
+		lc.Logger = log
+		factory = live.Factory(lc)
 	}
-	phases *= cfg.Rounds * len(cfg.Modes) * len(cfg.Gateways)
-	fmt.Fprintf(stderr, "kvbench: %d phases (%s × %s × modes %s × gateways %v × %d rounds), profile %s, speed %g, out %s\n",
-		phases, strings.Join(cfg.Scenarios, ","), strings.Join(cfg.Strategies, ","), strings.Join(cfg.Modes, ","),
-		cfg.Gateways, cfg.Rounds, cfg.Profile, cfg.Speed, opt.out)
+	cells := cfg.Cells()
+	names := make([]string, len(cells))
+	for i, c := range cells {
+		names[i] = c.Name()
+	}
+	phases := len(cfg.Scenarios) * len(cfg.Strategies) * cfg.Rounds * len(cells)
+	fmt.Fprintf(stderr, "kvbench: %d phases (%s × %s × cells %s × %d rounds), %d replicas, profile %s, %s, out %s\n",
+		phases, strings.Join(cfg.Scenarios, ","), strings.Join(cfg.Strategies, ","), strings.Join(names, ","),
+		cfg.Rounds, cfg.Replicas, cfg.Profile, engine, opt.out)
 	start := time.Now()
-	rn := &study.Runner{Config: cfg, Factory: live.Factory(lc), Progress: study.NewProgress(stderr), Logger: log}
+	rn := &study.Runner{Config: cfg, Factory: factory, Progress: study.NewProgress(stderr), Logger: log}
 	res, runErr := rn.Run(ctx)
 	if res == nil {
 		return reportErr(stderr, runErr)
@@ -193,6 +287,51 @@ func reportErr(w io.Writer, err error) error {
 		fmt.Fprintf(w, "kvbench: %v\n", err)
 	}
 	return err
+}
+
+func newSweepCmd(stdout, stderr io.Writer) *cobra.Command {
+	cfg := study.DefaultConfig()
+	opt := options{des: des.DefaultOptions(), engine: engineDES}
+	var axes des.SweepAxes
+	cmd := &cobra.Command{
+		Use:   "sweep",
+		Short: "Run the study on the discrete-event engine for every replica × gateway × rate setting",
+		Long: `sweep runs the study (every scenario, strategy, mode and round given) on the
+discrete-event engine once per combination of --replicas, --gateways and --rps,
+writes each setting's outputs to --out/<setting>/ and one table per setting to
+--out/sweep.md and stdout. Gateways are synced unless --no-sync.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, o, err := resolve(cmd, cfg, opt)
+			if err != nil {
+				return err
+			}
+			if len(axes.Replicas) == 0 || len(axes.Gateways) == 0 || len(axes.RPS) == 0 {
+				return fmt.Errorf("%w: sweep needs --replicas, --gateways and --rps", study.ErrInvalidConfig)
+			}
+			ctx := cmd.Context()
+			if opt.timeout > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, opt.timeout)
+				defer cancel()
+			}
+			start := time.Now()
+			res, runErr := des.Sweep(ctx, c, o, axes, opt.out, stderr)
+			des.WriteSweep(stdout, res, o)
+			fmt.Fprintf(stderr, "kvbench sweep: %d settings in %s; wrote %s\n", len(res), time.Since(start).Round(time.Millisecond),
+				filepath.Join(opt.out, "sweep.md"))
+			return reportErr(stderr, runErr)
+		},
+	}
+	f := cmd.Flags()
+	addStudyFlags(f, &cfg, &opt, true)
+	f.IntSliceVar(&axes.Replicas, "replicas", nil, "replica counts to sweep")
+	f.IntSliceVar(&axes.Gateways, "gateways", nil, "gateway counts to sweep")
+	f.Float64SliceVar(&axes.RPS, "rps", nil, "arrival rates to sweep (model time)")
+	f.BoolVar(&axes.ScaleInflightCap, "scale-inflight-cap", true, "scale the client in-flight cap with the rate (cap × rps / 1.6), so the cap does not throttle faster settings")
+	return cmd
 }
 
 func newRecomputeCmd(stdout io.Writer) *cobra.Command {

@@ -93,4 +93,93 @@ func TestFlagValidation(t *testing.T) {
 	_, _, err = run(t, "--quick", "--log-level", "loud", "--profile", "fast")
 	require.Error(t, err)
 	assert.True(t, strings.Contains(err.Error(), "log-level"))
+	_, _, err = run(t, "--sync-delay", "10ms")
+	require.ErrorIs(t, err, study.ErrInvalidConfig, "DES-only flag on the live engine")
+	_, _, err = run(t, "--no-sync", "--sync", "synced")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+	_, _, err = run(t, "--sync", "sometimes")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+	_, _, err = run(t, "--engine", "analog")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+	_, _, err = run(t, "sweep", "--replicas", "2")
+	require.ErrorIs(t, err, study.ErrInvalidConfig, "a sweep needs every axis")
+}
+
+func readResults(t *testing.T, dir string) (*study.Results, []byte) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, study.FileResults))
+	require.NoError(t, err)
+	var res study.Results
+	require.NoError(t, json.Unmarshal(raw, &res))
+	return &res, raw
+}
+
+// TestKvbenchSyncedAndIsolated runs one gateway, two synced gateways and
+// two isolated gateways side by side on the live engine.
+func TestKvbenchSyncedAndIsolated(t *testing.T) {
+	if testing.Short() && raceEnabled {
+		t.Skip("two gateway clusters under the race detector; skipped under -race -short")
+	}
+	dir := t.TempDir()
+	stdout, stderr, err := run(t, "--quick", "--profile", "fast", "--speed", "20", "--arrivals", "8", "--rps", "4",
+		"--max-tokens", "16", "--scenarios", "hot50", "--strategies", "prefix-cache", "--modes", "hybrid",
+		"--gateways", "1,2", "--sync", "synced,isolated", "--out", dir)
+	require.NoError(t, err, stderr)
+	assert.Contains(t, stdout, "== hot50 — hybrid · 1 gateway ==")
+	assert.Contains(t, stdout, "== hot50 — hybrid · 2 gateways, synced (shared index) ==")
+	assert.Contains(t, stdout, "== hot50 — hybrid · 2 gateways, isolated (no shared index) ==")
+	assert.Contains(t, stderr, "cells hybrid/g1,hybrid/g2,hybrid/g2-isolated")
+	assert.Contains(t, stderr, "peers settled in", "synced phases report the wait for the peers")
+
+	res, _ := readResults(t, dir)
+	require.Len(t, res.Runs, 3)
+	assert.Equal(t, []string{study.SyncSynced, study.SyncIsolated}, res.Config.Sync)
+	assert.False(t, res.Config.GatewaysIsolated)
+	var got []string
+	for _, r := range res.Runs {
+		got = append(got, r.Key().PhaseName())
+		assert.Equal(t, r.Arrivals, r.Succeeded+r.Failed)
+	}
+	assert.Equal(t, []string{"r1-hot50-prefix-cache@hybrid/g1", "r1-hot50-prefix-cache@hybrid/g2",
+		"r1-hot50-prefix-cache@hybrid/g2-isolated"}, got)
+
+	stdout, _, err = run(t, "recompute", filepath.Join(dir, study.FileRequests))
+	require.NoError(t, err)
+	assert.Contains(t, stdout, "every field matches")
+}
+
+// TestKvbenchDES runs a DES grid through the command twice (byte-identical
+// results.json) and a small sweep.
+func TestKvbenchDES(t *testing.T) {
+	args := []string{"--engine", "des", "--quick", "--arrivals", "24", "--scenarios", "warm,hot50",
+		"--gateways", "1,4", "--sync", "synced,isolated", "--sync-delay", "20ms", "--load-delay", "200ms"}
+	dirs := []string{t.TempDir(), t.TempDir()}
+	var raws [][]byte
+	for _, dir := range dirs {
+		stdout, stderr, err := run(t, append(args, "--out", dir)...)
+		require.NoError(t, err, stderr)
+		assert.Contains(t, stdout, "== hot50 — history · 4 gateways, isolated (no shared index) ==")
+		assert.Contains(t, stderr, "DES engine, delays sync 20ms load 200ms")
+		res, raw := readResults(t, dir)
+		raws = append(raws, raw)
+		assert.Equal(t, "des", res.Config.Engine)
+		require.Len(t, res.Runs, 2*3*3, "2 scenarios × 3 strategies × 3 cells")
+		for _, r := range res.Runs {
+			assert.Equal(t, 24, r.Arrivals)
+			assert.Equal(t, r.Arrivals, r.Succeeded+r.Failed)
+		}
+	}
+	assert.Equal(t, string(raws[0]), string(raws[1]), "same seed, same results.json")
+
+	dir := t.TempDir()
+	stdout, stderr, err := run(t, "sweep", "--replicas", "2,4", "--gateways", "1,2", "--rps", "1.6",
+		"--scenarios", "hot50", "--strategies", "least-request,cost", "--modes", "hybrid", "--rounds", "1",
+		"--arrivals", "16", "--out", dir)
+	require.NoError(t, err, stderr)
+	assert.Contains(t, stdout, "4 replicas × 2 gateways (synced) @ 1.6 RPS")
+	md, err := os.ReadFile(filepath.Join(dir, "sweep.md"))
+	require.NoError(t, err)
+	assert.Equal(t, 4, strings.Count(string(md), "replicas ×"), "one table per setting")
+	_, err = os.Stat(filepath.Join(dir, "r4-g2-rps1.6", study.FileResults))
+	require.NoError(t, err)
 }

@@ -7,15 +7,36 @@
 // interval, speculative TTL, stream timeouts) are scaled by the same factor
 // so that they mean the same in model time at any speed.
 //
-// Gateways share nothing with each other: a count above one measures
-// isolated gateways until replication lands.
+// Several gateways (Config.Gateways > 1) form one real cluster unless
+// Config.Isolated is set: node's cluster mode with real memberlist gossip,
+// an embedded NATS server per gateway, raft for the routing config and the
+// peer gRPC snapshot service, all on 127.0.0.1 port 0 with node's local
+// timing profile, the raft data in a temporary directory removed at Close.
+// They share the index (routing-decision deltas, KV events ingested by one
+// owner gateway per engine and republished) and per-replica load reports.
+// Start returns once every gateway is ready (joined, index bootstrapped,
+// raft config applied) and, with KV events, each engine's stream has
+// exactly one owner. World.Settle (study.Settler) waits after each
+// scenario's initialisation until every gateway's index holds the same
+// history and confirmed entries as gateway 0's. Isolated gateways share
+// nothing: the --no-sync baseline.
+//
+// Time scaling: node's per-gateway settings are scaled by the speed
+// factor; the cluster's own periods (load-report interval 100 ms, delta
+// flush 2 ms, gossip) are sync's local profile in wall time, which node
+// does not expose, so at speed S peers' load is up to S×100 ms stale in
+// model time.
 package live
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -32,8 +53,18 @@ var ErrInvalidConfig = errors.New("live: invalid config")
 type Config struct {
 	// Replicas is the number of simulated engines, named A, B, C, ...
 	Replicas int
-	// Gateways is the number of (isolated) gateways.
+	// Gateways is the number of gateways; more than one form a cluster
+	// unless Isolated is set.
 	Gateways int
+	// Isolated keeps several gateways independent: no gossip, no shared
+	// index, no load reports (the study's --no-sync baseline).
+	Isolated bool
+	// ClusterTimeout bounds, in wall time, the cluster's formation at
+	// Start and each Settle. Default 60 s.
+	ClusterTimeout time.Duration
+	// SettlePoll is how often Settle compares the gateways' indexes (wall
+	// time). Default 2 ms.
+	SettlePoll time.Duration
 	// Mode is the gateways' index mode: history, kv-events or hybrid.
 	Mode string
 	// Profile is the simulators' step-time profile (sim.LookupProfile).
@@ -73,6 +104,8 @@ func DefaultConfig() Config {
 		EngineBlockSize: 16,
 		EngineTokens:    200_000,
 		Tokenizer:       "tiktoken",
+		ClusterTimeout:  60 * time.Second,
+		SettlePoll:      2 * time.Millisecond,
 	}
 }
 
@@ -87,6 +120,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: speed must be > 0", ErrInvalidConfig)
 	case c.Model == "":
 		return fmt.Errorf("%w: no model name", ErrInvalidConfig)
+	case c.ClusterTimeout <= 0 || c.SettlePoll <= 0:
+		return fmt.Errorf("%w: cluster timeout and settle poll must be > 0", ErrInvalidConfig)
 	case c.EngineBlockSize < 1 || c.EngineTokens < c.EngineBlockSize:
 		return fmt.Errorf("%w: engine block size %d / tokens %d", ErrInvalidConfig, c.EngineBlockSize, c.EngineTokens)
 	}
@@ -104,15 +139,22 @@ func (c *Config) Validate() error {
 // World is one cell's running engines and gateways; it is a study.Engine.
 type World struct {
 	*httpenv.Env
-	sims  []*sim.Server
-	nodes []*node.Node
-	once  sync.Once
+	cfg     Config
+	sims    []*sim.Server
+	nodes   []*node.Node
+	names   []string // replica names, in order
+	dataDir string   // raft data of a cluster ("" otherwise)
+	once    sync.Once
 }
 
 var (
 	_ study.Engine      = (*World)(nil)
 	_ study.HostChecker = (*World)(nil)
+	_ study.Settler     = (*World)(nil)
 )
+
+// Clustered reports whether the World's gateways form a cluster.
+func (c *Config) Clustered() bool { return c.Gateways > 1 && !c.Isolated }
 
 // scaled returns model-time d as wall time at speed, but at least floor.
 func scaled(d time.Duration, speed float64, floor time.Duration) time.Duration {
@@ -131,7 +173,7 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 	}
 	prof, _ := sim.LookupProfile(cfg.Profile)
 	events := cfg.Mode != "history"
-	w := &World{}
+	w := &World{cfg: cfg}
 	fail := func(err error) (*World, error) {
 		_ = w.shutdown()
 		return nil, err
@@ -171,11 +213,36 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 			rc.ReplayEndpoint = s.KVReplayAddr()
 		}
 		replicas = append(replicas, rc)
+		w.names = append(w.names, name)
 		endpoints = append(endpoints, httpenv.Endpoint{Name: name, URL: s.URL()})
 	}
 	var gateways []string
+	var clusterName, token string
+	if cfg.Clustered() {
+		dir, err := os.MkdirTemp("", "kvbench-cluster-")
+		if err != nil {
+			return fail(fmt.Errorf("live: cluster data dir: %w", err))
+		}
+		w.dataDir = dir
+		var b [12]byte
+		_, _ = rand.Read(b[:])
+		clusterName = "kvbench-" + hex.EncodeToString(b[:4])
+		token = hex.EncodeToString(b[4:])
+	}
 	for g := range cfg.Gateways {
 		nc := node.LocalConfig()
+		if cfg.Clustered() {
+			nc.Cluster.Enabled = true
+			nc.Cluster.Name = clusterName
+			nc.Cluster.NodeID = fmt.Sprintf("gw%d", g)
+			nc.Cluster.DataDir = filepath.Join(w.dataDir, nc.Cluster.NodeID)
+			nc.Cluster.BootstrapExpect = cfg.Gateways
+			nc.Cluster.AdminToken = token
+			nc.Cluster.StartTimeout = cfg.ClusterTimeout
+			if g > 0 {
+				nc.Cluster.Join = []string{w.nodes[0].Cluster().GossipAddr()}
+			}
+		}
 		nc.Models = []node.ModelConfig{{Name: cfg.Model, Replicas: replicas}}
 		nc.IndexMode = cfg.Mode
 		if events {
@@ -206,6 +273,11 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 		}
 		w.nodes = append(w.nodes, n)
 		gateways = append(gateways, "http://"+n.HTTPAddr())
+	}
+	if cfg.Clustered() {
+		if err := w.waitCluster(ctx); err != nil {
+			return fail(err)
+		}
 	}
 	ec := httpenv.DefaultConfig()
 	ec.Engines = endpoints
@@ -293,6 +365,9 @@ func (w *World) shutdown() error {
 	for _, s := range w.sims {
 		errs = append(errs, s.Shutdown(ctx))
 	}
+	if w.dataDir != "" {
+		errs = append(errs, os.RemoveAll(w.dataDir))
+	}
 	return errors.Join(errs...)
 }
 
@@ -304,6 +379,7 @@ func Factory(base Config) study.EngineFactory {
 		c.Mode = cell.Mode
 		c.Gateways = cell.Gateways
 		c.Replicas = cell.Replicas
+		c.Isolated = cell.Isolated
 		return Start(ctx, c)
 	}
 }

@@ -3,9 +3,12 @@ package live_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/chaos/study/live"
+	"github.com/kvmesh/kvmesh/index"
 )
 
 func TestMain(m *testing.M) {
@@ -138,4 +142,144 @@ func TestWorldStartsAndClosesCleanly(t *testing.T) {
 	bad.Mode = "gossip"
 	_, err = live.Start(context.Background(), bad)
 	assert.ErrorIs(t, err, live.ErrInvalidConfig)
+}
+
+// TestClusterSettle starts three clustered gateways in hybrid mode, lets a
+// routed request through gateway 0 and direct engine traffic establish
+// state, and checks that Settle returns only once every gateway's index
+// holds the same history and confirmed entries.
+func TestClusterSettle(t *testing.T) {
+	lc := live.DefaultConfig()
+	lc.Profile = "fast"
+	lc.Speed = 50
+	lc.Mode = "hybrid"
+	lc.Gateways = 3
+	ctx := context.Background()
+	w, err := live.Start(ctx, lc)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close()) }()
+	for _, n := range w.Nodes() {
+		require.NotNil(t, n.Cluster(), "clustered gateways run sync")
+		assert.Len(t, n.Cluster().Members(), 3)
+	}
+	d := study.Document{Number: 0, Salt: study.Salt(7, "settle", 0, 0)}
+	outs, err := study.Do(ctx, w,
+		study.Request{Prompt: d.Prompt(1), MaxTokens: 2, Target: study.Target{Gateway: 0, Strategy: "prefix-cache"}},
+		study.Request{Prompt: d.Prompt(2), MaxTokens: 2, Target: study.Target{Direct: true, Replica: 0}},
+		study.Request{Prompt: d.Prompt(3), MaxTokens: 2, Target: study.Target{Direct: true, Replica: 1}})
+	require.NoError(t, err)
+	for _, o := range outs {
+		require.True(t, study.Complete(o, 2), o.Err)
+	}
+	require.NoError(t, w.WaitIdle(ctx))
+	require.NoError(t, w.Settle(ctx))
+	for _, name := range w.Replicas() {
+		var want []index.BlockKey
+		for i, n := range w.Nodes() {
+			id, ok := n.ReplicaID(name)
+			require.True(t, ok)
+			got := n.Index().AppendReplicaKeys(nil, id, index.Confirmed)
+			slices.Sort(got)
+			if i == 0 {
+				want = got
+				assert.NotEmpty(t, want, "engine %s's KV events reached gateway 0", name)
+				continue
+			}
+			assert.Equal(t, want, got, "gateway %d's confirmed entries for %s", i, name)
+		}
+	}
+}
+
+// TestIsolatedGatewaysShareNothing: with Isolated, several gateways run
+// standalone and Settle has nothing to wait for.
+func TestIsolatedGatewaysShareNothing(t *testing.T) {
+	lc := live.DefaultConfig()
+	lc.Profile = "fast"
+	lc.Speed = 50
+	lc.Gateways = 2
+	lc.Isolated = true
+	w, err := live.Start(context.Background(), lc)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close()) }()
+	for _, n := range w.Nodes() {
+		assert.Nil(t, n.Cluster())
+	}
+	require.NoError(t, w.Settle(context.Background()))
+}
+
+// TestLiveClusterGrid runs a small grid with one gateway, three synced
+// gateways and three isolated gateways, and checks results.json's
+// invariants and the cells' labels.
+func TestLiveClusterGrid(t *testing.T) {
+	if testing.Short() && raceEnabled {
+		t.Skip("three clusters of three gateways under the race detector; skipped under -race -short")
+	}
+	cfg, lc := tinyConfig()
+	cfg.Scenarios = []string{study.ScenarioWarm, study.ScenarioHot50}
+	cfg.Strategies = []string{"prefix-cache", "cost"}
+	cfg.Modes = []string{"hybrid"}
+	cfg.Gateways = []int{1, 3}
+	cfg.Sync = []string{study.SyncSynced, study.SyncIsolated}
+	cfg.Arrivals = 8
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rn := &study.Runner{Config: cfg, Factory: live.Factory(lc)}
+	start := time.Now()
+	res, err := rn.Run(ctx)
+	require.NoError(t, err)
+	t.Logf("cluster grid: %d runs in %s", len(res.Runs), time.Since(start).Round(time.Millisecond))
+
+	cells := map[string]int{}
+	for _, p := range res.Phases {
+		require.True(t, p.Measured, "%s: %s", p.Name, p.Error)
+		if p.Gateways == 3 && !p.Isolated {
+			assert.Greater(t, p.SettleMS, 0.0, "%s: synced phases wait for the peers", p.Name)
+		}
+	}
+	require.Len(t, res.Runs, 3*len(cfg.Scenarios)*len(cfg.Strategies), "three cells: g1, g3 synced, g3 isolated")
+	for _, r := range res.Runs {
+		name := r.Key().PhaseName()
+		cells[fmt.Sprintf("g%d isolated=%v", r.Gateways, r.Isolated)]++
+		assert.Equal(t, r.Arrivals, r.Succeeded+r.Failed, name)
+		assert.Equal(t, r.Arrivals, r.Succeeded, "%s: nothing fails on an idle fast engine", name)
+		assert.False(t, math.IsNaN(float64(r.TokenHitRate)), name)
+		sum := 0
+		for _, c := range r.PerReplica {
+			sum += c
+		}
+		assert.Equal(t, r.Succeeded, sum, name)
+		if r.Gateways == 3 {
+			assert.Equal(t, r.Isolated, strings.HasSuffix(name, "-isolated"), name)
+		}
+	}
+	assert.Equal(t, map[string]int{"g1 isolated=false": 4, "g3 isolated=false": 4, "g3 isolated=true": 4}, cells)
+	// Gateways are used round-robin: every gateway served arrivals.
+	gws := map[string]map[int]bool{}
+	for _, rec := range res.Requests {
+		k := fmt.Sprintf("g%d/%v", rec.Gateways, rec.Isolated)
+		if gws[k] == nil {
+			gws[k] = map[int]bool{}
+		}
+		gws[k][rec.Gateway] = true
+	}
+	assert.Len(t, gws["g3/false"], 3)
+	assert.Len(t, gws["g3/true"], 3)
+
+	var md strings.Builder
+	study.WriteTables(&md, res)
+	out := md.String()
+	assert.Contains(t, out, "hot50 — hybrid · 1 gateway")
+	assert.Contains(t, out, "hot50 — hybrid · 3 gateways, synced (shared index)")
+	assert.Contains(t, out, "hot50 — hybrid · 3 gateways, isolated (no shared index)")
+
+	dir := t.TempDir()
+	require.NoError(t, study.WriteFiles(dir, res))
+	f, err := os.Open(filepath.Join(dir, study.FileRequests))
+	require.NoError(t, err)
+	recs, err := study.ReadRequests(f)
+	require.NoError(t, f.Close())
+	require.NoError(t, err)
+	back, diffs := study.Recompute(recs, cfg.SLO, res)
+	assert.Empty(t, diffs)
+	assert.Len(t, back.Runs, len(res.Runs), "isolated and synced phases stay apart offline")
 }

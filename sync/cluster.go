@@ -125,17 +125,18 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "sync", "node", cfg.NodeName)
-	c := &Cluster{cfg: cfg, deps: deps, log: log, m: newMetrics(),
+	c := &Cluster{cfg: cfg, deps: deps, log: log,
 		origin:  cfg.NodeName + "#" + strconv.FormatInt(time.Now().UnixNano(), 36),
 		kick:    make(chan struct{}, 1),
 		digests: make(map[string]digestEntry),
 		behind:  make(map[string]lag),
 	}
+	c.m = newMetrics(func() bool { return c.bus.connected() })
+	c.bus = newBus(cfg, log)
 	if err := c.m.register(deps.Registerer); err != nil {
 		return nil, err
 	}
 	c.ms = newMembership(cfg, log, c.m, c.onGossip)
-	c.bus = newBus(cfg, log, c.m)
 	c.ap = newApplier(c)
 	c.peers = newPeerLoad(cfg.LoadTTL)
 	c.own = newOwners(c)
@@ -193,7 +194,7 @@ func (c *Cluster) start(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := c.bus.connect(nil); err != nil {
+	if err := c.bus.connect(); err != nil {
 		return err
 	}
 	subs := []struct {

@@ -22,12 +22,14 @@ type metrics struct {
 	bootstraps       *prometheus.CounterVec // {result}
 	ownerChanges     prometheus.Counter
 	owned            prometheus.Gauge
-	natsConnected    prometheus.Gauge
+	natsConnected    prometheus.GaugeFunc
 	repairs          *prometheus.CounterVec // {result}
 	peerLoadReports  prometheus.Gauge
 }
 
-func newMetrics() *metrics {
+// newMetrics builds the metrics; natsUp reports the NATS connection's
+// state at scrape time.
+func newMetrics(natsUp func() bool) *metrics {
 	const ns, sub = "kvmesh", "sync"
 	return &metrics{
 		members: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
@@ -66,8 +68,18 @@ func newMetrics() *metrics {
 			Name: "kv_owner_changes_total", Help: "KV-event sources this gateway started or stopped owning."}),
 		owned: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "kv_owned_sources", Help: "KV-event sources this gateway currently ingests."}),
-		natsConnected: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-			Name: "nats_connected", Help: "1 while the NATS connection is up, else 0 (deltas fall back to gossip)."}),
+		// Read from the connection at scrape time, not set from nats.go's
+		// asynchronous callbacks: those run later than the state change
+		// (and may interleave with Start), so a set gauge could disagree
+		// with what the publisher sees, or stay stale.
+		natsConnected: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "nats_connected", Help: "1 while the NATS connection is up, else 0 (deltas fall back to gossip)."},
+			func() float64 {
+				if natsUp() {
+					return 1
+				}
+				return 0
+			}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "antientropy_repairs_total", Help: "Anti-entropy repairs (snapshot pulls after drift) by result."},
 			[]string{"result"}),

@@ -57,19 +57,17 @@ func subjectToken(s string) string {
 type bus struct {
 	cfg  Config
 	log  *slog.Logger
-	m    *metrics
 	subj subjects
 
-	mu       sync.Mutex
-	srv      *server.Server
-	opts     *server.Options // as built at first start, with resolved ports
-	routes   map[string]*url.URL
-	nc       *nats.Conn
-	onChange func(connected bool)
+	mu     sync.Mutex
+	srv    *server.Server
+	opts   *server.Options // as built at first start, with resolved ports
+	routes map[string]*url.URL
+	nc     *nats.Conn
 }
 
-func newBus(cfg Config, log *slog.Logger, m *metrics) *bus {
-	return &bus{cfg: cfg, log: log.With("component", "nats"), m: m, subj: newSubjects(cfg.ClusterName),
+func newBus(cfg Config, log *slog.Logger) *bus {
+	return &bus{cfg: cfg, log: log.With("component", "nats"), subj: newSubjects(cfg.ClusterName),
 		routes: make(map[string]*url.URL)}
 }
 
@@ -235,10 +233,9 @@ func (b *bus) numRemotes() int {
 	return b.srv.NumRemotes()
 }
 
-// connect opens the client connection. It reconnects forever; onChange
-// learns every transition (from nats.go's callback goroutine).
-func (b *bus) connect(onChange func(bool)) error {
-	b.onChange = onChange
+// connect opens the client connection. It reconnects forever; connected
+// reports the state (the kvmesh_sync_nats_connected gauge reads it).
+func (b *bus) connect() error {
 	wait := 250 * time.Millisecond
 	if b.cfg.GossipProfile == ProfileLocal {
 		wait = 50 * time.Millisecond
@@ -258,14 +255,10 @@ func (b *bus) connect(onChange func(bool)) error {
 		nats.ReconnectBufSize(1<<20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			b.log.Warn("NATS disconnected", "err", err)
-			b.setConnected(false)
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) {
 			b.log.Info("NATS reconnected")
-			b.setConnected(true)
 		}),
-		nats.ConnectHandler(func(*nats.Conn) { b.setConnected(true) }),
-		nats.ClosedHandler(func(*nats.Conn) { b.setConnected(false) }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			b.log.Warn("NATS async error", "err", err)
 		}),
@@ -276,21 +269,7 @@ func (b *bus) connect(onChange func(bool)) error {
 	b.mu.Lock()
 	b.nc = nc
 	b.mu.Unlock()
-	if nc.IsConnected() {
-		b.setConnected(true)
-	}
 	return nil
-}
-
-func (b *bus) setConnected(up bool) {
-	if up {
-		b.m.natsConnected.Set(1)
-	} else {
-		b.m.natsConnected.Set(0)
-	}
-	if b.onChange != nil {
-		b.onChange(up)
-	}
 }
 
 func (b *bus) conn() *nats.Conn {

@@ -25,8 +25,9 @@ const (
 type KVSource struct {
 	// Replica is the engine's cluster-wide name (the index replica name).
 	Replica string
-	// Model is the model the engine serves; with a LoRA name from an event
-	// it gives that event's root key (Hasher.Root(Model, lora, "")).
+	// Model is the model the engine serves; with the LoRA name and cache
+	// salt of a parentless event it gives that event's root key
+	// (Hasher.Root(Model, lora, salt), as kvevents.StoredForIndex does).
 	Model string
 	// Endpoint is the engine's ZMQ PUB address, dialled by the owner
 	// (tcp://10.0.0.5:5557). Engines whose publisher connects to a bound

@@ -115,7 +115,9 @@
 // detection time (about a second with LocalConfig, a few seconds on the LAN
 // profile; at once on a graceful leave). The owner runs the engine's
 // kvevents.Subscriber (sequence tracking, replay, resets), normalizes each
-// batch (GPU tier only, LoRA roots resolved, engine hashes and token ids
+// batch with kvevents.StoredForIndex and RemovedForIndex (GPU tier only;
+// roots of LoRA and cache-salted sequences resolved from KVSource.Model;
+// multimodal and other opaque blocks dropped; engine hashes and token ids
 // kept), applies it to its own index and publishes it with the engine's
 // sequence number and clock. Every gateway applies a replica's batches in
 // seq order, idempotently: a seq at or below the last applied one is a

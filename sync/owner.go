@@ -160,10 +160,6 @@ type ownerHandler struct {
 
 var _ kvevents.Handler = (*ownerHandler)(nil)
 
-// gpuTier: events of other media (CPU, disk offload) are another tier the
-// index does not track.
-func gpuTier(medium string) bool { return medium == "" || medium == "GPU" || medium == "gpu" }
-
 // HandleBatch implements kvevents.Handler.
 func (h *ownerHandler) HandleBatch(replica string, seq kvevents.Seq, b *kvevents.Batch) {
 	kb := &h.batch
@@ -173,22 +169,22 @@ func (h *ownerHandler) HandleBatch(replica string, seq kvevents.Seq, b *kvevents
 		ev := &b.Events[i]
 		switch ev.Kind {
 		case kvevents.KindBlockStored:
-			st := ev.Stored
-			if st == nil || !gpuTier(st.Medium) {
+			// One place decides the medium, the root (LoRA, cache salt)
+			// and which blocks are indexable, exactly as the gateway keys
+			// requests. nil: each event gets its own hash slice, since kb
+			// keeps them until it is published.
+			sb, ok := kvevents.StoredForIndex(h.hasher, h.src.Model, ev.Stored, nil)
+			if !ok {
 				continue
 			}
-			out := KVEvent{Kind: ev.Kind, Hashes: engineHashes(st.BlockHashes), ParentHash: uint64(st.ParentBlockHash),
-				HasParent: st.HasParent, BlockTokens: st.BlockSize, Tokens: st.TokenIDs}
-			if st.LoRAName != "" {
-				out.Root, out.HasRoot = h.hasher.Root(h.src.Model, st.LoRAName, ""), true
-			}
-			kb.Events = append(kb.Events, out)
+			kb.Events = append(kb.Events, KVEvent{Kind: ev.Kind, Hashes: sb.Hashes, ParentHash: sb.ParentHash,
+				HasParent: sb.HasParent, BlockTokens: sb.BlockTokens, Tokens: sb.Tokens, Root: sb.Root, HasRoot: sb.HasRoot})
 		case kvevents.KindBlockRemoved:
-			rm := ev.Removed
-			if rm == nil || !gpuTier(rm.Medium) {
+			hs, ok := kvevents.RemovedForIndex(ev.Removed, nil)
+			if !ok {
 				continue
 			}
-			kb.Events = append(kb.Events, KVEvent{Kind: ev.Kind, Hashes: engineHashes(rm.BlockHashes)})
+			kb.Events = append(kb.Events, KVEvent{Kind: ev.Kind, Hashes: hs})
 		case kvevents.KindAllBlocksCleared:
 			kb.Events = append(kb.Events, KVEvent{Kind: ev.Kind})
 		}
@@ -218,13 +214,4 @@ func (h *ownerHandler) publish(kb *KVBatch) {
 		return
 	}
 	h.c.m.published.WithLabelValues("kv", "nats").Inc()
-}
-
-// engineHashes converts engine hashes to the index's uint64s.
-func engineHashes(hs []kvevents.EngineHash) []uint64 {
-	out := make([]uint64, len(hs))
-	for i, h := range hs {
-		out[i] = uint64(h)
-	}
-	return out
 }

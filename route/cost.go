@@ -1,10 +1,14 @@
 package route
 
-import "math"
+import (
+	"math"
+	"sync/atomic"
+)
 
 // Cost is kvmesh's own strategy: it estimates each candidate's time to
-// first token for this request and picks the minimum (ties: fewer in-flight,
-// then uniformly at random).
+// first token for this request, adds the delay the request would impose on
+// others there, and picks the smallest such cost; candidates within one
+// decode step of the smallest are near-ties (see Pick).
 //
 // For a candidate with learned prefill time per token p, decode step time
 // d and output length L (see Model), the estimate is
@@ -16,11 +20,18 @@ import "math"
 //   - outstanding N = max(InFlight, Running+Waiting): the load view is
 //     partly stale, and requests this gateway (or a peer) sent that the
 //     engine has not reported yet are ahead of this one all the same;
-//   - capacity C = CostConfig.MaxRunning, or Running when the engine reports
-//     waiting requests or KV usage ≥ KVSaturation (its running set is full),
-//     unbounded otherwise; if N ≥ C this request waits for N−C+1 slots to
-//     free, one every L·d/C seconds (a running request holds its slot for
-//     about L decode steps): slot wait = (N−C+1)·L·d/C;
+//   - capacity C: the running-set size, as far as the model knows it (see
+//     capacity: CostConfig.MaxRunning, KV saturation, or learned from
+//     scrapes showing requests waiting that prefill does not explain);
+//     unbounded when unknown;
+//   - slot wait: from N+1 ≥ C (this request would take the last free slot
+//     or find none) it waits for N−C+2 slots to free, one every L·d/C
+//     seconds (a running request holds its slot for about L decode steps):
+//     (N−C+2)·L·d/C. Charging the last free slot as one wait hedges the
+//     stale load view (the next arrival, often of the same hot prefix,
+//     finds the replica full). L is at least this request's max_tokens,
+//     the freshest sample of what clients ask for (the learned mean lags a
+//     change of workload by a stream's lifetime);
 //   - queued prefill = QueuedPrefillTokens·p: prompt work this gateway sent
 //     there that has not produced a first token yet;
 //   - own prefill = uncached·p, uncached = (TotalBlocks−Matched)·BlockTokens
@@ -31,9 +42,16 @@ import "math"
 //     nearly independent of R) plus R tokens of compute (R·p):
 //     ceil((queued+uncached)/ChunkTokens)·(d + R·p).
 //
-// Everything but own prefill and overhead is returned as
+// The delay imposed on others counts only at a replica whose running set
+// is full (N+1 ≥ C): about as many requests will queue behind this one as
+// wait ahead of it, and each also waits for its own prefill, so the cost is
+// TTFT + (N−C+2)·own prefill. Recomputing a prefix on a saturated replica
+// thus costs the whole queue there, not just this request, while joining
+// the queue of the replica that holds it costs only this request's wait.
+//
+// Everything in TTFT but own prefill and overhead is returned as
 // Decision.EstimatedQueue, which the caller passes back in
-// Observation.QueueSeconds.
+// Observation.QueueSeconds; Decision.EstimatedTTFT is the TTFT alone.
 //
 // It keeps locality while the replica holding the prefix can start soon
 // (its estimate saves the recompute), and spreads a hot prefix to a replica
@@ -58,26 +76,33 @@ func (c *Cost) Name() string { return NameCost }
 // Model returns the model the strategy reads.
 func (c *Cost) Model() *Model { return c.model }
 
-// estimate returns the estimated TTFT and its queueing part for cand.
-func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates) (ttft, queue float64) {
+// estimate returns the estimated TTFT of req on cand, its queueing part,
+// the cost Pick ranks by (TTFT plus the delay imposed on others) and the
+// outstanding request count n. sv is what the model learned of cand's
+// running set, nil if nothing yet.
+func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotView) (ttft, queue, cost float64, n int) {
 	cfg := &c.model.cfg
-	n := cand.InFlight
+	n = max(cand.InFlight, 0)
 	if cand.Running >= 0 && cand.Waiting >= 0 {
 		n = max(n, cand.Running+cand.Waiting)
 	}
-	capacity := math.MaxInt
-	if cfg.MaxRunning > 0 {
-		capacity = cfg.MaxRunning
-	}
-	if cand.Running > 0 && (cand.Waiting > 0 || (cand.KVUsage >= cfg.KVSaturation)) {
-		capacity = min(capacity, cand.Running)
-	}
-	slotWait := 0.0
-	if n >= capacity {
-		slotWait = float64(n-capacity+1) * r.outputTokens * r.decodeStep / float64(capacity)
-	}
-	uncached := req.UncachedTokens(cand.Matched)
 	queued := max(cand.QueuedPrefillTokens, 0)
+	capacity := c.capacity(cand, queued, sv)
+	// full > 0: this request would take the last free slot (full = 1) or
+	// wait for full−1 slots to free.
+	full := 0.0
+	if capacity != math.MaxInt && n >= capacity-1 {
+		full = float64(n) - float64(capacity) + 2
+	}
+	hold := r.outputTokens
+	if req.MaxTokens > 0 {
+		if !r.known {
+			hold = float64(req.MaxTokens)
+		}
+		hold = max(hold, float64(req.MaxTokens))
+	}
+	slotWait := full * hold * r.decodeStep / float64(capacity)
+	uncached := req.UncachedTokens(cand.Matched)
 	queuedPrefill := float64(queued) * r.prefillSecPerToken
 	own := float64(uncached) * r.prefillSecPerToken
 	stretch := 0.0
@@ -86,36 +111,159 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates) (ttft, qu
 		stretch = float64(chunks) * (r.decodeStep + float64(running)*r.prefillSecPerToken)
 	}
 	queue = slotWait + queuedPrefill + stretch
-	return cfg.PrefillOverheadSeconds + queue + own, queue
+	ttft = cfg.PrefillOverheadSeconds + queue + own
+	return ttft, queue, ttft + full*own, n
 }
 
-// Pick returns the candidate with the smallest estimated TTFT.
+// capacity returns the number of sequences cand can run at once as far as
+// the model knows (math.MaxInt when unknown), the smallest of:
+//
+//   - CostConfig.MaxRunning when configured;
+//   - the running-set size learned for this replica, else the largest
+//     learned for any replica of the model (replicas of one pool usually
+//     run one engine configuration);
+//   - Running when the engine reports KV usage ≥ KVSaturation;
+//   - Running when the engine reports waiting requests that prefill cannot
+//     explain: fewer than ChunkTokens of this gateway's prefill are queued
+//     there (with chunked prefill a request also waits while another's
+//     prompt takes the step's token budget, and its slot is not the limit
+//     then), and Running is the most the replica was ever seen running.
+//     The model learns that figure as the replica's running-set size, so
+//     it applies before the next scrape shows the replica full again.
+//
+// Waiting alone does not mean full: a request that arrived since the last
+// engine step, or one held back by another's prefill, waits too, and
+// taking Running as the capacity then (as a replica running 1 with 1
+// waiting) would put a slot wait of whole streams on a replica that is
+// about to admit it.
+func (c *Cost) capacity(cand *Candidate, queued int, sv *slotView) int {
+	cfg := &c.model.cfg
+	capacity := math.MaxInt
+	if cfg.MaxRunning > 0 {
+		capacity = cfg.MaxRunning
+	}
+	full := int(c.model.poolFull.Load())
+	if sv != nil {
+		if f := int(sv.full.Load()); f > 0 {
+			full = f
+		}
+	}
+	if full > 0 {
+		capacity = min(capacity, full)
+	}
+	if cand.Running <= 0 {
+		return capacity
+	}
+	if cand.KVUsage >= cfg.KVSaturation || c.seenFull(cand, queued, sv) {
+		capacity = min(capacity, cand.Running)
+	}
+	return capacity
+}
+
+// seenFull reports whether cand's scrape shows its running set full:
+// requests wait that prefill does not explain, at the most the replica
+// was ever seen running (see capacity).
+func (c *Cost) seenFull(cand *Candidate, queued int, sv *slotView) bool {
+	peak := cand.Running
+	if sv != nil {
+		peak = max(peak, int(sv.peak.Load()))
+	}
+	return cand.Running > 0 && cand.Waiting > 0 && queued < c.model.cfg.ChunkTokens && cand.Running >= peak
+}
+
+// learn folds cand's scraped running count into what the model knows of
+// its running set: the peak, and the running-set size when the scrape
+// shows it full. It only raises maxima, so repeating a Pick over the same
+// candidates learns nothing new and repeats the decision.
+func (c *Cost) learn(cand *Candidate, sv *slotView) {
+	if cand.Running <= 0 {
+		return
+	}
+	run := int32(min(cand.Running, math.MaxInt32))
+	if sv != nil {
+		storeMax(&sv.peak, run)
+	}
+	if c.seenFull(cand, max(cand.QueuedPrefillTokens, 0), sv) {
+		if sv != nil {
+			storeMax(&sv.full, run)
+		}
+		storeMax(&c.model.poolFull, run)
+	}
+}
+
+// storeMax raises a to v if v is larger and returns the resulting value.
+func storeMax(a *atomic.Int32, v int32) int32 {
+	for {
+		cur := a.Load()
+		if v <= cur {
+			return cur
+		}
+		if a.CompareAndSwap(cur, v) {
+			return v
+		}
+	}
+}
+
+// Pick returns the candidate with the smallest cost. Costs within one
+// decode step of the smallest (the learned d of that candidate) are
+// near-ties: an engine admits work at step boundaries and the load view is
+// a scrape old, so the estimate cannot tell them apart. Among near-ties it
+// prefers the fewest prefill chunks left to compute (locality that saves
+// whole chunks keeps the cache hit rate), then the fewest outstanding
+// requests (near-equal replicas share the load, so none fills its running
+// set while another idles), then the smaller cost, then uniformly at
+// random.
 func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision {
 	if explain != nil {
 		explain.begin(NameCost, req, cands)
-		explain.ScoreUnit = "estimated_ttft_seconds"
+		explain.ScoreUnit = "estimated_cost_seconds"
 	}
-	best, ties, bestMatch := -1, 0, 0
-	var bestTTFT, bestQueue float64
+	chunk := c.model.cfg.ChunkTokens
 	c.model.mu.RLock()
+	for i := range cands {
+		c.learn(&cands[i], c.model.slot(cands[i].ID))
+	}
+	// Pass 1: the smallest cost and the near-tie bound above it.
+	minCost, tolerance, bestMatch := math.Inf(1), 0.0, 0
 	for i := range cands {
 		cand := &cands[i]
 		bestMatch = max(bestMatch, min(cand.Matched, req.TotalBlocks))
-		ttft, queue := c.estimate(req, cand, c.model.rate(cand.ID))
+		r := c.model.rate(cand.ID)
+		_, _, cost, _ := c.estimate(req, cand, r, c.model.slot(cand.ID))
 		if explain != nil {
-			explain.Replicas[i].Score = ttft
+			explain.Replicas[i].Score = cost
 		}
+		if cost < minCost {
+			minCost, tolerance = cost, r.decodeStep
+		}
+	}
+	bound := minCost + tolerance
+	// Pass 2: among the near-ties, fewest chunks, then fewest outstanding.
+	best, ties, bestChunks, bestN := -1, 0, 0, 0
+	var bestTTFT, bestQueue, bestCost float64
+	for i := range cands {
+		cand := &cands[i]
+		ttft, queue, cost, n := c.estimate(req, cand, c.model.rate(cand.ID), c.model.slot(cand.ID))
+		if !(cost <= bound) {
+			continue
+		}
+		chunks := max(1, (req.UncachedTokens(cand.Matched)+chunk-1)/chunk)
 		switch {
-		case best < 0 || ttft < bestTTFT || (ttft == bestTTFT && cand.InFlight < cands[best].InFlight):
-			best, ties, bestTTFT, bestQueue = i, 1, ttft, queue
-		case ttft == bestTTFT && cand.InFlight == cands[best].InFlight:
+		case best < 0 || chunks < bestChunks ||
+			(chunks == bestChunks && (n < bestN || (n == bestN && cost < bestCost))):
+			best, ties = i, 1
+			bestChunks, bestN, bestCost, bestTTFT, bestQueue = chunks, n, cost, ttft, queue
+		case chunks == bestChunks && n == bestN && cost == bestCost:
 			ties++
 			if rng.IntN(ties) == 0 {
-				best, bestQueue = i, queue
+				best, bestTTFT, bestQueue = i, ttft, queue
 			}
 		}
 	}
 	c.model.mu.RUnlock()
+	if best < 0 { // every cost NaN: cannot happen with validated rates
+		best = 0
+	}
 
 	d := Decision{Index: best, Selection: SelectionCostLocality, EstimatedTTFT: bestTTFT, EstimatedQueue: bestQueue}
 	switch {
@@ -125,6 +273,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		d.Selection = SelectionCostSpread
 	}
 	if explain != nil {
+		explain.Bound = bound
 		explain.finish(cands, d)
 	}
 	return d

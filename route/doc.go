@@ -8,6 +8,9 @@
 // and never reads the clock (Request.Now carries time). Every random choice
 // comes from the *Rand passed to Pick, so given the same inputs and seed a
 // strategy makes the same decision; golden traces in testdata/ rely on it.
+// The cost strategy's decision also depends on its Model, which learns
+// from Observe and, in Pick, the running-set sizes the scraped load shows
+// (maxima only, so repeating a Pick repeats its decision).
 //
 // Inputs are numbers, not index state: the caller matches the prompt's
 // block keys against the index and fills one Candidate per healthy replica
@@ -21,7 +24,8 @@
 // Concurrency: every Strategy may be called concurrently. A *Rand and an
 // *Explanation must not be shared between concurrent Picks. Model.Observe
 // may be called from any goroutine (it takes a write lock); the cost
-// strategy reads the model under one read lock per Pick. ConsistentHash's
+// strategy reads the model under one read lock per Pick and raises its
+// running-set figures with atomic operations. ConsistentHash's
 // ring is rebuilt only when membership changes (SetMembers, or once when
 // Pick meets an unknown candidate) and swapped atomically.
 //
@@ -39,8 +43,10 @@
 //   - consistent-hash: ring with virtual nodes, bounded-load spillover
 //     (ConsistentHash, Ring).
 //   - cost: estimated TTFT from queued prefill, this request's uncached
-//     prefill, decode interference and slot wait, with per-replica rates
-//     learned online (Cost, Model).
+//     prefill, decode interference and slot wait, plus the delay a
+//     recompute imposes on a full replica's queue, with per-replica rates
+//     and running-set sizes learned online; near-ties go to locality, then
+//     to the less loaded (Cost, Model).
 //
 // Set holds one of each, built from a Config (DefaultConfig + Validate).
 //

@@ -61,7 +61,8 @@ type Explanation struct {
 	LoadImbalanced bool `json:"load_imbalanced,omitempty"`
 	// Bound is the strategy's load bound when it has one: prefix-cache's
 	// mean + k·stddev of in-flight counts, consistent-hash's per-replica
-	// capacity.
+	// capacity, cost's near-tie bound (candidates scoring at most Bound
+	// are near-ties).
 	Bound float64 `json:"bound,omitempty"`
 	// ScoreUnit says what ExplainedReplica.Score measures.
 	ScoreUnit string `json:"score_unit,omitempty"`
@@ -81,7 +82,9 @@ type ExplainedReplica struct {
 	Waiting       int             `json:"waiting"`
 	KVUsage       float64         `json:"kv_usage"`
 	// Score is the strategy's figure for this candidate (see
-	// Explanation.ScoreUnit): cost's estimated TTFT in seconds,
+	// Explanation.ScoreUnit): cost's estimated TTFT plus the delay the
+	// request would impose on others there, in seconds (Bound is its
+	// near-tie bound),
 	// prefix-cache's match percent, consistent-hash's ring order.
 	Score float64 `json:"score"`
 	// Filtered says why the candidate was set aside, if it was.

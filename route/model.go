@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/index"
 )
@@ -12,9 +13,13 @@ import (
 // what the model assumes about a replica until observations replace them.
 type CostConfig struct {
 	// PriorPrefillTokensPerSecond is the assumed prefill throughput of a
-	// replica with no observations. Default 8000 tokens/s (a ~30B dense
-	// model in FP8 on one L20/L40-class GPU prefills a 4K-token prompt in
-	// roughly half a second).
+	// replica with no observations. Default 3000 tokens/s: prefill is
+	// compute-bound at about 2·parameters FLOPs per token, so a ~30B dense
+	// model in FP8 on one L20/L40-class GPU (~120–180 dense FP8 TFLOPS)
+	// prefills on the order of 2,000–3,500 tokens/s, a 5K-token prompt in
+	// about 1.5 s. Too fast a prior makes recomputing a prefix look cheap
+	// until the first observations arrive, and the first observations
+	// arrive only when the first streams end.
 	PriorPrefillTokensPerSecond float64
 	// PriorDecodeStepSeconds is the assumed time of one decode step (what
 	// TPOT measures). Default 0.03 s.
@@ -50,7 +55,7 @@ type CostConfig struct {
 // DefaultCostConfig returns the defaults documented on CostConfig.
 func DefaultCostConfig() CostConfig {
 	return CostConfig{
-		PriorPrefillTokensPerSecond: 8000,
+		PriorPrefillTokensPerSecond: 3000,
 		PriorDecodeStepSeconds:      0.03,
 		PriorOutputTokens:           256,
 		PrefillOverheadSeconds:      0.02,
@@ -136,6 +141,33 @@ type Model struct {
 	cfg   CostConfig
 	mu    sync.RWMutex
 	rates []replicaRates // indexed by ReplicaID, grown on Observe
+	slots []slotView     // indexed by ReplicaID, grown on Observe
+	// poolFull is the largest running-set size learned on any replica:
+	// the assumption for a replica not yet seen full (replicas of one
+	// pool usually run one engine configuration).
+	poolFull atomic.Int32
+}
+
+// slotView is what Pick has learned of a replica's running set from the
+// engine-scraped load (see Cost.capacity). Its fields are atomics so that
+// Pick can update them under the model's read lock without allocating; the
+// slice holding them is replaced only under the write lock.
+type slotView struct {
+	// peak is the largest Running ever scraped.
+	peak atomic.Int32
+	// full is the largest Running scraped while the replica was seen
+	// saturated (requests waiting for a slot, not for prefill budget); 0
+	// until then.
+	full atomic.Int32
+}
+
+// slot returns id's slot view, or nil before the first Observe of id; the
+// caller holds m.mu (read or write).
+func (m *Model) slot(id index.ReplicaID) *slotView {
+	if int(id) < len(m.slots) {
+		return &m.slots[id]
+	}
+	return nil
 }
 
 // NewModel returns a model with cfg, which must be valid.
@@ -182,6 +214,14 @@ func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 	if int(id) >= len(m.rates) {
 		m.rates = append(m.rates, make([]replicaRates, int(id)+1-len(m.rates))...)
 	}
+	if int(id) >= len(m.slots) {
+		grown := make([]slotView, int(id)+1)
+		for i := range m.slots {
+			grown[i].peak.Store(m.slots[i].peak.Load())
+			grown[i].full.Store(m.slots[i].full.Load())
+		}
+		m.slots = grown
+	}
 	r := m.rate(id)
 	a := m.cfg.Alpha
 	if obs.UncachedTokens >= m.cfg.MinSampleTokens && obs.TTFT > 0 {
@@ -212,6 +252,10 @@ func (m *Model) Forget(id index.ReplicaID) {
 	defer m.mu.Unlock()
 	if int(id) < len(m.rates) {
 		m.rates[id] = replicaRates{}
+	}
+	if int(id) < len(m.slots) {
+		m.slots[id].peak.Store(0)
+		m.slots[id].full.Store(0)
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 // TestModelLearnsRates feeds synthetic observations generated from known
 // rates and checks the model converges to them.
 func TestModelLearnsRates(t *testing.T) {
-	cfg := DefaultCostConfig() // prior 8000 tok/s, 0.03 s/step, overhead 0.02 s
+	cfg := DefaultCostConfig() // prior 3000 tok/s, 0.03 s/step, overhead 0.02 s
 	tests := []struct {
 		name        string
 		prefillRate float64 // true tokens/s
@@ -186,4 +186,60 @@ func TestModelConcurrent(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// TestCostLearnsRunningSet: a scrape showing requests waiting that prefill
+// does not explain teaches the replica's running-set size, which then
+// applies to a stale scrape; waiting behind queued prefill teaches nothing;
+// Forget drops the replica's figure (the pool's stays as the assumption).
+func TestCostLearnsRunningSet(t *testing.T) {
+	m, err := NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	c := NewCost(m)
+	for id := range index.ReplicaID(2) { // give both replicas a slot view
+		m.Observe(id, Observation{TPOT: 0.03, OutputTokens: 128})
+	}
+	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
+	cands := []Candidate{
+		{ID: 0, Name: "a", Matched: 40},
+		{ID: 1, Name: "b", Matched: 40},
+	}
+	slotOf := func(id index.ReplicaID) (peak, full int32) {
+		m.mu.RLock()
+		defer m.mu.RUnlock()
+		sv := m.slot(id)
+		return sv.peak.Load(), sv.full.Load()
+	}
+	rng := NewRand(1)
+
+	// Waiting behind 5000 queued prefill tokens: not a full running set.
+	cands[0].Running, cands[0].Waiting, cands[0].InFlight, cands[0].QueuedPrefillTokens = 2, 1, 3, 5000
+	c.Pick(&req, cands, &rng, nil)
+	peak, full := slotOf(0)
+	require.EqualValues(t, 2, peak)
+	require.Zero(t, full)
+	require.Zero(t, m.poolFull.Load())
+
+	// Waiting at the peak with no prefill queued: full at 8.
+	cands[0].Running, cands[0].Waiting, cands[0].InFlight, cands[0].QueuedPrefillTokens = 8, 2, 10, 0
+	c.Pick(&req, cands, &rng, nil)
+	peak, full = slotOf(0)
+	require.EqualValues(t, 8, peak)
+	require.EqualValues(t, 8, full)
+	require.EqualValues(t, 8, m.poolFull.Load())
+
+	// A stale scrape (running 0) with 8 in flight still pays a slot wait;
+	// b, never seen full, is assumed to run 8 as well.
+	cands[0].Running, cands[0].Waiting, cands[0].InFlight = 0, 0, 8
+	cands[1].Running, cands[1].Waiting, cands[1].InFlight = 0, 0, 8
+	var ex Explanation
+	d := c.Pick(&req, cands, &rng, &ex)
+	slot := 128 * 0.03 / 8
+	require.Greater(t, d.EstimatedQueue, 2*slot-1e-9)
+	require.InDelta(t, ex.Replicas[0].Score, ex.Replicas[1].Score, 1e-9)
+
+	m.Forget(0)
+	peak, full = slotOf(0)
+	require.Zero(t, peak)
+	require.Zero(t, full)
 }

@@ -586,7 +586,9 @@ func (x *Index) matchOverflow(n *node, candidates []ReplicaID, mode Mode, t uint
 // Record notes that replica r probably holds keys (a routing decision) in
 // the History or Speculative ledger at time now (Unix nanoseconds), and
 // refreshes that ledger's TTL for these blocks. If a block's ledger had
-// already expired, its stale entries are dropped first. Record links the
+// already expired, its stale entries are dropped first. A now older than
+// the block's last record of that ledger (a late peer batch) never moves
+// its time back: the later one is kept. Record links the
 // keys as a chain so that later Matches of the same prefix follow it.
 // It keeps nothing of keys.
 func (x *Index) Record(keys []BlockKey, r ReplicaID, l Ledger, now int64) error {
@@ -601,15 +603,9 @@ func (x *Index) Record(keys []BlockKey, r ReplicaID, l Ledger, now int64) error 
 		idx := x.insert(k, prev)
 		n := &x.nodes[idx]
 		if l == History {
-			if !alive(t, n.htime, x.histTTL) {
-				x.clearLedger(idx, History)
-			}
-			n.htime = t
+			x.stamp(idx, &n.htime, History, x.histTTL, t)
 		} else {
-			if !alive(t, n.stime, x.specTTL) {
-				x.clearLedger(idx, Speculative)
-			}
-			n.stime = t
+			x.stamp(idx, &n.stime, Speculative, x.specTTL, t)
 		}
 		x.set(idx, r, l)
 		if prev != 0 {
@@ -619,6 +615,41 @@ func (x *Index) Record(keys []BlockKey, r ReplicaID, l Ledger, now int64) error 
 	}
 	x.enforceCapacity()
 	return nil
+}
+
+// stamp moves ledger l's timestamp *ts of node idx to tick t for a write
+// at t. It never moves it back while the ledger holds live entries: a late
+// write (a peer's delayed batch, a clock that stepped back) must not
+// shorten the TTL a later write set, so the later of the two is kept (the
+// late write's replica then shares that TTL: timestamps are per block). A
+// ledger whose timestamp expired at t is cleared first and takes t, as
+// does one without entries.
+func (x *Index) stamp(idx uint32, ts *uint32, l Ledger, ttl int32, t uint32) {
+	switch {
+	case !x.holdsLedger(idx, l):
+		*ts = t
+	case !alive(t, *ts, ttl):
+		x.clearLedger(idx, l)
+		*ts = t
+	case int32(t-*ts) > 0:
+		*ts = t
+	}
+}
+
+// holdsLedger reports whether node idx has an entry in ledger l.
+func (x *Index) holdsLedger(idx uint32, l Ledger) bool {
+	n := &x.nodes[idx]
+	if n.masks[l] != 0 {
+		return true
+	}
+	if n.flags.Load()&flagOvf != 0 {
+		for _, e := range x.ovf[n.key] {
+			if e.ledgers&(1<<l) != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Expire removes history and speculative entries whose TTL has passed at

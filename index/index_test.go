@@ -454,3 +454,41 @@ func TestEngineMapSharing(t *testing.T) {
 		t.Fatalf("removed %d, shared %d, mapped %d", n, x.eng.len(), x.Stats().EngineHashes)
 	}
 }
+
+// TestRecordNeverBackdates: a late write (a peer's batch that was delayed,
+// a caller whose clock stepped back) must not shorten the TTL that a later
+// record of the same blocks set.
+func TestRecordNeverBackdates(t *testing.T) {
+	for _, l := range []Ledger{History, Speculative} {
+		t.Run(l.String(), func(t *testing.T) {
+			x := newTestIndex(t, nil)
+			ttl := int64(60 * time.Second)
+			mode := ModeHistory
+			if l == Speculative {
+				ttl, mode = int64(2*time.Second), ModeKVEvents
+			}
+			keys := promptKeys(x, 3, 0)
+			must(t, x.Record(keys, 0, l, t0))
+			// Replica 1's decision arrives late, stamped half a TTL earlier.
+			must(t, x.Record(keys, 1, l, t0-ttl/2))
+			// Just before t0+TTL, replica 0's entries (recorded at t0) live.
+			out, _ := match(x, keys, []ReplicaID{0}, mode, t0+ttl-int64(tickNanos))
+			if out[0] != 3 {
+				t.Fatalf("recorded at t0, matched %d of 3 blocks just before t0+TTL: the late record backdated them", out[0])
+			}
+			// At t0+TTL they are gone.
+			out, _ = match(x, keys, []ReplicaID{0}, mode, t0+ttl+int64(tickNanos))
+			if out[0] != 0 {
+				t.Fatalf("matched %d blocks after the TTL", out[0])
+			}
+			// An expired ledger takes the new time, even an older one than
+			// the expired stamp would be (it was cleared first).
+			late := t0 + 3*ttl
+			must(t, x.Record(keys, 2, l, late))
+			out, _ = match(x, keys, []ReplicaID{0, 2}, mode, late)
+			if out[0] != 0 || out[1] != 3 {
+				t.Fatalf("after expiry: %v, want [0 3]", out)
+			}
+		})
+	}
+}

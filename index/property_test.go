@@ -87,16 +87,19 @@ func (m *refIndex) record(keys []BlockKey, r ReplicaID, l Ledger, now int64) {
 	t := tickOf(now)
 	for _, k := range keys {
 		b := m.block(k)
-		if l == History {
-			if !alive(t, b.htime, m.histTTL) {
-				clear(b.led[History])
-			}
-			b.htime = t
-		} else {
-			if !alive(t, b.stime, m.specTTL) {
-				clear(b.led[Speculative])
-			}
-			b.stime = t
+		ts, ttl := &b.htime, m.histTTL
+		if l == Speculative {
+			ts, ttl = &b.stime, m.specTTL
+		}
+		// Time never goes back while the ledger holds entries.
+		switch {
+		case len(b.led[l]) == 0:
+			*ts = t
+		case !alive(t, *ts, ttl):
+			clear(b.led[l])
+			*ts = t
+		case int32(t-*ts) > 0:
+			*ts = t
 		}
 		b.led[l][r] = true
 	}
@@ -299,9 +302,13 @@ func (w *propWorld) step(t *testing.T, x *Index, m *refIndex, now *int64, exact 
 			lo = 0
 		}
 		l := Ledger(w.rng.IntN(2))
-		must(t, x.Record(keys[lo:hi], r, l, *now))
-		m.record(keys[lo:hi], r, l, *now)
-		return fmt.Sprintf("record p%d[%d:%d] r%d %v", p, lo, hi, r, l)
+		at := *now
+		if w.rng.IntN(4) == 0 {
+			at -= int64(w.rng.IntN(5000)) * int64(time.Millisecond) // a late peer batch
+		}
+		must(t, x.Record(keys[lo:hi], r, l, at))
+		m.record(keys[lo:hi], r, l, at)
+		return fmt.Sprintf("record p%d[%d:%d] r%d %v at %+dms", p, lo, hi, r, l, (at-*now)/int64(time.Millisecond))
 	case op < 60:
 		p, r := w.rng.IntN(len(w.prompts)), w.replica()
 		n := len(w.prompts[p]) / w.ebs

@@ -218,6 +218,36 @@ func TestManifestFlagsExist(t *testing.T) {
 	}
 }
 
+// TestREADMECommandsExist: every command of our binaries that README.md
+// shows in a code block parses (flags exist, subcommands exist).
+func TestREADMECommandsExist(t *testing.T) {
+	flags := flagsOf(t)
+	data, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	inCode := false
+	for line := range strings.Lines(string(data)) {
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			inCode = !inCode
+			continue
+		}
+		i := strings.Index(line, "/usr/local/bin/")
+		if !inCode || i < 0 {
+			continue
+		}
+		argv := strings.Fields(strings.TrimSuffix(strings.TrimSpace(line[i:]), "\\"))
+		if err := checkArgv(flags, argv); err != nil {
+			t.Errorf("README.md: %s: %v", strings.TrimSpace(line), err)
+		}
+		n++
+	}
+	if n < 4 {
+		t.Errorf("checked %d README commands, want the compose and kubectl admin commands", n)
+	}
+}
+
 // TestCheckArgvCatchesMistakes proves the flag check can fail.
 func TestCheckArgvCatchesMistakes(t *testing.T) {
 	flags := flagsOf(t)
@@ -226,6 +256,7 @@ func TestCheckArgvCatchesMistakes(t *testing.T) {
 		{"/usr/local/bin/kvmesh", "serve", "--retry-connect-failures", "--strategy=cost"},
 		{"/usr/local/bin/vllmsim", "qwen", "--port=8000", "--enable-reset-endpoint", "--kv-events-config", "{}"},
 		{"/usr/local/bin/vllmsim", "-port", "8000"},
+		{"/usr/local/bin/kvmesh", "config", "get", "--token-file", "/t"},
 	}
 	for _, argv := range good {
 		if err := checkArgv(flags, argv); err != nil {
@@ -242,6 +273,8 @@ func TestCheckArgvCatchesMistakes(t *testing.T) {
 		{"/usr/local/bin/vllmsim", "--kv-events", "{}"},
 		{"/usr/local/bin/vllmsim", "model", "other"},
 		{"/usr/local/bin/nats-server", "-js"},
+		{"/usr/local/bin/kvmesh", "config", "get", "--no-such-flag"},
+		{"/usr/local/bin/kvmesh", "config", "drop"},
 	}
 	for _, argv := range bad {
 		if err := checkArgv(flags, argv); err == nil {

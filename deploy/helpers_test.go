@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -192,27 +193,26 @@ func flagsOf(t testing.TB) map[string]flagSpec {
 			commandFlags.err = err
 			return
 		}
-		// Every kvmesh subcommand listed under "Available Commands".
-		inCmds := false
-		for line := range strings.Lines(root) {
-			line = strings.TrimRight(line, "\n")
-			switch {
-			case strings.HasPrefix(line, "Available Commands:"):
-				inCmds = true
-			case inCmds && strings.TrimSpace(line) == "":
-				inCmds = false
-			case inCmds:
-				sub := strings.Fields(line)[0]
-				if sub == "help" || sub == "completion" {
-					continue
-				}
-				out, err := help("kvmesh", sub, "--help")
+		// Every kvmesh subcommand listed under "Available Commands", and
+		// theirs (kvmesh config get, ...).
+		var walk func(path []string, out string) error
+		walk = func(path []string, out string) error {
+			for _, sub := range subcommands(out) {
+				p := append(slices.Clone(path), sub)
+				out, err := help("kvmesh", append(p, "--help")...)
 				if err != nil {
-					commandFlags.err = err
-					return
+					return err
 				}
-				m["kvmesh "+sub] = parseCobraHelp(out)
+				m["kvmesh "+strings.Join(p, " ")] = parseCobraHelp(out)
+				if err := walk(p, out); err != nil {
+					return err
+				}
 			}
+			return nil
+		}
+		if err := walk(nil, root); err != nil {
+			commandFlags.err = err
+			return
 		}
 		out, err := help("vllmsim", "--help")
 		if err != nil {
@@ -231,6 +231,27 @@ func flagsOf(t testing.TB) map[string]flagSpec {
 		t.Fatal(commandFlags.err)
 	}
 	return commandFlags.m
+}
+
+// subcommands lists the "Available Commands" of a cobra help text, without
+// cobra's own help and completion.
+func subcommands(help string) []string {
+	var out []string
+	in := false
+	for line := range strings.Lines(help) {
+		line = strings.TrimRight(line, "\n")
+		switch {
+		case strings.HasPrefix(line, "Available Commands:"):
+			in = true
+		case in && strings.TrimSpace(line) == "":
+			in = false
+		case in:
+			if sub := strings.Fields(line)[0]; sub != "help" && sub != "completion" {
+				out = append(out, sub)
+			}
+		}
+	}
+	return out
 }
 
 // checkArgv reports why argv (a container's command + args) would not
@@ -252,6 +273,10 @@ func checkArgv(flags map[string]flagSpec, argv []string) error {
 			return errors.New("kvmesh needs a subcommand")
 		}
 		key, rest = "kvmesh "+rest[0], rest[1:]
+		// Nested subcommands: kvmesh config get ...
+		for len(rest) > 0 && flags[key+" "+rest[0]] != nil {
+			key, rest = key+" "+rest[0], rest[1:]
+		}
 	case "vllmsim":
 		if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
 			rest = rest[1:] // vLLM's positional MODEL

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"runtime/debug"
 	"sort"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -34,6 +36,7 @@ type clusterParts struct {
 	// Set by startCluster; read after it returned.
 	cluster     *kvsync.Cluster
 	store       *config.Store
+	raftTrans   *raft.NetworkTransport // ours, pipelining off (see rafttransport.go)
 	admin       *config.Server
 	adminHTTP   atomic.Pointer[http.Handler] // set once the admin server exists
 	grpcSrv     *grpc.Server
@@ -184,8 +187,12 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	}
 	sc.Logger = n.log // the store adds component=config
 	sc.Registerer = n.m.reg
-	if cl.store, err = config.Open(sc); err != nil {
-		return fmt.Errorf("node: config store: %w", err)
+	if cl.raftTrans, err = newRaftTransport(&sc, cl.members, n.log); err != nil {
+		return err
+	}
+	sc.Transport = noPipelineTransport{cl.raftTrans}
+	if cl.store, err = openStore(sc); err != nil {
+		return err
 	}
 
 	kc, err := cc.syncConfig(cl.id)
@@ -242,6 +249,24 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	return nil
 }
 
+// openStore opens the raft config store. raft panics when its log store
+// cannot read an entry it needs at start (raft-wal v0.4.0 can leave a
+// sealed segment without its index after raft truncated the log's tail,
+// hashicorp/raft-wal#31); that becomes ErrRaftLog naming the directory,
+// instead of a crashed process, so the operator knows what to move away.
+func openStore(sc config.StoreConfig) (s *config.Store, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s, err = nil, fmt.Errorf("%w in %s (move it away to rejoin with the cluster's config): %v",
+				ErrRaftLog, filepath.Join(sc.DataDir, "raft"), r)
+		}
+	}()
+	if s, err = config.Open(sc); err != nil {
+		return nil, fmt.Errorf("node: config store: %w", err)
+	}
+	return s, nil
+}
+
 // closeCluster closes whatever startCluster opened, in reverse order:
 // the seams, the admin gRPC server, the config store, the cluster. step
 // runs (and may time and log) each part; nil just runs it. Each part's
@@ -267,6 +292,11 @@ func (n *Node) closeCluster(ctx context.Context, step func(what string, f func()
 				n.log.Warn("config store shutdown", "err", err)
 			}
 		})
+	}
+	if cl.raftTrans != nil {
+		if err := cl.raftTrans.Close(); err != nil {
+			n.log.Warn("raft transport close", "err", err)
+		}
 	}
 	if cl.cluster != nil {
 		step("stopped the cluster (gossip, NATS, peer service)", func() {

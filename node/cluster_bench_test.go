@@ -29,6 +29,7 @@ func BenchmarkClusterDecisionConvergence(b *testing.B) {
 	gws[1], _ = startGateway(b, gwConfig("gw-b", b.TempDir(), seed, 3, reps...))
 	gws[2], _ = startGateway(b, gwConfig("gw-c", b.TempDir(), seed, 3, reps...))
 	waitReady(b, gws...)
+	settleCluster(b, gws)
 
 	b.ReportAllocs()
 	lat := make([]time.Duration, 0, b.N)

@@ -18,6 +18,9 @@ var (
 	ErrNoHealthyReplica = errors.New("node: no healthy replica")
 	// ErrUpstream wraps failures talking to a replica.
 	ErrUpstream = errors.New("node: upstream failure")
+	// ErrRaftLog means the config store's raft log on disk cannot be read
+	// at start (cluster mode).
+	ErrRaftLog = errors.New("node: raft log unreadable")
 	// ErrRemoteTokenize wraps failures of the engine's /tokenize endpoint.
 	ErrRemoteTokenize = errors.New("node: remote tokenize failed")
 )

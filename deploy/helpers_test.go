@@ -77,7 +77,9 @@ func binaries(t testing.TB) string {
 			return
 		}
 		binDir.dir = dir
-		args := []string{"build", "-o", dir + string(filepath.Separator)}
+		// -s -w as the Dockerfile (and a faster link); no -trimpath, so the
+		// compiled packages are shared with the test builds' cache.
+		args := []string{"build", "-ldflags=-s -w", "-o", dir + string(filepath.Separator)}
 		for _, b := range ourBinaries {
 			args = append(args, "./cmd/"+b)
 		}

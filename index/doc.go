@@ -52,7 +52,10 @@
 // ApplyStored computes keys from an event's tokens, chained from the parent
 // engine block's key in that replica's engine map, and maps each engine hash
 // to its keys; ApplyRemoved uses the map so a BlockRemoved affects only the
-// replica that sent it. Mappings are shared between replicas (ids below 64)
+// replica that sent it. An engine block may span several index blocks (any
+// multiple of the index block size up to MaxEngineBlockTokens: vLLM hybrid
+// models' 1568-token blocks are 98 index blocks of 16); MaxBlockTokens
+// bounds only the index block. Mappings are shared between replicas (ids below 64)
 // that map an engine hash to the same key, as engines with a fixed hash seed
 // do for common blocks, so a block cached on several replicas costs one map
 // entry; a replica whose mapping differs keeps it privately. The engine map

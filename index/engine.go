@@ -2,6 +2,16 @@ package index
 
 import "fmt"
 
+// MaxEngineBlockTokens bounds an engine block (StoredBlocks.BlockTokens).
+// It is not the index block bound (MaxBlockTokens, the hasher's stack
+// buffer): an engine block spans BlockTokens / index block size index
+// blocks, each hashed on its own, so large engine blocks cost nothing
+// extra. vLLM's hybrid (attention + Mamba) models use engine blocks of
+// hundreds to thousands of tokens (1568 for the seed study's model, 98
+// index blocks of 16). The bound only rejects nonsense sizes before
+// len(Hashes)*BlockTokens can overflow.
+const MaxEngineBlockTokens = 1 << 16
+
 // StoredBlocks is one engine BlockStored event, decoded: engine blocks in
 // prompt order with their tokens.
 type StoredBlocks struct {
@@ -14,7 +24,7 @@ type StoredBlocks struct {
 	// Tokens holds len(Hashes)*BlockTokens token ids, block by block.
 	Tokens []uint32
 	// BlockTokens is the engine block size in tokens. It must be a positive
-	// multiple of the index block size.
+	// multiple of the index block size, at most MaxEngineBlockTokens.
 	BlockTokens int
 	// Root, when HasRoot is set, overrides the replica's root (for example for
 	// a LoRA adapter's requests); otherwise SetReplicaRoot's value is used.
@@ -48,15 +58,16 @@ func (x *Index) SetReplicaRoot(r ReplicaID, root BlockKey) {
 // Speculative entries of r for these blocks are promoted (cleared from the
 // speculative ledger, counted in Stats.Promoted).
 //
-// Engine block size must be a positive multiple of the index block size:
-// otherwise ErrBlockSize, and nothing changes. (Engine blocks smaller than
+// Engine block size must be a positive multiple of the index block size
+// and at most MaxEngineBlockTokens (hybrid models' 1568-token blocks are
+// fine): otherwise ErrBlockSize, and nothing changes. (Engine blocks smaller than
 // index blocks would need partial-token carry state; kvmesh runs the index
 // at the engine's block size or a divisor of it instead.) If the parent is
 // unknown, the blocks are skipped, counted, and ErrUnknownParent returned.
 // ApplyStored keeps nothing of s.
 func (x *Index) ApplyStored(r ReplicaID, s StoredBlocks) error {
 	bs := x.h.tokens
-	if s.BlockTokens <= 0 || s.BlockTokens%bs != 0 {
+	if s.BlockTokens <= 0 || s.BlockTokens > MaxEngineBlockTokens || s.BlockTokens%bs != 0 {
 		return fmt.Errorf("%w: engine %d tokens, index %d", ErrBlockSize, s.BlockTokens, bs)
 	}
 	if len(s.Tokens) != len(s.Hashes)*s.BlockTokens {

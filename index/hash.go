@@ -12,8 +12,11 @@ const (
 	// DefaultBlockTokens is the default number of tokens per block: vLLM's
 	// default KV block size, so confirmed and routed keys line up.
 	DefaultBlockTokens = 16
-	// MaxBlockTokens bounds a block so that key computation works in a fixed
-	// stack buffer (8 + 4*MaxBlockTokens bytes) without allocating.
+	// MaxBlockTokens bounds the index block (Config.BlockTokens) so that
+	// key computation works in a fixed stack buffer (8 + 4*MaxBlockTokens
+	// bytes) without allocating. Engine blocks may be larger (see
+	// MaxEngineBlockTokens): an index block size that divides them keys
+	// them, e.g. 16 for a hybrid model's 1568-token blocks.
 	MaxBlockTokens = 1024
 )
 

@@ -2,6 +2,7 @@ package index
 
 import (
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -490,5 +491,56 @@ func TestRecordNeverBackdates(t *testing.T) {
 				t.Fatalf("after expiry: %v, want [0 3]", out)
 			}
 		})
+	}
+}
+
+// TestApplyStoredLargeEngineBlocks: MaxBlockTokens bounds the index block
+// (the hasher's stack buffer), not the engine's: vLLM hybrid models cache
+// 1568-token blocks (98 index blocks of 16), and such engine blocks must
+// confirm, chain and remove like small ones.
+func TestApplyStoredLargeEngineBlocks(t *testing.T) {
+	for _, ebs := range []int{1568, MaxBlockTokens * 2, MaxEngineBlockTokens} {
+		t.Run(strconv.Itoa(ebs), func(t *testing.T) {
+			x := newTestIndex(t, func(c *Config) { c.BlockTokens = 16 })
+			h := x.Hasher()
+			root := h.Root("m", "", "")
+			x.SetReplicaRoot(1, root)
+			per := ebs / 16
+			toks := seqTokens(3*ebs, 7)
+			keys := h.AppendKeys(nil, root, toks)
+			must(t, x.ApplyStored(1, stored([]uint64{100, 101}, 0, false, toks[:2*ebs], ebs)))
+			must(t, x.ApplyStored(1, stored([]uint64{102}, 101, true, toks[2*ebs:], ebs)))
+			got, _ := match(x, keys, []ReplicaID{1}, ModeKVEvents, t0)
+			if int(got[0]) != 3*per || x.Stats().Entries[Confirmed] != 3*per {
+				t.Fatalf("matched %d, entries %d, want %d", got[0], x.Stats().Entries[Confirmed], 3*per)
+			}
+			if n := x.ApplyRemoved(1, []uint64{101}); n != per {
+				t.Fatalf("removed %d, want %d", n, per)
+			}
+			got, _ = match(x, keys, []ReplicaID{1}, ModeKVEvents, t0)
+			if int(got[0]) != per {
+				t.Fatalf("matched %d after removing the middle block, want %d", got[0], per)
+			}
+		})
+	}
+}
+
+// TestApplyStoredRejectsHugeEngineBlocks: an engine block size beyond
+// MaxEngineBlockTokens is refused, even when len(Hashes)*BlockTokens
+// overflows to the token count (a malformed or hostile event must not
+// panic the index).
+func TestApplyStoredRejectsHugeEngineBlocks(t *testing.T) {
+	x := newTestIndex(t, func(c *Config) { c.BlockTokens = 16 })
+	x.SetReplicaRoot(1, x.Hasher().Root("m", "", ""))
+	for _, s := range []StoredBlocks{
+		stored([]uint64{1}, 0, false, seqTokens(MaxEngineBlockTokens+16, 1), MaxEngineBlockTokens+16),
+		stored([]uint64{1, 2, 3, 4}, 0, false, nil, 1<<62), // 4<<62 overflows to 0 tokens
+	} {
+		if err := x.ApplyStored(1, s); !errors.Is(err, ErrBlockSize) {
+			t.Fatalf("engine block of %d tokens: err %v, want ErrBlockSize", s.BlockTokens, err)
+		}
+	}
+	if x.Stats().TotalEntries() != 0 {
+		t.Fatal("rejected events changed the index")
 	}
 }

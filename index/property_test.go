@@ -107,7 +107,7 @@ func (m *refIndex) record(keys []BlockKey, r ReplicaID, l Ledger, now int64) {
 
 func (m *refIndex) applyStored(r ReplicaID, s StoredBlocks) error {
 	bs := m.h.BlockTokens()
-	if s.BlockTokens <= 0 || s.BlockTokens%bs != 0 {
+	if s.BlockTokens <= 0 || s.BlockTokens > MaxEngineBlockTokens || s.BlockTokens%bs != 0 {
 		return ErrBlockSize
 	}
 	if len(s.Tokens) != len(s.Hashes)*s.BlockTokens {

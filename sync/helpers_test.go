@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -48,6 +50,7 @@ type gw struct {
 	reg  *prometheus.Registry
 	load *fakeLoad
 	c    *Cluster
+	held []net.Listener // NATS ports held during a test's outage (natsDown)
 }
 
 var testReplicas = []string{"r0", "r1", "r2"}
@@ -200,4 +203,34 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels map
 		}
 	}
 	return sum
+}
+
+// natsDown stops g's embedded NATS server (an outage) and holds its client
+// and route ports until natsUp restarts it on them, as a restarted server
+// with configured ports would. Without the hold, any bind(0) on this busy
+// host could take a freed port during the outage, and the server could
+// not come back.
+func natsDown(t testing.TB, g *gw) {
+	t.Helper()
+	b := g.c.bus
+	b.stopServer()
+	b.mu.Lock()
+	host, ports := b.opts.Host, []int{b.opts.Port, b.opts.Cluster.Port}
+	b.mu.Unlock()
+	for _, p := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+		require.NoError(t, err, "%s: NATS port %d taken right after the server stopped", g.name, p)
+		g.held = append(g.held, l)
+		t.Cleanup(func() { _ = l.Close() }) // if the test ends before natsUp
+	}
+}
+
+// natsUp releases the ports natsDown held and restarts the server.
+func natsUp(t testing.TB, g *gw) {
+	t.Helper()
+	for _, l := range g.held {
+		require.NoError(t, l.Close())
+	}
+	g.held = nil
+	require.NoError(t, g.c.bus.startServer())
 }

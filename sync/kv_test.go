@@ -165,7 +165,7 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 
 	for _, g := range gws {
-		g.c.bus.stopServer()
+		natsDown(t, g)
 	}
 	require.Eventually(t, func() bool { return !owner.c.NATSConnected() }, 10*time.Second, 5*time.Millisecond)
 	for i := 1; i < 4; i++ {
@@ -173,7 +173,7 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 	}
 	require.Eventually(t, truth([]*gw{owner}), 10*time.Second, 10*time.Millisecond, "the owner keeps ingesting")
 	for _, g := range gws {
-		require.NoError(t, g.c.bus.startServer())
+		natsUp(t, g)
 	}
 	require.Eventually(t, truth(gws), 20*time.Second, 20*time.Millisecond, "peers repaired")
 	require.Eventually(t, func() bool { // counted just after the restore

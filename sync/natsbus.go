@@ -71,18 +71,6 @@ func newBus(cfg Config, log *slog.Logger) *bus {
 		routes: make(map[string]*url.URL)}
 }
 
-// freePort resolves port 0 to a free port, so that the embedded server
-// keeps its ports across a restart and a config reload (nats-server
-// refuses to reload a changed cluster port).
-func freePort(host string) (int, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // startServer starts the embedded server (first start or after stopServer).
 func (b *bus) startServer() error {
 	b.mu.Lock()
@@ -96,11 +84,14 @@ func (b *bus) startServer() error {
 		if err != nil {
 			return fmt.Errorf("%w: NATSClusterAddr: %w", ErrInvalidConfig, err)
 		}
+		// Port 0 lets the server's own listeners pick the ports
+		// (RANDOM_PORT); they are read back below. Resolving them
+		// beforehand with a throwaway listener raced every other bind(0)
+		// on the host between its close and the server's listen, and a
+		// server whose port was taken never becomes ready.
 		for _, hp := range []*hostPort{&cl, &rt} {
 			if hp.port == 0 {
-				if hp.port, err = freePort(hp.host); err != nil {
-					return fmt.Errorf("sync: NATS port: %w", err)
-				}
+				hp.port = server.RANDOM_PORT
 			}
 		}
 		b.opts = &server.Options{
@@ -131,6 +122,15 @@ func (b *bus) startServer() error {
 		s.Shutdown()
 		s.WaitForShutdown()
 		return fmt.Errorf("sync: embedded NATS did not start on %s:%d", opts.Host, opts.Port)
+	}
+	// Keep the resolved ports: a restart (after stopServer) binds the same
+	// ones, so the client reconnects and peers' routes still point here,
+	// and nats-server refuses to reload a changed cluster port.
+	if b.opts.Port == server.RANDOM_PORT {
+		b.opts.Port = s.Addr().(*net.TCPAddr).Port
+	}
+	if b.opts.Cluster.Port == server.RANDOM_PORT {
+		b.opts.Cluster.Port = s.ClusterAddr().Port
 	}
 	b.srv = s
 	return nil

@@ -74,7 +74,7 @@ func TestNATSOutageFallsBackToGossip(t *testing.T) {
 
 	// The whole NATS mesh goes down.
 	for _, g := range gws {
-		g.c.bus.stopServer()
+		natsDown(t, g)
 	}
 	require.Eventually(t, func() bool {
 		for _, g := range gws {
@@ -107,7 +107,7 @@ func TestNATSOutageFallsBackToGossip(t *testing.T) {
 
 	// NATS comes back; deltas return to it.
 	for _, g := range gws {
-		require.NoError(t, g.c.bus.startServer())
+		natsUp(t, g)
 	}
 	waitMembers(t, gws, 3)
 	require.Eventually(t, func() bool {
@@ -132,7 +132,7 @@ func TestAntiEntropyRepairsDrift(t *testing.T) {
 	gws := startCluster(t, 3, nil, nil)
 	// Only g2's NATS server fails: g0's decisions still go out on NATS
 	// and never reach g2.
-	gws[2].c.bus.stopServer()
+	natsDown(t, gws[2])
 	require.Eventually(t, func() bool { return !gws[2].c.NATSConnected() }, 10*time.Second, 5*time.Millisecond)
 	chains := map[int][]index.BlockKey{}
 	for p := range 20 {
@@ -149,7 +149,7 @@ func TestAntiEntropyRepairsDrift(t *testing.T) {
 		metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total", nil),
 		metricValue(t, gws[1].reg, "kvmesh_sync_deltas_applied_total", nil),
 		metricValue(t, gws[1].reg, "kvmesh_sync_deltas_dropped_total", nil))
-	require.NoError(t, gws[2].c.bus.startServer())
+	natsUp(t, gws[2])
 	// g2 learns from the digests (or the next batch's seq gap) that it is
 	// behind, and pulls a snapshot.
 	require.Eventually(t, func() bool {

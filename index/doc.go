@@ -89,5 +89,8 @@
 // is given, and none blocks other than on the lock. AppendSnapshot holds the
 // read lock while it encodes, which blocks writers for a fraction of a
 // second per million entries (BenchmarkSnapshot); Restore decodes into a
-// fresh structure without the lock and takes the write lock only to swap.
+// fresh structure without the lock and takes the write lock only to swap
+// (with KeepReplicaSettings it carries this index's replica roots and
+// publisher flags over in that same critical section, so no Match sees a
+// peer's settings).
 package index

@@ -299,7 +299,15 @@ func (d *decoder) str(what string) string {
 // nil resolve parses decimal ReplicaIDs (tests only). On any error, wrapped
 // in ErrBadSnapshot, the index is unchanged. Restore never panics on
 // malformed input and keeps nothing of data.
-func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool)) (map[string]uint64, error) {
+//
+// By default the snapshot's replica roots and publisher flags replace this
+// index's; with KeepReplicaSettings they are this index's own, read at the
+// swap under the write lock, so no Match sees the peer's.
+func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool), opts ...RestoreOption) (map[string]uint64, error) {
+	var o restoreOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if resolve == nil {
 		resolve = func(s string) (ReplicaID, bool) {
 			v, err := strconv.ParseUint(s, 10, 16)
@@ -436,10 +444,39 @@ func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool)) (ma
 
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if o.keepReplicaSettings {
+		y.publishers = x.publishers
+		for r, rs := range y.replicas {
+			rs.root, rs.hasRoot = BlockKey(0), false
+			if old := x.replicas[r]; old != nil {
+				rs.root, rs.hasRoot = old.root, old.hasRoot
+			}
+		}
+		for r, old := range x.replicas {
+			if old.hasRoot && y.replicas[r] == nil {
+				y.replicas[r] = &replicaState{root: old.root, hasRoot: true}
+			}
+		}
+	}
 	x.nodes, x.free, x.table, x.shift, x.live = y.nodes, y.free, y.table, y.shift, y.live
 	x.clockHand, x.expireHand = 0, 0
 	x.ovf, x.publishers, x.replicas, x.entries = y.ovf, y.publishers, y.replicas, y.entries
 	x.eng, x.engCount = y.eng, y.engCount
 	x.st.evictions += y.st.evictions
 	return wm, nil
+}
+
+// RestoreOption adjusts Restore.
+type RestoreOption func(*restoreOptions)
+
+type restoreOptions struct {
+	keepReplicaSettings bool
+}
+
+// KeepReplicaSettings makes Restore keep this index's per-replica settings
+// (SetReplicaRoot, SetPublishesEvents) instead of the snapshot's: a
+// gateway's own configuration says which replicas publish KV events and
+// what their roots are, and a peer's snapshot may predate a change of it.
+func KeepReplicaSettings() RestoreOption {
+	return func(o *restoreOptions) { o.keepReplicaSettings = true }
 }

@@ -184,3 +184,62 @@ func resum(body []byte) []byte {
 	out := append([]byte(nil), body...)
 	return binary.LittleEndian.AppendUint64(out, xxh3.Hash(out))
 }
+
+// TestRestoreKeepReplicaSettings: by default a restore takes the peer's
+// replica roots and publisher flags; with KeepReplicaSettings the local
+// ones stay, for replicas in the snapshot and for those it lacks.
+func TestRestoreKeepReplicaSettings(t *testing.T) {
+	peer := newTestIndex(t, nil)
+	h := peer.Hasher()
+	peerRoot, myRoot := h.Root("m", "", ""), h.Root("m", "mine", "")
+	toks := seqTokens(8, 3)
+	// Peer: replica 1 publishes, root peerRoot, holds a history entry.
+	peer.SetReplicaRoot(1, peerRoot)
+	peer.SetPublishesEvents(1, true)
+	hist := h.AppendKeys(nil, peerRoot, toks)
+	must(t, peer.Record(hist, 1, History, t0))
+	snap := peer.AppendSnapshot(nil, nil, nil)
+
+	local := func() *Index {
+		x := newTestIndex(t, nil)
+		x.SetReplicaRoot(1, myRoot) // does not publish here
+		x.SetReplicaRoot(2, myRoot) // not in the snapshot
+		x.SetPublishesEvents(2, true)
+		return x
+	}
+	// confirmedUnder stores a parentless event on r and reports whether it
+	// was keyed under root; hybrid reads r's history iff r does not publish.
+	confirmedUnder := func(x *Index, r ReplicaID, root BlockKey) bool {
+		must(t, x.ApplyStored(r, stored([]uint64{uint64(r)}, 0, false, toks[:4], 4)))
+		out, _ := match(x, h.AppendKeys(nil, root, toks[:4]), []ReplicaID{r}, ModeKVEvents, t0)
+		return out[0] == 1
+	}
+	hybridHistory := func(x *Index) int32 {
+		out, _ := match(x, hist, []ReplicaID{1}, ModeHybrid, t0)
+		return out[0]
+	}
+
+	x := local()
+	_, err := x.Restore(snap, nil)
+	must(t, err)
+	if hybridHistory(x) != 0 || !confirmedUnder(x, 1, peerRoot) {
+		t.Fatal("default Restore did not take the snapshot's root and publisher flag")
+	}
+	if err := x.ApplyStored(2, stored([]uint64{9}, 0, false, toks[:4], 4)); !errors.Is(err, ErrNoRoot) {
+		t.Fatalf("default Restore kept a root the snapshot lacks: %v", err)
+	}
+
+	x = local()
+	_, err = x.Restore(snap, nil, KeepReplicaSettings())
+	must(t, err)
+	if hybridHistory(x) != 2 {
+		t.Fatal("KeepReplicaSettings: replica 1 took the peer's publisher flag (hybrid ignored its history)")
+	}
+	if !confirmedUnder(x, 1, myRoot) || !confirmedUnder(x, 2, myRoot) {
+		t.Fatal("KeepReplicaSettings: local roots not kept")
+	}
+	out, _ := match(x, h.AppendKeys(nil, myRoot, toks[:4]), []ReplicaID{2}, ModeHybrid, t0)
+	if out[0] != 1 {
+		t.Fatal("KeepReplicaSettings: replica 2 lost its publisher flag")
+	}
+}

@@ -56,10 +56,9 @@ type Deps struct {
 	// transport in tests); nil binds Config.GossipAddr.
 	Transport memberlist.Transport
 	// AfterRestore, when set, is called after every snapshot restore, before
-	// any further delta is applied. index.Restore replaces the replicas'
-	// roots and publisher flags with the peer's: the node re-applies its
-	// own (SetReplicaRoot, SetPublishesEvents) here. It must not call the
-	// Cluster.
+	// any further delta is applied. It must not call the Cluster. Restores
+	// keep this index's replica roots and publisher flags
+	// (index.KeepReplicaSettings), so nothing needs re-applying.
 	AfterRestore func()
 }
 

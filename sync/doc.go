@@ -16,7 +16,7 @@
 //		Index:        n.Index(),                       // required
 //		Replicas:     kvsync.NewReplicaTable(names),   // required: name <-> ReplicaID, in node's order
 //		Load:         kvsync.LoadFunc(appendInFlight), // this gateway's exact in-flight counts
-//		AfterRestore: reapplyRootsAndPublisherFlags,   // index.Restore replaces them
+//		AfterRestore: nil,                             // optional (restores keep local replica settings)
 //		Registerer:   n.Registry(),                    // kvmesh_sync_* metrics
 //		KVMetrics:    kvMetrics,                       // shared kvevents counters (optional)
 //		Logger:       log,
@@ -30,9 +30,7 @@
 //
 // What node must change (a follow-up; node is not edited here): build a
 // ReplicaTable from its replica names in ID order (or implement Replicas)
-// and a LoadSource over its replicas' in-flight atomics; pass AfterRestore
-// to re-apply SetReplicaRoot and SetPublishesEvents (index.Restore replaces
-// them with the peer's); call PublishDecision in recordDecision; and not
+// and a LoadSource over its replicas' in-flight atomics; call PublishDecision in recordDecision; and not
 // start its own kvevents subscribers for replicas listed in
 // Config.KVSources (the cluster's owner ingests those for everyone;
 // KVOwner and OwnsKV say who does). Members and Changed satisfy the

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/index"
 	peerv1 "github.com/kvmesh/kvmesh/proto/peer/v1"
 )
 
@@ -120,7 +121,7 @@ func (c *Cluster) restoreFrom(ctx context.Context, peer Member) error {
 	c.m.bootstrapBytes.Add(float64(len(data)))
 	c.ap.mu.Lock()
 	before := c.ap.watermarksLocked()
-	w, err := c.deps.Index.Restore(data, c.deps.Replicas.ReplicaID)
+	w, err := c.deps.Index.Restore(data, c.deps.Replicas.ReplicaID, index.KeepReplicaSettings())
 	if err != nil {
 		c.ap.mu.Unlock()
 		return err

@@ -39,6 +39,9 @@ func TestRestartCatchUpViaSnapshot(t *testing.T) {
 	// A fresh g2 (empty index, new incarnation) joins and restores a
 	// snapshot before Start returns: it has everything at once.
 	fresh := newGW(t, "g2", nil, func(c *Config) { c.Join = []string{gws[0].c.GossipAddr()} })
+	// Its own replica settings differ from the peers' (r0 does not publish
+	// KV events here): the restore must keep them.
+	fresh.ix.SetPublishesEvents(0, false)
 	restores := 0
 	fresh.c.deps.AfterRestore = func() { restores++ }
 	changed := fresh.c.Changed()
@@ -52,6 +55,11 @@ func TestRestartCatchUpViaSnapshot(t *testing.T) {
 	t.Cleanup(func() { fresh.stop(t) })
 	require.Equal(t, 1.0, metricValue(t, fresh.reg, "kvmesh_sync_snapshot_pulls_total", map[string]string{"result": "ok"}))
 	require.True(t, allMatch([]*gw{fresh}, chains), "restored index lacks decisions")
+	for p, keys := range chains {
+		if p%3 == 0 { // r0's history counts in hybrid mode only if r0 does not publish
+			require.Equal(t, len(keys), matchOn(fresh, keys, 0, index.ModeHybrid), "restore took the peer's publisher flag for r0")
+		}
+	}
 	require.Positive(t, metricValue(t, fresh.reg, "kvmesh_sync_snapshot_received_bytes_total", nil))
 
 	// And it keeps up with what follows.

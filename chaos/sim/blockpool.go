@@ -86,6 +86,9 @@ type blockPool struct {
 	seed      uint64
 	events    []kvevents.Event
 	hbuf      []byte // hashBlock scratch
+	// evictions counts cached hashes dropped (evictions and resets): a
+	// cached hash stays mapped to its block until this changes.
+	evictions uint64
 	// emitEvents turns event recording on; with it off the pool keeps no
 	// event backlog.
 	emitEvents bool
@@ -170,6 +173,7 @@ func (p *blockPool) allocate(n int, dst []*block) []*block {
 }
 
 func (p *blockPool) evict(b *block) {
+	p.evictions++
 	if p.cache[b.hash] == b {
 		delete(p.cache, b.hash)
 	}
@@ -238,6 +242,7 @@ func (p *blockPool) reset() bool {
 		b.cached, b.hash, b.parent, b.hasParent, b.prefix = false, 0, 0, false, nil
 	}
 	clear(p.cache)
+	p.evictions++
 	if p.emitEvents {
 		p.events = append(p.events, kvevents.Event{Kind: kvevents.KindAllBlocksCleared})
 	}

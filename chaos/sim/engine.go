@@ -69,7 +69,8 @@ func (c EngineConfig) Validate() error {
 // Request is one generation request handed to Engine.Add.
 type Request struct {
 	ID RequestID
-	// Prompt is the prompt's token IDs; the engine keeps the slice.
+	// Prompt is the prompt's token IDs; Add copies them, so the caller may
+	// reuse the slice.
 	Prompt []uint32
 	// MaxTokens is the exact number of tokens to generate.
 	MaxTokens int
@@ -110,6 +111,11 @@ type Scheduled struct {
 
 // StepResult is what one step did. Its outputs and events take effect at
 // Start+Duration.
+//
+// The Scheduled, Outputs, Finished and Preempted slices are buffers owned
+// by the engine and reused: they are valid until the next Step on the same
+// engine; copy what must outlive it. Events is allocated for each step and
+// may be kept (publishers and event queues hold it).
 type StepResult struct {
 	Start    time.Time
 	Duration time.Duration
@@ -215,7 +221,27 @@ type Engine struct {
 	running []*seq
 	byID    map[RequestID]*seq
 	stats   Stats
-	scratch []*block
+
+	// Step's reused buffers (see StepResult).
+	sched     []schedEntry
+	scheduled []Scheduled
+	outputs   []Output
+	finished  []Finished
+	preempted []RequestID
+	// cacheBlocks' reused buffers.
+	cacheHashes   []kvevents.EngineHash
+	cachePrefixes [][]uint32
+
+	// head memoizes the prefix lookup of the waiting queue's head, which a
+	// step repeats while the head cannot be admitted: headHit are the
+	// blocks cached for its leading hashes as of headEvictions (the pool's
+	// eviction count). Cached entries only disappear by eviction, so while
+	// that count is unchanged they still hit and the lookup resumes after
+	// them; a hash that missed may have been cached since and is looked up
+	// again.
+	head          *seq
+	headHit       []*block
+	headEvictions uint64
 }
 
 // NewEngine returns an idle engine with an empty cache.
@@ -282,6 +308,9 @@ func (e *Engine) Abort(id RequestID) bool {
 		return false
 	}
 	delete(e.byID, id)
+	if e.head == s {
+		e.head = nil
+	}
 	switch s.state {
 	case stateWaiting:
 		e.waiting = removeSeq(e.waiting, s)
@@ -383,8 +412,8 @@ func (e *Engine) Step(now time.Time) StepResult {
 	res := StepResult{Start: now}
 	budget := e.cfg.MaxNumBatchedTokens
 	bs := e.cfg.BlockSize
-	var sched []schedEntry
-	preempted := false
+	sched := e.sched[:0]
+	preempted := e.preempted[:0]
 
 	// Running requests first, in admission order; preempt from the back.
 	for i := 0; i < len(e.running) && budget > 0; {
@@ -395,8 +424,7 @@ func (e *Engine) Step(now time.Time) StepResult {
 		for need > e.pool.numFree() {
 			victim := e.running[len(e.running)-1]
 			e.preempt(victim)
-			res.Preempted = append(res.Preempted, victim.id)
-			preempted = true
+			preempted = append(preempted, victim.id)
 			if victim == s {
 				scheduled = false
 				break
@@ -415,23 +443,15 @@ func (e *Engine) Step(now time.Time) StepResult {
 	}
 
 	// Then waiting requests, FCFS, unless this step had to preempt.
-	for !preempted && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
+	for len(preempted) == 0 && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
 		s := e.waiting[0]
-		// Prefix lookup over full blocks, leaving at least one token to
-		// compute (vLLM recomputes the last token of a fully cached prompt).
-		hit := e.scratch[:0]
+		hit := e.lookupHead(s)
 		freeHits := 0
-		for i := 0; i < (len(s.tokens)-1)/bs; i++ {
-			b := e.pool.lookup(e.blockHash(s, i))
-			if b == nil {
-				break
-			}
-			hit = append(hit, b)
+		for _, b := range hit {
 			if b.refCnt == 0 {
 				freeHits++
 			}
 		}
-		e.scratch = hit[:0]
 		e.stats.PrefixQueries += uint64(len(s.tokens))
 		e.stats.PrefixHits += uint64(len(hit) * bs)
 		computed := len(hit) * bs
@@ -440,6 +460,7 @@ func (e *Engine) Step(now time.Time) StepResult {
 		if need > e.pool.numFree()-freeHits {
 			break
 		}
+		e.head = nil
 		for _, b := range hit {
 			e.pool.touch(b)
 		}
@@ -457,23 +478,32 @@ func (e *Engine) Step(now time.Time) StepResult {
 		sched = append(sched, schedEntry{s: s, n: n})
 		budget -= n
 	}
+	e.sched = sched
+	if len(preempted) > 0 {
+		res.Preempted = preempted
+	}
+	e.preempted = preempted[:0]
 
 	if len(sched) == 0 {
 		res.Events = e.pool.takeEvents()
 		return res
 	}
+	scheduledOut := e.scheduled[:0]
 	for _, x := range sched {
-		res.Scheduled = append(res.Scheduled, Scheduled{ID: x.s.id, NumTokens: x.n, Decode: x.decode})
+		scheduledOut = append(scheduledOut, Scheduled{ID: x.s.id, NumTokens: x.n, Decode: x.decode})
 		if x.decode {
 			res.DecodeSeqs++
 		} else {
 			res.PrefillTokens += x.n
 		}
 	}
+	e.scheduled = scheduledOut
+	res.Scheduled = scheduledOut
 	res.Duration = e.cfg.Profile.StepTime(res.PrefillTokens, res.DecodeSeqs)
 	end := res.End()
 
 	// Apply the step: cache newly full blocks, sample, finish.
+	outputs, finished := e.outputs[:0], e.finished[:0]
 	for _, x := range sched {
 		s := x.s
 		s.numComputed += x.n
@@ -494,9 +524,9 @@ func (e *Engine) Step(now time.Time) StepResult {
 			out.TTFT = end.Sub(s.arrival)
 			e.stats.PromptTokens += uint64(s.promptLen)
 		}
-		res.Outputs = append(res.Outputs, out)
+		outputs = append(outputs, out)
 		if s.outputs >= s.maxTokens {
-			res.Finished = append(res.Finished, Finished{
+			finished = append(finished, Finished{
 				ID: s.id, Reason: FinishLength, PromptTokens: s.promptLen,
 				OutputTokens: s.outputs, CachedTokens: s.cachedTokens, E2E: end.Sub(s.arrival),
 			})
@@ -507,14 +537,41 @@ func (e *Engine) Step(now time.Time) StepResult {
 			s.blocks = nil
 		}
 	}
+	e.outputs, e.finished = outputs, finished
+	if len(outputs) > 0 {
+		res.Outputs = outputs
+	}
+	if len(finished) > 0 {
+		res.Finished = finished
+	}
 	res.Events = e.pool.takeEvents()
 	return res
 }
 
+// lookupHead returns the cached blocks of s's leading full blocks, leaving
+// at least one token to compute (vLLM recomputes the last token of a fully
+// cached prompt). s is the waiting queue's head; the result is memoized
+// for it (see Engine.head) and valid until the pool changes.
+func (e *Engine) lookupHead(s *seq) []*block {
+	bs := e.cfg.BlockSize
+	hit := e.headHit[:0]
+	if e.head == s && e.headEvictions == e.pool.evictions {
+		hit = e.headHit
+	}
+	for i := len(hit); i < (len(s.tokens)-1)/bs; i++ {
+		b := e.pool.lookup(e.blockHash(s, i))
+		if b == nil {
+			break
+		}
+		hit = append(hit, b)
+	}
+	e.head, e.headHit, e.headEvictions = s, hit, e.pool.evictions
+	return hit
+}
+
 func (e *Engine) cacheBlocks(s *seq, from, to int) {
 	bs := e.cfg.BlockSize
-	hashes := make([]kvevents.EngineHash, 0, to-from)
-	prefixes := make([][]uint32, 0, to-from)
+	hashes, prefixes := e.cacheHashes[:0], e.cachePrefixes[:0]
 	for i := from; i < to; i++ {
 		hashes = append(hashes, e.blockHash(s, i))
 		end := (i + 1) * bs
@@ -525,6 +582,8 @@ func (e *Engine) cacheBlocks(s *seq, from, to int) {
 		parent = e.blockHash(s, from-1)
 	}
 	e.pool.cacheRun(s.blocks[from:to], hashes, prefixes, parent, from > 0)
+	clear(prefixes) // drop the token arrays' references
+	e.cacheHashes, e.cachePrefixes = hashes, prefixes[:0]
 }
 
 // preempt sends a running request back to the head of the waiting queue,
@@ -536,7 +595,9 @@ func (e *Engine) preempt(s *seq) {
 	s.numComputed = 0
 	s.numCachedBlocks = 0
 	s.state = stateWaiting
-	e.waiting = append([]*seq{s}, e.waiting...)
+	e.waiting = append(e.waiting, nil)
+	copy(e.waiting[1:], e.waiting)
+	e.waiting[0] = s
 	e.stats.Preemptions++
 }
 

@@ -416,9 +416,9 @@ func (s *Server) deliver(res StepResult, lag time.Duration) {
 		}
 	}
 	for i := range res.Finished {
-		f := &res.Finished[i]
+		f := res.Finished[i] // a copy: the engine reuses res.Finished next step
 		if p := s.pending[f.ID]; p != nil {
-			s.send(p, reqEvent{fin: f})
+			s.send(p, reqEvent{fin: &f})
 			delete(s.pending, f.ID)
 		}
 	}

@@ -107,13 +107,12 @@ func (g *gateway) serve(f *flight, req study.Request) {
 	}
 	// prepare: the prompt's block keys and what the strategy sees. The
 	// engine needs the tokens whatever the gateway keys by.
-	toks := w.tok.Encode(nil, req.Prompt)
+	// Every gateway keys prompts alike, so they share w.prompts.
+	var toks []uint32
+	toks, g.keys = w.prompts.prepare(req.Prompt, g.keys)
 	promptTokens := len(toks)
 	if g.charKeys {
-		g.keys = g.hasher.AppendKeysString(g.keys[:0], g.root, req.Prompt)
 		promptTokens = len(req.Prompt)
-	} else {
-		g.keys = g.hasher.AppendKeys(g.keys[:0], g.root, toks)
 	}
 	now := w.nowNs()
 	rr := route.Request{

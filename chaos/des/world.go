@@ -25,6 +25,8 @@ type World struct {
 	names []string
 	ids   []index.ReplicaID
 	tok   tokenizer.Tokenizer
+	// prompts turns gateway-routed prompts into tokens and keys.
+	prompts *prompts
 
 	q       queue
 	now     time.Duration
@@ -118,6 +120,8 @@ func New(o Options) (*World, error) {
 		}
 		w.gws = append(w.gws, gw)
 	}
+	g0 := w.gws[0]
+	w.prompts = newPrompts(w.tok, g0.hasher, g0.root, g0.charKeys)
 	for _, g := range w.gws {
 		g.scrape()
 		phase := time.Duration(int64(o.ScrapeInterval) * int64(g.id) / int64(o.Gateways))

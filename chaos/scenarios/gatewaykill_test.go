@@ -160,19 +160,26 @@ func TestGatewayKillAndRestart(t *testing.T) {
 	res := load.Wait()
 	evs := events
 
-	// Every broken connection or refused connect was a request on a
-	// gateway that a hard kill (or, for connect, any stop) took away.
+	// Every failure (a broken or refused connection) was a request to a
+	// gateway that was being killed or stopped. A graceful stop can break
+	// a few too: a client that reuses a keep-alive connection the
+	// stopping server just closed gets an error (HTTP/1.1's idle-close
+	// race); the client sees it, so it is not lost.
+	onGraceful := 0
 	for _, r := range res.Results {
 		if r.Outcome != cluster.Failed {
 			continue
 		}
 		explained := false
 		for _, ev := range evs {
-			if r.Target == ev.url && (ev.hard || r.Reason == "connect") {
+			if r.Target == ev.url {
 				explained = true
+				if !ev.hard {
+					onGraceful++
+				}
 			}
 		}
-		require.True(t, explained, "request %d failed (%s) on %s, not on a killed gateway", r.I, r.Reason, r.Target)
+		require.True(t, explained, "request %d failed (%s) on %s, not on a killed or stopped gateway", r.I, r.Reason, r.Target)
 	}
 	for _, r := range res.Results {
 		if r.Outcome == cluster.Lost {
@@ -196,8 +203,8 @@ func TestGatewayKillAndRestart(t *testing.T) {
 	r := cluster.Row{
 		Scenario: "4 gateway-kill+restart", Load: res, Precision: s.MinPrecision, Recall: s.MinRecall,
 		Converge: max(took, catch), ConfigVersions: c.ConfigVersions(),
-		Note: fmt.Sprintf("%d kills/stops (alternating hard kill and graceful stop) under load; restarted within 1%% of peers after at most %v; %s",
-			rounds, catch.Round(time.Millisecond), res.String()),
+		Note: fmt.Sprintf("%d kills/stops (alternating hard kill and graceful stop) under load; restarted within 1%% of peers after at most %v; %s (%d on graceful stops)",
+			rounds, catch.Round(time.Millisecond), res.String(), onGraceful),
 	}
 	if settleErr != nil {
 		r.Note = "NOT CONVERGED after the kills; " + r.Note

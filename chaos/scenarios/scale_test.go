@@ -3,12 +3,14 @@ package scenarios
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/node"
 )
 
 // awaitVersion waits until every live gateway applies config version v
@@ -41,6 +43,9 @@ func TestScaleOutAndIn(t *testing.T) {
 	lc.Target = liveTarget(c)
 	lc.MaxTokens = 100
 	lc.Concurrency = 8
+	// least-request, so that an added engine gets traffic at once (with
+	// prefix-cache every tenant already has a home).
+	lc.Header = func(_ int, h http.Header) { h.Set(node.HeaderStrategy, "least-request") }
 	load, err := cluster.StartLoad(ctx, lc)
 	require.NoError(t, err)
 	defer load.Stop()

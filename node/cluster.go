@@ -294,6 +294,7 @@ func (n *Node) closeCluster(ctx context.Context, step func(what string, f func()
 		})
 	}
 	if cl.raftTrans != nil {
+		cl.raftTrans.CloseStreams() // pooled outbound connections and their readers
 		if err := cl.raftTrans.Close(); err != nil {
 			n.log.Warn("raft transport close", "err", err)
 		}

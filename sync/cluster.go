@@ -91,6 +91,7 @@ type Cluster struct {
 
 	grpcSrv *grpc.Server
 	peerLis net.Listener
+	sec     *peerSecurity
 
 	// onApplied, when set (tests, benchmarks), sees every applied peer
 	// decision batch with the local apply time.
@@ -132,6 +133,10 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 	}
 	c.m = newMetrics(func() bool { return c.bus.connected() })
 	c.bus = newBus(cfg, log)
+	var err error
+	if c.sec, err = newPeerSecurity(cfg, c.m.peerRejected); err != nil {
+		return nil, err
+	}
 	if err := c.m.register(deps.Registerer); err != nil {
 		return nil, err
 	}
@@ -179,7 +184,7 @@ func (c *Cluster) start(ctx context.Context) error {
 		return fmt.Errorf("sync: peer listener: %w", err)
 	}
 	c.peerLis = lis
-	c.grpcSrv = grpc.NewServer()
+	c.grpcSrv = grpc.NewServer(c.sec.serverOptions()...)
 	peerv1.RegisterPeerServer(c.grpcSrv, &peerService{c: c})
 	srv := c.grpcSrv
 	c.goFunc(func() { _ = srv.Serve(lis) })

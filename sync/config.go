@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 // Gossip profiles accepted by Config.GossipProfile.
@@ -123,6 +125,29 @@ type Config struct {
 	// differs from the listener's (0.0.0.0 binds). Default "": the
 	// listener's address with the gossip advertise host when unspecified.
 	AdvertisePeerAddr string
+
+	// PeerToken is the bearer token the peer service requires on every
+	// call ("authorization: Bearer <token>", compared in constant time)
+	// and that this gateway sends when it pulls a snapshot. Every gateway
+	// of a cluster uses the same one; node passes the admin token
+	// (config.LoadToken). Default "": no authentication, for loopback
+	// tests only: a snapshot is the whole index, and anyone who can pull
+	// one learns every replica's cached prefixes (as keys).
+	PeerToken string
+
+	// PeerTLS serves the peer service over TLS and dials peers with it
+	// (the admin API's config.TLSFiles: cert_file and key_file are this
+	// gateway's, required for TLS; ca_file verifies peers and, on the
+	// server side, requires their client certificates: mutual TLS). Peers'
+	// certificates must name the address they advertise (PeerAddr or
+	// AdvertisePeerAddr), unless PeerTLSServerName is set. Every gateway
+	// of a cluster must agree on TLS. Default zero: plaintext.
+	PeerTLS config.TLSFiles
+
+	// PeerTLSServerName, when set, is the name peers' certificates are
+	// verified against instead of the dialled host (a cluster whose
+	// gateways share a certificate for one service name). Default "".
+	PeerTLSServerName string
 
 	// NATSURL selects an external NATS cluster ("nats://h1:4222,nats://h2:4222").
 	// Default "": every gateway embeds a nats-server and the embedded
@@ -297,6 +322,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := splitHostPort(c.PeerAddr); err != nil {
 		return bad("PeerAddr", "%v", err)
+	}
+	if c.PeerTLS.Enabled() && (c.PeerTLS.CertFile == "" || c.PeerTLS.KeyFile == "") {
+		return bad("PeerTLS", "cert_file and key_file are required for TLS")
 	}
 	if c.NATSURL == "" {
 		if _, err := splitHostPort(c.NATSClientAddr); err != nil {

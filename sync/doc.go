@@ -137,7 +137,21 @@
 // and re-applies its own recent batches the peer lacked. Load reports are
 // kept per origin with the local receive time and summed into an immutable
 // map; InFlight reads it without locks or allocation, and reports older
-// than LoadTTL stop counting.
+// than LoadTTL stop counting. A restore keeps this gateway's replica roots
+// and publisher flags (index.KeepReplicaSettings).
+//
+// # Peer service security
+//
+// A snapshot is the whole index, so the Peer service takes the admin API's
+// protections: Config.PeerToken, when set, is required on every call as
+// "authorization: Bearer <token>" (compared in constant time; refusals
+// are codes.Unauthenticated, ErrUnauthenticated to the puller, counted in
+// kvmesh_sync_peer_unauthenticated_total) and sent on every pull;
+// Config.PeerTLS (sync/config.TLSFiles) serves and dials over TLS, mutual
+// when it names a CA. Every gateway of a cluster uses the same token and
+// TLS setting. NATS and gossip are separate: gossip is encrypted with
+// Config.SecretKey; the embedded NATS servers' routes are not yet
+// authenticated.
 //
 // # Lifecycle and concurrency
 //

@@ -25,6 +25,9 @@ var (
 	// ErrWrongCluster is returned by the peer service to a caller of
 	// another cluster.
 	ErrWrongCluster = errors.New("sync: wrong cluster")
+	// ErrUnauthenticated is returned by the peer service to a call without
+	// the cluster's PeerToken, and wrapped by a snapshot pull it refused.
+	ErrUnauthenticated = errors.New("sync: unauthenticated")
 	// ErrMetaTooLarge means the node metadata does not fit memberlist's
 	// metadata limit.
 	ErrMetaTooLarge = errors.New("sync: node metadata too large")

@@ -25,6 +25,7 @@ type metrics struct {
 	natsConnected    prometheus.GaugeFunc
 	repairs          *prometheus.CounterVec // {result}
 	peerLoadReports  prometheus.Gauge
+	peerRejected     prometheus.Counter
 }
 
 // newMetrics builds the metrics; natsUp reports the NATS connection's
@@ -85,13 +86,15 @@ func newMetrics(natsUp func() bool) *metrics {
 			[]string{"result"}),
 		peerLoadReports: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "peer_load_reports", Help: "Peers whose load report is fresh."}),
+		peerRejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "peer_unauthenticated_total", Help: "Peer-service calls refused for a missing or wrong PeerToken."}),
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.members, m.eventsDropped, m.published, m.applied, m.dropped,
 		m.malformed, m.lag, m.gaps, m.bootstrapSeconds, m.bootstrapBytes, m.servedBytes, m.bootstraps,
-		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports}
+		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports, m.peerRejected}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {

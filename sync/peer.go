@@ -8,7 +8,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -72,7 +71,7 @@ func (c *Cluster) snapshot() []byte {
 
 // pullSnapshot streams a peer's snapshot.
 func (c *Cluster) pullSnapshot(ctx context.Context, addr string) ([]byte, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, c.sec.dialOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("sync: dial peer %s: %w", addr, err)
 	}
@@ -80,7 +79,7 @@ func (c *Cluster) pullSnapshot(ctx context.Context, addr string) ([]byte, error)
 	stream, err := peerv1.NewPeerClient(conn).Snapshot(ctx, &peerv1.SnapshotRequest{
 		Cluster: c.cfg.ClusterName, Requester: c.cfg.NodeName, MaxChunkBytes: defaultChunkBytes})
 	if err != nil {
-		return nil, fmt.Errorf("sync: snapshot from %s: %w", addr, err)
+		return nil, snapshotErr(addr, err)
 	}
 	var data []byte
 	for {
@@ -89,7 +88,7 @@ func (c *Cluster) pullSnapshot(ctx context.Context, addr string) ([]byte, error)
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("sync: snapshot from %s: %w", addr, err)
+			return nil, snapshotErr(addr, err)
 		}
 		if ch.GetTotalBytes() > maxSnapshotBytes || ch.GetOffset() != uint64(len(data)) ||
 			uint64(len(data)+len(ch.GetData())) > ch.GetTotalBytes() {
@@ -104,6 +103,15 @@ func (c *Cluster) pullSnapshot(ctx context.Context, addr string) ([]byte, error)
 		return nil, fmt.Errorf("%w: snapshot from %s incomplete (%d bytes)", ErrMalformed, addr, len(data))
 	}
 	return data, nil
+}
+
+// snapshotErr wraps a pull's gRPC error; a refused token is
+// ErrUnauthenticated.
+func snapshotErr(addr string, err error) error {
+	if status.Code(err) == codes.Unauthenticated {
+		return fmt.Errorf("%w: snapshot from %s: %w", ErrUnauthenticated, addr, err)
+	}
+	return fmt.Errorf("sync: snapshot from %s: %w", addr, err)
 }
 
 // restoreFrom pulls a snapshot from peer and restores it: the applier

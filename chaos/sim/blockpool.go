@@ -27,6 +27,10 @@ type block struct {
 	// aliases the sequence's token array, whose written entries never change.
 	prefix []uint32
 
+	// child is the block a prefix lookup last found after this one (a
+	// hint: it is used only while it is cached under the hash looked up).
+	child *block
+
 	// free-queue links; inFree is true while the block is in the queue.
 	prev, next *block
 	inFree     bool
@@ -146,6 +150,24 @@ func (p *blockPool) usage() float64 {
 // lookup returns the cached block with hash h, or nil.
 func (p *blockPool) lookup(h kvevents.EngineHash) *block { return p.cache[h] }
 
+// lookupAfter is lookup for the block that follows prev (nil for a
+// sequence's first block) in a chain. Requests of one prefix walk the same
+// chain, so prev's child hint usually answers without the map: only one
+// block is cached per hash, so a cached block holding h is p.cache[h].
+func (p *blockPool) lookupAfter(prev *block, h kvevents.EngineHash) *block {
+	if prev == nil {
+		return p.cache[h]
+	}
+	if c := prev.child; c != nil && c.cached && c.hash == h {
+		return c
+	}
+	b := p.cache[h]
+	if b != nil {
+		prev.child = b
+	}
+	return b
+}
+
 // touch takes a reference on a cached block found by a prefix hit, removing
 // it from the free queue if nothing referenced it.
 func (p *blockPool) touch(b *block) {
@@ -223,7 +245,9 @@ func (p *blockPool) cacheRun(blocks []*block, hashes []kvevents.EngineHash, pref
 			continue
 		}
 		if ev == nil {
-			ev = &kvevents.BlockStored{ParentBlockHash: par, HasParent: hp, BlockSize: p.blockSize, Medium: MediumGPU}
+			ev = &kvevents.BlockStored{ParentBlockHash: par, HasParent: hp, BlockSize: p.blockSize, Medium: MediumGPU,
+				BlockHashes: make([]kvevents.EngineHash, 0, len(blocks)-i),
+				TokenIDs:    make([]uint32, 0, (len(blocks)-i)*p.blockSize)}
 			p.events = append(p.events, kvevents.Event{Kind: kvevents.KindBlockStored, Stored: ev})
 		}
 		ev.BlockHashes = append(ev.BlockHashes, h)

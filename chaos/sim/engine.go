@@ -290,6 +290,7 @@ func (e *Engine) Add(r Request, now time.Time) error {
 	s := &seq{
 		id:        r.ID,
 		tokens:    append(make([]uint32, 0, len(r.Prompt)+r.MaxTokens), r.Prompt...),
+		hashes:    make([]kvevents.EngineHash, 0, (len(r.Prompt)+r.MaxTokens)/e.cfg.BlockSize),
 		promptLen: len(r.Prompt),
 		maxTokens: r.MaxTokens,
 		arrival:   now,
@@ -558,12 +559,17 @@ func (e *Engine) lookupHead(s *seq) []*block {
 	if e.head == s && e.headEvictions == e.pool.evictions {
 		hit = e.headHit
 	}
+	var prev *block
+	if len(hit) > 0 {
+		prev = hit[len(hit)-1]
+	}
 	for i := len(hit); i < (len(s.tokens)-1)/bs; i++ {
-		b := e.pool.lookup(e.blockHash(s, i))
+		b := e.pool.lookupAfter(prev, e.blockHash(s, i))
 		if b == nil {
 			break
 		}
 		hit = append(hit, b)
+		prev = b
 	}
 	e.head, e.headHit, e.headEvictions = s, hit, e.pool.evictions
 	return hit

@@ -196,9 +196,9 @@ func cellName(mode string, gateways int, isolated bool) string {
 }
 
 // Settler is implemented by engines whose gateways share state
-// asynchronously (a replicated index). RunPhase calls Settle after a
-// scenario's initialisation (and cache reset) and before the first
-// arrival, so that every gateway starts the phase with the state the
+// asynchronously (a replicated index). In cells of several synced
+// gateways RunPhase calls Settle after a scenario's initialisation (and
+// cache reset) and before the first arrival, so that every gateway starts the phase with the state the
 // initialisation established through gateway 0, as one gateway would.
 // Settle polls; it must not be called while Run is running.
 type Settler interface {

@@ -154,7 +154,7 @@ func RunPhase(ctx context.Context, e Engine, cfg *Config, ph *Phase, prog Progre
 	if err := e.WaitIdle(ctx); err != nil {
 		return fail(err)
 	}
-	if s, ok := e.(Settler); ok {
+	if s, ok := e.(Settler); ok && ph.Cell.Gateways > 1 && !ph.Cell.Isolated {
 		t0 := time.Now()
 		if err := s.Settle(ctx); err != nil {
 			return fail(fmt.Errorf("%w: gateways did not converge after initialisation: %w", ErrEngine, err))

@@ -234,6 +234,8 @@ func TestLiveClusterGrid(t *testing.T) {
 		require.True(t, p.Measured, "%s: %s", p.Name, p.Error)
 		if p.Gateways == 3 && !p.Isolated {
 			assert.Greater(t, p.SettleMS, 0.0, "%s: synced phases wait for the peers", p.Name)
+		} else {
+			assert.Zero(t, p.SettleMS, "%s: nothing to settle", p.Name)
 		}
 	}
 	require.Len(t, res.Runs, 3*len(cfg.Scenarios)*len(cfg.Strategies), "three cells: g1, g3 synced, g3 isolated")

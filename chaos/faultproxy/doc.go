@@ -19,6 +19,13 @@
 //     the hold is lifted (a partition that blackholes connection set-up).
 //
 // The proxy works on any TCP protocol: HTTP, ZMQ, NATS, raft, gRPC,
-// memberlist's TCP stream. Every goroutine it starts is owned by the Proxy
-// and ends in Close, which is idempotent; Close waits for them.
+// memberlist's TCP stream (not its UDP gossip). Every goroutine it starts is
+// owned by the Proxy and ends in Close, which is idempotent; Close waits
+// for them.
+//
+// Relay is the message-level counterpart for ZMQ PUB/SUB links (vLLM's KV
+// events): it subscribes to a PUB and republishes on its own PUB, and a
+// Fault chosen per message drops, duplicates, swaps (reorders) or garbles
+// it, with ZMTP framing intact, so consumers see exactly lost, repeated,
+// reordered or corrupt batches. Stats count both.
 package faultproxy

@@ -40,10 +40,9 @@ type gateway struct {
 	// with Selection sel (kvmesh_route_decisions_total).
 	selections [][]float64
 
-	keys     []index.BlockKey
-	matched  []int32
-	cands    []route.Candidate
-	kvHashes []uint64
+	keys    []index.BlockKey
+	matched []int32
+	cands   []route.Candidate
 }
 
 func newGateway(w *World, id int) (*gateway, error) {
@@ -270,43 +269,22 @@ func (g *gateway) scrape() {
 	}
 }
 
-// applyKV applies one engine's KV-event batch (node's kvHandler).
-func (g *gateway) applyKV(rep int, evs []kvevents.Event) {
+// applyKV applies one engine's normalized KV-event batch (node's
+// kvHandler, or a peer applying its owner's batch).
+func (g *gateway) applyKV(rep int, b []kvUpdate) {
 	id := g.w.ids[rep]
-	for i := range evs {
-		ev := &evs[i]
-		switch ev.Kind {
+	for i := range b {
+		u := &b[i]
+		switch u.kind {
 		case kvevents.KindBlockStored:
-			st := ev.Stored
-			if st == nil || !gpuTier(st.Medium) {
-				continue
-			}
-			g.kvHashes = g.kvHashes[:0]
-			for _, h := range st.BlockHashes {
-				g.kvHashes = append(g.kvHashes, uint64(h))
-			}
-			sb := index.StoredBlocks{
-				Hashes: g.kvHashes, ParentHash: uint64(st.ParentBlockHash), HasParent: st.HasParent,
-				Tokens: st.TokenIDs, BlockTokens: st.BlockSize,
-			}
-			_ = g.ix.ApplyStored(id, sb) // node counts and skips failures too
+			_ = g.ix.ApplyStored(id, u.stored) // node counts and skips failures too
 		case kvevents.KindBlockRemoved:
-			rm := ev.Removed
-			if rm == nil || !gpuTier(rm.Medium) {
-				continue
-			}
-			g.kvHashes = g.kvHashes[:0]
-			for _, h := range rm.BlockHashes {
-				g.kvHashes = append(g.kvHashes, uint64(h))
-			}
-			g.ix.ApplyRemoved(id, g.kvHashes)
+			g.ix.ApplyRemoved(id, u.hashes)
 		case kvevents.KindAllBlocksCleared:
 			g.ix.ClearReplica(id)
 		}
 	}
 }
-
-func gpuTier(medium string) bool { return medium == "" || medium == "GPU" || medium == "gpu" }
 
 // strategyNames indexes the selection counters.
 var strategyNames = route.Names()

@@ -27,6 +27,8 @@ type World struct {
 	tok   tokenizer.Tokenizer
 	// prompts turns gateway-routed prompts into tokens and keys.
 	prompts *prompts
+	// hasher is the gateways' (one cluster seed and block size).
+	hasher index.Hasher
 
 	q       queue
 	now     time.Duration
@@ -122,6 +124,7 @@ func New(o Options) (*World, error) {
 	}
 	g0 := w.gws[0]
 	w.prompts = newPrompts(w.tok, g0.hasher, g0.root, g0.charKeys)
+	w.hasher = g0.hasher
 	for _, g := range w.gws {
 		g.scrape()
 		phase := time.Duration(int64(o.ScrapeInterval) * int64(g.id) / int64(o.Gateways))

@@ -20,7 +20,12 @@
 //     load it scraped at its last scrape tick and its queued prefill tokens,
 //     picks, records the decision in its index and sends it to its peers,
 //     who apply it SyncDelay later. NoSync isolates the gateways: no
-//     decision deltas, no peer load.
+//     decision deltas, no peer load. The tokens and keys of a prefix
+//     group's shared document are computed once and only each prompt's
+//     tail per request, split only where the tokenizer itself splits, so
+//     they equal a full encode (prompt_test.go). An engine's KV batch is
+//     normalized for the index once (kvevents.StoredForIndex, as a synced
+//     cluster's owner does) and applied by every gateway's index.
 //   - Clients: a request's outcome is what the streaming client of the
 //     live engine would observe over a zero-latency network.
 //

@@ -11,7 +11,13 @@
 // model taken from a Profile. Engine starts no goroutines and reads no
 // clock: callers Add requests and call Step(now), which returns what the step
 // did and how long it takes in model time. Tests drive it with a fake clock;
-// a discrete-event simulator can drive it directly.
+// a discrete-event simulator can drive it directly. In steady state Step
+// allocates only the step's KV events: a StepResult's Scheduled, Outputs, Finished and
+// Preempted are engine-owned buffers valid until the next Step (copy what
+// must outlive it); its Events may be kept. Prefix lookups of a waiting
+// head that cannot be admitted resume after the hits already found while no
+// cached block was evicted, and follow each block's last-seen successor
+// before the hash map; neither changes any result.
 //
 // Server wraps an Engine with a driver goroutine that runs steps in real
 // time (model durations divided by Config.Speed), an HTTP server, Prometheus

@@ -250,6 +250,10 @@ func WriteHTML(w io.Writer, res *Results) error {
 		fmt.Fprintf(w, "<h2>Beating it</h2>\n")
 		htmlTable(w, t)
 	}
+	if t, ok := SyncCheck(res); ok {
+		fmt.Fprintf(w, "<h2>Gateway cluster</h2>\n")
+		htmlTable(w, t)
+	}
 	_, err := fmt.Fprintf(w, "</body></html>\n")
 	return err
 }

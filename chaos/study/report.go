@@ -413,6 +413,102 @@ func BeatCheck(res *Results) (Table, bool) {
 	return t, len(t.Rows) > 0
 }
 
+// SyncTolerance is issue 6's target: several synced gateways keep SLO
+// pass (as a share of arrivals) and token hit rate within this many
+// percentage points of one gateway.
+const SyncTolerance = 2.0
+
+// SyncCheck compares, for each phase of one gateway that has a
+// multi-gateway counterpart (same scenario, round, mode and strategy),
+// synced and isolated gateways with the single gateway: SLO pass share and
+// token hit rate, and whether the synced cell is within SyncTolerance
+// points on both. On warm, an index-following strategy inherits the
+// bootstrap's index layout, which gateway 0 chooses afresh in every cell:
+// the verdict names the two layouts when they differ. ok is false when
+// the study has no such pair.
+func SyncCheck(res *Results) (Table, bool) {
+	t := Table{
+		Title: "Gateway cluster: N gateways vs 1 (issue 6; SLO pass and token hit within 2 points)",
+		Header: []string{"scenario / round", "mode", "strategy", "gateways", "pass 1 | synced | isolated",
+			"token hit 1 | synced | isolated", "synced within 2 points"},
+	}
+	pct := func(r *Run) float64 { return 100 * float64(r.SLOPass) / float64(max(r.Arrivals, 1)) }
+	type key struct {
+		PhaseKey
+		g int
+	}
+	cells := map[key][2]*Run{} // [synced, isolated] by (phase of 1 gateway, N)
+	var order []key
+	for i := range res.Runs {
+		r := &res.Runs[i]
+		if r.Gateways < 2 {
+			continue
+		}
+		k := r.Key()
+		k.Gateways, k.Isolated = 1, false
+		kk := key{k, r.Gateways}
+		pair, seen := cells[kk]
+		if !seen {
+			order = append(order, kk)
+		}
+		pair[btoi(isolated(res, r))] = r
+		cells[kk] = pair
+	}
+	for _, kk := range order {
+		var one *Run
+		for i := range res.Runs {
+			if res.Runs[i].Key() == kk.PhaseKey {
+				one = &res.Runs[i]
+			}
+		}
+		if one == nil {
+			continue
+		}
+		pair := cells[kk]
+		passes := []string{fmt.Sprintf("%.1f%%", pct(one))}
+		hits := []string{fpct(one.TokenHitRate)}
+		for _, r := range pair {
+			if r == nil {
+				passes, hits = append(passes, "—"), append(hits, "—")
+				continue
+			}
+			passes = append(passes, fmt.Sprintf("%.1f%%", pct(r)))
+			hits = append(hits, fpct(r.TokenHitRate))
+		}
+		verdict := "—"
+		if s := pair[0]; s != nil {
+			dp := pct(s) - pct(one)
+			dh := 100 * (float64(s.TokenHitRate) - float64(one.TokenHitRate))
+			verdict = "yes"
+			if math.Abs(dp) > SyncTolerance || math.Abs(dh) > SyncTolerance || math.IsNaN(dh) {
+				verdict = "no"
+			}
+			verdict += fmt.Sprintf(" (pass %+.1f, hit %+.1f)", dp, dh)
+			if kk.Scenario == ScenarioWarm && !indexBlind[kk.Strategy] {
+				// The warm bootstrap's layout is whatever gateway 0 chose;
+				// an index-following strategy inherits it.
+				a, _ := bootstrapLayout(res, one.Key().PhaseName())
+				b, _ := bootstrapLayout(res, s.Key().PhaseName())
+				if a != b {
+					verdict += fmt.Sprintf("; warm index %s vs %s", a, b)
+				}
+			}
+		}
+		t.Rows = append(t.Rows, []string{
+			fmt.Sprintf("%s / %d", kk.Scenario, kk.Round), kk.Mode, kk.Strategy, fmt.Sprint(kk.g),
+			strings.Join(passes, " | "), strings.Join(hits, " | "), verdict,
+		})
+	}
+	return t, len(t.Rows) > 0
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // WriteTables writes every table and verdict as plain text (stdout).
 func WriteTables(w io.Writer, res *Results) {
 	for _, t := range ScenarioTables(res) {
@@ -429,6 +525,9 @@ func WriteTables(w io.Writer, res *Results) {
 		t.Text(w)
 	}
 	if t, ok := BeatCheck(res); ok {
+		t.Text(w)
+	}
+	if t, ok := SyncCheck(res); ok {
 		t.Text(w)
 	}
 	if bad := unmeasured(res); len(bad) > 0 {
@@ -501,6 +600,10 @@ func WriteMarkdown(w io.Writer, res *Results) error {
 	}
 	if t, ok := BeatCheck(res); ok {
 		fmt.Fprintf(w, "## Beating it\n\n")
+		t.Markdown(w)
+	}
+	if t, ok := SyncCheck(res); ok {
+		fmt.Fprintf(w, "## Gateway cluster\n\n")
 		t.Markdown(w)
 	}
 	return nil

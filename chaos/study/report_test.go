@@ -102,3 +102,50 @@ func TestCalibrationCheck(t *testing.T) {
 	assert.Equal(t, [2]string{"85 (index 4/4)", "not met"}, got["warm, balanced index: prefix-cache passes ≥ 90"])
 	assert.Equal(t, [2]string{"60 (index 6/2)", "n/a: index not balanced"}, got["warm, balanced index: cost passes ≥ 90"])
 }
+
+func TestSyncCheck(t *testing.T) {
+	gw := func(r study.Run, g int, iso bool) study.Run {
+		r.Gateways, r.Isolated = g, iso
+		return r
+	}
+	res := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{
+		run("hot50", 1, "cost", "history", 95, 1.0, 0.986, 42, 54),
+		gw(run("hot50", 1, "cost", "history", 93, 1.5, 0.983, 40, 56), 3, false), // −2.1 pass points
+		gw(run("hot50", 1, "cost", "history", 91, 2.0, 0.924, 46, 50), 3, true),
+		run("warm", 1, "cost", "hybrid", 96, 0.1, 0.996, 48, 48),
+		gw(run("warm", 1, "cost", "hybrid", 96, 0.2, 0.997, 48, 48), 3, false),
+		gw(run("cold", 1, "cost", "hybrid", 90, 0.2, 0.5, 48, 48), 3, true), // no 1-gateway run
+	}}
+	tab, ok := study.SyncCheck(res)
+	require.True(t, ok)
+	require.Len(t, tab.Rows, 2)
+	assert.Equal(t, []string{"hot50 / 1", "history", "cost", "3", "99.0% | 96.9% | 94.8%", "98.6% | 98.3% | 92.4%",
+		"no (pass -2.1, hit -0.3)"}, tab.Rows[0])
+	assert.Equal(t, "100.0% | 100.0% | —", tab.Rows[1][4])
+	assert.Equal(t, "yes (pass +0.0, hit +0.1)", tab.Rows[1][6])
+
+	var b bytes.Buffer
+	study.WriteTables(&b, res)
+	assert.Contains(t, b.String(), "Gateway cluster: N gateways vs 1")
+
+	// Warm: an index-following strategy's verdict names differing layouts.
+	res.Runs = append(res.Runs, run("warm", 1, "prefix-cache", "history", 90, 2, 0.99, 36, 60),
+		gw(run("warm", 1, "prefix-cache", "history", 59, 7, 0.99, 69, 27), 3, false))
+	layout := func(name string, reps ...string) study.PhaseDetail {
+		d := study.PhaseDetail{Name: name, Replicas: []string{"A", "B"}}
+		for _, r := range reps {
+			d.Init.Bootstrap = append(d.Init.Bootstrap, study.Placement{Replica: r})
+		}
+		return d
+	}
+	res.Phases = []study.PhaseDetail{
+		layout("r1-warm-prefix-cache@history/g1", "A", "B", "B", "A", "B", "B", "A", "B"),
+		layout("r1-warm-prefix-cache@history/g3", "A", "A", "A", "A", "A", "B", "A", "B"),
+	}
+	tab, _ = study.SyncCheck(res)
+	require.Len(t, tab.Rows, 3)
+	assert.Equal(t, "no (pass -32.3, hit +0.0); warm index 3/5 vs 6/2", tab.Rows[2][6])
+
+	_, ok = study.SyncCheck(&study.Results{Runs: res.Runs[:1]})
+	assert.False(t, ok, "one gateway only: nothing to compare")
+}

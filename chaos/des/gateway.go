@@ -263,8 +263,7 @@ func (g *gateway) scrape() {
 		if g.scraped[i] == r.ver && g.running[i] != route.Unknown {
 			continue // unchanged since the last scrape
 		}
-		st := r.stats()
-		g.running[i], g.waiting[i], g.kvUsage[i] = st.Running, st.Waiting, st.KVUsage
+		g.running[i], g.waiting[i], g.kvUsage[i] = r.eng.Load()
 		g.scraped[i] = r.ver
 	}
 }

@@ -265,9 +265,9 @@ func (w *World) answer(n int) string {
 func (w *World) Observe(done func(study.Observation)) {
 	o := study.Observation{At: w.now}
 	for _, r := range w.reps {
-		st := r.stats()
-		o.Running = append(o.Running, st.Running)
-		o.Waiting = append(o.Waiting, st.Waiting)
+		running, waiting, _ := r.eng.Load()
+		o.Running = append(o.Running, running)
+		o.Waiting = append(o.Waiting, waiting)
 	}
 	w.pending++
 	w.q.push(event{at: w.now, fn: func() { done(o) }, work: true})

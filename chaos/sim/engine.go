@@ -353,6 +353,12 @@ func (e *Engine) Stats() Stats {
 	return s
 }
 
+// Load returns the gauges a load scrape reads (Stats' Running, Waiting and
+// KVUsage) without copying the counters.
+func (e *Engine) Load() (running, waiting int, kvUsage float64) {
+	return len(e.running), len(e.waiting), e.pool.usage()
+}
+
 // CachedBlocks returns every block whose hash is cached, in block-id order.
 // The token slices alias the engine's immutable token arrays.
 func (e *Engine) CachedBlocks() []CachedBlock {

@@ -87,11 +87,6 @@ func (n *Node) KVBindAddr(replica string) string {
 	return r.sub.Addr()
 }
 
-// counts GPU-tier events only: blocks offloaded to CPU or disk are another
-// tier whose removals vLLM reports separately, and the index keeps one
-// engine-hash map per replica.
-func gpuTier(medium string) bool { return medium == "" || medium == "GPU" || medium == "gpu" }
-
 // HandleBatch implements kvevents.Handler.
 func (h kvHandler) HandleBatch(_ string, _ kvevents.Seq, b *kvevents.Batch) {
 	n, r := h.n, h.r
@@ -99,32 +94,24 @@ func (h kvHandler) HandleBatch(_ string, _ kvevents.Seq, b *kvevents.Batch) {
 		ev := &b.Events[i]
 		switch ev.Kind {
 		case kvevents.KindBlockStored:
-			st := ev.Stored
-			if st == nil || !gpuTier(st.Medium) {
+			// StoredForIndex filters the GPU tier, roots salted and LoRA
+			// chains under the request-side root and drops opaque
+			// (multimodal) blocks, exactly as a synced cluster's owner does.
+			sb, ok := kvevents.StoredForIndex(n.hasher, r.model, ev.Stored, r.kvHashes)
+			if !ok {
 				continue
 			}
-			r.kvHashes = appendHashes(r.kvHashes[:0], st.BlockHashes)
-			sb := index.StoredBlocks{
-				Hashes:      r.kvHashes,
-				ParentHash:  uint64(st.ParentBlockHash),
-				HasParent:   st.HasParent,
-				Tokens:      st.TokenIDs,
-				BlockTokens: st.BlockSize,
-			}
-			if st.LoRAName != "" {
-				sb.Root, sb.HasRoot = n.hasher.Root(r.model, st.LoRAName, ""), true
-			}
+			r.kvHashes = sb.Hashes
 			if err := n.index.ApplyStored(r.id, sb); err != nil {
 				n.m.kvApplyErrors.WithLabelValues(r.name, applyErrorReason(err)).Inc()
 				n.log.Debug("KV event not applied", "replica", r.name, "err", err)
 			}
 		case kvevents.KindBlockRemoved:
-			rm := ev.Removed
-			if rm == nil || !gpuTier(rm.Medium) {
-				continue
+			hs, ok := kvevents.RemovedForIndex(ev.Removed, r.kvHashes)
+			r.kvHashes = hs
+			if ok {
+				n.index.ApplyRemoved(r.id, hs)
 			}
-			r.kvHashes = appendHashes(r.kvHashes[:0], rm.BlockHashes)
-			n.index.ApplyRemoved(r.id, r.kvHashes)
 		case kvevents.KindAllBlocksCleared:
 			n.index.ClearReplica(r.id)
 		}
@@ -138,13 +125,6 @@ func (h kvHandler) HandleReset(name string, reason kvevents.ResetReason) {
 	removed := h.n.index.ClearReplica(r.id)
 	h.n.log.Info("KV-event stream reset, confirmed entries dropped", "replica", name,
 		"reason", reason.String(), "entries", removed)
-}
-
-func appendHashes(dst []uint64, hs []kvevents.EngineHash) []uint64 {
-	for _, h := range hs {
-		dst = append(dst, uint64(h))
-	}
-	return dst
 }
 
 func applyErrorReason(err error) string {

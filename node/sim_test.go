@@ -195,3 +195,102 @@ func TestKVBindReceivesEventsFromAConnectingPublisher(t *testing.T) {
 	require.Eventually(t, func() bool { return matchedOf(debugRoute(t, n, "prefix-cache", text), "a") == 1 },
 		10*time.Second, 10*time.Millisecond, "BlockRemoved drops that block of that replica")
 }
+
+// debugRouteBody asks the node how it would route a request body.
+func debugRouteBody(t testing.TB, n *Node, body map[string]any) debugReport {
+	t.Helper()
+	raw, _ := json.Marshal(body)
+	resp := post(t, n, "/debug/route", string(raw), map[string]string{HeaderStrategy: "prefix-cache"})
+	out := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, out)
+	var rep debugReport
+	require.NoError(t, json.Unmarshal([]byte(out), &rep))
+	return rep
+}
+
+// The engine's events go through kvevents.StoredForIndex: a cache_salt in
+// extra_keys roots the blocks under the salted root (so the salted request
+// matches and the unsalted one does not), and a non-GPU medium is ignored.
+func TestKVEventsSaltAndMedium(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, func(c *Config) {
+		c.IndexMode = "kv-events"
+		c.Tokenizer = TokenizerCharacter
+		c.BlockSize = 4
+	}, ReplicaConfig{Name: "a", URL: e.url(), KVBind: "tcp://127.0.0.1:0"})
+	pc := kvevents.DefaultPublisherConfig()
+	pc.Endpoint = n.KVBindAddr("a")
+	pc.RedialInterval = 50 * time.Millisecond
+	pub, err := kvevents.NewPublisher(pc, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer pub.Close()
+
+	tokens := func(s string) []uint32 {
+		out := make([]uint32, len(s))
+		for i := range s {
+			out[i] = uint32(s[i])
+		}
+		return out
+	}
+	salted, plain, cpu := "abcdefgh", "ijklmnop", "qrstuvwx"
+	matched := func(prompt, salt string) int {
+		body := map[string]any{"model": "m", "prompt": prompt}
+		if salt != "" {
+			body["cache_salt"] = salt
+		}
+		return matchedOf(debugRouteBody(t, n, body), "a")
+	}
+	// The CPU-tier copy of cpu comes first in the batch; the marker (plain,
+	// GPU) shows the whole batch arrived.
+	batch := kvevents.Batch{Events: []kvevents.Event{
+		{Kind: kvevents.KindBlockStored, Stored: &kvevents.BlockStored{
+			BlockHashes: []kvevents.EngineHash{31, 32}, TokenIDs: tokens(cpu), BlockSize: 4, Medium: "CPU"}},
+		{Kind: kvevents.KindBlockStored, Stored: &kvevents.BlockStored{
+			BlockHashes: []kvevents.EngineHash{11, 12}, TokenIDs: tokens(salted), BlockSize: 4, CacheSalt: "s1"}},
+		{Kind: kvevents.KindBlockStored, Stored: &kvevents.BlockStored{
+			BlockHashes: []kvevents.EngineHash{21, 22}, TokenIDs: tokens(plain), BlockSize: 4}},
+	}}
+	require.Eventually(t, func() bool {
+		_, err := pub.Publish(batch)
+		require.NoError(t, err)
+		return matched(plain, "") == 2
+	}, 10*time.Second, 20*time.Millisecond)
+	assert.Equal(t, 2, matched(salted, "s1"), "salted events match the salted request")
+	assert.Equal(t, 0, matched(salted, ""), "and not the unsalted one")
+	assert.Equal(t, 0, matched(salted, "s2"), "nor another salt")
+	assert.Equal(t, 0, matched(cpu, ""), "a CPU-tier store is not a GPU cache hit")
+
+	// A CPU-tier removal leaves the GPU copy; a GPU one removes it.
+	_, err = pub.Publish(kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.KindBlockRemoved,
+		Removed: &kvevents.BlockRemoved{BlockHashes: []kvevents.EngineHash{12}, Medium: "CPU"}}}})
+	require.NoError(t, err)
+	_, err = pub.Publish(kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.KindBlockRemoved,
+		Removed: &kvevents.BlockRemoved{BlockHashes: []kvevents.EngineHash{21}}}}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return matched(plain, "") == 0 }, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 2, matched(salted, "s1"), "the CPU-tier removal did not drop the GPU block")
+}
+
+// Blocks from the first one with opaque extra keys (multimodal) on are not
+// indexed: their keys from token ids would claim them for any prompt with
+// the same placeholder tokens. The encoder does not carry OpaqueFrom, so
+// the decoded batch goes to HandleBatch directly (no subscriber runs).
+func TestKVEventsOpaqueBlocksNotIndexed(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, func(c *Config) {
+		c.IndexMode = "kv-events"
+		c.Tokenizer = TokenizerCharacter
+		c.BlockSize = 4
+	}, rc("a", e.url()))
+	text := "abcdefghijkl"
+	toks := make([]uint32, len(text))
+	for i := range text {
+		toks[i] = uint32(text[i])
+	}
+	r := n.tbl.Load().byName["a"]
+	kvHandler{n: n, r: r}.HandleBatch("a", 1, &kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.KindBlockStored,
+		Stored: &kvevents.BlockStored{BlockHashes: []kvevents.EngineHash{1, 2, 3}, TokenIDs: toks, BlockSize: 4,
+			HasExtraKeys: true, HasOpaque: true, OpaqueFrom: 1}}}})
+	assert.Equal(t, 1, matchedOf(debugRoute(t, n, "prefix-cache", text), "a"))
+	assert.Equal(t, 1, n.Index().Stats().Entries[index.Confirmed])
+}

@@ -126,3 +126,22 @@ func TestTable64(t *testing.T) {
 		tb.Markdown(f)
 	}
 }
+
+// BenchmarkPhase64x8 runs one cold phase of 2,000 arrivals with cost on 64
+// replicas behind 8 synced gateways (history and hybrid) per iteration and
+// reports simulated arrivals per second of the benchmark's time.
+// Run: go test -run XXX -bench Phase64x8 -benchtime 3x ./chaos/des
+func BenchmarkPhase64x8(b *testing.B) {
+	for _, mode := range []string{"history", "hybrid"} {
+		b.Run(mode, func(b *testing.B) {
+			const n = 2000
+			cfg := scaleConfig(study.ScenarioCold, "cost", mode, 8, n, 51.2)
+			cfg.Replicas = 64
+			b.ReportAllocs()
+			for b.Loop() {
+				runStudy(b, cfg, DefaultOptions())
+			}
+			b.ReportMetric(float64(n*b.N)/b.Elapsed().Seconds(), "arrivals/s")
+		})
+	}
+}

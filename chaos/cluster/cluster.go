@@ -929,6 +929,12 @@ func (c *Cluster) WaitHeard(ctx context.Context, e *Engine, done func() bool) er
 // Complete sends one non-streaming completion to base (an engine or a
 // gateway) and returns the replica header (gateways) or "".
 func (c *Cluster) Complete(ctx context.Context, base, prompt string, maxTokens int) (string, error) {
+	return c.CompleteWithHeader(ctx, base, prompt, maxTokens, nil)
+}
+
+// CompleteWithHeader is Complete with extra request headers (for example
+// node.HeaderStrategy).
+func (c *Cluster) CompleteWithHeader(ctx context.Context, base, prompt string, maxTokens int, h http.Header) (string, error) {
 	body, err := json.Marshal(map[string]any{"model": c.cfg.Model, "prompt": prompt, "max_tokens": maxTokens})
 	if err != nil {
 		return "", err
@@ -938,6 +944,11 @@ func (c *Cluster) Complete(ctx context.Context, base, prompt string, maxTokens i
 		return "", err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	for k, vs := range h {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return "", err

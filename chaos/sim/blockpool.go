@@ -2,6 +2,7 @@ package sim
 
 import (
 	"encoding/binary"
+	"unsafe"
 
 	"github.com/zeebo/xxh3"
 
@@ -128,11 +129,22 @@ func (p *blockPool) hashBlock(parent kvevents.EngineHash, hasParent bool, tokens
 		buf[0] = 1
 		binary.LittleEndian.PutUint64(buf[1:], uint64(parent))
 	}
-	for i, t := range tokens {
-		binary.LittleEndian.PutUint32(buf[9+4*i:], t)
+	if littleEndian && len(tokens) > 0 {
+		// The tokens' memory already is their little-endian encoding.
+		copy(buf[9:], unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens)))
+	} else {
+		for i, t := range tokens {
+			binary.LittleEndian.PutUint32(buf[9+4*i:], t)
+		}
 	}
 	return kvevents.EngineHash(xxh3.HashSeed(buf, p.seed))
 }
+
+// littleEndian reports whether uint32s are stored little-endian in memory.
+var littleEndian = func() bool {
+	v := uint32(1)
+	return *(*byte)(unsafe.Pointer(&v)) == 1
+}()
 
 // numFree is the number of blocks that can be allocated (free, cached or not).
 func (p *blockPool) numFree() int { return p.freeQ.n }

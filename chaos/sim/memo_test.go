@@ -1,12 +1,16 @@
 package sim
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // forget drops the engine's lookup shortcuts: the waiting head's memo and
@@ -82,4 +86,28 @@ func TestLookupShortcutsChangeNothing(t *testing.T) {
 	require.Positive(t, blocked, "no step found its head still blocked")
 	require.Positive(t, resumed)
 	t.Logf("%d steps, %d with a blocked head, %d preemptions", steps, blocked, fast.Stats().Preemptions)
+}
+
+// TestHashBlockEncoding checks the block hash against its definition:
+// seeded xxh3 over a has-parent byte, the parent hash and the tokens, all
+// little-endian.
+func TestHashBlockEncoding(t *testing.T) {
+	p := newBlockPool(1, 16, 99, false)
+	rng := rand.New(rand.NewPCG(8, 9))
+	for i := range 200 {
+		toks := make([]uint32, rng.IntN(40))
+		for j := range toks {
+			toks[j] = rng.Uint32()
+		}
+		parent, hasParent := kvevents.EngineHash(rng.Uint64()), i%3 != 0
+		buf := make([]byte, 9, 9+4*len(toks))
+		if hasParent {
+			buf[0] = 1
+			binary.LittleEndian.PutUint64(buf[1:], uint64(parent))
+		}
+		for _, tk := range toks {
+			buf = binary.LittleEndian.AppendUint32(buf, tk)
+		}
+		require.Equal(t, kvevents.EngineHash(xxh3.HashSeed(buf, 99)), p.hashBlock(parent, hasParent, toks))
+	}
 }

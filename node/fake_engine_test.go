@@ -24,6 +24,7 @@ type fakeEngine struct {
 	chunks       atomic.Int64 // content events per stream
 	chunkDelay   atomic.Int64 // nanoseconds between events
 	firstDelay   atomic.Int64 // nanoseconds before the first event
+	tailDelay    atomic.Int64 // nanoseconds before the usage event and before [DONE]
 	status       atomic.Int64 // 0 = 200
 	breakAfter   atomic.Int64 // >0: drop the connection after this many events
 	healthStatus atomic.Int64 // 0 = 200
@@ -147,6 +148,9 @@ func (e *fakeEngine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 		d := time.Duration(e.chunkDelay.Load())
 		if i == 0 {
 			d = time.Duration(e.firstDelay.Load())
+		}
+		if i >= n {
+			d = time.Duration(e.tailDelay.Load())
 		}
 		if d > 0 {
 			select {

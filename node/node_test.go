@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/route"
 )
 
 func TestMain(m *testing.M) {
@@ -802,4 +803,32 @@ func TestReadAllSized(t *testing.T) {
 	b, err = readAllSized(strings.NewReader("abc"), -1)
 	require.NoError(t, err)
 	assert.Equal(t, "abc", string(b))
+}
+
+// The cost model learns from content events only: the usage event and
+// [DONE] are not output tokens (the count comes from usage.completion_tokens),
+// and the time until they arrive is not decode time.
+func TestCostObservationCountsContentEventsOnly(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(5)
+	e.chunkDelay.Store(int64(2 * time.Millisecond))
+	e.tailDelay.Store(int64(150 * time.Millisecond))
+	n := startNode(t, nil, rc("a", e.url()))
+	tbl := n.tbl.Load()
+	r := tbl.byName["a"]
+	m := tbl.pools[0].set.Model()
+	prior := m.Rates(r.id)
+	alpha := m.Config().Alpha
+
+	resp := post(t, n, "/v1/completions", `{"model":"m","prompt":"hello","max_tokens":5,"stream":true,"stream_options":{"include_usage":true}}`, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	readAll(t, resp)
+	var got route.Rates
+	require.Eventually(t, func() bool { got = m.Rates(r.id); return got.DecodeSamples == 1 }, 5*time.Second, time.Millisecond)
+
+	// One EWMA step from the prior: sample = prior + (after − prior)/α.
+	outSample := prior.OutputTokens + (got.OutputTokens-prior.OutputTokens)/alpha
+	assert.InDelta(t, 5, outSample, 1e-6, "completion_tokens of the usage event, not the event count")
+	stepSample := prior.DecodeStepSeconds + (got.DecodeStepSeconds-prior.DecodeStepSeconds)/alpha
+	assert.Less(t, stepSample, 0.05, "TPOT spans the content events (2 ms apart), not the 2×150 ms tail")
 }

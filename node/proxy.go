@@ -294,15 +294,13 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 // relayResult is what relay saw of a response body.
 type relayResult struct {
 	bytes      int64
-	firstAt    int64 // unix nanos of the first body byte, 0 if none
-	lastAt     int64 // unix nanos of the last body byte
-	events     int   // SSE "data:" lines relayed (≈ output tokens + usage + [DONE])
+	firstAt    int64    // unix nanos of the first body byte, 0 if none
+	lastAt     int64    // unix nanos of the last body byte
+	sse        sseTally // what the SSE events said (streaming only)
 	tail       [2]byte
 	clientGone bool
 	err        error
 }
-
-var dataPrefix = []byte("data:")
 
 // relay copies body to w, flushing after every read so that each upstream
 // chunk reaches the client as soon as it arrives; the bytes are never
@@ -328,7 +326,7 @@ func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseF
 			idle.Reset(n.cfg.IdleTimeout)
 			chunk := buf[:nr]
 			if streaming {
-				res.events += bytes.Count(chunk, dataPrefix)
+				res.sse.feed(chunk, now)
 			}
 			if _, werr := w.Write(chunk); werr != nil {
 				res.clientGone = true
@@ -456,10 +454,21 @@ func (n *Node) observeCost(rep *replica, dec decision, ttft time.Duration, res r
 		TTFT:           ttft.Seconds(),
 		QueueSeconds:   dec.d.EstimatedQueue,
 	}
-	// Events: one per output token, plus possibly a usage event and [DONE].
-	if out := res.events - 1; out > 1 {
+	t := &res.sse
+	out := t.content
+	if t.hasUsage {
+		out = t.usageTokens
+	}
+	if out > 0 && t.content > 0 {
 		obs.OutputTokens = out
-		obs.TPOT = time.Duration(res.lastAt-res.firstAt).Seconds() / float64(out-1)
+	}
+	// The span from the first to the last content event covers every token
+	// but those of the first event; with tokens spread evenly over the
+	// events (one each, or an engine's stream interval) that is
+	// out·(content−1)/content tokens.
+	if t.content > 1 && out > 1 {
+		inSpan := float64(out) * float64(t.content-1) / float64(t.content)
+		obs.TPOT = time.Duration(t.lastAt-t.firstAt).Seconds() / inSpan
 	}
 	dec.pool.set.Model().Observe(rep.id, obs)
 }

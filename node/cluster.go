@@ -17,7 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -36,7 +35,6 @@ type clusterParts struct {
 	// Set by startCluster; read after it returned.
 	cluster     *kvsync.Cluster
 	store       *config.Store
-	raftTrans   *raft.NetworkTransport // ours, pipelining off (see rafttransport.go)
 	admin       *config.Server
 	adminHTTP   atomic.Pointer[http.Handler] // set once the admin server exists
 	grpcSrv     *grpc.Server
@@ -187,10 +185,6 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	}
 	sc.Logger = n.log // the store adds component=config
 	sc.Registerer = n.m.reg
-	if cl.raftTrans, err = newRaftTransport(&sc, cl.members, n.log); err != nil {
-		return err
-	}
-	sc.Transport = noPipelineTransport{cl.raftTrans}
 	if cl.store, err = openStore(sc); err != nil {
 		return err
 	}
@@ -292,12 +286,6 @@ func (n *Node) closeCluster(ctx context.Context, step func(what string, f func()
 				n.log.Warn("config store shutdown", "err", err)
 			}
 		})
-	}
-	if cl.raftTrans != nil {
-		cl.raftTrans.CloseStreams() // pooled outbound connections and their readers
-		if err := cl.raftTrans.Close(); err != nil {
-			n.log.Warn("raft transport close", "err", err)
-		}
 	}
 	if cl.cluster != nil {
 		step("stopped the cluster (gossip, NATS, peer service)", func() {

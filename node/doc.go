@@ -68,8 +68,7 @@
 // its own until restart: kvmesh_config_restart_required is 1 meanwhile.
 // After a snapshot restore the Node re-applies its replica roots and
 // publisher flags (sync.Deps.AfterRestore). The raft transport is the
-// Node's own with pipelined replication off (rafttransport.go: raft
-// v1.8.0's pipeline can deadlock Shutdown).
+// config store's own (pipelined replication off, see sync/config).
 //
 // Probes: GET /health is liveness (200 until Shutdown begins). GET /ready
 // is readiness: 200 once serving and, in cluster mode, joined, index

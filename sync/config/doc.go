@@ -59,6 +59,13 @@
 // restarts on new ports is reached under its id; the configuration keeps
 // the address it was added with, as a fallback.
 //
+// The store's own TCP (or mutual-TLS) transport runs with raft's pipelined
+// replication off: hashicorp/raft v1.8.0's pipeline can deadlock a
+// leader's Shutdown after a follower rejects an AppendEntries (as a
+// leadership transfer provokes), so raft sends one AppendEntries at a time,
+// which is plenty for a config document. A StoreConfig.Transport given by
+// the caller is used as is.
+//
 // # Admin API
 //
 // Server serves the Admin gRPC service (proto/admin.proto: GetConfig,

@@ -40,6 +40,7 @@ type Store struct {
 	meta      *metadb.BoltMetaDB     // closed by us: WAL.Close leaves it open
 	unlock    func() error           // releases the data dir lock
 	netTrans  *raft.NetworkTransport // nil when cfg.Transport was given
+	trans     raft.Transport         // what raft was given
 	raftAddr  string
 	leaderObs chan bool
 
@@ -136,8 +137,9 @@ func (s *Store) openRaft() error {
 		if s.netTrans, err = s.newNetworkTransport(hlog); err != nil {
 			return err
 		}
-		trans = s.netTrans
+		trans = noPipelineTransport{s.netTrans}
 	}
+	s.trans = trans
 	s.raftAddr = string(trans.LocalAddr())
 	rc := s.cfg.raftConfig()
 	rc.Logger = hlog
@@ -148,6 +150,24 @@ func (s *Store) openRaft() error {
 	}
 	s.raft = r
 	return nil
+}
+
+// noPipelineTransport is the store's raft NetworkTransport with pipelined
+// replication off. hashicorp/raft v1.8.0's pipeline can deadlock a
+// leader's Shutdown: when a follower answers with a newer term or a
+// failure (which a leadership transfer at graceful shutdown provokes), the
+// pipeline's decoder returns while the replication loop still pushes one
+// more AppendEntries into the full in-flight channel, nobody drains it,
+// and Raft.Shutdown waits forever. Without a pipeline raft replicates
+// with one synchronous AppendEntries at a time, which is plenty for a
+// config document. Every other method (including pre-vote and Close) is
+// the NetworkTransport's.
+type noPipelineTransport struct{ *raft.NetworkTransport }
+
+// AppendEntriesPipeline reports that pipelining is not supported, so raft
+// replicates synchronously.
+func (noPipelineTransport) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
+	return nil, raft.ErrPipelineReplicationNotSupported
 }
 
 func (s *Store) newNetworkTransport(hlog hclog.Logger) (*raft.NetworkTransport, error) {

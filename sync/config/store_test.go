@@ -422,3 +422,15 @@ func TestLeaveTransfersLeadership(t *testing.T) {
 	_, err := c.live()[0].store.Set(ctxT(t, 5*time.Second), cfg, nil)
 	require.NoError(t, err)
 }
+
+// The store's own transport never pipelines (raft v1.8.0's pipeline can
+// deadlock a leader's Shutdown): raft falls back to synchronous
+// AppendEntries.
+func TestOwnTransportHasNoPipeline(t *testing.T) {
+	c := newCluster(t, 1, 1, false, nil)
+	nd := c.waitLeader(10 * time.Second)
+	_, err := nd.store.trans.AppendEntriesPipeline("n9", "127.0.0.1:1")
+	require.ErrorIs(t, err, raft.ErrPipelineReplicationNotSupported)
+	_, ok := nd.store.trans.(raft.WithPreVote)
+	require.True(t, ok, "the wrapper keeps the network transport's other capabilities")
+}

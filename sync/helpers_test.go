@@ -154,12 +154,20 @@ func waitMembers(t testing.TB, gws []*gw, n int) {
 		}
 		return true
 	}, 15*time.Second, 10*time.Millisecond, "NATS routes did not form a full mesh")
-	// Data flows between every pair: each gateway has every peer's load
-	// report (so subscription interest crossed the routes).
+	// Data flows between every pair: each gateway received every peer's
+	// load report since now (so subscription interest crossed the routes;
+	// a report from before a NATS restart, still within LoadTTL, proves
+	// nothing about the new routes).
+	since := time.Now()
 	require.Eventually(t, func() bool {
 		for _, g := range gws {
 			g.c.peers.mu.Lock()
-			n := len(g.c.peers.reports)
+			n := 0
+			for _, e := range g.c.peers.reports {
+				if e.at.After(since) {
+					n++
+				}
+			}
 			g.c.peers.mu.Unlock()
 			if g.c.cfg.NATSURL == "" && n != len(gws)-1 {
 				return false

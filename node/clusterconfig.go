@@ -166,7 +166,7 @@ func DefaultClusterConfig() ClusterConfig {
 		NATSClientAddr:  "127.0.0.1:4222",
 		NATSClusterAddr: "0.0.0.0:6222",
 		PeerAddr:        "0.0.0.0:7947",
-		AdminAddr:       "0.0.0.0:7948",
+		AdminAddr:       "0.0.0.0:" + config.DefaultAdminPort,
 		RaftAddr:        "0.0.0.0:7949",
 		DataDir:         "kvmesh-data",
 		BootstrapExpect: 3,

@@ -222,3 +222,20 @@ func TestClusterAdminCommands(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, `"strategy": "cost"`)
 }
+
+// The admin commands reach a gateway started with default flags without
+// --admin-addr or KVMESH_ADMIN_ADDR: their default is the loopback form of
+// the gateway's default admin listen address.
+func TestAdminCommandsDefaultToGatewayAdminAddr(t *testing.T) {
+	t.Setenv("KVMESH_ADMIN_ADDR", "")
+	_, listenPort, err := net.SplitHostPort(node.DefaultClusterConfig().AdminAddr)
+	require.NoError(t, err)
+	root := newRootCmd()
+	for _, path := range [][]string{{"config", "get"}, {"config", "set"}, {"members"}} {
+		cmd, _, err := root.Find(path)
+		require.NoError(t, err)
+		f := cmd.Flags().Lookup("admin-addr")
+		require.NotNil(t, f, "%v", path)
+		assert.Equal(t, net.JoinHostPort("127.0.0.1", listenPort), f.DefValue, "%v", path)
+	}
+}

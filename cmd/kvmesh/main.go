@@ -22,23 +22,12 @@ package main
 import (
 	"fmt"
 	"os"
-
-	"github.com/kvmesh/kvmesh/sync/config/admincli"
 )
-
-// defaultAdminAddr is where a gateway started with default flags serves
-// the admin gRPC API (node.DefaultClusterConfig's AdminAddr, on loopback).
-const defaultAdminAddr = "127.0.0.1:7948"
 
 // version is set at build time with -ldflags "-X main.version=v1.2.3".
 var version = "dev"
 
 func main() {
-	// The admin commands default to admincli.DefaultAddr; point them at
-	// the gateway's default admin address unless the user chose one.
-	if os.Getenv(admincli.AddrEnv) == "" {
-		_ = os.Setenv(admincli.AddrEnv, defaultAdminAddr)
-	}
 	if err := newRootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "kvmesh:", err)
 		os.Exit(1)

@@ -24,8 +24,9 @@ import (
 const AddrEnv = "KVMESH_ADMIN_ADDR"
 
 // DefaultAddr is the admin address used when neither --admin-addr nor
-// KVMESH_ADMIN_ADDR is set.
-const DefaultAddr = "127.0.0.1:9090"
+// KVMESH_ADMIN_ADDR is set: a gateway on this machine started with the
+// default admin listen address (config.DefaultAdminPort).
+const DefaultAddr = "127.0.0.1:" + config.DefaultAdminPort
 
 // conn holds the connection flags every command shares.
 type conn struct {

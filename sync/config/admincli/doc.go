@@ -11,7 +11,8 @@
 // The commands use gRPC (the same client gateways use to forward writes),
 // so errors keep their kind: an invalid config names the field, a version
 // conflict or a missing quorum says so. Connection flags are shared:
-// --admin-addr (default $KVMESH_ADMIN_ADDR, else 127.0.0.1:9090), --token
+// --admin-addr (default $KVMESH_ADMIN_ADDR, else 127.0.0.1:7948, the
+// gateway's default admin port), --token
 // (default $KVMESH_ADMIN_TOKEN, else --token-file), --tls-ca, --tls-cert,
 // --tls-key, --timeout.
 //

@@ -1,6 +1,8 @@
 package des
 
 import (
+	"strings"
+
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/node/tokenizer"
 )
@@ -25,8 +27,11 @@ import (
 // Prefixes are found without knowing the study's prompt layout: prompts
 // are grouped by their first line (the study's salt line); the second
 // prompt of a group fixes P as the longest common prefix of the two cut
-// back to a safe split. A prompt that does not extend P safely takes the
-// full path. The cache is bounded; clearing it changes no result.
+// back to a safe split. A prompt that does not extend P (same text, then a
+// safe split) first shrinks P to a safe split it shares, so the prefix
+// settles on what the whole group shares (the document); a prompt that
+// still does not extend it takes the full path. The cache is bounded;
+// clearing it changes no result.
 type prompts struct {
 	tok      tokenizer.Tokenizer
 	hasher   index.Hasher
@@ -68,8 +73,18 @@ func newPrompts(tok tokenizer.Tokenizer, hasher index.Hasher, root index.BlockKe
 // prepare returns the prompt's engine tokens and appends its block keys to
 // keys[:0]. The tokens are valid until the next call.
 func (p *prompts) prepare(prompt string, keys []index.BlockKey) ([]uint32, []index.BlockKey) {
-	if e := p.entry(prompt); e != nil && e.text != "" {
-		if n := len(e.text); len(prompt) == n || safeSplit(prompt, n) {
+	e := p.entry(prompt)
+	if e != nil && e.text != "" && !extends(prompt, e.text) {
+		// The group's prompts share less than its first two did (say,
+		// two turns of one session), or this one does not split where
+		// the prefix ends: shrink the prefix to a safe split this prompt
+		// shares too. Prefixes only shrink, so this happens rarely.
+		a := e.text
+		*e = prefixEntry{seen: a}
+		p.fix(e, prompt)
+	}
+	if e != nil && e.text != "" {
+		if n := len(e.text); extends(prompt, e.text) {
 			p.reused++
 			p.toks = p.tok.Encode(append(p.toks[:0], e.toks...), prompt[n:])
 			keys = append(keys[:0], e.keys...)
@@ -148,6 +163,12 @@ func (p *prompts) fix(e *prefixEntry, prompt string) {
 	} else {
 		e.keys = p.hasher.AppendKeys(nil, p.root, e.toks)
 	}
+}
+
+// extends reports whether prompt is prefix, or prefix followed by a tail
+// that encodes on its own.
+func extends(prompt, prefix string) bool {
+	return strings.HasPrefix(prompt, prefix) && (len(prompt) == len(prefix) || safeSplit(prompt, len(prefix)))
 }
 
 // safeSplit reports whether encoding text splits at n (0 < n < len(text)):

@@ -100,7 +100,11 @@ func (c *testCluster) start(nd *testNode) {
 	cfg.Logger = testLogger(t, nd.id)
 	cfg.Registerer = nd.reg
 	if c.inmem {
-		_, nd.trans = raft.NewInmemTransport("")
+		var addr raft.ServerAddress // a restarted node keeps its address
+		if nd.trans != nil {
+			addr = nd.trans.LocalAddr()
+		}
+		_, nd.trans = raft.NewInmemTransport(addr)
 		cfg.Transport = nd.trans
 	}
 	if c.tune != nil {

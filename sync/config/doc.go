@@ -66,6 +66,18 @@
 // which is plenty for a config document. A StoreConfig.Transport given by
 // the caller is used as is.
 //
+// raft-wal v0.4.0 (hashicorp/raft-wal#31): when raft deletes a suffix of the
+// log (a follower whose uncommitted entries conflict with a new leader's,
+// e.g. a leader that accepted a write just before it was partitioned away),
+// raft-wal marks the active segment sealed without writing its index
+// block, and after a restart every read in that segment fails with
+// "sealed segment has no index block" (raft panics in NewRaft). The store
+// notices such a truncation (kvmesh_config_raft_log_tail_truncations_total)
+// and, once it has applied through the truncation point, snapshots with
+// TrailingLogs 0 so compaction deletes that segment (wal.go). A process
+// that dies inside that window (normally under a second) still cannot
+// reopen its log: move DataDir/raft away and it rejoins and catches up.
+//
 // # Admin API
 //
 // Server serves the Admin gRPC service (proto/admin.proto: GetConfig,

@@ -24,6 +24,10 @@ type metrics struct {
 	// forwarded: kvmesh_config_forwarded_total{result="ok"|"error"}, writes
 	// this node forwarded to the leader.
 	forwarded *prometheus.CounterVec
+	// tailTruncations: kvmesh_config_raft_log_tail_truncations_total, raft
+	// log suffixes deleted on this node (a conflicting uncommitted tail);
+	// each leaves a raft-wal segment the store must compact away (wal.go).
+	tailTruncations prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -48,6 +52,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvmesh_config_forwarded_total",
 			Help: "Config writes this node forwarded to the raft leader, by result.",
 		}, []string{"result"}),
+		tailTruncations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_config_raft_log_tail_truncations_total",
+			Help: "Raft log suffixes deleted on this node (uncommitted entries overwritten by a new leader); each is compacted away by a snapshot.",
+		}),
 	}
 	m.applies.WithLabelValues("applied")
 	m.applies.WithLabelValues("rejected")
@@ -72,6 +80,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.forwarded, err = register(reg, m.forwarded); err != nil {
+		return nil, err
+	}
+	if m.tailTruncations, err = register(reg, m.tailTruncations); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -35,14 +36,19 @@ type Store struct {
 	metrics *metrics
 	fsm     *FSM
 
-	raft      *raft.Raft
-	wal       *wal.WAL
-	meta      *metadb.BoltMetaDB     // closed by us: WAL.Close leaves it open
-	unlock    func() error           // releases the data dir lock
-	netTrans  *raft.NetworkTransport // nil when cfg.Transport was given
-	trans     raft.Transport         // what raft was given
-	raftAddr  string
-	leaderObs chan bool
+	raft     *raft.Raft
+	wal      *wal.WAL
+	meta     *metadb.BoltMetaDB     // closed by us: WAL.Close leaves it open
+	unlock   func() error           // releases the data dir lock
+	netTrans *raft.NetworkTransport // nil when cfg.Transport was given
+	trans    raft.Transport         // what raft was given
+	// walRepair is the last index of a raft-wal segment left sealed
+	// without its index block by a tail truncation (see wal.go), 0 when
+	// none is pending; walRepairCh wakes the run loop.
+	walRepair   atomic.Uint64
+	walRepairCh chan struct{}
+	raftAddr    string
+	leaderObs   chan bool
 
 	applied chan struct{} // cap 1: "the FSM swapped"
 
@@ -94,6 +100,7 @@ func Open(cfg StoreConfig) (*Store, error) {
 		clients:     map[string]*Client{},
 		absentSince: map[string]time.Time{},
 		leaderObs:   make(chan bool, 1),
+		walRepairCh: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 	}
 	s.fsm = newFSM(m, log, s.signalApplied)
@@ -144,7 +151,8 @@ func (s *Store) openRaft() error {
 	rc := s.cfg.raftConfig()
 	rc.Logger = hlog
 	rc.NotifyCh = s.leaderObs
-	r, err := raft.NewRaft(rc, s.fsm, w, w, snaps, trans)
+	logs := walLog{WAL: w, truncated: s.tailTruncated}
+	r, err := raft.NewRaft(rc, s.fsm, logs, w, snaps, trans)
 	if err != nil {
 		return fmt.Errorf("config: start raft: %w", err)
 	}
@@ -639,9 +647,11 @@ func (s *Store) runLoop() {
 			}
 		}
 		s.observe()
+		s.repairWAL()
 		select {
 		case <-s.stop:
 			return
+		case <-s.walRepairCh:
 		case <-s.leaderObs:
 		case <-changed:
 		case <-t.C:

@@ -1,0 +1,60 @@
+package config
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A leader cut off from the others appends a write it cannot commit; once
+// healed, the new leader's entries conflict with it and raft truncates the
+// old leader's log tail. raft-wal v0.4.0 then marks the active segment
+// sealed without writing its index block (hashicorp/raft-wal#31), so a
+// restart that reads those entries panics ("sealed segment has no index
+// block"). The store snapshots and compacts past such a segment as soon as
+// it has applied through it, so the node restarts cleanly.
+func TestRestartAfterLogTailTruncation(t *testing.T) {
+	c := newCluster(t, 3, 3, true, func(cfg *StoreConfig) { cfg.ApplyTimeout = time.Second })
+	old := c.waitLeader(10 * time.Second)
+	v1, err := old.store.Set(ctxT(t, 5*time.Second), testConfig(), nil)
+	require.NoError(t, err)
+	c.waitVersion(v1, c.nodes...)
+
+	c.partition(old)
+	_, err = old.store.Patch(context.Background(), []byte(`{"strategy":"random"}`), nil)
+	require.ErrorIs(t, err, ErrNoQuorum, "appended on the old leader, never committed")
+	var majority []*testNode
+	for _, nd := range c.nodes {
+		if nd != old {
+			majority = append(majority, nd)
+		}
+	}
+	var v2 uint64
+	require.Eventually(t, func() bool {
+		v2, err = majority[0].store.Patch(ctxT(t, 2*time.Second), []byte(`{"strategy":"least-request"}`), nil)
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond)
+	c.heal()
+	c.waitVersion(v2, c.nodes...)
+	require.Equal(t, "least-request", old.store.Current().Config.Strategy)
+	require.Equal(t, 1.0, metricValue(t, old.store.metrics.tailTruncations), "the old leader's uncommitted tail was deleted")
+	require.Eventually(t, func() bool { return old.store.walRepairPending() == 0 }, 10*time.Second, 5*time.Millisecond,
+		"the truncated segment is compacted away")
+
+	c.stop(old)
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				require.Fail(t, "restart panicked", fmt.Sprint(r))
+			}
+		}()
+		c.start(old)
+	}()
+	c.heal()
+	v3, err := c.waitLeader(10*time.Second).store.Patch(ctxT(t, 5*time.Second), []byte(`{"strategy":"cost"}`), nil)
+	require.NoError(t, err)
+	c.waitVersion(v3, c.nodes...)
+}

@@ -528,7 +528,7 @@ func (c *Cluster) KillGateway(g *Gateway) {
 		return
 	}
 	if g.Front != nil {
-		g.Front.SetRefuse(true)
+		_ = g.Front.SetRefuse(true) // the proxy is closed right after anyway
 		g.Front.Cut()
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -81,12 +81,12 @@ func TestClusterTruthThroughProxiesAndCuts(t *testing.T) {
 	require.NoError(t, err)
 
 	// An engine refusing connections: the gateways retry the other one.
-	c.Engines()[0].HTTP.SetRefuse(true)
+	require.NoError(t, c.Engines()[0].HTTP.SetRefuse(true))
 	res, err = cluster.RunLoad(ctx, lc)
 	require.NoError(t, err)
 	require.Zero(t, res.Lost, res.String())
 	require.Equal(t, 40, res.OK, res.String())
-	c.Engines()[0].HTTP.SetRefuse(false)
+	require.NoError(t, c.Engines()[0].HTTP.SetRefuse(false))
 }
 
 func TestLoadClassifiesOutcomes(t *testing.T) {

@@ -13,8 +13,9 @@
 // Link-wide:
 //   - Cut closes every connection open now (both sides see a reset or EOF);
 //     new connections are accepted as usual.
-//   - Refuse makes new connections close at once (the target looks down)
-//     until turned off.
+//   - Refuse closes the listener, so new connections are refused by the
+//     kernel (the target looks down), until turned off, which listens on
+//     the same address again.
 //   - Hold makes new connections wait, neither forwarded nor closed, until
 //     the hold is lifted (a partition that blackholes connection set-up).
 //

@@ -83,7 +83,6 @@ func (c Config) Validate() error {
 // Stats are the proxy's counters since Start.
 type Stats struct {
 	Accepted  uint64 // connections accepted
-	Refused   uint64 // connections closed at once by Refuse
 	DialFails uint64 // connections whose dial to the target failed
 	Cut       uint64 // connections closed by Cut
 	Active    int    // connections open now
@@ -98,12 +97,12 @@ type Proxy struct {
 	cfg Config
 	log *slog.Logger
 
-	delay  [numDirections]atomic.Int64 // nanoseconds
-	drop   [numDirections]atomic.Bool
-	refuse atomic.Bool
-
+	delay   [numDirections]atomic.Int64 // nanoseconds
+	drop    [numDirections]atomic.Bool
 	mu      sync.Mutex
-	ln      net.Listener
+	ln      net.Listener // nil while refusing
+	addr    string       // the bound address, kept across refusals
+	refuse  bool
 	conns   map[*link]struct{}
 	holdCh  chan struct{} // non-nil while held; closed on release
 	closed  bool
@@ -112,8 +111,8 @@ type Proxy struct {
 	done chan struct{}
 	wg   sync.WaitGroup
 
-	accepted, refused, dialFails, cut atomic.Uint64
-	forwarded, dropped                [numDirections]atomic.Uint64
+	accepted, dialFails, cut atomic.Uint64
+	forwarded, dropped       [numDirections]atomic.Uint64
 }
 
 // New validates cfg; nothing listens before Start.
@@ -143,20 +142,18 @@ func (p *Proxy) Start() error {
 	if err != nil {
 		return fmt.Errorf("faultproxy: %s: listen: %w", p.cfg.Name, err)
 	}
-	p.ln, p.started = ln, true
+	p.ln, p.addr, p.started = ln, ln.Addr().String(), true
 	p.wg.Add(1)
 	go p.acceptLoop(ln)
 	return nil
 }
 
-// Addr is the listening host:port ("" before Start).
+// Addr is the listening host:port ("" before Start); it stays the same
+// while the proxy refuses.
 func (p *Proxy) Addr() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.ln == nil {
-		return ""
-	}
-	return p.ln.Addr().String()
+	return p.addr
 }
 
 // Target is the forwarded-to address.
@@ -177,8 +174,36 @@ func (p *Proxy) SetDrop(on bool, dirs ...Direction) {
 	}
 }
 
-// SetRefuse makes new connections close at once (on) or be forwarded (off).
-func (p *Proxy) SetRefuse(on bool) { p.refuse.Store(on) }
+// SetRefuse makes the target look down (on): the listener closes, so new
+// connections are refused by the kernel, as by a host with nothing on the
+// port; existing connections are untouched (Cut them too for a crash).
+// Off listens on the same address again. It returns an error only if that
+// address cannot be bound again.
+func (p *Proxy) SetRefuse(on bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.started || p.closed || p.refuse == on {
+		p.refuse = on
+		return nil
+	}
+	p.refuse = on
+	if on {
+		err := p.ln.Close()
+		p.ln = nil
+		if errors.Is(err, net.ErrClosed) {
+			err = nil
+		}
+		return err
+	}
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		return fmt.Errorf("faultproxy: %s: listen again on %s: %w", p.cfg.Name, p.addr, err)
+	}
+	p.ln = ln
+	p.wg.Add(1)
+	go p.acceptLoop(ln)
+	return nil
+}
 
 // Hold makes new connections wait without being forwarded or closed until
 // Release (or Close).
@@ -216,11 +241,11 @@ func (p *Proxy) Cut() int {
 }
 
 // Heal removes every fault: no delay, no drop, no refusal, no hold.
-func (p *Proxy) Heal() {
+func (p *Proxy) Heal() error {
 	p.SetDelay(0, Both...)
 	p.SetDrop(false, Both...)
-	p.SetRefuse(false)
 	p.Release()
+	return p.SetRefuse(false)
 }
 
 // Stats returns the counters.
@@ -228,10 +253,7 @@ func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	active := len(p.conns)
 	p.mu.Unlock()
-	s := Stats{
-		Accepted: p.accepted.Load(), Refused: p.refused.Load(),
-		DialFails: p.dialFails.Load(), Cut: p.cut.Load(), Active: active,
-	}
+	s := Stats{Accepted: p.accepted.Load(), DialFails: p.dialFails.Load(), Cut: p.cut.Load(), Active: active}
 	for d := range numDirections {
 		s.Forwarded[d] = p.forwarded[d].Load()
 		s.Dropped[d] = p.dropped[d].Load()
@@ -250,6 +272,7 @@ func (p *Proxy) Close() error {
 	p.closed = true
 	close(p.done)
 	ln := p.ln
+	p.ln = nil
 	if p.holdCh != nil {
 		close(p.holdCh)
 		p.holdCh = nil
@@ -275,11 +298,6 @@ func (p *Proxy) acceptLoop(ln net.Listener) {
 			return // closed
 		}
 		p.accepted.Add(1)
-		if p.refuse.Load() {
-			p.refused.Add(1)
-			_ = c.Close()
-			continue
-		}
 		l := newLink(c)
 		if !p.track(l) {
 			_ = c.Close()

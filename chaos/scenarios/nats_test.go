@@ -51,7 +51,7 @@ func TestNATSOutage(t *testing.T) {
 		settle(t, c, "before the outage")
 
 		// Outage: NATS refuses and every connection is cut.
-		c.NATS.SetRefuse(true)
+		require.NoError(t, c.NATS.SetRefuse(true))
 		c.NATS.Cut()
 		require.Eventually(t, func() bool { return natsConnected(c) == 0 }, 10*time.Second, 5*time.Millisecond,
 			"gateways notice the outage")
@@ -75,7 +75,7 @@ func TestNATSOutage(t *testing.T) {
 
 		// Recovery.
 		healed := time.Now()
-		c.NATS.SetRefuse(false)
+		require.NoError(t, c.NATS.SetRefuse(false))
 		require.Eventually(t, func() bool { return natsConnected(c) == 3 }, 20*time.Second, 5*time.Millisecond,
 			"gateways reconnect to NATS")
 		// Converge: every gateway exact for every engine (engines keep

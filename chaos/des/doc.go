@@ -48,11 +48,11 @@
 //   - Health checks, ejection and retries are not modelled: every replica
 //     is always available.
 //
-// Node behaviour mirrored as it is, not as documented: a request's queued
-// prefill tokens are released when its stream ends (node's proxy), not at
-// its first token (route.Candidate's doc; Options.QueuedUntilFirstToken
-// selects the documented behaviour), and the cost model's output length is
-// max_tokens+1 (node counts the usage chunk as a token).
+// Node behaviour mirrored: a request's queued prefill tokens are released
+// at its first token (node's proxy releases them at the first body byte;
+// Options.QueuedUntilFirstToken=false holds them to the stream's end, to
+// study that effect), and the cost model learns from the number of content
+// tokens and the first-to-last content interval.
 //
 // Entry points: Factory builds a study.EngineFactory for study.Runner;
 // Sweep runs a study over replica, gateway and rate settings and writes one

@@ -239,9 +239,9 @@ func (g *gateway) release(f *flight, ok bool) {
 	w := g.w
 	ttft := (f.first - f.start).Seconds()
 	obs := route.Observation{UncachedTokens: f.uncached, TTFT: ttft, QueueSeconds: f.estQueue}
-	// node counts SSE data lines: one per token, the usage chunk and
-	// [DONE]; it takes events−1 as the output length.
-	if out := f.maxTokens + 1; out > 1 {
+	// As node's observeCost: the output length is the number of content
+	// tokens, and TPOT spreads first-to-last over the n−1 gaps.
+	if out := f.maxTokens; out > 1 {
 		obs.OutputTokens = out
 		obs.TPOT = (w.now - f.first).Seconds() / float64(out-1)
 	}

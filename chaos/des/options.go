@@ -76,9 +76,10 @@ type Options struct {
 	Route route.Config
 
 	// QueuedUntilFirstToken releases a request's queued prefill tokens
-	// (route.Candidate.QueuedPrefillTokens) at its first token, as the
-	// field is documented, instead of at the end of its stream, as node's
-	// proxy does today. Default false: mirror node.
+	// (route.Candidate.QueuedPrefillTokens) at its first token, as node's
+	// proxy does (at the first body byte). Default true: mirror node.
+	// False holds them until the stream ends, which overstates a busy
+	// replica's queue and is kept only to study that effect.
 	QueuedUntilFirstToken bool
 
 	// Seed seeds every random choice of the engine (routing tie-breaks,
@@ -112,7 +113,9 @@ func DefaultOptions() Options {
 		SpeculativeTTL:      10 * time.Second,
 		IndexCapacity:       1 << 20,
 		Route:               route.DefaultConfig(),
-		Seed:                1,
+		// node releases queued prefill at the first body byte.
+		QueuedUntilFirstToken: true,
+		Seed:                  1,
 	}
 }
 

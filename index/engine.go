@@ -164,15 +164,19 @@ func (x *Index) removeConfirmed(k BlockKey, r ReplicaID) int {
 	return 0
 }
 
-// ClearReplica removes every confirmed entry of r and its engine map (an
-// AllBlocksCleared event, an engine restart or an unrecoverable gap). The
-// root, the publisher flag and other ledgers stay. It returns the number of
-// entries removed. Cost is proportional to the number of blocks.
+// ClearReplica removes every confirmed and speculative entry of r and its
+// engine map (an AllBlocksCleared event, an engine restart or an
+// unrecoverable gap). Speculative entries go too: they stand for routing
+// decisions the engine has not confirmed yet, and after a reset they would
+// keep steering prompts to the emptied engine until their TTL. History
+// entries, the root and the publisher flag stay (history mode deliberately
+// knows nothing of engine state). It returns the number of entries removed.
+// Cost is proportional to the number of blocks.
 func (x *Index) ClearReplica(r ReplicaID) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.engClear(r)
-	return x.clearAll(r, 1<<Confirmed)
+	return x.clearAll(r, 1<<Speculative|1<<Confirmed)
 }
 
 // DropReplica removes every entry of r in all ledgers and everything the

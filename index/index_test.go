@@ -336,8 +336,9 @@ func TestOverflowReplicas(t *testing.T) {
 	if !eq(got, []int32{2, 5, 3, 6}) || l != 6 {
 		t.Fatalf("got %v %d", got, l)
 	}
-	if n := x.ClearReplica(1000); n != 0 {
-		t.Fatalf("clear removed %d non-confirmed entries", n)
+	// A reset drops the overflow replica's speculative entries too.
+	if n := x.ClearReplica(1000); n != 3 {
+		t.Fatalf("clear removed %d, want its 3 speculative entries", n)
 	}
 	if n := x.DropReplica(64); n != 5 {
 		t.Fatalf("dropped %d", n)
@@ -346,9 +347,9 @@ func TestOverflowReplicas(t *testing.T) {
 	if !eq(got, []int32{0, 0, 6}) {
 		t.Fatalf("got %v", got)
 	}
-	// Left: 1000 speculative 3, MaxReplicas-1 history 6, replica 3 history 2.
-	if n, _ := x.Expire(t0+time.Hour.Nanoseconds(), 0); n != 11 {
-		t.Fatalf("expired %d, want 11", n)
+	// Left: MaxReplicas-1 history 6, replica 3 history 2.
+	if n, _ := x.Expire(t0+time.Hour.Nanoseconds(), 0); n != 8 {
+		t.Fatalf("expired %d, want 8", n)
 	}
 	if s := x.Stats(); s.TotalEntries() != 0 || s.Blocks != 0 || len(x.ovf) != 0 {
 		t.Fatalf("stats %+v ovf %d", s, len(x.ovf))
@@ -542,5 +543,42 @@ func TestApplyStoredRejectsHugeEngineBlocks(t *testing.T) {
 	}
 	if x.Stats().TotalEntries() != 0 {
 		t.Fatal("rejected events changed the index")
+	}
+}
+
+// TestClearReplicaDropsSpeculative: after an engine reset the replica's
+// unconfirmed routing decisions are false, so they go with the confirmed
+// entries; history entries and other replicas' entries stay.
+func TestClearReplicaDropsSpeculative(t *testing.T) {
+	x := newTestIndex(t, nil)
+	now := int64(1_000_000_000_000)
+	keys := []BlockKey{101, 102, 103}
+	for _, r := range []ReplicaID{1, 2, 70} {
+		for _, l := range []Ledger{History, Speculative} {
+			if err := x.Record(keys, r, l, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if n := x.ClearReplica(1); n != 3 {
+		t.Fatalf("cleared %d, want 3 speculative entries", n)
+	}
+	if n := x.ClearReplica(70); n != 3 {
+		t.Fatalf("cleared %d for overflow replica 70, want 3", n)
+	}
+	cands := []ReplicaID{1, 2, 70}
+	if got, _ := match(x, keys, cands, ModeKVEvents, now); !eq(got, []int32{0, 3, 0}) {
+		t.Fatalf("kv-events after clear: %v", got)
+	}
+	if got, _ := match(x, keys, cands, ModeHistory, now); !eq(got, []int32{3, 3, 3}) {
+		t.Fatalf("history after clear: %v", got)
+	}
+	for _, r := range []ReplicaID{1, 70} {
+		if ks := x.AppendReplicaKeys(nil, r, Speculative); len(ks) != 0 {
+			t.Fatalf("replica %d keeps speculative keys %v", r, ks)
+		}
+	}
+	if s := x.Stats(); s.Entries[Speculative] != 3 || s.Entries[History] != 9 {
+		t.Fatalf("entries %v", s.Entries)
 	}
 }

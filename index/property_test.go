@@ -357,7 +357,7 @@ func (w *propWorld) step(t *testing.T, x *Index, m *refIndex, now *int64, exact 
 		return fmt.Sprintf("root r%d %x", r, root)
 	case op < 87:
 		r := w.replica()
-		a, b := x.ClearReplica(r), m.clearLedgers(r, Confirmed)
+		a, b := x.ClearReplica(r), m.clearLedgers(r, Speculative, Confirmed)
 		delete(m.eng, r)
 		if differ(a, b) {
 			t.Fatalf("ClearReplica r%d: index %d, reference %d", r, a, b)

@@ -197,6 +197,7 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	kc.RaftAddr = cl.store.RaftAddr()
 	kc.AdminAddr = adminAdv
 	kc.IndexModes = n.cfg.IndexMode
+	kc.PeerToken = cl.token // snapshots are the whole index: never served unauthenticated
 	for _, name := range sortedKeys(cl.kvSources) {
 		kc.KVSources = append(kc.KVSources, cl.kvSources[name])
 	}

@@ -147,6 +147,20 @@ type ClusterConfig struct {
 	// RaftTLS runs raft over mutual TLS when set. Default off.
 	RaftTLS config.TLSFiles `yaml:"raft_tls"`
 
+	// PeerTLS serves the peer snapshot service over TLS and dials peers
+	// with it when set: cert_file and key_file are this gateway's
+	// (required), ca_file verifies peers and requires their client
+	// certificates (mutual TLS). Peers' certificates must name the address
+	// they advertise for the peer service unless PeerTLSServerName is set.
+	// Every gateway of a cluster must agree. The peer service always
+	// requires the admin token as a bearer token, TLS or not. Default off.
+	PeerTLS config.TLSFiles `yaml:"peer_tls"`
+
+	// PeerTLSServerName, when set, is the name peers' certificates are
+	// verified against instead of the dialled host (gateways sharing one
+	// certificate for a service name). Default "".
+	PeerTLSServerName string `yaml:"peer_tls_server_name"`
+
 	// StartTimeout bounds joining, the index snapshot bootstrap and
 	// serving at Start. Default 60s.
 	StartTimeout time.Duration `yaml:"start_timeout"`
@@ -333,6 +347,8 @@ func (c *ClusterConfig) syncConfig(id string) (kvsync.Config, error) {
 	sc.NATSURL = c.NATSURL
 	sc.NATSClientAddr = c.NATSClientAddr
 	sc.NATSClusterAddr = c.NATSClusterAddr
+	sc.PeerTLS = c.PeerTLS
+	sc.PeerTLSServerName = c.PeerTLSServerName
 	key, err := c.gossipKey()
 	if err != nil {
 		return sc, err

@@ -24,6 +24,8 @@ cluster:
   bootstrap_expect: 5
   admin_token_file: /etc/kvmesh/token
   raft_tls: {cert_file: c.pem, key_file: k.pem, ca_file: ca.pem}
+  peer_tls: {cert_file: pc.pem, key_file: pk.pem, ca_file: pca.pem}
+  peer_tls_server_name: gateways.internal
 `), DefaultConfig())
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
@@ -34,6 +36,10 @@ cluster:
 	assert.Equal(t, 5, c.BootstrapExpect)
 	assert.Equal(t, "0.0.0.0:7946", c.GossipAddr, "defaults kept for absent keys")
 	assert.Equal(t, "ca.pem", c.RaftTLS.CAFile)
+	kc, err := c.syncConfig("gw-1")
+	require.NoError(t, err)
+	assert.Equal(t, config.TLSFiles{CertFile: "pc.pem", KeyFile: "pk.pem", CAFile: "pca.pem"}, kc.PeerTLS)
+	assert.Equal(t, "gateways.internal", kc.PeerTLSServerName)
 	sc := c.storeConfig()
 	assert.NotEmpty(t, sc.RaftAdvertiseAddr, "an unspecified raft host is advertised with a usable one")
 	assert.NotContains(t, sc.RaftAdvertiseAddr, "0.0.0.0")

@@ -66,6 +66,10 @@
 // A config that changes what shapes block keys (hash seed, block size,
 // tokenizer) or the index bounds is applied to routing but the index keeps
 // its own until restart: kvmesh_config_restart_required is 1 meanwhile.
+// The peer snapshot service requires the admin token as a bearer token on
+// every call (a snapshot is the whole index) and runs over TLS, mutual
+// with a CA, when Cluster.PeerTLS is set (flags --peer-tls-cert,
+// --peer-tls-key, --peer-tls-ca, --peer-tls-server-name).
 // After a snapshot restore the Node re-applies its replica roots and
 // publisher flags (sync.Deps.AfterRestore). The raft transport is the
 // config store's own (pipelined replication off, see sync/config).

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/sync/config"
@@ -53,9 +54,41 @@ func testPKI(t testing.TB, dir string) config.TLSFiles {
 		CAFile: write("ca.pem", "CERTIFICATE", caDER)}
 }
 
-// TestClusterTLS runs a two-voter cluster with mutual TLS on raft and the
-// admin gRPC API: a write through the follower's HTTP admin API is
-// forwarded to the leader over TLS and applied on both.
+// counterValue sums counter name in n's registry over the series whose
+// labels include want (0 when absent).
+func counterValue(t testing.TB, n *Node, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := n.Registry().Gather()
+	require.NoError(t, err)
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for k, v := range want {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue series
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// TestClusterTLS runs a two-voter cluster with mutual TLS on raft, the
+// admin gRPC API and the peer snapshot service: the joining gateway
+// bootstraps its index from the first over TLS with the admin token, and
+// a write through the follower's HTTP admin API is forwarded to the
+// leader over TLS and applied on both.
 func TestClusterTLS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts raft, memberlist and NATS: skipped with -short")
@@ -63,12 +96,17 @@ func TestClusterTLS(t *testing.T) {
 	pki := testPKI(t, t.TempDir())
 	e := newFakeEngine(t, "a")
 	cfgA := gwConfig("gw-a", t.TempDir(), nil, 2, rc("a", e.url()))
-	cfgA.Cluster.AdminTLS, cfgA.Cluster.RaftTLS = pki, pki
+	cfgA.Cluster.AdminTLS, cfgA.Cluster.RaftTLS, cfgA.Cluster.PeerTLS = pki, pki, pki
 	a, _ := startGateway(t, cfgA)
 	cfgB := gwConfig("gw-b", t.TempDir(), []string{a.Cluster().GossipAddr()}, 2, rc("a", e.url()))
-	cfgB.Cluster.AdminTLS, cfgB.Cluster.RaftTLS = pki, pki
+	cfgB.Cluster.AdminTLS, cfgB.Cluster.RaftTLS, cfgB.Cluster.PeerTLS = pki, pki, pki
 	b, _ := startGateway(t, cfgB)
 	waitReady(t, a, b)
+	// b joined a live a: its bootstrap pulled a's snapshot over mutual TLS,
+	// authenticated with the admin token.
+	assert.GreaterOrEqual(t, counterValue(t, b, "kvmesh_sync_snapshot_pulls_total", map[string]string{"result": "ok"}), 1.0)
+	assert.Zero(t, counterValue(t, b, "kvmesh_sync_snapshot_pulls_total", map[string]string{"result": "error"}))
+	assert.Zero(t, counterValue(t, a, "kvmesh_sync_peer_unauthenticated_total", nil))
 	follower := a
 	if a.ConfigStore().IsLeader() {
 		follower = b

@@ -143,6 +143,10 @@ member: memberlist gossip (--gossip-addr), an embedded NATS server (or
 	fl.StringVar(&c.RaftTLS.CertFile, "raft-tls-cert", "", "raft mutual-TLS certificate (PEM)")
 	fl.StringVar(&c.RaftTLS.KeyFile, "raft-tls-key", "", "raft mutual-TLS key (PEM)")
 	fl.StringVar(&c.RaftTLS.CAFile, "raft-tls-ca", "", "raft mutual-TLS CA (PEM)")
+	fl.StringVar(&c.PeerTLS.CertFile, "peer-tls-cert", "", "peer snapshot service TLS certificate (PEM)")
+	fl.StringVar(&c.PeerTLS.KeyFile, "peer-tls-key", "", "peer snapshot service TLS key (PEM)")
+	fl.StringVar(&c.PeerTLS.CAFile, "peer-tls-ca", "", "CA peers' snapshot-service certificates are verified against; requires client certificates (PEM)")
+	fl.StringVar(&c.PeerTLSServerName, "peer-tls-server-name", "", "name peers' snapshot-service certificates are verified against instead of the dialled host")
 	return cmd, f
 }
 
@@ -209,6 +213,10 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("raft-tls-cert", func() { c.RaftTLS.CertFile = fc.RaftTLS.CertFile })
 	set("raft-tls-key", func() { c.RaftTLS.KeyFile = fc.RaftTLS.KeyFile })
 	set("raft-tls-ca", func() { c.RaftTLS.CAFile = fc.RaftTLS.CAFile })
+	set("peer-tls-cert", func() { c.PeerTLS.CertFile = fc.PeerTLS.CertFile })
+	set("peer-tls-key", func() { c.PeerTLS.KeyFile = fc.PeerTLS.KeyFile })
+	set("peer-tls-ca", func() { c.PeerTLS.CAFile = fc.PeerTLS.CAFile })
+	set("peer-tls-server-name", func() { c.PeerTLSServerName = fc.PeerTLSServerName })
 
 	for _, spec := range f.replicas {
 		r, model, err := node.ParseReplicaSpec(spec)

@@ -304,9 +304,9 @@ func (d *decoder) str(what string) string {
 // index's; with KeepReplicaSettings they are this index's own, read at the
 // swap under the write lock, so no Match sees the peer's.
 func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool), opts ...RestoreOption) (map[string]uint64, error) {
-	var o restoreOptions
-	for _, opt := range opts {
-		opt(&o)
+	var opt restoreOptions
+	for _, f := range opts {
+		f(&opt)
 	}
 	if resolve == nil {
 		resolve = func(s string) (ReplicaID, bool) {
@@ -380,7 +380,7 @@ func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool), opt
 					ks = append(ks, last)
 				}
 			}
-			if ok && d.err == nil {
+			if ok && d.err == nil && (opt.take == nil || opt.take(r, Confirmed)) {
 				rs := y.replica(r)
 				y.engStore(r, rs, eh, last)
 				if nk > 1 {
@@ -417,7 +417,7 @@ func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool), opt
 					d.fail("replica ordinal")
 					break
 				}
-				if !known[o] {
+				if !known[o] || opt.take != nil && !opt.take(local[o], Ledger(l)) {
 					continue
 				}
 				if idx == 0 {
@@ -440,11 +440,17 @@ func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool), opt
 			y.nodes[idxOf[b]].next = idxOf[succ[b]]
 		}
 	}
-	y.enforceCapacity()
+	if opt.take == nil {
+		y.enforceCapacity()
+	}
 
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if o.keepReplicaSettings {
+	if opt.take != nil {
+		y.keepUnselected(x, opt.take)
+		y.enforceCapacity()
+	}
+	if opt.keepReplicaSettings {
 		y.publishers = x.publishers
 		for r, rs := range y.replicas {
 			rs.root, rs.hasRoot = BlockKey(0), false
@@ -471,6 +477,120 @@ type RestoreOption func(*restoreOptions)
 
 type restoreOptions struct {
 	keepReplicaSettings bool
+	take                func(ReplicaID, Ledger) bool
+}
+
+// RestoreOnly makes Restore selective: an entry (replica r, ledger l) comes
+// from the snapshot only when take(r, l) reports true; for every other
+// (replica, ledger) pair this index's own entries stay exactly as they are
+// at the swap, and the snapshot's are ignored. A replica's engine-hash
+// mappings follow its Confirmed ledger (taken from the snapshot with it,
+// else kept). A block holding entries from both sides keeps each ledger's
+// later timestamp. take is called while decoding and, for this index's
+// entries, under the write lock; it must be fast and must not call the
+// Index. The merge of kept entries runs under the write lock and costs
+// time proportional to this index's blocks and engine mappings.
+//
+// Anti-entropy uses it so that a repair replaces only the sources a peer
+// has a newer view of: a peer's older view of a source (for example an
+// engine this gateway owns, whose removals the peer missed) never
+// overwrites a newer local one.
+func RestoreOnly(take func(r ReplicaID, l Ledger) bool) RestoreOption {
+	return func(o *restoreOptions) { o.take = take }
+}
+
+// keepUnselected copies into y (a decoded snapshot) every entry and engine
+// mapping of x that take does not select. Both indexes must be private to
+// the caller or locked.
+func (y *Index) keepUnselected(x *Index, take func(ReplicaID, Ledger) bool) {
+	at := make([]uint32, len(x.nodes)) // x node -> y node, 0 = none
+	for i := 1; i < len(x.nodes); i++ {
+		n := &x.nodes[i]
+		if n.flags.Load()&flagLive == 0 {
+			continue
+		}
+		var kept [numLedgers]bool
+		idx := uint32(0)
+		for l := range numLedgers {
+			for m := n.masks[l]; m != 0; m &= m - 1 {
+				r := ReplicaID(bits.TrailingZeros64(m))
+				if take(r, l) {
+					continue
+				}
+				if idx == 0 {
+					idx = y.insert(n.key, 0)
+				}
+				y.set(idx, r, l)
+				kept[l] = true
+			}
+			if n.flags.Load()&flagOvf == 0 {
+				continue
+			}
+			for _, e := range x.ovf[n.key] {
+				if e.ledgers&(1<<l) == 0 || take(e.r, l) {
+					continue
+				}
+				if idx == 0 {
+					idx = y.insert(n.key, 0)
+				}
+				y.set(idx, e.r, l)
+				kept[l] = true
+			}
+		}
+		if idx == 0 {
+			continue
+		}
+		at[i] = idx
+		yn := &y.nodes[idx]
+		if kept[History] {
+			yn.htime = max(yn.htime, n.htime)
+		}
+		if kept[Speculative] {
+			yn.stime = max(yn.stime, n.stime)
+		}
+	}
+	// Chain hints of the kept blocks.
+	for i := 1; i < len(x.nodes); i++ {
+		if at[i] == 0 || y.nodes[at[i]].next != 0 {
+			continue
+		}
+		if nx := x.nodes[i].next; nx != 0 && x.nodes[nx].flags.Load()&flagLive != 0 {
+			y.nodes[at[i]].next = y.probe(x.nodes[nx].key)
+		}
+	}
+	// Engine mappings of replicas whose confirmed entries stay.
+	x.eng.each(func(h uint64, e *engEntry) {
+		for m := e.reps; m != 0; m &= m - 1 {
+			if r := ReplicaID(bits.TrailingZeros64(m)); !take(r, Confirmed) {
+				y.engStore(r, y.keptReplica(x, r), h, e.key)
+			}
+		}
+	})
+	for r, rs := range x.replicas {
+		if take(r, Confirmed) || len(rs.eng) == 0 && len(rs.multi) == 0 {
+			continue
+		}
+		ys := y.keptReplica(x, r)
+		for h, k := range rs.eng {
+			y.engStore(r, ys, h, k)
+		}
+		if len(rs.multi) > 0 {
+			ys.multi = make(map[uint64][]BlockKey, len(rs.multi))
+			for h, ks := range rs.multi {
+				ys.multi[h] = slices.Clone(ks)
+			}
+		}
+	}
+}
+
+// keptReplica returns y's state for r, created with x's root when the
+// snapshot did not carry one.
+func (y *Index) keptReplica(x *Index, r ReplicaID) *replicaState {
+	ys := y.replica(r)
+	if old := x.replicas[r]; old != nil && !ys.hasRoot && old.hasRoot {
+		ys.root, ys.hasRoot = old.root, true
+	}
+	return ys
 }
 
 // KeepReplicaSettings makes Restore keep this index's per-replica settings
@@ -479,4 +599,34 @@ type restoreOptions struct {
 // what their roots are, and a peer's snapshot may predate a change of it.
 func KeepReplicaSettings() RestoreOption {
 	return func(o *restoreOptions) { o.keepReplicaSettings = true }
+}
+
+// SnapshotWatermarks returns the watermarks of a snapshot made by
+// AppendSnapshot without decoding its entries, so a caller can decide what
+// to take from it (RestoreOnly) before calling Restore. It checks the
+// header and checksum; errors wrap ErrBadSnapshot.
+func SnapshotWatermarks(data []byte) (map[string]uint64, error) {
+	if len(data) < len(snapshotMagic)+1+8 || string(data[:4]) != snapshotMagic {
+		return nil, fmt.Errorf("%w: not a snapshot", ErrBadSnapshot)
+	}
+	if data[4] != snapshotVersion {
+		return nil, fmt.Errorf("%w: version %d (want %d)", ErrBadSnapshot, data[4], snapshotVersion)
+	}
+	body := data[:len(data)-8]
+	if xxh3.Hash(body) != binary.LittleEndian.Uint64(data[len(data)-8:]) {
+		return nil, fmt.Errorf("%w: checksum mismatch", ErrBadSnapshot)
+	}
+	d := &decoder{b: body[5:]}
+	d.u64("seed")
+	d.uvarint("block size")
+	nw := d.count("watermark count", 2)
+	wm := make(map[string]uint64, nw)
+	for range nw {
+		s := d.str("watermark name")
+		wm[s] = d.uvarint("watermark value")
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return wm, nil
 }

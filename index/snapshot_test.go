@@ -243,3 +243,114 @@ func TestRestoreKeepReplicaSettings(t *testing.T) {
 		t.Fatal("KeepReplicaSettings: replica 2 lost its publisher flag")
 	}
 }
+
+// keySet returns r's keys in ledger l as a set.
+func keySet(x *Index, r ReplicaID, l Ledger) map[BlockKey]bool {
+	out := make(map[BlockKey]bool)
+	for _, k := range x.AppendReplicaKeys(nil, r, l) {
+		out[k] = true
+	}
+	return out
+}
+
+func hashSet(x *Index, r ReplicaID) map[uint64]bool {
+	out := make(map[uint64]bool)
+	for _, h := range x.AppendEngineHashes(nil, r) {
+		out[h] = true
+	}
+	return out
+}
+
+// TestRestoreOnly: a selective restore takes only the selected (replica,
+// ledger) pairs from the snapshot and keeps every other entry and engine
+// mapping as it is locally, even where the snapshot holds a superset (a
+// peer that missed removals).
+func TestRestoreOnly(t *testing.T) {
+	build := func(seed uint32, engHashes []uint64, hist int) *Index {
+		x := newTestIndex(t, nil)
+		root := x.Hasher().Root("m", "", "")
+		for _, r := range []ReplicaID{1, 2, 70} {
+			x.SetReplicaRoot(r, root)
+			toks := seqTokens(4*len(engHashes), seed+uint32(r))
+			must(t, x.ApplyStored(r, stored(engHashes, 0, false, toks, 4)))
+		}
+		must(t, x.Record(promptKeys(x, hist, seed), 1, History, t0))
+		must(t, x.Record(promptKeys(x, 3, seed+7), 2, Speculative, t0))
+		return x
+	}
+	// The peer knows 8 blocks of each replica; locally 1 and 70 already
+	// removed the last 4 (exact), and 2 holds an older, different set.
+	peer := build(10, []uint64{1, 2, 3, 4, 5, 6, 7, 8}, 5)
+	local := build(10, []uint64{1, 2, 3, 4, 5, 6, 7, 8}, 2)
+	for _, r := range []ReplicaID{1, 70} {
+		if n := local.ApplyRemoved(r, []uint64{5, 6, 7, 8}); n != 4 {
+			t.Fatalf("removed %d", n)
+		}
+	}
+	local.ClearReplica(2)
+	root := local.Hasher().Root("m", "", "")
+	must(t, local.ApplyStored(2, stored([]uint64{90, 91}, 0, false, seqTokens(8, 500), 4)))
+	must(t, local.Record(promptKeys(local, 2, 10), 2, History, t0))
+	must(t, local.Record(promptKeys(local, 3, 17), 2, Speculative, t0)) // the reset dropped them
+
+	want := map[ReplicaID]map[BlockKey]bool{1: keySet(local, 1, Confirmed), 2: keySet(peer, 2, Confirmed), 70: keySet(local, 70, Confirmed)}
+	wantHashes := map[ReplicaID]map[uint64]bool{1: hashSet(local, 1), 2: hashSet(peer, 2), 70: hashSet(local, 70)}
+	wantHist := map[ReplicaID]map[BlockKey]bool{1: keySet(local, 1, History), 2: keySet(local, 2, History)}
+	if len(want[1]) != 4 || len(want[2]) != 8 || len(wantHashes[2]) != 8 || len(wantHist[1]) != 2 {
+		t.Fatalf("setup: %d %d %d %d", len(want[1]), len(want[2]), len(wantHashes[2]), len(wantHist[1]))
+	}
+
+	wm := map[string]uint64{"kv/2": 9}
+	snap := peer.AppendSnapshot(nil, wm, nil)
+	peek, err := SnapshotWatermarks(snap)
+	if err != nil || !maps.Equal(peek, wm) {
+		t.Fatalf("SnapshotWatermarks %v %v", peek, err)
+	}
+	got, err := local.Restore(snap, nil, KeepReplicaSettings(),
+		RestoreOnly(func(r ReplicaID, l Ledger) bool { return r == 2 && l == Confirmed }))
+	if err != nil || !maps.Equal(got, wm) {
+		t.Fatalf("restore: %v %v", got, err)
+	}
+	for r, ks := range want {
+		if g := keySet(local, r, Confirmed); !maps.Equal(g, ks) {
+			t.Errorf("replica %d confirmed: %d keys, want %d", r, len(g), len(ks))
+		}
+		if g := hashSet(local, r); !maps.Equal(g, wantHashes[r]) {
+			t.Errorf("replica %d engine hashes %v, want %v", r, g, wantHashes[r])
+		}
+	}
+	for r, ks := range wantHist {
+		if g := keySet(local, r, History); !maps.Equal(g, ks) {
+			t.Errorf("replica %d history: %d keys, want %d (kept local)", r, len(g), len(ks))
+		}
+	}
+	if g := keySet(local, 2, Speculative); len(g) != 3 {
+		t.Errorf("replica 2 speculative: %d keys, want 3 (kept local)", len(g))
+	}
+	s := local.Stats()
+	if s.Entries[Confirmed] != 4+8+4 || s.Entries[History] != 4 || s.Entries[Speculative] != 3 {
+		t.Errorf("entries %v", s.Entries)
+	}
+	// Engine maps work for both sides: a kept mapping chains and removes,
+	// and so does a taken one.
+	must(t, local.ApplyStored(1, stored([]uint64{40}, 4, true, seqTokens(4, 77), 4)))
+	if n := local.ApplyRemoved(1, []uint64{40, 1}); n != 2 {
+		t.Errorf("kept map removed %d, want 2", n)
+	}
+	if n := local.ApplyRemoved(2, []uint64{8, 90}); n != 1 {
+		t.Errorf("taken map removed %d, want 1 (90 was the local view's)", n)
+	}
+	if n := local.ApplyRemoved(70, []uint64{5, 4}); n != 1 {
+		t.Errorf("overflow replica's kept map removed %d, want 1", n)
+	}
+	// The result matches an index built from the merged entries: match
+	// sees replica 1's four kept blocks.
+	keys1 := local.Hasher().AppendKeys(nil, root, seqTokens(32, 11))
+	if m, _ := match(local, keys1, []ReplicaID{1}, ModeKVEvents, t0); m[0] != 0 {
+		t.Errorf("replica 1 matches %d blocks after removing its first", m[0])
+	}
+	keys2 := local.Hasher().AppendKeys(nil, root, seqTokens(32, 12))
+	if m, _ := match(local, keys2, []ReplicaID{2}, ModeKVEvents, t0); m[0] != 7 {
+		t.Errorf("replica 2 matches %d blocks, want 7 (the peer's 8, last removed)", m[0])
+	}
+}

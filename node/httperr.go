@@ -32,6 +32,7 @@ const (
 	CodeMethodNotAllowed   = "method_not_allowed"
 	CodeNotFound           = "not_found"
 	CodeShuttingDown       = "shutting_down"
+	CodeGatewayShutdown    = "gateway_shutdown"
 	CodeNotReady           = "not_ready"
 )
 

@@ -63,7 +63,9 @@ type Node struct {
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
 	reqBase  context.Context
-	reqAbort context.CancelFunc
+	reqAbort context.CancelCauseFunc // errShutdownCut past Shutdown's deadline
+	active   activeCount             // inference handlers running
+	conns    connTracker             // the HTTP server's connections
 	wg       sync.WaitGroup
 
 	shutOnce sync.Once
@@ -272,18 +274,19 @@ func (n *Node) Start(ctx context.Context) error {
 	}
 	n.ln = ln
 	n.bgCtx, n.bgCancel = context.WithCancel(context.Background())
-	n.reqBase, n.reqAbort = context.WithCancel(context.Background())
+	n.reqBase, n.reqAbort = context.WithCancelCause(context.Background())
 	n.srv = &http.Server{
 		Handler:           n.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return n.reqBase },
+		ConnState:         n.conns.track,
 		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelWarn),
 	}
 	if n.cl != nil {
 		if err := n.startCluster(ctx, ln.Addr().String()); err != nil {
 			n.bgCancel()
-			n.reqAbort()
+			n.reqAbort(nil)
 			_ = ln.Close()
 			n.wg.Wait()
 			return err
@@ -299,7 +302,7 @@ func (n *Node) Start(ctx context.Context) error {
 			n.closeCluster(context.Background(), nil)
 		}
 		n.bgCancel()
-		n.reqAbort()
+		n.reqAbort(nil)
 		_ = ln.Close()
 		n.wg.Wait()
 		return err
@@ -349,10 +352,16 @@ func (n *Node) HTTPAddr() string {
 // /health and /ready turn 503 (load balancers drain the gateway); in
 // cluster mode the gateway gossips its leave (peers take over its KV-event
 // streams at once) and leaves raft (a leader transfers leadership to
-// another voter first); the HTTP server stops accepting and in-flight
-// requests and streams finish until ctx is done, the rest are cut (a cut
-// stream ends with an SSE error event when its upstream fails, or the
-// connection closes); then the admin API, the config store and the cluster
+// another voter first); connections without a request in flight (idle
+// keep-alives, or new ones that sent nothing yet) are closed at once, the
+// HTTP server stops accepting and in-flight requests and streams finish
+// until ctx is done, the rest are cut: a cut
+// stream ends with an SSE error event (code gateway_shutdown) written
+// before its connection is closed, a cut request that has no response yet
+// gets a 503 gateway_shutdown, and a response that can carry no error (a
+// non-streaming body already started, or a connection that takes no more
+// bytes) is aborted, never terminated as if complete; the cut takes at
+// most cutWriteTimeout past ctx's deadline; then the admin API, the config store and the cluster
 // stop, and subscribers, scrapers and health checkers, and every goroutine
 // the Node started is waited for. It is idempotent: later calls return
 // the first call's result. Safe before Start.
@@ -389,15 +398,31 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		}
 		var err error
 		step("drained HTTP requests and streams", func() {
+			// Connections without a request in flight would hold Shutdown
+			// for Go's 5 s allowance: close them first.
+			if c := n.conns.closeQuiet(); c > 0 {
+				n.log.Info("shutdown: closed connections without a request", "conns", c)
+			}
 			err = n.srv.Shutdown(ctx)
 			if err != nil {
-				// Deadline: abort the remaining requests, then close connections.
-				n.reqAbort()
+				// Deadline: cut the remaining requests. Each cut handler
+				// ends its stream with a gateway_shutdown error event (or
+				// aborts its connection) within cutWriteTimeout; the
+				// connections are closed once they all returned or that
+				// time is up, whichever comes first.
+				left := n.active.load()
+				n.reqAbort(errShutdownCut)
+				t := time.NewTimer(cutWriteTimeout + 50*time.Millisecond)
+				select {
+				case <-n.active.zero():
+				case <-t.C:
+				}
+				t.Stop()
 				_ = n.srv.Close()
-				n.log.Warn("shutdown deadline reached, cut the remaining streams", "err", err)
+				n.log.Warn("shutdown deadline reached, cut the remaining streams", "requests", left, "err", err)
 			}
 		})
-		n.reqAbort()
+		n.reqAbort(nil)
 		if n.cl != nil {
 			cctx, cancel := context.WithTimeout(context.Background(), n.cfg.Cluster.LeaveTimeout)
 			n.closeCluster(cctx, step)

@@ -81,6 +81,8 @@ const (
 // serveInference is the handler of /v1/completions and /v1/chat/completions.
 func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		n.active.add()
+		defer n.active.done()
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
 			n.refuse(w, &apiError{status: http.StatusMethodNotAllowed, code: CodeMethodNotAllowed, message: "use POST"})
@@ -216,6 +218,12 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	resp, err := n.transport.RoundTrip(up)
 	if err != nil {
 		releaseQueued()
+		if shutdownCut(r) {
+			n.m.requests.WithLabelValues(rep.model, "error").Inc()
+			writeError(w, &apiError{status: http.StatusServiceUnavailable, code: CodeGatewayShutdown,
+				message: "gateway shutting down: request cut before the replica answered", retryAfter: 1})
+			return attemptDone
+		}
 		if r.Context().Err() != nil {
 			return attemptDone // the client left; nobody to answer
 		}
@@ -259,6 +267,15 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	n.m.requests.WithLabelValues(rep.model, statusClass(resp.StatusCode)).Inc()
 
 	switch {
+	case res.clientGone && shutdownCut(r):
+		// Shutdown's deadline cut the stream: the client must be able to
+		// tell it from a complete answer. The deferred cancel aborts the
+		// upstream request.
+		if streaming && !res.writeFailed {
+			writeCutEvent(w, res.tail, res.bytes)
+			return attemptDone
+		}
+		abortResponse()
 	case res.clientGone:
 		// The client left: the deferred cancel aborts the upstream request.
 		return attemptDone
@@ -293,13 +310,14 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 
 // relayResult is what relay saw of a response body.
 type relayResult struct {
-	bytes      int64
-	firstAt    int64    // unix nanos of the first body byte, 0 if none
-	lastAt     int64    // unix nanos of the last body byte
-	sse        sseTally // what the SSE events said (streaming only)
-	tail       [2]byte
-	clientGone bool
-	err        error
+	bytes       int64
+	firstAt     int64    // unix nanos of the first body byte, 0 if none
+	lastAt      int64    // unix nanos of the last body byte
+	sse         sseTally // what the SSE events said (streaming only)
+	tail        [2]byte
+	clientGone  bool
+	writeFailed bool // clientGone because a write to the client failed
+	err         error
 }
 
 // relay copies body to w, flushing after every read so that each upstream
@@ -329,7 +347,7 @@ func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseF
 				res.sse.feed(chunk, now)
 			}
 			if _, werr := w.Write(chunk); werr != nil {
-				res.clientGone = true
+				res.clientGone, res.writeFailed = true, true
 				return res
 			}
 			if flusher != nil {
@@ -360,18 +378,7 @@ func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseF
 // writeStreamError ends a broken SSE stream with an error event the client
 // can parse: it first terminates a partially relayed event.
 func writeStreamError(w io.Writer, flusher http.Flusher, tail [2]byte, msg string) {
-	var b bytes.Buffer
-	switch {
-	case tail == [2]byte{'\n', '\n'} || tail == [2]byte{}:
-	case tail[1] == '\n':
-		b.WriteByte('\n')
-	default:
-		b.WriteString("\n\n")
-	}
-	b.WriteString("data: ")
-	b.Write(errorJSON(http.StatusBadGateway, CodeStreamBroken, msg))
-	b.WriteString("\n\n")
-	_, _ = w.Write(b.Bytes())
+	_, _ = w.Write(streamErrorEvent(tail, http.StatusBadGateway, CodeStreamBroken, msg))
 	if flusher != nil {
 		flusher.Flush()
 	}

@@ -84,9 +84,14 @@
 // leave (peers take over its KV-event streams at once instead of after
 // failure detection); the config store leaves raft (a leader first
 // transfers leadership, so writes pause for a round trip, not an election
-// timeout); the HTTP server stops accepting and in-flight streams drain
-// until the grace ends, the rest are cut; the admin API, config store and
-// cluster stop; probes and subscribers stop. Each step is logged with its
+// timeout); connections without a request in flight (idle keep-alives,
+// new ones that sent nothing) are closed at once, the HTTP server stops
+// accepting and in-flight streams drain until the grace ends; the rest are
+// cut, and a cut is always visible to the client: a stream ends with an
+// SSE error event of code gateway_shutdown, a request not yet answered
+// gets a 503 gateway_shutdown, and any other response is aborted (never
+// terminated as if complete); the admin API, config store and cluster
+// stop; probes and subscribers stop. Each step is logged with its
 // duration.
 //
 // Lifecycle: New builds, Start listens and returns, Shutdown stops in

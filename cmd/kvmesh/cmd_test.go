@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 func parseServe(t *testing.T, args ...string) (node.Config, error) {
@@ -154,7 +155,8 @@ func TestServeClusterFlags(t *testing.T) {
 
 	cfg, err = parseServe(t, "--model", "M", "--replica", "a=http://h:1", "--node-id", "gw1",
 		"--join", "10.0.0.1:7946,10.0.0.2:7946", "--join", "10.0.0.3:7946", "--data-dir", "/tmp/x",
-		"--admin-token", "t", "--raft-addr", "127.0.0.1:9301", "--nats-url", "nats://n:4222")
+		"--admin-token", "t", "--raft-addr", "127.0.0.1:9301", "--nats-url", "nats://n:4222",
+		"--peer-tls-cert", "p.pem", "--peer-tls-key", "pk.pem", "--peer-tls-ca", "ca.pem", "--peer-tls-server-name", "gw.internal")
 	require.NoError(t, err)
 	assert.True(t, cfg.Cluster.Active(), "--join implies --cluster")
 	assert.Equal(t, []string{"10.0.0.1:7946", "10.0.0.2:7946", "10.0.0.3:7946"}, cfg.Cluster.Join)
@@ -163,6 +165,8 @@ func TestServeClusterFlags(t *testing.T) {
 	assert.Equal(t, "127.0.0.1:9301", cfg.Cluster.RaftAddr)
 	assert.Equal(t, "nats://n:4222", cfg.Cluster.NATSURL)
 	assert.Equal(t, 3, cfg.Cluster.BootstrapExpect, "default")
+	assert.Equal(t, config.TLSFiles{CertFile: "p.pem", KeyFile: "pk.pem", CAFile: "ca.pem"}, cfg.Cluster.PeerTLS)
+	assert.Equal(t, "gw.internal", cfg.Cluster.PeerTLSServerName)
 
 	cfg, err = parseServe(t, "--model", "M", "--replica", "a=http://h:1", "--bootstrap-expect", "1", "--no-sync")
 	require.NoError(t, err)

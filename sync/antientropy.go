@@ -80,9 +80,9 @@ func (c *Cluster) digestLoop(ctx context.Context) {
 			continue
 		}
 		c.log.Info("anti-entropy repair", "peer", peer, "reason", reason)
-		c.ap.takeLoss()
+		lost := c.ap.takeLoss()
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.BootstrapTimeout)
-		err = c.restoreFrom(rctx, m)
+		err = c.restoreFrom(rctx, m, false, lost)
 		cancel()
 		if err != nil {
 			c.m.repairs.WithLabelValues("error").Inc()

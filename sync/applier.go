@@ -73,7 +73,31 @@ type kvState struct {
 	valid  bool // false: nothing applied since the start or a reset
 	seq    uint64
 	engine float64 // engine clock of the last applied batch
+	// gap: batches after goodSeq were lost on the way here, so the
+	// confirmed view may hold blocks whose removal was lost. Batches after
+	// the gap are still applied (routing stays close), but the watermark
+	// this gateway advertises and snapshots stays at goodSeq until a
+	// repair replaces the view, so no peer takes it for a newer one.
+	gap        bool
+	goodSeq    uint64
+	goodEngine float64
 }
+
+// mark is the watermark st stands for: the last batch up to which the view
+// is complete, and its engine clock; ok false when nothing is known.
+func (st *kvState) mark() (seq uint64, engine float64, ok bool) {
+	switch {
+	case !st.valid:
+		return 0, 0, false
+	case st.gap:
+		return st.goodSeq, st.goodEngine, true
+	}
+	return st.seq, st.engine, true
+}
+
+// cleared records that the replica's view was emptied (reset, clear,
+// engine restart): nothing lost before it matters any more.
+func (st *kvState) cleared() { st.gap = false }
 
 // inbound is one decoded peer message on its way to the applier.
 type inbound struct {
@@ -245,6 +269,7 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 	if b.Reset {
 		ix.ClearReplica(id)
 		st.valid = false
+		st.cleared()
 		a.c.m.applied.WithLabelValues("kv").Inc()
 		return
 	}
@@ -255,10 +280,14 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 			// Batches the owner delivered were lost on the way here.
 			a.c.m.gaps.WithLabelValues("kv").Inc()
 			a.markLossLocked()
+			if !st.gap {
+				st.gap, st.goodSeq, st.goodEngine = true, st.seq, st.engine
+			}
 		case b.EngineTS > st.engine:
 			// An older seq with a newer engine clock: the engine restarted
 			// while ownership moved (the new owner saw no rewind).
 			ix.ClearReplica(id)
+			st.cleared()
 		default:
 			a.c.m.dropped.WithLabelValues("kv", "duplicate").Inc()
 			return
@@ -279,6 +308,7 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 			ix.ApplyRemoved(id, ev.Hashes)
 		case kvevents.KindAllBlocksCleared:
 			ix.ClearReplica(id)
+			st.cleared()
 		}
 	}
 	st.valid, st.seq, st.engine = true, b.Seq, b.EngineTS
@@ -300,9 +330,9 @@ func (a *applier) watermarksLocked() map[string]uint64 {
 		w[srcDecisions+o] = st.base
 	}
 	for r, st := range a.kv {
-		if st.valid {
-			w[srcKV+r] = st.seq + 1
-			w[srcKVTS+r] = math.Float64bits(st.engine)
+		if seq, engine, ok := st.mark(); ok {
+			w[srcKV+r] = seq + 1
+			w[srcKVTS+r] = math.Float64bits(engine)
 		} else {
 			w[srcKV+r] = 0
 		}
@@ -310,18 +340,28 @@ func (a *applier) watermarksLocked() map[string]uint64 {
 	return w
 }
 
-// setWatermarksLocked replaces the dedupe state with a restored snapshot's
-// watermarks. The own origin's watermark is returned separately: this
-// gateway does not dedupe its own batches.
-func (a *applier) setWatermarksLocked(w map[string]uint64) {
-	clear(a.origins)
-	clear(a.kv)
+// setWatermarksLocked replaces the dedupe state of the sources a restore
+// took with the snapshot's watermarks w: every decision origin when
+// decisions is set, and the engines in kv. The state of every other source
+// stays as it was.
+func (a *applier) setWatermarksLocked(w map[string]uint64, decisions bool, kv map[string]bool) {
+	if decisions {
+		clear(a.origins)
+	}
+	for r := range kv {
+		delete(a.kv, r)
+	}
 	for k, v := range w {
 		switch {
 		case strings.HasPrefix(k, srcDecisions):
-			a.origins[k[len(srcDecisions):]] = &originState{base: v}
+			if decisions {
+				a.origins[k[len(srcDecisions):]] = &originState{base: v}
+			}
 		case strings.HasPrefix(k, srcKV):
 			r := k[len(srcKV):]
+			if !kv[r] {
+				continue
+			}
 			st := &kvState{}
 			if v > 0 {
 				st.valid, st.seq = true, v-1
@@ -330,6 +370,29 @@ func (a *applier) setWatermarksLocked(w map[string]uint64) {
 			a.kv[r] = st
 		}
 	}
+}
+
+// kvNewer reports whether the snapshot watermarks w hold a newer complete
+// view of engine replica than this gateway: a later engine clock, or the
+// same clock and a later seq (an engine restart rewinds the seq but not
+// the clock). A snapshot that knows nothing of it is never newer.
+func (a *applier) kvNewerLocked(w map[string]uint64, replica string) bool {
+	v := w[srcKV+replica]
+	if v == 0 {
+		return false
+	}
+	st := a.kv[replica]
+	if st == nil {
+		return true
+	}
+	theirs := math.Float64frombits(w[srcKVTS+replica])
+	seq, engine, ok := st.mark()
+	if !ok {
+		// Nothing since a reset (st.engine is the clock of the last batch
+		// before it; 0 if none): a peer that missed the reset is not newer.
+		return theirs > st.engine
+	}
+	return theirs > engine || theirs == engine && v-1 > seq
 }
 
 // beginBuffering makes the applier buffer instead of applying.
@@ -363,8 +426,8 @@ func (a *applier) sources() []Watermark {
 	}
 	for r, st := range a.kv {
 		var v uint64
-		if st.valid {
-			v = st.seq + 1
+		if seq, _, ok := st.mark(); ok {
+			v = seq + 1
 		}
 		out = append(out, Watermark{Source: srcKV + r, Seq: v})
 	}

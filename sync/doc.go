@@ -134,7 +134,17 @@
 // publishes its watermarks; a gateway that stays behind a peer on a source
 // for one interval, or that saw a loss, pulls a snapshot from the most
 // advanced peer (at most once per RepairMinInterval, only while NATS is up)
-// and re-applies its own recent batches the peer lacked. Load reports are
+// and re-applies its own recent batches the peer lacked. A repair is
+// selective (index.RestoreOnly): an engine's confirmed entries are taken
+// only when the peer's watermark for it is newer (later engine clock, or the
+// same clock and a later seq), never for an engine this gateway owns
+// (except at bootstrap), and every other engine's entries stay as they are
+// here; history and speculative entries are taken at bootstrap, after a
+// loss or when the peer is ahead on a decision stream. A gateway that
+// applied an engine's batches across a seq gap (batches lost, e.g. while
+// NATS was down) keeps applying them but advertises and snapshots the
+// watermark from before the gap until a repair replaces its view, so its
+// possibly stale view (lost removals) never passes for a newer one. Load reports are
 // kept per origin with the local receive time and summed into an immutable
 // map; InFlight reads it without locks or allocation, and reports older
 // than LoadTTL stop counting. A restore keeps this gateway's replica roots

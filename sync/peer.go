@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -114,11 +115,23 @@ func snapshotErr(addr string, err error) error {
 	return fmt.Errorf("sync: snapshot from %s: %w", addr, err)
 }
 
-// restoreFrom pulls a snapshot from peer and restores it: the applier
-// buffers meanwhile, and applies what it buffered above the restored
-// watermarks afterwards. This gateway's own decisions newer than the
-// peer's watermark for it are re-applied from the own ring.
-func (c *Cluster) restoreFrom(ctx context.Context, peer Member) error {
+// restoreFrom pulls a snapshot from peer and restores, selectively, what
+// the peer has a newer view of: the applier buffers meanwhile, and applies
+// what it buffered above the restored watermarks afterwards.
+//
+// An engine's confirmed entries (and engine map) are taken only when the
+// peer's watermark for it is newer than this gateway's (applier.kvNewer);
+// an engine this gateway owns is never taken from a peer except at
+// bootstrap, since the owner ingests it directly and a peer's view can only
+// be older (peers miss removals while NATS is down: KV batches are not
+// gossiped). Every other engine's entries stay as they are here.
+//
+// History and speculative entries (routing decisions, which carry no
+// per-origin ledger in the index) are taken at bootstrap, after a loss
+// (decisions) and when the peer is ahead on another gateway's decision
+// stream; this gateway's own decisions newer than the peer's watermark
+// for it are then re-applied from the own ring.
+func (c *Cluster) restoreFrom(ctx context.Context, peer Member, boot, decisions bool) error {
 	start := time.Now()
 	c.ap.beginBuffering()
 	defer c.ap.endBuffering()
@@ -127,37 +140,73 @@ func (c *Cluster) restoreFrom(ctx context.Context, peer Member) error {
 		return err
 	}
 	c.m.bootstrapBytes.Add(float64(len(data)))
-	c.ap.mu.Lock()
-	before := c.ap.watermarksLocked()
-	w, err := c.deps.Index.Restore(data, c.deps.Replicas.ReplicaID, index.KeepReplicaSettings())
+	w, err := index.SnapshotWatermarks(data)
 	if err != nil {
+		return err
+	}
+	// Ownership is read before the applier lock: owners.reconcile holds its
+	// lock while a subscriber's handler may wait for the applier's.
+	owned := make(map[string]bool)
+	if !boot {
+		for k := range w {
+			if r, ok := strings.CutPrefix(k, srcKV); ok && c.own.owned(r) {
+				owned[r] = true
+			}
+		}
+	}
+	c.ap.mu.Lock()
+	takeKV := make(map[string]bool)
+	takeID := make(map[index.ReplicaID]bool)
+	for k := range w {
+		if !strings.HasPrefix(k, srcKV) {
+			continue
+		}
+		r := k[len(srcKV):]
+		id, ok := c.deps.Replicas.ReplicaID(r)
+		if !ok || owned[r] || !c.ap.kvNewerLocked(w, r) {
+			continue
+		}
+		takeKV[r], takeID[id] = true, true
+	}
+	if !decisions {
+		for k, v := range w {
+			if o, ok := strings.CutPrefix(k, srcDecisions); ok && o != c.origin {
+				if st := c.ap.origins[o]; st == nil || v > st.base {
+					decisions = true
+					break
+				}
+			}
+		}
+	}
+	take := func(r index.ReplicaID, l index.Ledger) bool {
+		if l == index.Confirmed {
+			return takeID[r]
+		}
+		return decisions
+	}
+	if _, err := c.deps.Index.Restore(data, c.deps.Replicas.ReplicaID,
+		index.KeepReplicaSettings(), index.RestoreOnly(take)); err != nil {
 		c.ap.mu.Unlock()
 		return err
 	}
 	if c.deps.AfterRestore != nil {
 		c.deps.AfterRestore()
 	}
-	c.ap.setWatermarksLocked(w)
-	// Our own batches the peer had not applied when it encoded.
-	mine := w[srcDecisions+c.origin]
-	delete(c.ap.origins, c.origin)
-	c.ring.after(mine, func(msg []byte) {
-		if m, err := DecodeMessage(msg); err == nil && m.Decisions != nil {
-			c.ap.applyDecisionsLocked(m.Decisions, true)
-		}
-	})
-	c.ap.mu.Unlock()
-	// Engines this gateway owns whose confirmed state the peer had less of:
-	// resubscribe, which replays the engine's buffer.
-	for r, v := range before {
-		if len(r) > len(srcKV) && r[:len(srcKV)] == srcKV && w[r] < v {
-			if rep := r[len(srcKV):]; c.own.owned(rep) {
-				c.own.restart(rep)
+	c.ap.setWatermarksLocked(w, decisions, takeKV)
+	if decisions {
+		// Our own batches the peer had not applied when it encoded.
+		mine := w[srcDecisions+c.origin]
+		delete(c.ap.origins, c.origin)
+		c.ring.after(mine, func(msg []byte) {
+			if m, err := DecodeMessage(msg); err == nil && m.Decisions != nil {
+				c.ap.applyDecisionsLocked(m.Decisions, true)
 			}
-		}
+		})
 	}
+	c.ap.mu.Unlock()
 	c.m.bootstrapSeconds.Observe(time.Since(start).Seconds())
 	c.log.Info("index restored from peer", "peer", peer.Name, "bytes", len(data),
+		"engines", len(takeKV), "decisions", decisions,
 		"entries", c.deps.Index.Stats().TotalEntries(), "took", time.Since(start))
 	return nil
 }
@@ -170,7 +219,7 @@ func (c *Cluster) bootstrap(ctx context.Context) error {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, c.cfg.BootstrapTimeout)
-		err := c.restoreFrom(pctx, m)
+		err := c.restoreFrom(pctx, m, true, true)
 		cancel()
 		if err == nil {
 			c.m.bootstraps.WithLabelValues("ok").Inc()

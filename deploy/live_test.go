@@ -245,16 +245,26 @@ func prompt(family, i int) string {
 	return b.String()
 }
 
-// complete sends one streaming completion and reads the stream to its end;
-// it returns the HTTP status and whether [DONE] arrived.
-func complete(ctx context.Context, addr, model, strategy, p string, maxTokens int) (int, bool, error) {
+// streamResult is what a client saw of one streaming completion.
+type streamResult struct {
+	code int  // HTTP status
+	done bool // data: [DONE] arrived
+	// cut: an SSE error event of code gateway_shutdown arrived (the
+	// gateway's shutdown deadline cut the stream).
+	cut bool
+	err error
+}
+
+// completeStream sends one streaming completion and reads the stream to
+// its end.
+func completeStream(ctx context.Context, addr, model, strategy, p string, maxTokens int) streamResult {
 	body, _ := json.Marshal(map[string]any{
 		"model": model, "prompt": p, "max_tokens": maxTokens, "ignore_eos": true, "temperature": 0,
 		"stream": true, "stream_options": map[string]any{"include_usage": true},
 	})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
-		return 0, false, err
+		return streamResult{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if strategy != "" {
@@ -262,17 +272,24 @@ func complete(ctx context.Context, addr, model, strategy, p string, maxTokens in
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, false, err
+		return streamResult{err: err}
 	}
 	defer resp.Body.Close()
-	done := false
+	r := streamResult{code: resp.StatusCode}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if strings.TrimSpace(sc.Text()) == "data: [DONE]" {
-			done = true
-		}
+		line := strings.TrimSpace(sc.Text())
+		r.done = r.done || line == "data: [DONE]"
+		r.cut = r.cut || (strings.HasPrefix(line, "data: ") && strings.Contains(line, `"`+node.CodeGatewayShutdown+`"`))
 	}
-	return resp.StatusCode, done, sc.Err()
+	r.err = sc.Err()
+	return r
+}
+
+// complete is completeStream for callers that need the status and [DONE].
+func complete(ctx context.Context, addr, model, strategy, p string, maxTokens int) (int, bool, error) {
+	r := completeStream(ctx, addr, model, strategy, p, maxTokens)
+	return r.code, r.done, r.err
 }
 
 // scrapeNames returns the sample names (histogram _bucket/_sum/_count as
@@ -434,15 +451,9 @@ func TestGracefulShutdown(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 
-			type result struct {
-				code int
-				done bool
-				err  error
-			}
-			res := make(chan result, 1)
+			res := make(chan streamResult, 1)
 			go func() { // owner: this test, which reads res below
-				code, done, err := complete(ctx, s.gwAddr, liveModel, "", prompt(0, 1), tc.maxTokens)
-				res <- result{code, done, err}
+				res <- completeStream(ctx, s.gwAddr, liveModel, "", prompt(0, 1), tc.maxTokens)
 			}()
 			// Wait until the stream is in flight at the gateway.
 			require.Eventually(t, func() bool {
@@ -470,8 +481,9 @@ func TestGracefulShutdown(t *testing.T) {
 				t.Errorf("gateway exit: %v, want status 0", s.gw.err)
 			}
 			r := <-res
-			if r.code != http.StatusOK || r.done != tc.wantDone {
-				t.Errorf("stream: status %d, [DONE] %v (err %v); want 200, [DONE] %v", r.code, r.done, r.err, tc.wantDone)
+			if r.code != http.StatusOK || r.done != tc.wantDone || r.cut == tc.wantDone {
+				t.Errorf("stream: status %d, [DONE] %v, gateway_shutdown event %v (err %v); want 200, [DONE] %v, event %v",
+					r.code, r.done, r.cut, r.err, tc.wantDone, !tc.wantDone)
 			}
 			if !tc.wantDone && exited < tc.grace {
 				t.Errorf("exited %v after SIGTERM, before the %v grace", exited, tc.grace)

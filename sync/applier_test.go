@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -107,4 +108,55 @@ func TestPublishDecisionDoesNotAllocate(t *testing.T) {
 	// Confirmed decisions are not published (KV events carry those).
 	g.c.PublishDecision("r0", index.Confirmed, keys, 1)
 	require.Equal(t, 101, len(g.c.pending.entries))
+}
+
+// TestKVGapWatermark: after a seq gap the applier keeps applying but
+// advertises the pre-gap watermark until a reset or a repair, and
+// kvNewerLocked compares (engine clock, seq), so neither a peer that missed
+// a reset nor a gapped view counts as newer.
+func TestKVGapWatermark(t *testing.T) {
+	g := newGW(t, "x", nil, nil)
+	a := g.c.ap
+	batch := func(seq uint64, ts float64) *KVBatch {
+		return &KVBatch{Origin: "o", Replica: "r1", Seq: seq, EngineTS: ts}
+	}
+	wm := func(seq uint64, ts float64) map[string]uint64 {
+		return map[string]uint64{srcKV + "r1": seq + 1, srcKVTS + "r1": math.Float64bits(ts)}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	require.True(t, a.kvNewerLocked(wm(0, 1), "r1"), "nothing known here")
+	require.False(t, a.kvNewerLocked(map[string]uint64{srcKV + "r1": 0}, "r1"), "the peer knows nothing either")
+	a.applyKVLocked(batch(0, 10))
+	a.applyKVLocked(batch(1, 11))
+	a.applyKVLocked(batch(5, 15)) // 2..4 lost
+	a.applyKVLocked(batch(6, 16))
+	require.Equal(t, uint64(2), a.watermarksLocked()[srcKV+"r1"], "pre-gap watermark")
+	require.Equal(t, math.Float64bits(11), a.watermarksLocked()[srcKVTS+"r1"])
+	a.mu.Unlock()
+	for _, w := range a.sources() {
+		if w.Source == srcKV+"r1" {
+			require.Equal(t, uint64(2), w.Seq, "digest carries the pre-gap watermark")
+		}
+	}
+	a.mu.Lock()
+	require.True(t, a.kvNewerLocked(wm(4, 14), "r1"), "a complete view past the gap is newer")
+	require.True(t, a.kvNewerLocked(wm(2, 11), "r1"), "same clock, later seq")
+	require.False(t, a.kvNewerLocked(wm(1, 11), "r1"))
+	require.True(t, a.kvNewerLocked(wm(0, 30), "r1"), "engine restarted: later clock, lower seq")
+	a.applyKVLocked(batch(7, 17)) // still gapped: dedupe goes on from 7
+	a.applyKVLocked(batch(7, 17))
+	require.Equal(t, 1.0, metricValue(t, g.reg, "kvmesh_sync_deltas_dropped_total", map[string]string{"reason": "duplicate"}))
+	// A reset empties the view: the gap no longer matters, and a peer that
+	// missed the reset (older clock) is not newer.
+	a.applyKVLocked(&KVBatch{Origin: "o", Replica: "r1", Reset: true})
+	require.False(t, a.kvNewerLocked(wm(7, 17), "r1"), "a peer that missed the reset")
+	require.True(t, a.kvNewerLocked(wm(0, 40), "r1"))
+	a.applyKVLocked(batch(20, 40))
+	require.Equal(t, uint64(21), a.watermarksLocked()[srcKV+"r1"])
+	// A selective restore replaces only the sources it took.
+	a.kv["r2"] = &kvState{valid: true, seq: 3, engine: 5}
+	a.setWatermarksLocked(wm(30, 50), false, map[string]bool{"r1": true})
+	require.Equal(t, uint64(31), a.watermarksLocked()[srcKV+"r1"])
+	require.Equal(t, uint64(4), a.watermarksLocked()[srcKV+"r2"])
 }

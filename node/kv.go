@@ -119,11 +119,13 @@ func (h kvHandler) HandleBatch(_ string, _ kvevents.Seq, b *kvevents.Batch) {
 }
 
 // HandleReset implements kvevents.Handler: the replica's confirmed entries
-// are no longer known, so they go; history and speculative stay.
+// are no longer known, so they go, and so do its speculative ones (routing
+// decisions the reset made false); history entries stay, since history mode
+// deliberately knows nothing of engine state.
 func (h kvHandler) HandleReset(name string, reason kvevents.ResetReason) {
 	r := h.r
 	removed := h.n.index.ClearReplica(r.id)
-	h.n.log.Info("KV-event stream reset, confirmed entries dropped", "replica", name,
+	h.n.log.Info("KV-event stream reset, confirmed and speculative entries dropped", "replica", name,
 		"reason", reason.String(), "entries", removed)
 }
 

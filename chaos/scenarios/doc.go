@@ -33,9 +33,8 @@
 // does not expose sync's in-memory transports (MemNetwork) or raft's, so a
 // partition cannot be injected from outside a Node yet.
 //
-// Known bugs of other packages make a scenario record its figures (the
-// table marks the row NOT CONVERGED) and then skip, naming the bug;
-// KVMESH_CHAOS_STRICT=1 turns those skips into failures, to check a fix.
+// A scenario that does not converge marks its row NOT CONVERGED in the
+// table and fails.
 // The short form (go test -short ./chaos/scenarios) runs in CI in under a
 // minute (about two under -race). The table is printed by TestMain; go test
 // shows it with -v or on failure. The long form runs more requests and

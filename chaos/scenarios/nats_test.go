@@ -112,10 +112,5 @@ func TestNATSOutage(t *testing.T) {
 	require.Eventually(t, c.ConfigConverged, 10*time.Second, 5*time.Millisecond, c.ConfigVersions())
 	res.ConfigVersions = c.ConfigVersions()
 	row(t, res)
-	if failed != nil {
-		// After the heal the owner's exact view of an engine is replaced
-		// by the same stale superset its peers hold (precision ~0.5,
-		// recall 1), and nothing repairs it.
-		knownBug(t, ownershipBug, failed)
-	}
+	require.NoError(t, failed, "gateways did not converge to the engines' true block sets after the heal")
 }

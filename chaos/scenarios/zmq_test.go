@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -53,20 +52,6 @@ func trySettle(t *testing.T, c *cluster.Cluster, d time.Duration) (cluster.Summa
 	s, took, err := c.AwaitTruth(ctx, 5*time.Millisecond, c.Exact)
 	return s, max(took, time.Since(start)), err
 }
-
-// knownBug ends a test that hit a bug reported to another package's owner:
-// it fails under KVMESH_CHAOS_STRICT=1 (to check a fix) and otherwise skips
-// with the bug named, after the scenario recorded its figures.
-func knownBug(t *testing.T, what string, err error) {
-	t.Helper()
-	if os.Getenv("KVMESH_CHAOS_STRICT") == "1" {
-		require.NoError(t, err, what)
-	}
-	t.Skipf("KNOWN BUG (%s): %v", what, err)
-}
-
-// ownershipBug names the sync bug scenarios 4 and 7 run into.
-const ownershipBug = "sync: after an engine's KV ownership moves or NATS returns, every gateway ends with the same stale superset of that engine's blocks"
 
 func relayTotals(c *cluster.Cluster) faultproxy.RelayStats {
 	var t faultproxy.RelayStats

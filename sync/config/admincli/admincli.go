@@ -71,6 +71,19 @@ func (c *conn) ctx(parent context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(parent, c.timeout)
 }
 
+// call dials the admin API, runs f with a context bounded by --timeout, and
+// closes the connection: the shape every admin command shares.
+func (c *conn) call(cmd *cobra.Command, f func(context.Context, *config.Client) error) error {
+	cl, err := c.dial()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := c.ctx(cmd.Context())
+	defer cancel()
+	return f(ctx, cl)
+}
+
 // Commands returns the "config" and "members" commands.
 func Commands() []*cobra.Command {
 	return []*cobra.Command{NewConfigCmd(), NewMembersCmd()}
@@ -90,18 +103,13 @@ func newGetCmd() *cobra.Command {
 		Short: "Print the applied config as {\"version\": N, \"config\": {...}}",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := c.dial()
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
-			ctx, cancel := c.ctx(cmd.Context())
-			defer cancel()
-			v, err := cl.GetConfig(ctx)
-			if err != nil {
-				return err
-			}
-			return printJSON(cmd.OutOrStdout(), v)
+			return c.call(cmd, func(ctx context.Context, cl *config.Client) error {
+				v, err := cl.GetConfig(ctx)
+				if err != nil {
+					return err
+				}
+				return printJSON(cmd.OutOrStdout(), v)
+			})
 		},
 	}
 	c.bind(cmd)
@@ -146,19 +154,14 @@ func newSetCmd() *cobra.Command {
 			if _, err := config.ParseDocument(doc); err != nil {
 				return err // the same field-named error the server would give, without a round trip
 			}
-			cl, err := c.dial()
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
-			ctx, cancel := c.ctx(cmd.Context())
-			defer cancel()
-			v, err := cl.SetConfigJSON(ctx, doc, exp)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "applied version %d\n", v)
-			return nil
+			return c.call(cmd, func(ctx context.Context, cl *config.Client) error {
+				v, err := cl.SetConfigJSON(ctx, doc, exp)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "applied version %d\n", v)
+				return nil
+			})
 		},
 	}
 	c.bind(cmd)
@@ -176,23 +179,18 @@ func newPatchCmd() *cobra.Command {
 		Short: "Apply an RFC 7386 JSON merge patch, e.g. '{\"prefix_cache\":{\"imbalance_abs_count\":8}}'",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c.dial()
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
-			ctx, cancel := c.ctx(cmd.Context())
-			defer cancel()
-			var exp *uint64
-			if expected >= 0 {
-				exp = config.Version(uint64(expected))
-			}
-			v, err := cl.PatchConfig(ctx, []byte(args[0]), exp)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "applied version %d\n", v)
-			return nil
+			return c.call(cmd, func(ctx context.Context, cl *config.Client) error {
+				var exp *uint64
+				if expected >= 0 {
+					exp = config.Version(uint64(expected))
+				}
+				v, err := cl.PatchConfig(ctx, []byte(args[0]), exp)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "applied version %d\n", v)
+				return nil
+			})
 		},
 	}
 	c.bind(cmd)
@@ -344,21 +342,16 @@ func NewMembersCmd() *cobra.Command {
 		Short: "List the cluster's gateways with their raft role",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cl, err := c.dial()
-			if err != nil {
-				return err
-			}
-			defer cl.Close()
-			ctx, cancel := c.ctx(cmd.Context())
-			defer cancel()
-			resp, err := cl.Members(ctx)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Members)
-			}
-			return printMembers(cmd.OutOrStdout(), resp.Members)
+			return c.call(cmd, func(ctx context.Context, cl *config.Client) error {
+				resp, err := cl.Members(ctx)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), resp.Members)
+				}
+				return printMembers(cmd.OutOrStdout(), resp.Members)
+			})
 		},
 	}
 	c.bind(cmd)
@@ -407,25 +400,20 @@ func NewExplainCmd() *cobra.Command {
 			if req.Model == "" && len(req.RequestJson) == 0 {
 				return errors.New("explain needs --model (with --prompt or --prompt-file) or --body")
 			}
-			cl, err := c.dial()
-			if err != nil {
+			return c.call(cmd, func(ctx context.Context, cl *config.Client) error {
+				rep, err := cl.ExplainRoute(ctx, req)
+				if err != nil {
+					return err
+				}
+				var pretty bytes.Buffer
+				if json.Indent(&pretty, rep, "", "  ") != nil {
+					pretty.Reset()
+					pretty.Write(rep)
+				}
+				pretty.WriteByte('\n')
+				_, err = cmd.OutOrStdout().Write(pretty.Bytes())
 				return err
-			}
-			defer cl.Close()
-			ctx, cancel := c.ctx(cmd.Context())
-			defer cancel()
-			rep, err := cl.ExplainRoute(ctx, req)
-			if err != nil {
-				return err
-			}
-			var pretty bytes.Buffer
-			if json.Indent(&pretty, rep, "", "  ") != nil {
-				pretty.Reset()
-				pretty.Write(rep)
-			}
-			pretty.WriteByte('\n')
-			_, err = cmd.OutOrStdout().Write(pretty.Bytes())
-			return err
+			})
 		},
 	}
 	c.bind(cmd)

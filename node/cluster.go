@@ -204,6 +204,7 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	if cl.cluster, err = kvsync.New(kc, kvsync.Deps{
 		Index: n.index, Replicas: n.ids, Load: loadSource{n}, Registerer: n.m.reg,
 		KVMetrics: n.kvMetrics, Logger: n.log, AfterRestore: n.reapplyReplicaFlags,
+		Transport: cc.GossipTransport,
 	}); err != nil {
 		return fmt.Errorf("node: cluster: %w", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	sockaddr "github.com/hashicorp/go-sockaddr"
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
 
 	kvsync "github.com/kvmesh/kvmesh/sync"
 	"github.com/kvmesh/kvmesh/sync/config"
@@ -168,6 +170,25 @@ type ClusterConfig struct {
 	// LeaveTimeout bounds the graceful gossip leave at Shutdown. Default
 	// 2s.
 	LeaveTimeout time.Duration `yaml:"leave_timeout"`
+
+	// GossipTransport, when set, replaces memberlist's UDP/TCP transport:
+	// GossipAddr is not bound, and peers join this gateway at the address
+	// the transport advertises (Node.Cluster().GossipAddr()). A hook for
+	// tests and embedders, such as the chaos suite's partitionable
+	// sync.MemNetwork; it is not read from YAML. memberlist shuts it down
+	// when the gateway stops; a transport serves one Node start. Default
+	// nil: the real transport on GossipAddr.
+	GossipTransport memberlist.Transport `yaml:"-"`
+
+	// RaftTransport, when set, replaces the raft TCP transport: RaftAddr,
+	// RaftAdvertiseAddr and RaftTLS are unused, and the transport's
+	// LocalAddr is what this gateway advertises in its gossip metadata
+	// and what enters the raft configuration. A hook for tests and
+	// embedders (raft.InmemTransport, connected and disconnected by the
+	// caller to simulate partitions); it is not read from YAML. The caller
+	// owns it and closes it after Shutdown. Default nil: the TCP transport
+	// on RaftAddr.
+	RaftTransport raft.Transport `yaml:"-"`
 }
 
 // DefaultClusterConfig returns the production defaults documented on each
@@ -373,6 +394,7 @@ func (c *ClusterConfig) storeConfig() config.StoreConfig {
 		}
 	}
 	sc.RaftTLS = c.RaftTLS
+	sc.Transport = c.RaftTransport
 	sc.BootstrapExpect = c.BootstrapExpect
 	return sc
 }

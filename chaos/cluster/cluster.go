@@ -91,6 +91,16 @@ type Config struct {
 	// KillGateway can cut clients' connections the way a process death
 	// does (a reset, not a response). Default false.
 	FrontProxies bool
+	// Partitionable puts the gateways' peer links where a scenario can
+	// cut them (Cluster.Partition, Isolate, Heal): gossip over an
+	// in-memory sync.MemNetwork, raft over raft.InmemTransport (through
+	// node.ClusterConfig's GossipTransport and RaftTransport), and with
+	// ExternalNATS one faultproxy.Proxy per gateway in front of the shared
+	// NATS proxy (Gateway.NATSLink). Needs ClusterMode. The peer gRPC
+	// (index snapshots) and admin gRPC (forwarded config writes) links
+	// stay on loopback TCP and are not cut. Default false: real UDP and
+	// TCP transports.
+	Partitionable bool
 	// Sim, if set, adjusts engine i's config before it starts.
 	Sim func(i int, c *sim.Config)
 	// Node, if set, adjusts gateway i's config before it starts.
@@ -123,6 +133,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: KV link %d", ErrInvalidConfig, c.KVLink)
 	case c.ClusterMode && c.DataDir == "":
 		return fmt.Errorf("%w: cluster mode needs a data dir", ErrInvalidConfig)
+	case c.Partitionable && !c.ClusterMode:
+		return fmt.Errorf("%w: partitions need cluster mode", ErrInvalidConfig)
 	case c.BootstrapExpect < 0:
 		return fmt.Errorf("%w: bootstrap expect %d", ErrInvalidConfig, c.BootstrapExpect)
 	}
@@ -140,6 +152,7 @@ type Cluster struct {
 	// unless Config.ExternalNATS).
 	NATS    *faultproxy.Proxy
 	natsSrv *natsserver.Server
+	mesh    *mesh // nil unless Config.Partitionable
 
 	gmu      sync.Mutex
 	gateways []*Gateway // live gateways, in start order
@@ -176,7 +189,11 @@ type Gateway struct {
 	// Front is the proxy clients reach the gateway through (nil unless
 	// Config.FrontProxies).
 	Front *faultproxy.Proxy
-	cfg   node.Config
+	// NATSLink is the gateway's own proxy to the NATS server (nil unless
+	// Config.Partitionable with ExternalNATS); Partition cuts it.
+	NATSLink *faultproxy.Proxy
+	cfg      node.Config
+	detach   func() error // releases the partitionable links; nil without
 }
 
 // URL is the gateway's base URL for clients (through Front if any).
@@ -198,6 +215,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		l = slog.New(slog.DiscardHandler)
 	}
 	c := &Cluster{cfg: cfg, log: l, hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 10 * time.Second}}
+	if cfg.Partitionable {
+		c.mesh = newMesh()
+	}
 	if err := c.start(ctx); err != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -450,19 +470,26 @@ func (c *Cluster) AddGateway(ctx context.Context) (*Gateway, error) {
 }
 
 func (c *Cluster) startGateway(ctx context.Context, name string, cfg node.Config) (*Gateway, error) {
-	n, err := node.New(cfg, c.log.With("gateway", name))
+	g := &Gateway{Name: name, cfg: cfg}
+	if c.mesh != nil {
+		var err error
+		if g.detach, err = c.attachLinks(name, g); err != nil {
+			return nil, err
+		}
+	}
+	n, err := node.New(g.cfg, c.log.With("gateway", name))
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, g.release())
 	}
 	if err := n.Start(ctx); err != nil {
-		return nil, err
+		return nil, errors.Join(err, g.release())
 	}
-	g := &Gateway{Name: name, Node: n, cfg: cfg}
+	g.Node = n
 	if c.cfg.FrontProxies {
 		if g.Front, err = startProxy(name+"/front", n.HTTPAddr(), c.log); err != nil {
 			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			return nil, errors.Join(err, n.Shutdown(sctx))
+			return nil, errors.Join(err, n.Shutdown(sctx), g.release())
 		}
 	}
 	c.gmu.Lock()
@@ -470,7 +497,7 @@ func (c *Cluster) startGateway(ctx context.Context, name string, cfg node.Config
 	if c.closing.Load() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		return nil, errors.Join(ErrShutdown, n.Shutdown(sctx), g.closeFront())
+		return nil, errors.Join(ErrShutdown, n.Shutdown(sctx), g.release())
 	}
 	c.gateways = append(c.gateways, g)
 	return g, nil
@@ -507,14 +534,20 @@ func (c *Cluster) StopGateway(ctx context.Context, g *Gateway) error {
 		return fmt.Errorf("cluster: gateway %s is not live", g.Name)
 	}
 	err := g.Node.Shutdown(ctx)
-	return errors.Join(err, g.closeFront())
+	return errors.Join(err, g.release())
 }
 
-func (g *Gateway) closeFront() error {
-	if g.Front == nil {
-		return nil
+// release closes what the harness opened around a stopped gateway: its
+// front proxy and its partitionable links.
+func (g *Gateway) release() error {
+	var errs []error
+	if g.Front != nil {
+		errs = append(errs, g.Front.Close())
 	}
-	return g.Front.Close()
+	if g.detach != nil {
+		errs = append(errs, g.detach())
+	}
+	return errors.Join(errs...)
 }
 
 // KillGateway stops g at once, the in-process stand-in for kill -9. With a
@@ -534,7 +567,7 @@ func (c *Cluster) KillGateway(g *Gateway) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	_ = g.Node.Shutdown(ctx)
-	_ = g.closeFront()
+	_ = g.release()
 }
 
 // RestartGateway starts a stopped or killed gateway again: same name,
@@ -1000,7 +1033,7 @@ func (c *Cluster) Shutdown(ctx context.Context) error {
 		if err := g.Node.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("gateway %s: %w", g.Name, err))
 		}
-		errs = append(errs, g.closeFront())
+		errs = append(errs, g.release())
 	}
 	c.emu.Lock()
 	engines := c.engines

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 func TestMain(m *testing.M) {
@@ -220,4 +221,73 @@ func TestClusterModeSharesTheIndex(t *testing.T) {
 	_, took, err = c.AwaitTruth(wctx, 5*time.Millisecond, c.Exact)
 	require.NoError(t, err)
 	t.Logf("restarted %s exact after %v", g1.Name, took)
+}
+
+// TestPartitionIsolateAndHeal checks the partition hooks themselves: an
+// isolated gateway sees itself alone, loses NATS and the raft leader (a
+// config write through it is refused), the others keep both; Heal brings
+// everything back; a gateway restarted afterwards gets new links and
+// rejoins.
+func TestPartitionIsolateAndHeal(t *testing.T) {
+	cfg := cluster.DefaultConfig()
+	cfg.Gateways, cfg.Engines = 3, 1
+	cfg.ClusterMode, cfg.ExternalNATS, cfg.Partitionable = true, true, true
+	cfg.DataDir = t.TempDir()
+	ctx := context.Background()
+	c, err := cluster.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer func() {
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		require.NoError(t, c.Shutdown(sctx))
+	}()
+	members := func(g *cluster.Gateway) int { return len(g.Node.Cluster().Members()) }
+	healthy := func() bool {
+		for _, g := range c.Gateways() {
+			if members(g) != 3 || !g.Node.Cluster().NATSConnected() {
+				return false
+			}
+			if id, _ := g.Node.ConfigStore().Leader(); id == "" {
+				return false
+			}
+		}
+		return true
+	}
+	require.Eventually(t, healthy, 20*time.Second, 5*time.Millisecond)
+	gs := c.Gateways()
+	g := gs[2]
+	require.NotNil(t, g.NATSLink)
+
+	require.NoError(t, c.Isolate(g, cluster.LinkAll))
+	require.Eventually(t, func() bool {
+		id, _ := g.Node.ConfigStore().Leader()
+		return members(g) == 1 && members(gs[0]) == 2 && members(gs[1]) == 2 &&
+			!g.Node.Cluster().NATSConnected() && id == ""
+	}, 20*time.Second, 5*time.Millisecond, "the isolated gateway is alone, off NATS and without a leader")
+	require.True(t, gs[0].Node.Cluster().NATSConnected() && gs[1].Node.Cluster().NATSConnected())
+	_, err = g.Node.ConfigStore().Patch(ctx, []byte(`{"prefix_cache":{"imbalance_abs_count":31}}`), nil)
+	require.ErrorIs(t, err, config.ErrNoQuorum)
+
+	require.NoError(t, c.Heal())
+	require.Eventually(t, healthy, 20*time.Second, 5*time.Millisecond, "healed")
+
+	// Restart after the heal: new gossip and raft transports, same raft
+	// address, a new NATS proxy.
+	c.KillGateway(g)
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ng, err := c.RestartGateway(rctx, g)
+	require.NoError(t, err)
+	require.NoError(t, c.WaitReady(rctx))
+	require.NotSame(t, g.NATSLink, ng.NATSLink)
+	require.Equal(t, g.Node.ConfigStore().RaftAddr(), ng.Node.ConfigStore().RaftAddr())
+	require.Eventually(t, healthy, 20*time.Second, 5*time.Millisecond, "restarted gateway rejoined")
+	_, err = ng.Node.ConfigStore().Patch(ctx, []byte(`{"prefix_cache":{"imbalance_abs_count":32}}`), nil)
+	require.NoError(t, err)
+	require.Eventually(t, c.ConfigConverged, 10*time.Second, 5*time.Millisecond, c.ConfigVersions())
+
+	// Without Partitionable there is nothing to cut.
+	plain := cluster.DefaultConfig()
+	plain.Partitionable = true
+	require.ErrorIs(t, plain.Validate(), cluster.ErrInvalidConfig, "partitions need cluster mode")
 }

@@ -12,6 +12,17 @@
 //     batches with framing intact). Replay goes to the engine's ROUTER
 //     directly, so a gap can be filled while the live link is faulty.
 //
+// Partitions between gateways (Config.Partitionable, partition.go): each
+// gateway's gossip runs over one in-memory sync.MemNetwork and its raft
+// over a raft.InmemTransport (handed to the node through
+// node.ClusterConfig.GossipTransport and RaftTransport), and with
+// ExternalNATS each gateway reaches the shared NATS server through its own
+// faultproxy.Proxy (Gateway.NATSLink). Partition(links, a, b) and
+// Isolate(g, links) cut any of LinkGossip, LinkRaft and LinkNATS; cuts are
+// kept by gateway name (a restarted gateway stays cut); Heal restores
+// every link. Clients, engines, the peer gRPC and admin gRPC links are not
+// cut.
+//
 // Ground truth (truth package): Compare measures each gateway's confirmed
 // index for each engine against the engine's real cached block set
 // (precision and recall); AwaitTruth polls until every pair satisfies a

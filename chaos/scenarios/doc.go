@@ -21,6 +21,14 @@
 //	                5 s; plus a shutdown whose grace ran out
 //	5 scale         gateways 3 -> 5 -> 3, an engine added and one removed
 //	                through the raft config, under load
+//	6 partition     one gateway cut from gossip, raft and NATS (the raft
+//	                leader, in the long form a follower too) or from NATS
+//	                only, under load: the cut gateway keeps serving on its
+//	                own view (alone, it owns and ingests every engine), a
+//	                config write through the raft minority is refused
+//	                (503 no_quorum) while the majority's commits; after the
+//	                heal membership, NATS, raft voters, config version and
+//	                every view converge
 //	7 nats          NATS outage and recovery (external NATS behind a
 //	                fault proxy)
 //	8 bad-input     malformed HTTP bodies and raw bytes to the gateway,
@@ -28,10 +36,9 @@
 //	                replay port and a bound SUB: rejected, counted,
 //	                nothing crashes
 //
-// Scenario 6 (gossip/NATS/raft partitions) is not here: memberlist gossips
-// over UDP as well as TCP, which a TCP fault proxy cannot cut, and node
-// does not expose sync's in-memory transports (MemNetwork) or raft's, so a
-// partition cannot be injected from outside a Node yet.
+// Scenario 6 cuts gossip and raft in memory (memberlist also gossips over
+// UDP, which a TCP fault proxy cannot cut): cluster.Config.Partitionable
+// hands each node a sync.MemNetwork transport and a raft.InmemTransport.
 //
 // A scenario that does not converge marks its row NOT CONVERGED in the
 // table and fails.

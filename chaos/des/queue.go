@@ -30,24 +30,41 @@ type event struct {
 	work bool
 }
 
-// queue is a binary min-heap of events ordered by (at, seq).
+// queue orders events by (at, seq). It keeps two parts: a FIFO of events
+// pushed in non-decreasing time order (a phase schedules all its arrivals
+// up front, in time order: tens of thousands of timers that would otherwise
+// deepen every heap operation) and a binary min-heap of the rest (steps,
+// propagation delays, scrapes). An event joins the FIFO when its time is no
+// earlier than the FIFO's last and it is study work (the timers; background
+// events such as a far-off expiry would only push the timers into the
+// heap); since seq grows with every push, the FIFO
+// stays sorted by (at, seq). pop takes the smaller head of the two, so the
+// order is exactly that of a single heap.
 type queue struct {
-	h   []event
-	seq uint64
+	h    []event
+	fifo []event
+	head int // fifo[head:] are queued
+	seq  uint64
 }
 
-func (q *queue) less(i, j int) bool {
-	a, b := &q.h[i], &q.h[j]
+// before reports whether a orders before b.
+func before(a, b *event) bool {
 	if a.at != b.at {
 		return a.at < b.at
 	}
 	return a.seq < b.seq
 }
 
+func (q *queue) less(i, j int) bool { return before(&q.h[i], &q.h[j]) }
+
 // push schedules ev, stamping its sequence number.
 func (q *queue) push(ev event) {
 	q.seq++
 	ev.seq = q.seq
+	if n := len(q.fifo); ev.work && (n == q.head || ev.at >= q.fifo[n-1].at) {
+		q.fifo = append(q.fifo, ev)
+		return
+	}
 	q.h = append(q.h, ev)
 	i := len(q.h) - 1
 	for i > 0 {
@@ -62,6 +79,19 @@ func (q *queue) push(ev event) {
 
 // pop removes and returns the earliest event; the queue must not be empty.
 func (q *queue) pop() event {
+	if q.head < len(q.fifo) && (len(q.h) == 0 || before(&q.fifo[q.head], &q.h[0])) {
+		ev := q.fifo[q.head]
+		q.fifo[q.head] = event{}
+		q.head++
+		if q.head == len(q.fifo) {
+			q.fifo, q.head = q.fifo[:0], 0
+		} else if q.head >= 4096 && 2*q.head >= len(q.fifo) {
+			n := copy(q.fifo, q.fifo[q.head:])
+			clear(q.fifo[n:])
+			q.fifo, q.head = q.fifo[:n], 0
+		}
+		return ev
+	}
 	h := q.h
 	top := h[0]
 	n := len(h) - 1
@@ -87,4 +117,4 @@ func (q *queue) pop() event {
 	return top
 }
 
-func (q *queue) len() int { return len(q.h) }
+func (q *queue) len() int { return len(q.h) + len(q.fifo) - q.head }

@@ -19,9 +19,15 @@ import (
 // and results.json's bytes.
 func runStudy(t testing.TB, cfg study.Config, o Options) (*study.Results, []byte) {
 	t.Helper()
+	return runStudyWorkers(t, cfg, o, 1)
+}
+
+// runStudyWorkers is runStudy with cells on workers goroutines.
+func runStudyWorkers(t testing.TB, cfg study.Config, o Options, workers int) (*study.Results, []byte) {
+	t.Helper()
 	cfg = StudyConfig(cfg, o)
 	require.NoError(t, cfg.Validate())
-	rn := &study.Runner{Config: cfg, Factory: Factory(o)}
+	rn := &study.Runner{Config: cfg, Factory: Factory(o), Workers: workers}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	res, err := rn.Run(ctx)
@@ -86,6 +92,27 @@ func TestSameSeedByteIdenticalResults(t *testing.T) {
 	o.Seed++
 	_, c := runStudy(t, cfg, o)
 	require.NotEqual(t, string(a), string(c))
+}
+
+// TestParallelCellsByteIdentical: cells on two workers (each its own
+// World) give the same results.json and requests.jsonl as one after
+// another.
+func TestParallelCellsByteIdentical(t *testing.T) {
+	cfg := tinyConfig()
+	cfg.Scenarios = []string{study.ScenarioHot50, study.ScenarioMultiturn}
+	cfg.Gateways = []int{1, 2}
+	cfg.Replicas = 3
+	cfg.Arrivals = 24
+	cfg.Turns = 3
+	o := DefaultOptions()
+	res1, a := runStudyWorkers(t, cfg, o, 1)
+	res2, b := runStudyWorkers(t, cfg, o, 2)
+	require.Len(t, res1.Runs, 2*3*4)
+	require.Equal(t, string(a), string(b), "results.json must not depend on the number of workers")
+	var r1, r2 bytes.Buffer
+	require.NoError(t, study.WriteRequests(&r1, res1.Requests))
+	require.NoError(t, study.WriteRequests(&r2, res2.Requests))
+	require.Equal(t, r1.String(), r2.String(), "requests.jsonl must not depend on the number of workers")
 }
 
 // hitRate runs one phase of prefix-cache in history mode on 4 replicas

@@ -28,6 +28,20 @@ type driver struct {
 	recs     []RequestRecord
 	obs      []Observation
 	lastDone time.Duration
+	// prefixes caches each document's Prefix (about 29 KB, the same for
+	// every arrival of its group), built on first use.
+	prefixes []string
+}
+
+// prefix returns plan.Docs[g].Prefix(), built once per phase.
+func (d *driver) prefix(g int) string {
+	if d.prefixes == nil {
+		d.prefixes = make([]string, len(d.plan.Docs))
+	}
+	if d.prefixes[g] == "" {
+		d.prefixes[g] = d.plan.Docs[g].Prefix()
+	}
+	return d.prefixes[g]
 }
 
 // drive schedules the plan's arrivals, runs the engine until every arrival
@@ -145,7 +159,8 @@ func (d *driver) send(i int, prompt string, then func(Outcome)) bool {
 
 func (d *driver) arrive(i int) {
 	r := &d.recs[i]
-	d.send(i, d.plan.Docs[r.Group].Prompt(i), nil)
+	// Document.Prompt(i), without rebuilding the prefix.
+	d.send(i, d.prefix(r.Group)+"\n"+QuestionLine(i), nil)
 }
 
 // turn sends turn t (1-based) of session s; prev is the previous turn's
@@ -160,7 +175,7 @@ func (d *driver) turn(s, t int, prev, answer string) {
 	}
 	var prompt string
 	if t == 1 {
-		prompt = TurnPrompt(d.plan.Docs[r.Group], s+1, 1, "", "")
+		prompt = firstTurnPrompt(d.prefix(r.Group), s+1)
 	} else {
 		prompt = TurnPrompt(d.plan.Docs[r.Group], s+1, t, prev, answer)
 	}

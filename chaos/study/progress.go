@@ -55,20 +55,34 @@ func (p *barProgress) PhaseDone(name string, run *Run, det *PhaseDetail, err err
 
 func (p *barProgress) Note(line string) { fmt.Fprintln(p.w, line) }
 
+// NewLineProgress returns a Progress that writes one plain line when a
+// phase starts and one when it is done, never a bar. Phases may overlap
+// (Runner.Workers > 1): each phase's wall time is measured from its own
+// start.
+func NewLineProgress(w io.Writer) Progress { return &lineProgress{w: w} }
+
 type lineProgress struct {
-	w     io.Writer
-	start time.Time
+	w      io.Writer
+	starts map[string]time.Time // by phase name, while running
 }
 
 func (p *lineProgress) PhaseStart(name string, total int) {
-	p.start = time.Now()
+	if p.starts == nil {
+		p.starts = map[string]time.Time{}
+	}
+	p.starts[name] = time.Now()
 	fmt.Fprintf(p.w, "phase %s: %d arrivals\n", name, total)
 }
 
 func (p *lineProgress) Step() {}
 
 func (p *lineProgress) PhaseDone(name string, run *Run, det *PhaseDetail, err error) {
-	fmt.Fprintln(p.w, phaseLine(name, run, det, err, time.Since(p.start)))
+	var wall time.Duration
+	if t, ok := p.starts[name]; ok {
+		wall = time.Since(t)
+		delete(p.starts, name)
+	}
+	fmt.Fprintln(p.w, phaseLine(name, run, det, err, wall))
 }
 
 func phaseLine(name string, run *Run, det *PhaseDetail, err error, wall time.Duration) string {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 	"time"
 )
 
@@ -44,6 +45,16 @@ type Runner struct {
 	Progress Progress
 	// Logger, if not nil, receives structured progress lines.
 	Logger *slog.Logger
+	// Workers is how many cells run at once, each on its own engine from
+	// Factory (the factory must then be safe for concurrent use). 0 or 1
+	// runs them one after another. Cells share nothing, and the results
+	// are assembled in cell order, so they do not depend on Workers; the
+	// phases of one cell always run in order on one engine, because a
+	// phase starts from the state the previous one left (learned cost
+	// rates, index contents, the engine clock). With more than one worker,
+	// Progress calls are serialised but interleave between cells (use a
+	// line progress, NewLineProgress, rather than bars).
+	Workers int
 }
 
 // Run executes the grid. A phase whose initialisation fails is recorded in
@@ -60,15 +71,119 @@ func (rn *Runner) Run(ctx context.Context) (*Results, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	res := &Results{Config: cfg}
-	for _, cell := range cfg.Cells() {
-		if err := rn.runCell(ctx, log, cell, res); err != nil {
-			return res, err
+	cells := cfg.Cells()
+	if rn.Workers <= 1 || len(cells) <= 1 {
+		for _, cell := range cells {
+			if err := rn.runCell(ctx, log, rn.Progress, cell, res); err != nil {
+				return res, err
+			}
+		}
+		return res, nil
+	}
+	return rn.runParallel(ctx, log, cells, res)
+}
+
+// runParallel runs cells on rn.Workers goroutines, each into its own
+// Results, and appends them to res in cell order. As the sequential run
+// stops at the first failing cell, so does the assembly: the cells after
+// the first failure (in cell order) are cancelled or dropped, and that
+// failure is returned.
+func (rn *Runner) runParallel(ctx context.Context, log *slog.Logger, cells []Cell, res *Results) (*Results, error) {
+	type cellRun struct {
+		res    Results
+		err    error
+		ctx    context.Context
+		cancel context.CancelFunc
+	}
+	runs := make([]cellRun, len(cells))
+	for i := range runs {
+		runs[i].ctx, runs[i].cancel = context.WithCancel(ctx)
+	}
+	defer func() {
+		for i := range runs {
+			runs[i].cancel()
+		}
+	}()
+	var prog Progress
+	if rn.Progress != nil {
+		prog = &syncProgress{p: rn.Progress}
+	}
+	var (
+		mu   sync.Mutex
+		next int
+		wg   sync.WaitGroup
+	)
+	for range min(rn.Workers, len(cells)) {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				i := next
+				next++
+				mu.Unlock()
+				if i >= len(cells) {
+					return
+				}
+				r := &runs[i]
+				if err := r.ctx.Err(); err != nil {
+					r.err = err
+					continue
+				}
+				r.err = rn.runCell(r.ctx, log, prog, cells[i], &r.res)
+				if r.err != nil {
+					for j := i + 1; j < len(runs); j++ {
+						runs[j].cancel()
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range runs {
+		r := &runs[i]
+		res.Config.HostChecks = append(res.Config.HostChecks, r.res.Config.HostChecks...)
+		res.Runs = append(res.Runs, r.res.Runs...)
+		res.Phases = append(res.Phases, r.res.Phases...)
+		res.Requests = append(res.Requests, r.res.Requests...)
+		if r.err != nil {
+			return res, r.err
 		}
 	}
 	return res, nil
 }
 
-func (rn *Runner) runCell(ctx context.Context, log *slog.Logger, cell Cell, res *Results) error {
+// syncProgress serialises a Progress shared by parallel cells.
+type syncProgress struct {
+	mu sync.Mutex
+	p  Progress
+}
+
+func (s *syncProgress) PhaseStart(name string, total int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.p.PhaseStart(name, total)
+}
+
+func (s *syncProgress) Step() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.p.Step()
+}
+
+func (s *syncProgress) PhaseDone(name string, run *Run, det *PhaseDetail, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.p.PhaseDone(name, run, det, err)
+}
+
+func (s *syncProgress) Note(line string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.p.Note(line)
+}
+
+// runCell runs one cell's phases in order on a fresh engine, appending to
+// res (its Config.HostChecks, Runs, Phases and Requests).
+func (rn *Runner) runCell(ctx context.Context, log *slog.Logger, prog Progress, cell Cell, res *Results) error {
 	cfg := &rn.Config
 	e, err := rn.Factory(ctx, cell)
 	if err != nil {
@@ -86,8 +201,8 @@ func (rn *Runner) runCell(ctx context.Context, log *slog.Logger, cell Cell, res 
 			log.Warn("host too slow for this speed: latencies are inflated", "cell", chk.Cell,
 				"modelled_tpot_ms", chk.ModelledTPOTms, "measured_tpot_ms", chk.MeasuredTPOTms)
 		}
-		if rn.Progress != nil {
-			rn.Progress.Note(HostCheckLine(chk))
+		if prog != nil {
+			prog.Note(HostCheckLine(chk))
 		}
 	}
 	for round := 1; round <= cfg.Rounds; round++ {
@@ -104,14 +219,14 @@ func (rn *Runner) runCell(ctx context.Context, log *slog.Logger, cell Cell, res 
 					Seed:     cfg.Seed + uint64(round-1),
 				}
 				start := time.Now()
-				run, det, recs, err := RunPhase(ctx, e, cfg, ph, rn.Progress)
+				run, det, recs, err := RunPhase(ctx, e, cfg, ph, prog)
 				res.Phases = append(res.Phases, det)
 				res.Requests = append(res.Requests, recs...)
 				if run != nil {
 					res.Runs = append(res.Runs, *run)
 				}
-				if rn.Progress != nil {
-					rn.Progress.PhaseDone(ph.Name, run, &det, err)
+				if prog != nil {
+					prog.PhaseDone(ph.Name, run, &det, err)
 				}
 				if err != nil && !errors.Is(err, ErrInitFailed) {
 					return err

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -311,4 +312,71 @@ func TestRunnerRecordsHostChecks(t *testing.T) {
 	var md bytes.Buffer
 	require.NoError(t, study.WriteMarkdown(&md, res))
 	assert.Contains(t, md.String(), "TOO SLOW")
+}
+
+// TestRunnerWorkersSameResults runs a grid of four cells one at a time and
+// on three workers: results.json, requests.jsonl and phases.json must be
+// byte-identical, and the cells must come out in cell order.
+func TestRunnerWorkersSameResults(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Scenarios = []string{study.ScenarioCold, study.ScenarioHot50, study.ScenarioMultiturn}
+	cfg.Modes = []string{"history", "hybrid"}
+	cfg.Gateways = []int{1, 2}
+	cfg.Rounds = 1
+	cfg.Arrivals = 40
+	run := func(workers int) (string, []string) {
+		var prog bytes.Buffer
+		rn := &study.Runner{Config: cfg, Factory: toyFactory(nil), Progress: study.NewLineProgress(&prog), Workers: workers}
+		res, err := rn.Run(context.Background())
+		require.NoError(t, err)
+		var cells []string
+		for _, r := range res.Runs {
+			c := study.Cell{Mode: r.Mode, Gateways: r.Gateways, Isolated: r.Isolated}.Name()
+			if len(cells) == 0 || cells[len(cells)-1] != c {
+				cells = append(cells, c)
+			}
+		}
+		dir := t.TempDir()
+		require.NoError(t, study.WriteFiles(dir, res))
+		var all strings.Builder
+		for _, f := range []string{study.FileResults, study.FileRequests, study.FilePhases} {
+			b, err := os.ReadFile(filepath.Join(dir, f))
+			require.NoError(t, err)
+			all.Write(b)
+		}
+		require.Equal(t, len(res.Runs), strings.Count(prog.String(), "pass "), "one done line per phase")
+		return all.String(), cells
+	}
+	one, cells := run(1)
+	require.Equal(t, []string{"history/g1", "history/g2", "hybrid/g1", "hybrid/g2"}, cells)
+	three, cells3 := run(3)
+	require.Equal(t, cells, cells3)
+	require.Equal(t, one, three, "outputs must not depend on the number of workers")
+}
+
+// TestRunnerWorkersStopAtFirstFailingCell: a cell that cannot start stops
+// the parallel run as it stops the sequential one: the cells before it are
+// kept, none after it.
+func TestRunnerWorkersStopAtFirstFailingCell(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Scenarios = []string{study.ScenarioCold}
+	cfg.Modes = []string{"history", "hybrid", "kv-events"}
+	cfg.Rounds = 1
+	cfg.Arrivals = 20
+	errBoom := errors.New("boom")
+	factory := func(ctx context.Context, c study.Cell) (study.Engine, error) {
+		if c.Mode == "hybrid" {
+			return nil, errBoom
+		}
+		return toyFactory(nil)(ctx, c)
+	}
+	for _, workers := range []int{1, 2} {
+		rn := &study.Runner{Config: cfg, Factory: factory, Workers: workers}
+		res, err := rn.Run(context.Background())
+		require.ErrorIs(t, err, study.ErrEngine, "workers %d", workers)
+		require.Len(t, res.Runs, 3, "workers %d: only the history cell's phases", workers)
+		for _, r := range res.Runs {
+			require.Equal(t, "history", r.Mode)
+		}
+	}
 }

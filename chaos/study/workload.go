@@ -57,6 +57,12 @@ func (d Document) Prompt(q int) string {
 	return d.Prefix() + "\n" + QuestionLine(q)
 }
 
+// firstTurnPrompt is TurnPrompt's first turn for a document whose Prefix
+// is prefix.
+func firstTurnPrompt(prefix string, session int) string {
+	return fmt.Sprintf("%s\n\nSession %06d.\nUser: %s\nAssistant:", prefix, session, QuestionLine(session))
+}
+
 // QuestionLine returns "Question NNNNNN: Explain the operational tradeoffs
 // in detail." for request number q.
 func QuestionLine(q int) string {
@@ -154,7 +160,7 @@ var followUps = []string{
 // answer the engine gave to it, and a new user turn.
 func TurnPrompt(d Document, session, t int, prev, answer string) string {
 	if t <= 1 {
-		return fmt.Sprintf("%s\n\nSession %06d.\nUser: %s\nAssistant:", d.Prefix(), session, QuestionLine(session))
+		return firstTurnPrompt(d.Prefix(), session)
 	}
 	return fmt.Sprintf("%s%s\nUser: %s\nAssistant:", prev, answer, followUps[(t-2)%len(followUps)])
 }

@@ -109,7 +109,7 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 	awaitHealthy(t, c, "before the cut")
 	settle(t, c, fmt.Sprintf("round %d: before the cut", round))
 
-	g := pickGateway(t, c, r.leader)
+	g := pickGateway(t, c, r.leader, round)
 	var majority []*cluster.Gateway
 	for _, o := range gws {
 		if o != g {
@@ -120,6 +120,25 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 	require.NoError(t, c.Isolate(g, r.links))
 	cutAt := time.Now()
 	t.Logf("round %d: %s (%s)", round, r, g.Name)
+
+	// Config writes carry values unique per round, so the config every
+	// gateway applies after the heal tells which writes won.
+	inflightValue, refusedValue, majorityValue := 1000+3*round, 1001+3*round, 1002+3*round
+	var refusal []string
+	if r.leader && r.links&cluster.LinkRaft != 0 {
+		// A write through the cut leader at once, while it still believes
+		// it leads: it appends the entry, cannot commit it, steps down at
+		// its lease timeout and answers no_quorum ("may still apply"); the
+		// heal then overwrites the entry with the majority's log.
+		start := time.Now()
+		status, code, _, err := adminPatch(g, imbalancePatch(inflightValue))
+		took := time.Since(start)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, status, "a write through the leader just cut off is refused (code %q)", code)
+		require.Equal(t, "no_quorum", code)
+		require.Less(t, took, 8*time.Second)
+		refusal = append(refusal, fmt.Sprintf("write at the cut refused in %v", took.Round(time.Millisecond)))
+	}
 
 	// Client load over every gateway for the whole cut, paced so that it
 	// outlasts the checks below; stopped once they are done.
@@ -170,10 +189,6 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 		}, 10*time.Second, 5*time.Millisecond, "the cut gateway owns every engine; the majority owns them among itself")
 	}
 
-	// Config writes. The values are unique per round, so the config that
-	// every gateway applies after the heal tells which write won.
-	refusedValue, majorityValue := 1000+2*round, 1001+2*round
-	var refusal string
 	if r.links&cluster.LinkRaft != 0 {
 		// The cut gateway forgets the leader (a cut leader steps down
 		// after its lease; a cut follower's heartbeat times out), and the
@@ -192,7 +207,7 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 		// a loaded machine.
 		require.Less(t, took, 8*time.Second, "the refusal comes within the apply timeout")
 		require.Equal(t, before, g.Node.ConfigVersion(), "the minority keeps its last config version")
-		refusal = fmt.Sprintf("refused 503 no_quorum in %v", took.Round(time.Millisecond))
+		refusal = append(refusal, fmt.Sprintf("write in the minority refused in %v", took.Round(time.Millisecond)))
 	}
 	via := majority[0]
 	if l := leaderOf(majority); l == via {
@@ -208,7 +223,7 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 	} else {
 		require.Eventually(t, func() bool { return appliedValue(g, v) == majorityValue }, 10*time.Second, 5*time.Millisecond,
 			"cut from NATS only, %s still gets config through raft", g.Name)
-		refusal = "write through the majority reached it over raft"
+		refusal = append(refusal, "the majority's write reached it over raft")
 	}
 
 	// Serving: let the load run on the cut gateway, then stop it and check
@@ -267,10 +282,13 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 	converge := time.Since(healAt)
 	steps = append(steps, fmt.Sprintf("exact %v", converge.Round(time.Millisecond)))
 	for _, o := range gws {
-		require.Equal(t, majorityValue, appliedValue(o, o.Node.ConfigVersion()), "the refused write (%d) never applied on %s", refusedValue, o.Name)
+		require.Equal(t, majorityValue, appliedValue(o, o.Node.ConfigVersion()),
+			"the refused writes (%d, %d) never applied on %s", inflightValue, refusedValue, o.Name)
 	}
-	note := fmt.Sprintf("[%s: %s; detected %v; %s; %d requests to it all ok; during: precision %.4f recall %.4f; after heal: %s]",
-		r, g.Name, detected.Round(time.Millisecond), refusal, onCut, during.MinPrecision, during.MinRecall, strings.Join(steps, ", "))
+	truncations := c.GatewayCounter("kvmesh_config_raft_log_tail_truncations_total", nil)
+	note := fmt.Sprintf("[%s: %s; detected %v; %s; %d requests to it all ok; during: precision %.4f recall %.4f; after heal: %s; raft log tail truncations so far %.0f]",
+		r, g.Name, detected.Round(time.Millisecond), strings.Join(refusal, ", "), onCut, during.MinPrecision, during.MinRecall,
+		strings.Join(steps, ", "), truncations)
 	t.Log(note)
 	return partitionOutcome{load: res, converge: converge, after: after, note: note}
 }
@@ -291,21 +309,23 @@ func awaitHealthy(t *testing.T, c *cluster.Cluster, step string) {
 	}, 20*time.Second, 5*time.Millisecond, "%s: cluster healthy (%s)", step, c.ConfigVersions())
 }
 
-// pickGateway returns the raft leader or a follower.
-func pickGateway(t *testing.T, c *cluster.Cluster, leader bool) *cluster.Gateway {
+// pickGateway returns the raft leader, or a follower (which one turns
+// with round).
+func pickGateway(t *testing.T, c *cluster.Cluster, leader bool, round int) *cluster.Gateway {
 	t.Helper()
 	var l *cluster.Gateway
 	require.Eventually(t, func() bool { l = leaderOf(c.Gateways()); return l != nil }, 10*time.Second, 5*time.Millisecond)
 	if leader {
 		return l
 	}
+	var followers []*cluster.Gateway
 	for _, g := range c.Gateways() {
 		if g != l {
-			return g
+			followers = append(followers, g)
 		}
 	}
-	t.Fatal("no follower")
-	return nil
+	require.NotEmpty(t, followers)
+	return followers[round%len(followers)]
 }
 
 // leaderOf returns the gateway of gs that leads raft, or nil.

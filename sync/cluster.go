@@ -134,7 +134,7 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 	c.m = newMetrics(func() bool { return c.bus.connected() })
 	c.bus = newBus(cfg, log)
 	var err error
-	if c.sec, err = newPeerSecurity(cfg, c.m.peerRejected); err != nil {
+	if c.sec, err = newPeerSecurity(cfg, c.m.peerRejected, c.m.peerInput); err != nil {
 		return nil, err
 	}
 	if err := c.m.register(deps.Registerer); err != nil {

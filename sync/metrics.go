@@ -26,6 +26,7 @@ type metrics struct {
 	repairs          *prometheus.CounterVec // {result}
 	peerLoadReports  prometheus.Gauge
 	peerRejected     prometheus.Counter
+	peerInput        *prometheus.CounterVec // {reason}
 }
 
 // newMetrics builds the metrics; natsUp reports the NATS connection's
@@ -88,13 +89,16 @@ func newMetrics(natsUp func() bool) *metrics {
 			Name: "peer_load_reports", Help: "Peers whose load report is fresh."}),
 		peerRejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "peer_unauthenticated_total", Help: "Peer-service calls refused for a missing or wrong PeerToken."}),
+		peerInput: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "peer_rejected_total", Help: "Input refused on the peer gRPC port, by reason: bad_preface (not an HTTP/2 connection), handshake (failed TLS handshake), malformed (a request that does not decode), unauthenticated (missing or wrong PeerToken, also in peer_unauthenticated_total)."},
+			[]string{"reason"}),
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.members, m.eventsDropped, m.published, m.applied, m.dropped,
 		m.malformed, m.lag, m.gaps, m.bootstrapSeconds, m.bootstrapBytes, m.servedBytes, m.bootstraps,
-		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports, m.peerRejected}
+		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports, m.peerRejected, m.peerInput}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {

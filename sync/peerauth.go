@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 // peerSecurity is the peer service's authentication and transport
@@ -25,10 +27,11 @@ type peerSecurity struct {
 	server   *tls.Config
 	client   *tls.Config
 	rejected prometheus.Counter
+	input    *prometheus.CounterVec // {reason}
 }
 
-func newPeerSecurity(cfg Config, rejected prometheus.Counter) (*peerSecurity, error) {
-	ps := &peerSecurity{token: cfg.PeerToken, want: sha256.Sum256([]byte(cfg.PeerToken)), rejected: rejected}
+func newPeerSecurity(cfg Config, rejected prometheus.Counter, input *prometheus.CounterVec) (*peerSecurity, error) {
+	ps := &peerSecurity{token: cfg.PeerToken, want: sha256.Sum256([]byte(cfg.PeerToken)), rejected: rejected, input: input}
 	var err error
 	if ps.server, err = cfg.PeerTLS.ServerConfig(); err != nil {
 		return nil, fmt.Errorf("%w: PeerTLS: %w", ErrInvalidConfig, err)
@@ -42,12 +45,14 @@ func newPeerSecurity(cfg Config, rejected prometheus.Counter) (*peerSecurity, er
 	return ps, nil
 }
 
-// serverOptions are the peer gRPC server's credentials and interceptors.
+// serverOptions are the peer gRPC server's credentials, rejected-input
+// counting (kvmesh_sync_peer_rejected_total) and interceptors.
 func (ps *peerSecurity) serverOptions() []grpc.ServerOption {
-	var opts []grpc.ServerOption
+	var creds credentials.TransportCredentials
 	if ps.server != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(ps.server)))
+		creds = credentials.NewTLS(ps.server)
 	}
+	opts := config.GuardedServerOptions(creds, func(reason string) { ps.input.WithLabelValues(reason).Inc() })
 	if ps.token != "" {
 		opts = append(opts,
 			grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -79,6 +84,7 @@ func (ps *peerSecurity) check(ctx context.Context) error {
 	got := sha256.Sum256([]byte(tok))
 	if !ok || tok == "" || subtle.ConstantTimeCompare(got[:], ps.want[:]) != 1 {
 		ps.rejected.Inc()
+		ps.input.WithLabelValues(config.RejectUnauthenticated).Inc()
 		return status.Error(codes.Unauthenticated, ErrUnauthenticated.Error())
 	}
 	return nil

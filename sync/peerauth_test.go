@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -16,7 +17,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
 
+	peerv1 "github.com/kvmesh/kvmesh/proto/peer/v1"
 	"github.com/kvmesh/kvmesh/sync/config"
 )
 
@@ -78,7 +83,68 @@ func TestPeerServiceTokenAndTLS(t *testing.T) {
 	require.Error(t, err, "plaintext client against a TLS server")
 	require.NotErrorIs(t, err, ErrUnauthenticated)
 	require.Error(t, pull(func(c *Config) { c.PeerToken, c.PeerTLS = "s3cret", foreign }), "certificate of another CA")
+	rejected := func(reason string) float64 {
+		return metricValue(t, gws[0].reg, "kvmesh_sync_peer_rejected_total", map[string]string{"reason": reason})
+	}
+	require.Equal(t, 2.0, rejected(config.RejectUnauthenticated))
+	require.Eventually(t, func() bool { return rejected(config.RejectHandshake) >= 2 }, 5*time.Second, 5*time.Millisecond,
+		"the plaintext client and the foreign certificate fail the server's handshake")
 }
+
+// TestPeerServiceBadInputCounted: junk connections and undecodable
+// snapshot requests on the peer port are refused and counted in
+// kvmesh_sync_peer_rejected_total; the peer still serves snapshots.
+func TestPeerServiceBadInputCounted(t *testing.T) {
+	gws := startCluster(t, 1, nil, func(c *Config) { c.PeerToken = "s3cret" })
+	addr := gws[0].c.PeerAddr()
+	rejected := func(reason string) float64 {
+		return metricValue(t, gws[0].reg, "kvmesh_sync_peer_rejected_total", map[string]string{"reason": reason})
+	}
+	for _, b := range [][]byte{
+		[]byte("junk junk junk junk junk junk junk junk"),
+		[]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + "not a settings frame"),
+	} {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		_, err = conn.Write(b)
+		require.NoError(t, err)
+		require.NoError(t, conn.(*net.TCPConn).CloseWrite())
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+		_, err = io.Copy(io.Discard, conn)
+		require.False(t, os.IsTimeout(err), "the server closes the connection")
+		require.NoError(t, conn.Close())
+	}
+	require.Eventually(t, func() bool { return rejected(config.RejectBadPreface) == 2 }, 5*time.Second, 5*time.Millisecond)
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(peerBearer("s3cret")))
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	desc := &grpc.StreamDesc{StreamName: "Snapshot", ServerStreams: true}
+	for _, b := range [][]byte{{0xff, 0xff}, {0x0a, 0x40, 'x'}} {
+		st, err := conn.NewStream(ctx, desc, peerv1.Peer_Snapshot_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
+		require.NoError(t, err)
+		require.NoError(t, st.SendMsg(&b))
+		require.NoError(t, st.CloseSend())
+		require.Error(t, st.RecvMsg(new([]byte)), "an undecodable request is refused")
+	}
+	require.Equal(t, 2.0, rejected(config.RejectMalformed))
+	g := newGW(t, "puller", nil, func(c *Config) { c.PeerToken = "s3cret" })
+	data, err := g.c.pullSnapshot(ctx, addr)
+	require.NoError(t, err, "the peer still serves snapshots")
+	require.NotEmpty(t, data)
+}
+
+// rawCodec sends a []byte message as it is (a malformed protobuf body).
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
+}
+func (rawCodec) Unmarshal(mem.BufferSlice, any) error { return nil }
+func (rawCodec) Name() string                         { return "proto" }
 
 func TestPeerTLSConfigErrors(t *testing.T) {
 	cfg := LocalConfig("g")

@@ -53,7 +53,7 @@ func (s *Server) guard(h http.HandlerFunc, write bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := s.auth.check(r.Header.Get("Authorization"), write); err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="kvmesh-admin"`)
-			httpError(w, err)
+			s.httpError(w, err)
 			return
 		}
 		if r.Body != nil {
@@ -88,8 +88,13 @@ func httpStatusOf(err error) (int, string) {
 	return http.StatusInternalServerError, "internal_error"
 }
 
-func httpError(w http.ResponseWriter, err error) {
+// httpError answers err; a client error (4xx) is counted in
+// kvmesh_config_admin_rejected_total{api="http",reason=<code>}.
+func (s *Server) httpError(w http.ResponseWriter, err error) {
 	code, name := httpStatusOf(err)
+	if code >= 400 && code < 500 {
+		s.reject("http", name)
+	}
 	typ := "invalid_request_error"
 	if code >= 500 {
 		typ = "server_error"
@@ -127,17 +132,17 @@ func (s *Server) httpGetConfig(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) httpPutConfig(w http.ResponseWriter, r *http.Request) {
 	exp, err := ifMatch(r)
 	if err != nil {
-		httpError(w, err)
+		s.httpError(w, err)
 		return
 	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		httpError(w, err)
+		s.httpError(w, err)
 		return
 	}
 	cfg, err := decodeDocument(body)
 	if err != nil {
-		httpError(w, err)
+		s.httpError(w, err)
 		return
 	}
 	s.httpApplied(w, r, SetCommand(cfg, exp))
@@ -146,12 +151,12 @@ func (s *Server) httpPutConfig(w http.ResponseWriter, r *http.Request) {
 func (s *Server) httpPatchConfig(w http.ResponseWriter, r *http.Request) {
 	exp, err := ifMatch(r)
 	if err != nil {
-		httpError(w, err)
+		s.httpError(w, err)
 		return
 	}
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		httpError(w, err)
+		s.httpError(w, err)
 		return
 	}
 	s.httpApplied(w, r, PatchCommand(body, exp))
@@ -162,7 +167,7 @@ func (s *Server) httpAddReplica(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&rep); err != nil {
-		httpError(w, fmt.Errorf("%w: replica: %w", ErrBadRequest, err))
+		s.httpError(w, fmt.Errorf("%w: replica: %w", ErrBadRequest, err))
 		return
 	}
 	s.httpApplied(w, r, AddReplicaCommand(r.PathValue("model"), rep))
@@ -175,7 +180,7 @@ func (s *Server) httpRemoveReplica(w http.ResponseWriter, r *http.Request) {
 func (s *Server) httpApplied(w http.ResponseWriter, r *http.Request, cmd Command) {
 	v, err := s.store.Apply(r.Context(), cmd)
 	if err != nil {
-		httpError(w, err)
+		s.httpError(w, err)
 		return
 	}
 	w.Header().Set("ETag", strconv.Quote(strconv.FormatUint(v, 10)))
@@ -212,7 +217,7 @@ func (s *Server) httpStatus(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) httpIndexStats(w http.ResponseWriter, r *http.Request) {
 	resp, err := s.IndexStats(r.Context(), nil)
 	if err != nil {
-		httpError(w, fromStatus(err))
+		s.httpError(w, fromStatus(err))
 		return
 	}
 	writeJSON(w, http.StatusOK, resp)
@@ -220,7 +225,7 @@ func (s *Server) httpIndexStats(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) httpExplain(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Explainer == nil {
-		httpError(w, fmt.Errorf("%w: route explanation", ErrUnavailable))
+		s.httpError(w, fmt.Errorf("%w: route explanation", ErrUnavailable))
 		return
 	}
 	q := r.URL.Query()
@@ -228,17 +233,17 @@ func (s *Server) httpExplain(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
 		body, err := io.ReadAll(r.Body)
 		if err != nil {
-			httpError(w, err)
+			s.httpError(w, err)
 			return
 		}
 		req.Body = body
 	} else if req.Model == "" {
-		httpError(w, fmt.Errorf("%w: model is required", ErrBadRequest))
+		s.httpError(w, fmt.Errorf("%w: model is required", ErrBadRequest))
 		return
 	}
 	rep, err := s.cfg.Explainer.ExplainRoute(r.Context(), req)
 	if err != nil {
-		httpError(w, err)
+		s.httpError(w, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -247,7 +252,7 @@ func (s *Server) httpExplain(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) httpSnapshot(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Snapshotter == nil {
-		httpError(w, fmt.Errorf("%w: index snapshot", ErrUnavailable))
+		s.httpError(w, fmt.Errorf("%w: index snapshot", ErrUnavailable))
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")

@@ -28,6 +28,20 @@ type metrics struct {
 	// log suffixes deleted on this node (a conflicting uncommitted tail);
 	// each leaves a raft-wal segment the store must compact away (wal.go).
 	tailTruncations prometheus.Counter
+	// adminRejected: kvmesh_config_admin_rejected_total{api="grpc"|"http",
+	// reason}, admin API input refused: a client error answered by the
+	// API (reason is its stable code: unauthenticated, invalid_config,
+	// bad_request, version_conflict, not_found, body_too_large) or input
+	// the gRPC server drops before any handler (bad_preface, handshake,
+	// malformed; see GuardedServerOptions).
+	adminRejected *prometheus.CounterVec
+	// raftTransportErrors: kvmesh_config_raft_transport_errors_total{kind},
+	// errors raft's network transport hit on this node's raft port and
+	// otherwise only logs: kind "decode" (a connection sent bytes that are
+	// not a raft RPC: junk, an unknown RPC type, a malformed message),
+	// "truncated" (a connection that ended inside a request), "accept",
+	// "flush" or "other". See transportLogger and countingLayer.
+	raftTransportErrors *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -56,6 +70,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "kvmesh_config_raft_log_tail_truncations_total",
 			Help: "Raft log suffixes deleted on this node (uncommitted entries overwritten by a new leader); each is compacted away by a snapshot.",
 		}),
+		adminRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_config_admin_rejected_total",
+			Help: "Admin API input refused, by API (grpc, http) and reason (unauthenticated, invalid_config, bad_request, version_conflict, not_found, body_too_large, bad_preface, handshake, malformed).",
+		}, []string{"api", "reason"}),
+		raftTransportErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_config_raft_transport_errors_total",
+			Help: "Errors on this node's raft port that raft's transport only logs, by kind (decode: bytes that are not a raft RPC; truncated: a connection that ended inside a request; accept; flush; other).",
+		}, []string{"kind"}),
 	}
 	m.applies.WithLabelValues("applied")
 	m.applies.WithLabelValues("rejected")
@@ -83,6 +105,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.tailTruncations, err = register(reg, m.tailTruncations); err != nil {
+		return nil, err
+	}
+	if m.adminRejected, err = register(reg, m.adminRejected); err != nil {
+		return nil, err
+	}
+	if m.raftTransportErrors, err = register(reg, m.raftTransportErrors); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sort"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -146,16 +147,50 @@ func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor { return s.auth.
 // StreamInterceptor is UnaryInterceptor for streaming methods.
 func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor { return s.auth.stream() }
 
-// ServerOptions returns the interceptors as grpc.ServerOptions.
+// ServerOptions returns the interceptors as grpc.ServerOptions: the
+// rejection counter (kvmesh_config_admin_rejected_total{api="grpc"}) around
+// the token check.
 func (s *Server) ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(s.UnaryInterceptor()),
-		grpc.ChainStreamInterceptor(s.StreamInterceptor()),
+		grpc.ChainUnaryInterceptor(s.countUnary, s.UnaryInterceptor()),
+		grpc.ChainStreamInterceptor(s.countStream, s.StreamInterceptor()),
 	}
 }
 
+// countUnary counts an Admin call answered with a client error.
+func (s *Server) countUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	resp, err := h(ctx, req)
+	s.countGRPCError(info.FullMethod, err)
+	return resp, err
+}
+
+// countStream is countUnary for streaming calls.
+func (s *Server) countStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	err := h(srv, ss)
+	s.countGRPCError(info.FullMethod, err)
+	return err
+}
+
+// countGRPCError counts err when it is a client error of an Admin method,
+// by the stable code the HTTP API would answer.
+func (s *Server) countGRPCError(method string, err error) {
+	if err == nil || !strings.HasPrefix(method, adminService) {
+		return
+	}
+	if code, name := httpStatusOf(fromStatus(err)); code >= 400 && code < 500 {
+		s.reject("grpc", name)
+	}
+}
+
+// reject counts one refused admin input.
+func (s *Server) reject(api, reason string) {
+	s.store.metrics.adminRejected.WithLabelValues(api, reason).Inc()
+}
+
 // NewGRPCServer builds a grpc.Server with the auth interceptors, TLS when
-// tlsFiles is enabled, and the Admin service registered. The caller runs
+// tlsFiles is enabled, the rejected-input counters (GuardedServerOptions;
+// extra must not set grpc.Creds or a codec), and the Admin service
+// registered. The caller runs
 // Serve and GracefulStop/Stop.
 func NewGRPCServer(s *Server, tlsFiles TLSFiles, extra ...grpc.ServerOption) (*grpc.Server, error) {
 	opts := append(s.ServerOptions(), extra...)
@@ -163,9 +198,13 @@ func NewGRPCServer(s *Server, tlsFiles TLSFiles, extra ...grpc.ServerOption) (*g
 	if err != nil {
 		return nil, err
 	}
+	var creds credentials.TransportCredentials
 	if tc != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
+		creds = credentials.NewTLS(tc)
 	}
+	// Junk connections, failed handshakes and undecodable requests are
+	// counted too (api="grpc", reasons bad_preface, handshake, malformed).
+	opts = append(opts, GuardedServerOptions(creds, func(reason string) { s.reject("grpc", reason) })...)
 	gs := grpc.NewServer(opts...)
 	s.Register(gs)
 	return gs, nil

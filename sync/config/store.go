@@ -189,16 +189,17 @@ func (s *Store) newNetworkTransport(hlog hclog.Logger) (*raft.NetworkTransport, 
 	}
 	tc := &raft.NetworkTransportConfig{
 		ServerAddressProvider: addressProvider{s.cfg.Membership},
-		Logger:                hlog,
+		Logger:                transportLogger{Logger: hlog.Named("transport"), errs: s.metrics.raftTransportErrors},
 		MaxPool:               3,
 		Timeout:               10 * time.Second,
 	}
 	if !s.cfg.RaftTLS.Enabled() {
-		t, err := raft.NewTCPTransportWithConfig(s.cfg.RaftBindAddr, adv, tc)
+		layer, err := newTCPStreamLayer(s.cfg.RaftBindAddr, adv)
 		if err != nil {
 			return nil, fmt.Errorf("config: raft transport: %w", err)
 		}
-		return t, nil
+		tc.Stream = countingLayer{StreamLayer: layer, errs: s.metrics.raftTransportErrors}
+		return raft.NewNetworkTransportWithConfig(tc), nil
 	}
 	srv, err := s.cfg.RaftTLS.ServerConfig()
 	if err != nil {
@@ -215,7 +216,7 @@ func (s *Store) newNetworkTransport(hlog hclog.Logger) (*raft.NetworkTransport, 
 	if err != nil {
 		return nil, fmt.Errorf("config: raft transport: %w", err)
 	}
-	tc.Stream = layer
+	tc.Stream = countingLayer{StreamLayer: layer, errs: s.metrics.raftTransportErrors}
 	return raft.NewNetworkTransportWithConfig(tc), nil
 }
 

@@ -5,18 +5,26 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
 	"github.com/kvmesh/kvmesh/chaos/faultproxy"
@@ -24,6 +32,10 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/proto/adminpb"
+	peerv1 "github.com/kvmesh/kvmesh/proto/peer/v1"
+	kvsync "github.com/kvmesh/kvmesh/sync"
+	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 // badBodies are malformed or hostile request bodies for the gateway's
@@ -321,4 +333,464 @@ func boundSubscriberGarbage(t *testing.T, rng *rand.Rand) string {
 		return len(ix.AppendEngineHashes(nil, rid)) == 1
 	}, 10*time.Second, 10*time.Millisecond)
 	return fmt.Sprintf("bound SUB: raw bytes + %.0f malformed messages counted, valid batch applied after", malformed)
+}
+
+// TestBadInputClusterPorts (scenario 8, the cluster's ports): three
+// clustered gateways take a barrage on every port a gateway opens besides
+// the OpenAI API and the KV subscribers (TestBadInput): the peer-sync gRPC
+// port, the admin gRPC port, the admin HTTP API, the raft port, and the
+// NATS subjects the gateways subscribe to. Every rejected input is counted
+// in a metric, and after each barrage every gateway still serves, raft has
+// a leader and commits a valid config write, and the index still matches
+// the engines. No goroutine outlives the barrages.
+func TestBadInputClusterPorts(t *testing.T) {
+	cfg := cluster.DefaultConfig()
+	cfg.Gateways, cfg.Engines = 3, 2
+	cfg.ClusterMode, cfg.ExternalNATS = true, true
+	cfg.DataDir = t.TempDir()
+	c := startCluster(t, cfg)
+	rng := rand.New(rand.NewPCG(8, 9))
+	var total cluster.LoadResult
+	var notes []string
+	var converge time.Duration
+	var last cluster.Summary
+
+	// healthy checks the cluster after a barrage: a load through every
+	// gateway completes, raft commits a write every gateway applies, and
+	// every gateway's index matches every engine.
+	healthy := func(step string) {
+		t.Helper()
+		res, err := cluster.RunLoad(context.Background(), loadConfig(c, "bad-"+step, scale(30, 300)))
+		require.NoError(t, err)
+		total.Add(res)
+		require.Equal(t, res.Sent, res.OK, "%s: every gateway serves: %s", step, res)
+		v := rewriteConfig(t, c)
+		awaitVersion(t, c, v)
+		s, took := settle(t, c, "after "+step)
+		converge, last = max(converge, took), s
+	}
+	healthy("baseline")
+	goroutines := runtime.NumGoroutine()
+
+	barrages := []struct {
+		name string
+		run  func() string
+	}{
+		{"peer-grpc", func() string { return peerPortBarrage(t, c, rng) }},
+		{"admin-grpc", func() string { return adminGRPCBarrage(t, c, rng) }},
+		{"admin-http", func() string { return adminHTTPBarrage(t, c, rng) }},
+		{"raft", func() string { return raftPortBarrage(t, c, rng) }},
+		{"nats", func() string { return natsBarrage(t, c, rng) }},
+	}
+	for _, b := range barrages {
+		notes = append(notes, b.name+": "+b.run())
+		healthy(b.name)
+	}
+	// Every connection the barrages opened is closed: the gateways'
+	// goroutines come back to where they were (loads and config writes in
+	// between leave some keep-alive connections, hence the margin; a
+	// goroutine per junk connection would be hundreds).
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= goroutines+40 }, 10*time.Second, 10*time.Millisecond,
+		"goroutines: %d before the barrages, %d after", goroutines, runtime.NumGoroutine())
+	notes = append(notes, fmt.Sprintf("goroutines %d before, %d after", goroutines, runtime.NumGoroutine()))
+
+	row(t, cluster.Row{
+		Scenario: "8 bad-input cluster ports", Load: total, Precision: last.MinPrecision, Recall: last.MinRecall,
+		Converge: converge, ConfigVersions: c.ConfigVersions(), Note: strings.Join(notes, "; "),
+	})
+}
+
+// junk returns n random bytes; callers patch the bytes that matter.
+func junk(rng *rand.Rand, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// sendAndClose writes b to addr, ends the write side and waits until the
+// server closes the connection (bounded): a server that keeps a junk
+// connection open fails the test.
+func sendAndClose(t *testing.T, addr string, b []byte) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	// The server may have closed (or reset) the connection before reading
+	// everything: write and half-close errors are expected.
+	_, _ = conn.Write(b)
+	_ = conn.(*net.TCPConn).CloseWrite()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = io.Copy(io.Discard, conn)
+	require.False(t, isTimeout(err), "%s closes a junk connection", addr)
+}
+
+// http2Preface is the HTTP/2 client connection preface's magic.
+const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// grpcJunkConns sends n connections of random bytes and n of the HTTP/2
+// magic followed by a frame other than SETTINGS (both counted
+// bad_preface), and n of a valid preface and SETTINGS followed by junk
+// frames (refused by gRPC's framer; not counted). It returns how many
+// should be counted.
+func grpcJunkConns(t *testing.T, addr string, rng *rand.Rand, n int) int {
+	t.Helper()
+	for range n {
+		b := junk(rng, 1+rng.IntN(2048))
+		if b[0] == 'P' {
+			b[0] = 'X'
+		}
+		sendAndClose(t, addr, b)
+		b = append([]byte(http2Preface), junk(rng, rng.IntN(512))...)
+		if len(b) > len(http2Preface)+3 && b[len(http2Preface)+3] == 4 {
+			b[len(http2Preface)+3] = 0 // DATA, not SETTINGS
+		}
+		sendAndClose(t, addr, b)
+		b = append([]byte(http2Preface), 0, 0, 0, 4, 0, 0, 0, 0, 0)
+		sendAndClose(t, addr, append(b, junk(rng, 1+rng.IntN(512))...))
+	}
+	return 2 * n
+}
+
+// rawCodec sends a []byte message as it is (a malformed protobuf body)
+// and ignores answers.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
+}
+func (rawCodec) Unmarshal(mem.BufferSlice, any) error { return nil }
+func (rawCodec) Name() string                         { return "proto" }
+
+// badProto returns a protobuf body that cannot decode: an invalid wire
+// type, or a length running past the end.
+func badProto(rng *rand.Rand, i int) []byte {
+	if i%2 == 0 {
+		return append([]byte{0x0f}, junk(rng, rng.IntN(64))...) // field 1, wire type 7
+	}
+	return append([]byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f}, junk(rng, rng.IntN(64))...)
+}
+
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+func (bearer) RequireTransportSecurity() bool { return false }
+
+// grpcConn dials addr in plaintext, with token when non-empty.
+func grpcConn(t *testing.T, addr, token string) *grpc.ClientConn {
+	t.Helper()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer(token)))
+	}
+	conn, err := grpc.NewClient(addr, opts...)
+	require.NoError(t, err)
+	return conn
+}
+
+// awaitCounter waits until the gateways' sum of name{match} reaches want
+// and returns it.
+func awaitCounter(t *testing.T, c *cluster.Cluster, name string, match map[string]string, want float64) float64 {
+	t.Helper()
+	require.Eventually(t, func() bool { return c.GatewayCounter(name, match) >= want }, 10*time.Second, 5*time.Millisecond,
+		"%s%v: %.0f, want >= %.0f", name, match, c.GatewayCounter(name, match), want)
+	return c.GatewayCounter(name, match)
+}
+
+// peerPortBarrage: junk connections, calls without or with a wrong token
+// and undecodable snapshot requests on every gateway's peer-sync port.
+func peerPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+	t.Helper()
+	const metric = "kvmesh_sync_peer_rejected_total"
+	reason := func(r string) map[string]string { return map[string]string{"reason": r} }
+	pre, unauth, bad := c.GatewayCounter(metric, reason(config.RejectBadPreface)),
+		c.GatewayCounter(metric, reason(config.RejectUnauthenticated)), c.GatewayCounter(metric, reason(config.RejectMalformed))
+	n := scale(4, 40)
+	wantPre, wantUnauth, wantBad := 0, 0, 0
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	desc := &grpc.StreamDesc{StreamName: "Snapshot", ServerStreams: true}
+	for _, g := range c.Gateways() {
+		addr := g.Node.Cluster().PeerAddr()
+		wantPre += grpcJunkConns(t, addr, rng, n)
+		for _, tok := range []string{"", "not-the-token"} {
+			conn := grpcConn(t, addr, tok)
+			st, err := peerv1.NewPeerClient(conn).Snapshot(ctx, &peerv1.SnapshotRequest{Cluster: "kvmesh", Requester: "intruder"})
+			if err == nil {
+				_, err = st.Recv()
+			}
+			require.Equal(t, codes.Unauthenticated, status.Code(err), "token %q: %v", tok, err)
+			require.NoError(t, conn.Close())
+			wantUnauth++
+		}
+		conn := grpcConn(t, addr, cluster.AdminToken)
+		for i := range n {
+			b := badProto(rng, i)
+			st, err := conn.NewStream(ctx, desc, peerv1.Peer_Snapshot_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
+			require.NoError(t, err)
+			require.NoError(t, st.SendMsg(&b))
+			require.NoError(t, st.CloseSend())
+			err = st.RecvMsg(new([]byte))
+			require.Error(t, err, "an undecodable snapshot request is refused")
+			require.NotEqual(t, codes.Unauthenticated, status.Code(err))
+			wantBad++
+		}
+		require.NoError(t, conn.Close())
+	}
+	gotPre := awaitCounter(t, c, metric, reason(config.RejectBadPreface), pre+float64(wantPre)) - pre
+	gotUnauth := awaitCounter(t, c, metric, reason(config.RejectUnauthenticated), unauth+float64(wantUnauth)) - unauth
+	gotBad := awaitCounter(t, c, metric, reason(config.RejectMalformed), bad+float64(wantBad)) - bad
+	return fmt.Sprintf("%d junk connections, %d bad tokens, %d malformed requests -> counted bad_preface %.0f unauthenticated %.0f malformed %.0f",
+		3*wantPre/2, wantUnauth, wantBad, gotPre, gotUnauth, gotBad)
+}
+
+// versions lists every gateway's applied config version and its store's.
+func versions(c *cluster.Cluster) []uint64 {
+	var out []uint64
+	for _, g := range c.Gateways() {
+		out = append(out, g.Node.ConfigVersion(), g.Node.ConfigStore().Current().Version)
+	}
+	return out
+}
+
+// invalidDoc is the current config with one replica URL no gateway can
+// use: it fails validation, naming the field.
+func invalidDoc(t *testing.T, c *cluster.Cluster) []byte {
+	t.Helper()
+	cur := c.Gateways()[0].Node.ConfigStore().Current()
+	raw, err := json.Marshal(cur.Config)
+	require.NoError(t, err)
+	var doc config.RoutingConfig
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	m := doc.Models[c.Config().Model]
+	m.Replicas = append([]config.ReplicaConfig(nil), m.Replicas...)
+	m.Replicas[0].URL = "ftp://not-an-engine"
+	doc.Models[c.Config().Model] = m
+	out, err := json.Marshal(&doc)
+	require.NoError(t, err)
+	return out
+}
+
+// adminGRPCBarrage: junk connections, bad tokens, undecodable requests
+// and refused writes on every gateway's admin gRPC port.
+func adminGRPCBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+	t.Helper()
+	const metric = "kvmesh_config_admin_rejected_total"
+	grpcAPI := map[string]string{"api": "grpc"}
+	before := c.GatewayCounter(metric, grpcAPI)
+	v0 := versions(c)
+	n := scale(4, 40)
+	want := 0
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	bad := invalidDoc(t, c)
+	model := c.Config().Model
+	for _, g := range c.Gateways() {
+		addr := g.Node.AdminAddr()
+		want += grpcJunkConns(t, addr, rng, n)
+		for _, tok := range []string{"", "not-the-token"} {
+			cl, err := config.Dial(addr, config.ClientOptions{Token: tok})
+			require.NoError(t, err)
+			_, err = cl.SetConfigJSON(ctx, bad, nil)
+			require.ErrorIs(t, err, config.ErrUnauthenticated)
+			_, err = cl.GetConfig(ctx)
+			require.ErrorIs(t, err, config.ErrUnauthenticated, "reads need the token too")
+			require.NoError(t, cl.Close())
+			want += 2
+		}
+		conn := grpcConn(t, addr, cluster.AdminToken)
+		for i := range n {
+			b := badProto(rng, i)
+			err := conn.Invoke(ctx, adminpb.Admin_SetConfig_FullMethodName, &b, new([]byte), grpc.ForceCodecV2(rawCodec{}))
+			require.Error(t, err)
+			want++
+		}
+		require.NoError(t, conn.Close())
+
+		cl, err := config.Dial(addr, config.ClientOptions{Token: cluster.AdminToken})
+		require.NoError(t, err)
+		_, err = cl.SetConfigJSON(ctx, bad, nil)
+		require.ErrorIs(t, err, config.ErrInvalidConfig)
+		require.Contains(t, err.Error(), "url", "the refusal names the field")
+		_, err = cl.SetConfigJSON(ctx, []byte(`{"models":`), nil)
+		require.ErrorIs(t, err, config.ErrInvalidConfig)
+		_, err = cl.PatchConfig(ctx, []byte(`[1,2,3]`), nil)
+		require.ErrorIs(t, err, config.ErrInvalidConfig)
+		_, err = cl.AddReplica(ctx, model, config.ReplicaConfig{Name: "bad replica", URL: "gopher://x"})
+		require.ErrorIs(t, err, config.ErrInvalidConfig)
+		_, err = cl.RemoveReplica(ctx, model, "no-such-replica")
+		require.ErrorIs(t, err, config.ErrNotFound)
+		_, err = cl.API().Forward(ctx, &adminpb.ForwardRequest{Command: junk(rng, 64)})
+		require.Equal(t, codes.InvalidArgument, status.Code(err), "a junk forwarded command: %v", err)
+		require.NoError(t, cl.Close())
+		want += 6
+	}
+	got := awaitCounter(t, c, metric, grpcAPI, before+float64(want)) - before
+	require.Equal(t, v0, versions(c), "no refused write changed a config version")
+	return fmt.Sprintf("%d inputs (junk connections, bad tokens, malformed protobuf, invalid configs) -> %.0f counted; config version unchanged", want, got)
+}
+
+// adminHTTPBarrage: the admin HTTP API on every gateway's HTTP port.
+func adminHTTPBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+	t.Helper()
+	const metric = "kvmesh_config_admin_rejected_total"
+	httpAPI := map[string]string{"api": "http"}
+	before := c.GatewayCounter(metric, httpAPI)
+	v0 := versions(c)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	bad := invalidDoc(t, c)
+	model := c.Config().Model
+	want := 0
+	for _, g := range c.Gateways() {
+		cases := []struct {
+			method, path, token string
+			body                []byte
+			status              int
+			code                string
+		}{
+			{"GET", "/admin/v1/config", "", nil, 401, "unauthenticated"},
+			{"PUT", "/admin/v1/config", "wrong", bad, 401, "unauthenticated"},
+			{"DELETE", "/admin/v1/models/" + model + "/replicas/e0", "also-wrong", nil, 401, "unauthenticated"},
+			{"PUT", "/admin/v1/config", cluster.AdminToken, bad, 400, "invalid_config"},
+			{"PUT", "/admin/v1/config", cluster.AdminToken, []byte(`{"models":{`), 400, ""},
+			{"PUT", "/admin/v1/config", cluster.AdminToken, junk(rng, 512), 400, ""},
+			{"PATCH", "/admin/v1/config", cluster.AdminToken, []byte(`"not an object"`), 400, "invalid_config"},
+			{"POST", "/admin/v1/models/" + model + "/replicas", cluster.AdminToken, []byte(`{"name":1,"url":[]}`), 400, "bad_request"},
+			{"POST", "/admin/v1/models/" + model + "/replicas", cluster.AdminToken, []byte(`{"name":"x","url":"http://127.0.0.1:1","evil":true}`), 400, "bad_request"},
+			{"DELETE", "/admin/v1/models/" + model + "/replicas/no-such-replica", cluster.AdminToken, nil, 404, "not_found"},
+			{"PUT", "/admin/v1/config", cluster.AdminToken, bytes.Repeat([]byte(" "), 4<<20+1024), 413, "body_too_large"},
+		}
+		for _, k := range cases {
+			req, err := http.NewRequest(k.method, g.URL()+k.path, bytes.NewReader(k.body))
+			require.NoError(t, err)
+			if k.token != "" {
+				req.Header.Set("Authorization", "Bearer "+k.token)
+			}
+			resp, err := hc.Do(req)
+			require.NoError(t, err, "%s %s", k.method, k.path)
+			raw, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+			require.Equal(t, k.status, resp.StatusCode, "%s %s: %s", k.method, k.path, raw)
+			var e struct {
+				Error struct{ Message, Code string } `json:"error"`
+			}
+			require.NoError(t, json.Unmarshal(raw, &e), "%s %s: an error body: %s", k.method, k.path, raw)
+			require.NotEmpty(t, e.Error.Message)
+			if k.code != "" {
+				require.Equal(t, k.code, e.Error.Code, "%s %s", k.method, k.path)
+			}
+			want++
+		}
+	}
+	got := awaitCounter(t, c, metric, httpAPI, before+float64(want)) - before
+	require.Equal(t, v0, versions(c), "no refused write changed a config version")
+	return fmt.Sprintf("%d requests (no or wrong token, malformed JSON, invalid config, unknown fields, oversized body) -> %.0f counted; config version unchanged", want, got)
+}
+
+// raftPortBarrage: random bytes (an unknown RPC type), a valid RPC type
+// byte followed by junk, and truncated RPC headers on every gateway's raft
+// port. The legitimate raft traffic before it must not have counted any
+// transport error.
+func raftPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+	t.Helper()
+	const metric = "kvmesh_config_raft_transport_errors_total"
+	kind := func(k string) map[string]string { return map[string]string{"kind": k} }
+	require.Zero(t, c.GatewayCounter(metric, nil), "elections, heartbeats and config writes count no transport error")
+	n := scale(5, 50)
+	for _, g := range c.Gateways() {
+		addr := g.Node.ConfigStore().RaftAddr()
+		for range n {
+			b := junk(rng, 1+rng.IntN(1024))
+			b[0] = byte(4 + rng.IntN(252)) // raft v1.8 knows RPC types 0-3
+			sendAndClose(t, addr, b)
+			b = junk(rng, 2+rng.IntN(256))
+			b[0], b[1] = byte(rng.IntN(4)), 0xc1 // 0xc1 is never valid msgpack
+			sendAndClose(t, addr, b)
+			// A map header announcing fields that never come.
+			sendAndClose(t, addr, []byte{byte(rng.IntN(4)), 0x8f, 0xa4, 'T', 'e'})
+		}
+	}
+	decode := awaitCounter(t, c, metric, kind("decode"), float64(2*n*3))
+	truncated := awaitCounter(t, c, metric, kind("truncated"), float64(n*3))
+	return fmt.Sprintf("%d junk connections -> counted decode %.0f truncated %.0f", 3*n*3, decode, truncated)
+}
+
+// natsBarrage publishes undecodable and forged messages on every subject
+// the gateways subscribe to.
+func natsBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+	t.Helper()
+	nc, err := nats.Connect("nats://"+c.NATS.Addr(), nats.Name("intruder"))
+	require.NoError(t, err)
+	defer nc.Close()
+	const prefix = "kvmesh.kvmesh" // kvmesh.<cluster name>
+	subjects := []string{prefix + ".delta.decisions", prefix + ".kv.e0", prefix + ".kv.ghost", prefix + ".load.g0", prefix + ".digest"}
+	malformed := map[string]string{"source": "nats"}
+	before := c.GatewayCounter("kvmesh_sync_messages_malformed_total", malformed)
+	unknown := map[string]string{"kind": "kv", "reason": "unknown_replica"}
+	unknownBefore := c.GatewayCounter("kvmesh_sync_deltas_dropped_total", unknown)
+	n := scale(20, 200)
+	sent := 0
+	for _, s := range subjects {
+		for i := range n {
+			b := junk(rng, rng.IntN(1024))
+			if i%4 == 1 && len(b) > 4 { // right header, junk after it
+				copy(b, []byte{'K', 'M', 1}) // magic and version of sync's wire format
+			}
+			require.NoError(t, nc.Publish(s, b))
+			sent++
+		}
+	}
+	// Well-formed messages that break the protocol: decision batches with
+	// sequence number 0 (counted malformed), and KV batches for a replica
+	// without a name (dropped as unknown_replica). (Batches about a name
+	// the gateway has not configured yet are kept on purpose, up to a
+	// bound: a config change may add that replica later.)
+	for i := range n {
+		now := time.Now().UnixNano()
+		d, err := kvsync.AppendDecisions(nil, &kvsync.DecisionBatch{Origin: "intruder#1", Seq: 0, SentAt: now,
+			Entries: []kvsync.Decision{{Replica: "e0", Ledger: index.History, At: now, Keys: []index.BlockKey{1, 2, 3}}}})
+		require.NoError(t, err)
+		require.NoError(t, nc.Publish(prefix+".delta.decisions", d))
+		k, err := kvsync.AppendKV(nil, &kvsync.KVBatch{Origin: "intruder#1", Replica: "", Seq: uint64(i + 1), SentAt: now, Reset: true})
+		require.NoError(t, err)
+		require.NoError(t, nc.Publish(prefix+".kv._", k))
+		sent++
+	}
+	require.NoError(t, nc.Flush())
+	// Every gateway receives every message.
+	got := awaitCounter(t, c, "kvmesh_sync_messages_malformed_total", malformed, before+float64(3*sent)) - before
+	dropped := awaitCounter(t, c, "kvmesh_sync_deltas_dropped_total", unknown, unknownBefore+float64(3*n)) - unknownBefore
+	return fmt.Sprintf("%d junk or seq-0 messages on %d subjects -> %.0f counted malformed over 3 gateways; %d KV batches without a replica -> %.0f dropped unknown_replica",
+		sent, len(subjects), got, n, dropped)
+}
+
+// rewriteConfig writes the current config again (compare-and-set on its
+// version) through gateway g0's admin API, retrying while raft has no
+// leader, and returns the new version: raft has a leader and commits.
+func rewriteConfig(t *testing.T, c *cluster.Cluster) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := config.Dial(c.Gateways()[0].Node.AdminAddr(), config.ClientOptions{Token: cluster.AdminToken})
+	require.NoError(t, err)
+	defer cl.Close()
+	for {
+		cur, err := cl.GetConfig(ctx)
+		require.NoError(t, err)
+		doc, err := json.Marshal(cur.Config)
+		require.NoError(t, err)
+		v, err := cl.SetConfigJSON(ctx, doc, &cur.Version)
+		if err == nil {
+			require.Greater(t, v, cur.Version)
+			return v
+		}
+		require.Truef(t, errors.Is(err, config.ErrNoQuorum) || errors.Is(err, config.ErrVersionConflict), "config write: %v", err)
+		require.NoError(t, ctx.Err(), "raft commits a valid write within 20 s: %v", err)
+	}
 }

@@ -62,6 +62,32 @@ func BenchmarkPick(b *testing.B) {
 	}
 }
 
+// BenchmarkCostPeers is cost over 64 replicas behind 8 gateways: peers
+// hold 7/8 of the in-flight requests, and decisions come every 20 ms, so
+// about 35 recent decisions' worth of unseen peer requests are placed
+// before each pick (worst case: BenchmarkPick/cost, whose decisions all
+// share one instant, places up to maxUnseen).
+func BenchmarkCostPeers(b *testing.B) {
+	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
+	cands := make([]Candidate, 64)
+	for i := range cands {
+		local := i % 3
+		cands[i] = Candidate{ID: index.ReplicaID(i), Name: fmt.Sprintf("replica-%02d", i),
+			Matched: []int{0, 0, 0, 40}[i%4], LocalInFlight: local, InFlight: 8 * local,
+			Running: min(8*local, 8), Waiting: max(8*local-8, 0), KVUsage: 0.4, QueuedPrefillTokens: (i % 5) * 1000}
+	}
+	set, err := NewSet(DefaultConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := NewRand(1)
+	b.ReportAllocs()
+	for b.Loop() {
+		req.Now += 20e6
+		_ = set.Cost.Pick(&req, cands, &rng, nil)
+	}
+}
+
 // BenchmarkPickExplain measures the /debug/route path (explanation reused).
 func BenchmarkPickExplain(b *testing.B) {
 	req, cands := benchCandidates()

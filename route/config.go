@@ -1,6 +1,9 @@
 package route
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Config gathers every strategy's parameters.
 type Config struct {
@@ -10,6 +13,34 @@ type Config struct {
 	ConsistentHash ConsistentHashConfig
 	// Cost holds the cost model's priors and engine facts.
 	Cost CostConfig
+	// PeerLoadDelaySeconds is how stale peers' reported in-flight counts
+	// (Candidate.InFlight − LocalInFlight) are: the replication load
+	// interval. Requests peers sent within that time are in no count this
+	// gateway sees; cost estimates how many there are from its own recent
+	// decisions and the peers' share of the traffic, and places them
+	// before choosing (see Cost.Pick). It matters only with peers: one
+	// gateway decides the same whatever its value. The default, 0, means
+	// DefaultPeerLoadDelaySeconds (0.1 s), so a Config built field by field
+	// (or a configuration document that does not carry the field) gets it;
+	// a negative value treats the peers' view as fresh (cost as before this
+	// field existed). Must be finite.
+	PeerLoadDelaySeconds float64
+}
+
+// DefaultPeerLoadDelaySeconds is Config.PeerLoadDelaySeconds' default: the
+// replication's default load interval (sync.Config.LoadInterval, 100 ms).
+const DefaultPeerLoadDelaySeconds = 0.1
+
+// peerLoadDelay resolves PeerLoadDelaySeconds: the default for 0, 0
+// (disabled) for a negative value.
+func (c Config) peerLoadDelay() float64 {
+	switch {
+	case c.PeerLoadDelaySeconds == 0:
+		return DefaultPeerLoadDelaySeconds
+	case c.PeerLoadDelaySeconds < 0:
+		return 0
+	}
+	return c.PeerLoadDelaySeconds
 }
 
 // DefaultConfig returns each strategy's defaults.
@@ -18,6 +49,7 @@ func DefaultConfig() Config {
 		PrefixCache:    DefaultPrefixCacheConfig(),
 		ConsistentHash: DefaultConsistentHashConfig(),
 		Cost:           DefaultCostConfig(),
+		// PeerLoadDelaySeconds 0: DefaultPeerLoadDelaySeconds.
 	}
 }
 
@@ -28,6 +60,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.ConsistentHash.Validate(); err != nil {
 		return err
+	}
+	if math.IsNaN(c.PeerLoadDelaySeconds) || math.IsInf(c.PeerLoadDelaySeconds, 0) {
+		return fmt.Errorf("%w: PeerLoadDelaySeconds %v must be finite", ErrInvalidConfig, c.PeerLoadDelaySeconds)
 	}
 	return c.Cost.Validate()
 }
@@ -59,7 +94,7 @@ func NewSet(cfg Config) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Set{PrefixCache: pc, ConsistentHash: ch, Cost: NewCost(m)}, nil
+	return &Set{PrefixCache: pc, ConsistentHash: ch, Cost: &Cost{model: m, peerDelay: cfg.peerLoadDelay()}}, nil
 }
 
 // Get returns the strategy called name (as Names spells it).

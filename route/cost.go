@@ -62,13 +62,19 @@ import (
 // strategy that trades cache locality against queueing explicitly.
 type Cost struct {
 	model *Model
+	// peerDelay is Config.PeerLoadDelaySeconds resolved (0: peers' view
+	// taken as fresh).
+	peerDelay float64
 }
 
 var _ Strategy = (*Cost)(nil)
 
 // NewCost returns the strategy reading rates from model, which the caller
-// keeps feeding with Observe.
-func NewCost(model *Model) *Cost { return &Cost{model: model} }
+// keeps feeding with Observe, assuming peers' load is
+// DefaultPeerLoadDelaySeconds stale (NewSet takes it from Config).
+func NewCost(model *Model) *Cost {
+	return &Cost{model: model, peerDelay: DefaultPeerLoadDelaySeconds}
+}
 
 // Name returns "cost".
 func (c *Cost) Name() string { return NameCost }
@@ -79,14 +85,17 @@ func (c *Cost) Model() *Model { return c.model }
 // estimate returns the estimated TTFT of req on cand, its queueing part,
 // the cost Pick ranks by (TTFT plus the delay imposed on others) and the
 // outstanding request count n. sv is what the model learned of cand's
-// running set, nil if nothing yet.
-func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotView) (ttft, queue, cost float64, n int) {
+// running set, nil if nothing yet. extra holds the unseen requests Pick
+// placed on cand (none when zero): they are outstanding and their
+// uncached tokens queued on top of what the load view shows.
+func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotView, extra placement) (ttft, queue, cost float64, n int) {
 	cfg := &c.model.cfg
 	n = max(cand.InFlight, 0)
 	if cand.Running >= 0 && cand.Waiting >= 0 {
 		n = max(n, cand.Running+cand.Waiting)
 	}
-	queued := max(cand.QueuedPrefillTokens, 0)
+	n += extra.requests
+	queued := max(cand.QueuedPrefillTokens, 0) + extra.tokens
 	capacity := c.capacity(cand, queued, sv)
 	// full > 0: this request would take the last free slot (full = 1) or
 	// wait for full−1 slots to free.
@@ -204,6 +213,82 @@ func storeMax(a *atomic.Int32, v int32) int32 {
 	}
 }
 
+// maxUnseen bounds the unseen peer requests Pick places before its own
+// (and so the extra work of a Pick: at most maxUnseen more choices).
+const maxUnseen = 32
+
+// placement is what Pick added to one candidate while placing unseen peer
+// requests: the number of requests and their uncached prompt tokens.
+type placement struct {
+	requests int
+	tokens   int
+}
+
+// placements records the unseen requests Pick placed, by candidate
+// position; a fixed array, so placing allocates nothing.
+type placements struct {
+	n   int
+	idx [maxUnseen]int
+	at  [maxUnseen]placement
+}
+
+// of returns what was placed on candidate i.
+func (p *placements) of(i int) placement {
+	for k := 0; k < p.n; k++ {
+		if p.idx[k] == i {
+			return p.at[k]
+		}
+	}
+	return placement{}
+}
+
+// add places one request with tokens uncached tokens on candidate i.
+func (p *placements) add(i, tokens int) {
+	for k := 0; k < p.n; k++ {
+		if p.idx[k] == i {
+			p.at[k].requests++
+			p.at[k].tokens += tokens
+			return
+		}
+	}
+	if p.n < maxUnseen {
+		p.idx[p.n], p.at[p.n] = i, placement{requests: 1, tokens: tokens}
+		p.n++
+	}
+}
+
+// unseenPeerRequests estimates how many requests peers sent within the
+// last Config.PeerLoadDelaySeconds (which no in-flight count this gateway sees
+// includes yet): this model's own decisions in that time, counted with
+// exponential decay, times the peers' share of the traffic relative to
+// this gateway's (peers' reported in-flight over this gateway's own, summed
+// over the candidates). A fractional estimate rounds up with probability
+// equal to its fraction, so that it is right on average. With no peer
+// load (one gateway, or an isolated one) it is 0. When count is set, this
+// decision is counted for the next ones.
+func (c *Cost) unseenPeerRequests(req *Request, cands []Candidate, rng *Rand, count bool) int {
+	tau := c.peerDelay
+	if !(tau > 0) {
+		return 0
+	}
+	recent := c.model.recent.value(req.Now, tau, count)
+	peers, own := 0, 0
+	for i := range cands {
+		local := max(cands[i].LocalInFlight, 0)
+		own += local
+		peers += max(cands[i].InFlight-local, 0)
+	}
+	if peers == 0 || !(recent > 0) {
+		return 0
+	}
+	x := min(recent*float64(peers)/float64(max(own, 1)), maxUnseen)
+	h := int(x)
+	if frac := x - float64(h); frac > 0 && float64(rng.Uint64()>>11) < frac*(1<<53) {
+		h++
+	}
+	return min(h, maxUnseen)
+}
+
 // Pick returns the candidate with the smallest cost. Costs within one
 // decode step of the smallest (the learned d of that candidate) are
 // near-ties: an engine admits work at step boundaries and the load view is
@@ -213,68 +298,159 @@ func storeMax(a *atomic.Int32, v int32) int32 {
 // requests (near-equal replicas share the load, so none fills its running
 // set while another idles), then the smaller cost, then uniformly at
 // random.
+//
+// With several gateways the load view misses the requests peers sent in
+// the last Config.PeerLoadDelaySeconds, and peers decide from the same view: left
+// alone, every gateway sends to the replica that view ranks cheapest (they
+// herd). So Pick first estimates the number h of such unseen requests (see
+// unseenPeerRequests: 0 with one gateway, where the decision is as above),
+// then places h+1 requests like this one, each on the cheapest replica
+// given the ones placed before it (the replica a peer with this view
+// would have picked), and takes one of the h+1 placements uniformly at
+// random: this request is any of the h+1 requests decided on this view,
+// so gateways with one stale view spread over the replicas it ranks best
+// instead of all choosing the first. The estimate then counts the
+// placements before this one as outstanding there.
 func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision {
 	if explain != nil {
 		explain.begin(NameCost, req, cands)
 		explain.ScoreUnit = "estimated_cost_seconds"
 	}
-	chunk := c.model.cfg.ChunkTokens
-	c.model.mu.RLock()
+	m := c.model
+	// An explained decision is not routed: it does not count as a decision.
+	unseen := c.unseenPeerRequests(req, cands, rng, explain == nil)
+	m.mu.RLock()
 	for i := range cands {
-		c.learn(&cands[i], c.model.slot(cands[i].ID))
+		c.learn(&cands[i], m.slot(cands[i].ID))
 	}
-	// Pass 1: the smallest cost and the near-tie bound above it.
-	minCost, tolerance, bestMatch := math.Inf(1), 0.0, 0
-	for i := range cands {
-		cand := &cands[i]
-		bestMatch = max(bestMatch, min(cand.Matched, req.TotalBlocks))
-		r := c.model.rate(cand.ID)
-		_, _, cost, _ := c.estimate(req, cand, r, c.model.slot(cand.ID))
-		if explain != nil {
-			explain.Replicas[i].Score = cost
-		}
-		if cost < minCost {
-			minCost, tolerance = cost, r.decodeStep
-		}
-	}
-	bound := minCost + tolerance
-	// Pass 2: among the near-ties, fewest chunks, then fewest outstanding.
-	best, ties, bestChunks, bestN := -1, 0, 0, 0
-	var bestTTFT, bestQueue, bestCost float64
-	for i := range cands {
-		cand := &cands[i]
-		ttft, queue, cost, n := c.estimate(req, cand, c.model.rate(cand.ID), c.model.slot(cand.ID))
-		if !(cost <= bound) {
-			continue
-		}
-		chunks := max(1, (req.UncachedTokens(cand.Matched)+chunk-1)/chunk)
-		switch {
-		case best < 0 || chunks < bestChunks ||
-			(chunks == bestChunks && (n < bestN || (n == bestN && cost < bestCost))):
-			best, ties = i, 1
-			bestChunks, bestN, bestCost, bestTTFT, bestQueue = chunks, n, cost, ttft, queue
-		case chunks == bestChunks && n == bestN && cost == bestCost:
-			ties++
-			if rng.IntN(ties) == 0 {
-				best, bestTTFT, bestQueue = i, ttft, queue
+	var placed placements
+	best, bound, bestMatch := c.choose(req, cands, &placed, 0, nil, rng, explain)
+	if unseen > 0 && best >= 0 {
+		// Only the candidate a placement lands on changes its estimate:
+		// the others' are kept in cache between placements.
+		var cache estimates
+		class := c.chunks(req, &cands[best])
+		for k := rng.IntN(unseen + 1); k > 0; k-- {
+			placed.add(best, req.UncachedTokens(cands[best].Matched))
+			cache.drop(best)
+			if next, _, _ := c.choose(req, cands, &placed, class, &cache, rng, nil); next >= 0 {
+				best = next
 			}
 		}
 	}
-	c.model.mu.RUnlock()
 	if best < 0 { // every cost NaN: cannot happen with validated rates
 		best = 0
 	}
+	cand := &cands[best]
+	bestTTFT, bestQueue, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placed.of(best))
+	m.mu.RUnlock()
 
 	d := Decision{Index: best, Selection: SelectionCostLocality, EstimatedTTFT: bestTTFT, EstimatedQueue: bestQueue}
 	switch {
 	case bestMatch == 0:
 		d.Selection = SelectionCostCold
-	case min(cands[best].Matched, req.TotalBlocks) < bestMatch:
+	case min(cand.Matched, req.TotalBlocks) < bestMatch:
 		d.Selection = SelectionCostSpread
 	}
 	if explain != nil {
 		explain.Bound = bound
+		explain.UnseenPeerRequests = unseen
 		explain.finish(cands, d)
 	}
 	return d
+}
+
+// chunks is the number of prefill chunks req leaves to compute on cand
+// (at least 1): the locality class near-ties are ranked by first.
+func (c *Cost) chunks(req *Request, cand *Candidate) int {
+	chunk := c.model.cfg.ChunkTokens
+	return max(1, (req.UncachedTokens(cand.Matched)+chunk-1)/chunk)
+}
+
+// cachedEstimates is how many candidates' estimates an estimates holds;
+// those beyond are estimated afresh each time.
+const cachedEstimates = 128
+
+// estimates caches choose's per-candidate figures across the placements
+// of one Pick (a fixed array: no allocation).
+type estimates struct {
+	valid [cachedEstimates]bool
+	cost  [cachedEstimates]float64
+	step  [cachedEstimates]float64
+	n     [cachedEstimates]int
+}
+
+// drop forgets candidate i's figures (a request was placed on it).
+func (e *estimates) drop(i int) {
+	if i < cachedEstimates {
+		e.valid[i] = false
+	}
+}
+
+// score returns candidate i's cost, decode step and outstanding count
+// with the requests in placed, from cache when it holds them.
+func (c *Cost) score(req *Request, cands []Candidate, i int, placed *placements, cache *estimates) (cost, step float64, n int) {
+	if cache != nil && i < cachedEstimates && cache.valid[i] {
+		return cache.cost[i], cache.step[i], cache.n[i]
+	}
+	m := c.model
+	cand := &cands[i]
+	r := m.rate(cand.ID)
+	_, _, cost, n = c.estimate(req, cand, r, m.slot(cand.ID), placed.of(i))
+	if cache != nil && i < cachedEstimates {
+		cache.valid[i], cache.cost[i], cache.step[i], cache.n[i] = true, cost, r.decodeStep, n
+	}
+	return cost, r.decodeStep, n
+}
+
+// choose is one decision of Pick over cands with the requests in placed
+// added, among the candidates leaving class prefill chunks to compute (all
+// when class is 0): it returns the chosen position (−1 if every cost is
+// NaN), the near-tie bound and the longest match any candidate holds. The
+// caller holds the model's read lock. cache, when non-nil, keeps the
+// estimates between calls. explain, when non-nil, receives the scores.
+func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, class int, cache *estimates, rng *Rand, explain *Explanation) (best int, bound float64, bestMatch int) {
+	// Pass 1: the smallest cost and the near-tie bound above it.
+	minCost, tolerance := math.Inf(1), 0.0
+	for i := range cands {
+		cand := &cands[i]
+		bestMatch = max(bestMatch, min(cand.Matched, req.TotalBlocks))
+		if class > 0 && c.chunks(req, cand) != class {
+			continue
+		}
+		cost, step, _ := c.score(req, cands, i, placed, cache)
+		if explain != nil {
+			explain.Replicas[i].Score = cost
+		}
+		if cost < minCost {
+			minCost, tolerance = cost, step
+		}
+	}
+	bound = minCost + tolerance
+	// Pass 2: among the near-ties, fewest chunks, then fewest outstanding.
+	best, ties, bestChunks, bestN := -1, 0, 0, 0
+	bestCost := 0.0
+	for i := range cands {
+		cand := &cands[i]
+		chunks := c.chunks(req, cand)
+		if class > 0 && chunks != class {
+			continue
+		}
+		cost, _, n := c.score(req, cands, i, placed, cache)
+		if !(cost <= bound) {
+			continue
+		}
+		switch {
+		case best < 0 || chunks < bestChunks ||
+			(chunks == bestChunks && (n < bestN || (n == bestN && cost < bestCost))):
+			best, ties = i, 1
+			bestChunks, bestN, bestCost = chunks, n, cost
+		case chunks == bestChunks && n == bestN && cost == bestCost:
+			ties++
+			if rng.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best, bound, bestMatch
 }

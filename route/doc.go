@@ -10,7 +10,10 @@
 // strategy makes the same decision; golden traces in testdata/ rely on it.
 // The cost strategy's decision also depends on its Model, which learns
 // from Observe and, in Pick, the running-set sizes the scraped load shows
-// (maxima only, so repeating a Pick repeats its decision).
+// (maxima only), and on its own recent decisions: with peers' load in the
+// view, they estimate the requests peers sent that no load report shows
+// yet (see Cost.Pick; an explained Pick is not counted, so explaining a
+// decision repeats it).
 //
 // Inputs are numbers, not index state: the caller matches the prompt's
 // block keys against the index and fills one Candidate per healthy replica
@@ -46,7 +49,10 @@
 //     prefill, decode interference and slot wait, plus the delay a
 //     recompute imposes on a full replica's queue, with per-replica rates
 //     and running-set sizes learned online; near-ties go to locality, then
-//     to the less loaded (Cost, Model).
+//     to the less loaded; with several gateways, the requests peers sent
+//     since their last load report are estimated and placed first, and
+//     the pick is a random one of the placements, so gateways sharing a
+//     stale view do not herd (Cost, Model, Config.PeerLoadDelaySeconds).
 //
 // Set holds one of each, built from a Config (DefaultConfig + Validate).
 //

@@ -66,6 +66,11 @@ type Explanation struct {
 	Bound float64 `json:"bound,omitempty"`
 	// ScoreUnit says what ExplainedReplica.Score measures.
 	ScoreUnit string `json:"score_unit,omitempty"`
+	// UnseenPeerRequests is cost's estimate of the requests peers sent
+	// that no in-flight count includes yet; the pick is one of that many
+	// plus one placed on the scores' view (see Cost.Pick). 0 with one
+	// gateway.
+	UnseenPeerRequests int `json:"unseen_peer_requests,omitempty"`
 	// Replicas holds one entry per candidate, in candidate order.
 	Replicas []ExplainedReplica `json:"replicas"`
 }
@@ -102,6 +107,7 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 	e.LoadImbalanced = false
 	e.Bound = 0
 	e.ScoreUnit = ""
+	e.UnseenPeerRequests = 0
 	if cap(e.Replicas) < len(cands) {
 		e.Replicas = make([]ExplainedReplica, len(cands))
 	}

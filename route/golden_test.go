@@ -25,8 +25,9 @@ var update = flag.Bool("update", false, "rewrite the expected outputs in testdat
 //	strategy NAME [key=value ...]   fresh strategy (and cost model); keys:
 //	                                prefix-cache abs k local; consistent-hash vnodes c floor;
 //	                                cost prefill decode out overhead chunk maxrun kvsat alpha minsample
+//	                                peerdelay (seconds, Config.PeerLoadDelaySeconds)
 //	seed N                          reseed the random generator
-//	request key=value ...           blocks block_tokens prompt max_tokens session
+//	request key=value ...           blocks block_tokens prompt max_tokens session now (ms)
 //	replica NAME key=value ...      add or update: match inflight local running waiting kv queued
 //	remove NAME                     drop a replica
 //	observe NAME key=value ...      feed the cost model: uncached ttft queue tpot out [repeat]
@@ -189,6 +190,11 @@ func (sc *scenario) exec(path string, line int, cmd string) []string {
 		sc.num(path, line, kv, "block_tokens", &sc.req.BlockTokens)
 		sc.num(path, line, kv, "prompt", &sc.req.PromptTokens)
 		sc.num(path, line, kv, "max_tokens", &sc.req.MaxTokens)
+		if _, ok := kv["now"]; ok {
+			var ms int
+			sc.num(path, line, kv, "now", &ms)
+			sc.req.Now = int64(ms) * 1e6
+		}
 		var s int
 		if _, ok := kv["session"]; ok {
 			sc.num(path, line, kv, "session", &s)
@@ -303,12 +309,13 @@ func (sc *scenario) newStrategy(path string, line int, name string, kv map[strin
 		sc.flt(path, line, kv, "kvsat", &c.KVSaturation)
 		sc.flt(path, line, kv, "alpha", &c.Alpha)
 		sc.num(path, line, kv, "minsample", &c.MinSampleTokens)
-		m, err := NewModel(*c)
+		sc.flt(path, line, kv, "peerdelay", &cfg.PeerLoadDelaySeconds)
+		set, err := NewSet(cfg)
 		if err != nil {
 			sc.fatalf(path, line, "%v", err)
 		}
-		sc.model = m
-		sc.strategy = NewCost(m)
+		sc.model = set.Model()
+		sc.strategy = set.Cost
 	default:
 		sc.fatalf(path, line, "unknown strategy %q", name)
 	}
@@ -365,7 +372,11 @@ func (sc *scenario) pick(path string, line int, kv map[string]string, flags map[
 }
 
 func explainLines(ex *Explanation) []string {
-	out := []string{fmt.Sprintf("  %s bound=%.3f unit=%s", ex.Strategy, ex.Bound, ex.ScoreUnit)}
+	head := fmt.Sprintf("  %s bound=%.3f unit=%s", ex.Strategy, ex.Bound, ex.ScoreUnit)
+	if ex.UnseenPeerRequests > 0 {
+		head += fmt.Sprintf(" unseen=%d", ex.UnseenPeerRequests)
+	}
+	out := []string{head}
 	for _, r := range ex.Replicas {
 		mark := " "
 		if r.Picked {

@@ -146,6 +146,37 @@ type Model struct {
 	// the assumption for a replica not yet seen full (replicas of one
 	// pool usually run one engine configuration).
 	poolFull atomic.Int32
+	// recent counts the cost strategy's own decisions, decayed with time
+	// constant Config.PeerLoadDelaySeconds (see Cost.Pick).
+	recent decayed
+}
+
+// decayed is a count of events that decays exponentially with time
+// constant tau: an event t seconds ago counts e^(−t/tau). Its expected
+// value under a steady rate λ is λ·tau, the number of events in the last
+// tau seconds. Safe for concurrent use.
+type decayed struct {
+	mu  sync.Mutex
+	at  int64 // time of the last update, ns
+	val float64
+}
+
+// value returns the count at now (ns) and, when add, counts one more
+// event at now. A now before the last update counts as the same time.
+func (d *decayed) value(now int64, tau float64, add bool) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if now > d.at {
+		if d.val > 0 {
+			d.val *= math.Exp(-float64(now-d.at) / 1e9 / tau)
+		}
+		d.at = now
+	}
+	v := d.val
+	if add {
+		d.val++
+	}
+	return v
 }
 
 // slotView is what Pick has learned of a replica's running set from the

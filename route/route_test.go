@@ -3,6 +3,7 @@ package route
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -45,6 +46,8 @@ func TestConfigValidate(t *testing.T) {
 		func(c *Config) { c.Cost.KVSaturation = 0 },
 		func(c *Config) { c.Cost.Alpha = 1.5 },
 		func(c *Config) { c.Cost.MinSampleTokens = 0 },
+		func(c *Config) { c.PeerLoadDelaySeconds = math.NaN() },
+		func(c *Config) { c.PeerLoadDelaySeconds = math.Inf(1) },
 	}
 	for i, mutate := range bad {
 		c := DefaultConfig()

@@ -1,0 +1,162 @@
+package route
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/index"
+)
+
+// TestCostOneGatewayUnchanged: without peers' load (InFlight equals
+// LocalInFlight) the unseen-peer estimate is 0, so the default cost
+// strategy decides exactly as one that takes the peers' view as fresh,
+// drawing the same random numbers, whatever it decided before.
+func TestCostOneGatewayUnchanged(t *testing.T) {
+	fresh := DefaultConfig()
+	fresh.PeerLoadDelaySeconds = -1
+	a, err := NewSet(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewSet(fresh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := NewRand(7)
+	ra, rb := NewRand(11), NewRand(11)
+	cands := make([]Candidate, 6)
+	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
+	for i := range cands {
+		cands[i] = Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i)}
+	}
+	for k := 0; k < 3000; k++ {
+		req.Now += int64(gen.IntN(50)) * 1e6
+		for i := range cands {
+			c := &cands[i]
+			c.Matched = []int{0, 0, 20, 40}[gen.IntN(4)]
+			c.LocalInFlight = gen.IntN(12)
+			c.InFlight = c.LocalInFlight
+			c.Running, c.Waiting, c.KVUsage = min(c.InFlight, 8), max(c.InFlight-8, 0), 0.5
+			c.QueuedPrefillTokens = gen.IntN(3) * 2000
+		}
+		da := a.Cost.Pick(&req, cands, &ra, nil)
+		db := b.Cost.Pick(&req, cands, &rb, nil)
+		if da != db {
+			t.Fatalf("decision %d: %+v with the default, %+v with a fresh view", k, da, db)
+		}
+	}
+	if ra.Uint64() != rb.Uint64() {
+		t.Fatal("the two strategies drew different random numbers")
+	}
+}
+
+// herdRun simulates gateways routing cold requests to idle replicas from
+// a peer load view that is refreshed every reportMs milliseconds: one
+// arrival every 5 ms, round robin over the gateways, each in flight for
+// 2 s. It returns the most requests one replica received within one
+// report interval (a herd), and the most any replica received in all.
+func herdRun(t *testing.T, cfg Config, gateways, replicas int, reportMs int64) (burst, most int) {
+	t.Helper()
+	type sent struct {
+		gw, rep int
+		at      int64
+	}
+	sets := make([]*Set, gateways)
+	rngs := make([]Rand, gateways)
+	for g := range sets {
+		s, err := NewSet(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sets[g], rngs[g] = s, NewRand(uint64(100+g))
+	}
+	const life = 2000 // ms in flight
+	var log []sent
+	reported := make([][]int, gateways) // each gateway's counts at the last report
+	for g := range reported {
+		reported[g] = make([]int, replicas)
+	}
+	cands := make([]Candidate, replicas)
+	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
+	total := make([]int, replicas)
+	for ms := int64(0); ms < 6000; ms += 5 {
+		if ms%reportMs == 0 {
+			for g := range reported {
+				clear(reported[g])
+			}
+			for _, s := range log {
+				if ms-s.at < life {
+					reported[s.gw][s.rep]++
+				}
+			}
+		}
+		g := int(ms/5) % gateways
+		for i := range cands {
+			cands[i] = Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i),
+				Running: Unknown, Waiting: Unknown, KVUsage: Unknown}
+		}
+		for _, s := range log {
+			if ms-s.at >= life {
+				continue
+			}
+			c := &cands[s.rep]
+			if s.gw == g {
+				c.LocalInFlight++
+				c.InFlight++
+				if ms-s.at < 500 { // its prefill is still queued
+					c.QueuedPrefillTokens += req.PromptTokens
+				}
+			}
+		}
+		for p := range reported {
+			if p != g {
+				for i, n := range reported[p] {
+					cands[i].InFlight += n
+				}
+			}
+		}
+		req.Now = ms * 1e6
+		d := sets[g].Cost.Pick(&req, cands, &rngs[g], nil)
+		log = append(log, sent{gw: g, rep: d.Index, at: ms})
+		total[d.Index]++
+	}
+	// The largest number of sends to one replica within reportMs.
+	for i, s := range log {
+		n := 0
+		for _, o := range log[i:] {
+			if o.at-s.at >= reportMs {
+				break
+			}
+			if o.rep == s.rep {
+				n++
+			}
+		}
+		burst = max(burst, n)
+	}
+	for _, n := range total {
+		most = max(most, n)
+	}
+	return burst, most
+}
+
+// TestCostStalePeersSpread: eight gateways deciding from a peer view
+// refreshed every 100 ms herd onto the replica that view ranks cheapest
+// when they take it as fresh; estimating the unseen peer requests (the
+// default) spreads them.
+func TestCostStalePeersSpread(t *testing.T) {
+	fresh := DefaultConfig()
+	fresh.PeerLoadDelaySeconds = -1
+	herdFresh, mostFresh := herdRun(t, fresh, 8, 32, 100)
+	herd, most := herdRun(t, DefaultConfig(), 8, 32, 100)
+	t.Logf("largest burst to one replica within 100 ms: %d taking the view as fresh, %d estimating unseen requests; busiest replica %d / %d of 1200",
+		herdFresh, herd, mostFresh, most)
+	if herd >= herdFresh {
+		t.Errorf("burst %d with the estimate, %d without: no spread", herd, herdFresh)
+	}
+	// One gateway sees everything: the estimate must not change a thing.
+	b1, m1 := herdRun(t, fresh, 1, 32, 100)
+	b2, m2 := herdRun(t, DefaultConfig(), 1, 32, 100)
+	if b1 != b2 || m1 != m2 {
+		t.Errorf("one gateway: burst %d/%d, busiest %d/%d differ", b1, b2, m1, m2)
+	}
+}

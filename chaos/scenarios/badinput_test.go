@@ -543,8 +543,8 @@ func peerPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 	gotPre := awaitCounter(t, c, metric, reason(config.RejectBadPreface), pre+float64(wantPre)) - pre
 	gotUnauth := awaitCounter(t, c, metric, reason(config.RejectUnauthenticated), unauth+float64(wantUnauth)) - unauth
 	gotBad := awaitCounter(t, c, metric, reason(config.RejectMalformed), bad+float64(wantBad)) - bad
-	return fmt.Sprintf("%d junk connections, %d bad tokens, %d malformed requests -> counted bad_preface %.0f unauthenticated %.0f malformed %.0f",
-		3*wantPre/2, wantUnauth, wantBad, gotPre, gotUnauth, gotBad)
+	return fmt.Sprintf("%d junk connections (%d with no valid HTTP/2 preface), %d bad tokens, %d malformed requests -> counted bad_preface %.0f unauthenticated %.0f malformed %.0f",
+		3*wantPre/2, wantPre, wantUnauth, wantBad, gotPre, gotUnauth, gotBad)
 }
 
 // versions lists every gateway's applied config version and its store's.
@@ -630,7 +630,7 @@ func adminGRPCBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 	}
 	got := awaitCounter(t, c, metric, grpcAPI, before+float64(want)) - before
 	require.Equal(t, v0, versions(c), "no refused write changed a config version")
-	return fmt.Sprintf("%d inputs (junk connections, bad tokens, malformed protobuf, invalid configs) -> %.0f counted; config version unchanged", want, got)
+	return fmt.Sprintf("%d inputs (junk connections, bad tokens, malformed protobuf, invalid configs) -> %.0f counted (a refused write a follower forwards counts on the leader too); config version unchanged", want, got)
 }
 
 // adminHTTPBarrage: the admin HTTP API on every gateway's HTTP port.

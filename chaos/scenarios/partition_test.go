@@ -80,19 +80,35 @@ func TestPartition(t *testing.T) {
 	var worst time.Duration
 	var notes []string
 	var last cluster.Summary
+	var failed error
 	for i, r := range rounds {
 		out := partitionOnce(t, c, i, r)
 		total.Add(out.load)
 		worst = max(worst, out.converge)
 		last = out.after
 		notes = append(notes, out.note)
+		if out.err != nil {
+			failed = out.err
+			ps, _ := c.Compare()
+			last = cluster.Summarize(ps)
+			for _, p := range ps {
+				t.Logf("after the heal %s/%s: %s", p.Gateway, p.Engine, p.Comparison)
+			}
+			t.Logf("config versions %s; NATS connected %d", c.ConfigVersions(), natsConnected(c))
+			break
+		}
 	}
-	row(t, cluster.Row{
+	res := cluster.Row{
 		Scenario: "6 partition", Load: total, Precision: last.MinPrecision, Recall: last.MinRecall,
 		Converge: worst, ConfigVersions: c.ConfigVersions(),
 		Note: fmt.Sprintf("%d cuts; converge = heal to full membership, NATS, 3 raft voters, one config version and exact views; %s",
-			len(rounds), strings.Join(notes, "; ")),
-	})
+			len(notes), strings.Join(notes, "; ")),
+	}
+	if failed != nil {
+		res.Note = "NOT CONVERGED after a heal; " + res.Note
+	}
+	row(t, res)
+	require.NoError(t, failed, "the cluster did not converge after a heal")
 }
 
 type partitionOutcome struct {
@@ -100,6 +116,7 @@ type partitionOutcome struct {
 	converge time.Duration
 	after    cluster.Summary
 	note     string
+	err      error // the heal did not converge
 }
 
 func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound) partitionOutcome {
@@ -255,42 +272,70 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 		awaitOwnersExact(t, c)
 	}
 
-	// Heal, then measure convergence.
+	// Heal, then measure convergence. A step that misses its deadline
+	// ends the round: the row is recorded as NOT CONVERGED, then the test
+	// fails.
 	require.NoError(t, c.Heal())
 	healAt := time.Now()
 	var steps []string
-	step := func(what string, d time.Duration, cond func() bool, msg string) {
-		t.Helper()
-		require.Eventually(t, cond, d, 5*time.Millisecond, "after the heal: %s", msg)
+	out := partitionOutcome{load: res}
+	step := func(what string, d time.Duration, cond func() bool) bool {
+		if err := pollUntil(d, cond); err != nil {
+			out.err = fmt.Errorf("round %d (%s): %s %w", round, r, what, err)
+			return false
+		}
 		steps = append(steps, fmt.Sprintf("%s %v", what, time.Since(healAt).Round(time.Millisecond)))
+		return true
 	}
-	step("members", 20*time.Second, func() bool {
+	healed := step("members", 20*time.Second, func() bool {
 		for _, o := range gws {
 			if len(memberNames(o)) != len(gws) {
 				return false
 			}
 		}
 		return true
-	}, "every gateway sees every member")
-	step("nats", 20*time.Second, func() bool { return natsConnected(c) == len(gws) }, "every gateway reconnects to NATS")
-	step("raft", 20*time.Second, func() bool { return votersSeen(c) == len(gws) }, "the leader counts three voters again")
-	step("config", 20*time.Second, func() bool {
-		return c.ConfigConverged() && appliedValue(g, g.Node.ConfigVersion()) == majorityValue
-	}, "every gateway applies the majority's config")
-	after, _, err := trySettle(t, c, 20*time.Second)
-	require.NoError(t, err, "after the heal: every view exact")
-	converge := time.Since(healAt)
-	steps = append(steps, fmt.Sprintf("exact %v", converge.Round(time.Millisecond)))
+	}) && step("nats", 20*time.Second, func() bool { return natsConnected(c) == len(gws) }) &&
+		step("raft", 20*time.Second, func() bool { return votersSeen(c) == len(gws) }) &&
+		step("config", 20*time.Second, func() bool {
+			return c.ConfigConverged() && appliedValue(g, g.Node.ConfigVersion()) == majorityValue
+		})
+	if healed {
+		var err error
+		if out.after, _, err = trySettle(t, c, 20*time.Second); err != nil {
+			out.err = fmt.Errorf("round %d (%s): exact views: %w", round, r, err)
+		}
+	}
+	out.converge = time.Since(healAt)
+	if out.err != nil {
+		out.note = fmt.Sprintf("[%s: %s: %v after %v (%s)]", r, g.Name, out.err, out.converge.Round(time.Millisecond), strings.Join(steps, ", "))
+		return out
+	}
+	steps = append(steps, fmt.Sprintf("exact %v", out.converge.Round(time.Millisecond)))
 	for _, o := range gws {
 		require.Equal(t, majorityValue, appliedValue(o, o.Node.ConfigVersion()),
 			"the refused writes (%d, %d) never applied on %s", inflightValue, refusedValue, o.Name)
 	}
 	truncations := c.GatewayCounter("kvmesh_config_raft_log_tail_truncations_total", nil)
-	note := fmt.Sprintf("[%s: %s; detected %v; %s; %d requests to it all ok; during: precision %.4f recall %.4f; after heal: %s; raft log tail truncations so far %.0f]",
+	out.note = fmt.Sprintf("[%s: %s; detected %v; %s; %d requests to it all ok; during: precision %.4f recall %.4f; after heal: %s; raft log tail truncations so far %.0f]",
 		r, g.Name, detected.Round(time.Millisecond), strings.Join(refusal, ", "), onCut, during.MinPrecision, during.MinRecall,
 		strings.Join(steps, ", "), truncations)
-	t.Log(note)
-	return partitionOutcome{load: res, converge: converge, after: after, note: note}
+	t.Log(out.note)
+	return out
+}
+
+// pollUntil polls cond every 5 ms until it holds (nil) or d passes
+// (ErrNotConverged-like error naming d).
+func pollUntil(d time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not reached within %v", d)
+		}
+		<-tick.C
+	}
+	return nil
 }
 
 // awaitHealthy waits until every gateway sees every member, is connected

@@ -26,8 +26,8 @@
 // Ground truth (truth package): Compare measures each gateway's confirmed
 // index for each engine against the engine's real cached block set
 // (precision and recall); AwaitTruth polls until every pair satisfies a
-// predicate. Each gateway's config version would be read here too once
-// node exposes the raft config store (it does not yet; see Gateway).
+// predicate. In ClusterMode, ConfigVersions lists each gateway's applied
+// raft config version and ConfigConverged reports whether they agree.
 //
 // Load (load.go) sends bounded streaming requests and classifies every one:
 // ok (a complete stream), failed (an error the client can see: an HTTP

@@ -134,6 +134,11 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 		}
 	}
 	before := g.Node.ConfigVersion()
+	gossiped := func() float64 {
+		return cluster.CounterSum(g.Node.Registry(), "kvmesh_sync_messages_published_total",
+			map[string]string{"kind": "decisions", "transport": "gossip"})
+	}
+	gossipedBefore := gossiped()
 	require.NoError(t, c.Isolate(g, r.links))
 	cutAt := time.Now()
 	t.Logf("round %d: %s (%s)", round, r, g.Name)
@@ -270,6 +275,11 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 		require.NoError(t, err)
 		during = cluster.Summarize(ps)
 		awaitOwnersExact(t, c)
+		// Gossip is intact: the cut gateway's routing decisions travel
+		// over it instead of NATS.
+		n := gossiped() - gossipedBefore
+		require.Positive(t, n, "decision batches gossiped by %s while cut from NATS", g.Name)
+		refusal = append(refusal, fmt.Sprintf("%.0f decision batches gossiped", n))
 	}
 
 	// Heal, then measure convergence. A step that misses its deadline

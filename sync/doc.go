@@ -156,7 +156,12 @@
 // protections: Config.PeerToken, when set, is required on every call as
 // "authorization: Bearer <token>" (compared in constant time; refusals
 // are codes.Unauthenticated, ErrUnauthenticated to the puller, counted in
-// kvmesh_sync_peer_unauthenticated_total) and sent on every pull;
+// kvmesh_sync_peer_unauthenticated_total) and sent on every pull. All
+// input the peer port refuses is counted in
+// kvmesh_sync_peer_rejected_total{reason}: bad_preface (not an HTTP/2
+// connection), handshake (a failed TLS handshake), malformed (a request
+// that does not decode) and unauthenticated (sync/config's
+// GuardedServerOptions and the token check);
 // Config.PeerTLS (sync/config.TLSFiles) serves and dials over TLS, mutual
 // when it names a CA. Every gateway of a cluster uses the same token and
 // TLS setting. NATS and gossip are separate: gossip is encrypted with

@@ -91,6 +91,22 @@
 // (TLSFiles; raft uses mutual TLS). Client is the Go client (used for
 // forwarding and by the admincli commands).
 //
+// # Bad input is counted
+//
+// Every refused admin input is counted in
+// kvmesh_config_admin_rejected_total{api="grpc"|"http",reason}: the client
+// errors the API answers (reason is the stable code: unauthenticated,
+// invalid_config, bad_request, version_conflict, not_found,
+// body_too_large) and what gRPC drops before any handler runs
+// (GuardedServerOptions: bad_preface, handshake, malformed). A refused
+// write a follower forwards is counted on the leader too. The raft port's
+// junk, which raft's NetworkTransport only logs (or, for a connection cut
+// inside a request, ignores), is counted in
+// kvmesh_config_raft_transport_errors_total{kind} (decode, truncated,
+// accept, flush, other) by a counting logger and stream layer around the
+// store's own transport (raftnet.go); a caller's StoreConfig.Transport is
+// not instrumented.
+//
 // # Concurrency and ownership
 //
 // Open starts three kinds of goroutines, all owned by the Store: raft's

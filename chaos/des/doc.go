@@ -54,7 +54,9 @@
 // study that effect), and the cost model learns from the number of content
 // tokens and the first-to-last content interval.
 //
-// Entry points: Factory builds a study.EngineFactory for study.Runner;
-// Sweep runs a study over replica, gateway and rate settings and writes one
-// table per setting.
+// Entry points: Factory builds a study.EngineFactory for study.Runner
+// (it is safe for concurrent use: every World is independent, so
+// study.Runner.Workers may run cells in parallel); DefaultGrid is the
+// grid kvbench --engine des runs by default; Sweep runs a study over
+// replica, gateway and rate settings and writes one table per setting.
 package des

@@ -47,3 +47,47 @@ func StudyConfig(c study.Config, o Options) study.Config {
 	}
 	return c
 }
+
+// Seed load per replica: the seed study ran 1.6 RPS and a client cap of 48
+// in flight on two replicas.
+const (
+	SeedRPSPerReplica         = 0.8
+	SeedInflightCapPerReplica = 24
+)
+
+// DefaultGrid returns c with the axes kvbench --engine des runs unless
+// flags set them: the grid that answers the scale questions (does cost
+// still beat least-request and prefix-cache with many replicas, and what
+// do isolated gateways cost) in a minute at 100,000 arrivals per phase on
+// two cores, instead of the live engine's 64-phase seed grid:
+//
+//   - Scenarios: hot50 (the hot spot that separates the strategies).
+//   - Strategies: least-request, prefix-cache, cost.
+//   - Modes: history. Synced gateways share only their routing decisions
+//     there, so it is the mode where isolation (--no-sync) costs most; it
+//     is also half the simulation work of hybrid, where every gateway
+//     applies every engine's KV events (--modes hybrid runs it).
+//   - Rounds: 1 (virtual time has no host noise to average out; the
+//     counterbalancing of round 2 is still available with --rounds 2).
+//   - Sync: synced and isolated (for gateway counts above 1: the
+//     --no-sync comparison side by side).
+//   - RPS and in-flight cap: the seed's per-replica load
+//     (SeedRPSPerReplica and SeedInflightCapPerReplica times c.Replicas;
+//     1.6 RPS and 48 on the seed's two replicas, 51.2 and 1,536 on 64).
+//
+// Every other field of c (replicas, gateways, arrivals, seed, ...) is
+// kept. The cells (one per sync setting) are independent and kvbench runs
+// them in parallel.
+func DefaultGrid(c study.Config) study.Config {
+	c.Scenarios = []string{study.ScenarioHot50}
+	c.Strategies = []string{"least-request", "prefix-cache", "cost"}
+	c.Modes = []string{DefaultGridMode}
+	c.Rounds = 1
+	c.Sync = []string{study.SyncSynced, study.SyncIsolated}
+	c.RPS = SeedRPSPerReplica * float64(c.Replicas)
+	c.InflightCap = SeedInflightCapPerReplica * c.Replicas
+	return c
+}
+
+// DefaultGridMode is DefaultGrid's index mode.
+const DefaultGridMode = "history"

@@ -22,6 +22,9 @@ type SweepAxes struct {
 	// ScaleInflightCap multiplies the study's in-flight cap by RPS/base
 	// RPS, so that the client cap does not throttle a faster setting.
 	ScaleInflightCap bool
+	// Workers is how many cells of a setting run at once
+	// (study.Runner.Workers); results do not depend on it.
+	Workers int
 }
 
 // Setting is one point of a sweep.
@@ -66,7 +69,7 @@ func Sweep(ctx context.Context, base study.Config, o Options, axes SweepAxes, di
 				}
 				c = StudyConfig(c, o)
 				start := time.Now()
-				rn := &study.Runner{Config: c, Factory: Factory(o)}
+				rn := &study.Runner{Config: c, Factory: Factory(o), Workers: axes.Workers}
 				res, err := rn.Run(ctx)
 				sr := SweepResult{Setting: s, Results: res, Wall: time.Since(start)}
 				if res != nil {

@@ -32,6 +32,24 @@
 //
 //	kvbench --engine des --replicas 64 --gateways 8 --arrivals 100000
 //	kvbench sweep --replicas 8,64 --gateways 1,8 --rps 1.6,12.8
+//
+// Under --engine des the default grid is des.DefaultGrid, not the live
+// engine's 64-phase seed grid: the hot50 scenario with least-request,
+// prefix-cache and cost, history mode, one round, synced and isolated
+// gateways side by side (for gateway counts above 1), at the seed's load
+// per replica (0.8 RPS and an in-flight cap of 24 per replica). The first
+// command above therefore runs 6 phases of 100,000 scheduled arrivals
+// each (--arrivals keeps its meaning: arrivals per phase), at 51.2 RPS
+// with a cap of 1,536, on 64 replicas behind 8 gateways, synced and
+// isolated: 600,000 arrivals. Every axis flag given explicitly (--scenarios,
+// --strategies, --modes, --rounds, --sync/--no-sync, --rps, --inflight-cap)
+// replaces its default; --quick replaces the whole default grid. The cells
+// (mode × gateways × sync) share nothing and run in parallel on GOMAXPROCS
+// workers (--parallel); results are assembled in cell order, so
+// results.json does not depend on the number of workers, and the same
+// --seed gives byte-identical results.json. The run ends with the number
+// of simulated arrivals per second of wall time; --cpuprofile writes a CPU
+// profile.
 package main
 
 import (
@@ -43,6 +61,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -78,6 +98,11 @@ type options struct {
 	timeout  time.Duration
 	engine   string
 	noSync   bool
+	// parallel is how many cells run at once (0: GOMAXPROCS under des,
+	// 1 live).
+	parallel int
+	// cpuProfile, if set, receives a CPU profile of the run.
+	cpuProfile string
 	// des are the discrete-event engine's options (--engine des, sweep).
 	des des.Options
 }
@@ -88,22 +113,22 @@ var desFlags = []string{"sync-delay", "load-delay", "kv-delay"}
 // addStudyFlags registers the study's flags on f; the sweep subcommand
 // leaves out the axes it sweeps (replicas, gateways, rps).
 func addStudyFlags(f *pflag.FlagSet, cfg *study.Config, opt *options, sweep bool) {
-	f.StringSliceVar(&cfg.Scenarios, "scenarios", cfg.Scenarios, "scenarios: cold, warm, hot50, hot90, multiturn")
-	f.StringSliceVar(&cfg.Strategies, "strategies", cfg.Strategies, "strategies in round-1 order (even rounds reverse): random, least-request, prefix-cache, consistent-hash, cost")
-	f.StringSliceVar(&cfg.Modes, "modes", cfg.Modes, "gateway index modes: history, kv-events, hybrid")
+	f.StringSliceVar(&cfg.Scenarios, "scenarios", cfg.Scenarios, "scenarios: cold, warm, hot50, hot90, multiturn (--engine des default: hot50)")
+	f.StringSliceVar(&cfg.Strategies, "strategies", cfg.Strategies, "strategies in round-1 order (even rounds reverse): random, least-request, prefix-cache, consistent-hash, cost (--engine des default: least-request,prefix-cache,cost)")
+	f.StringSliceVar(&cfg.Modes, "modes", cfg.Modes, "gateway index modes: history, kv-events, hybrid (--engine des default: history)")
 	if !sweep {
 		f.IntSliceVar(&cfg.Gateways, "gateways", cfg.Gateways, "gateway counts; arrivals round-robin over gateways; more than one form a cluster sharing the index (see --sync, --no-sync)")
-		f.StringSliceVar(&cfg.Sync, "sync", nil, "for gateway counts > 1: synced (one cluster, shared index and load), isolated (no sharing), or both (default synced)")
+		f.StringSliceVar(&cfg.Sync, "sync", nil, "for gateway counts > 1: synced (one cluster, shared index and load), isolated (no sharing), or both (default synced; --engine des: both)")
 		f.IntVar(&cfg.Replicas, "replicas", cfg.Replicas, "simulated engine replicas")
-		f.Float64Var(&cfg.RPS, "rps", cfg.RPS, "fixed arrival rate per phase (model time)")
+		f.Float64Var(&cfg.RPS, "rps", cfg.RPS, "fixed arrival rate per phase (model time; --engine des default: 0.8 × --replicas, the seed's load per replica)")
 	}
 	f.BoolVar(&opt.noSync, "no-sync", false, "isolated gateways: several gateways share no index and no load (same as --sync isolated)")
-	f.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds; even rounds run the strategies in reverse order")
+	f.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "rounds; even rounds run the strategies in reverse order (--engine des default: 1)")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed for salts and arrival sequences (round r uses seed+r-1); also seeds the DES engine")
 	f.Float64Var(&cfg.Speed, "speed", cfg.Speed, "simulator time compression (live engine); reported times are model time")
 	f.StringVar(&cfg.Profile, "profile", cfg.Profile, "simulator profile: l20-qwen27b-fp8 or fast")
 	f.IntVar(&cfg.Arrivals, "arrivals", cfg.Arrivals, "scheduled arrivals per phase")
-	f.IntVar(&cfg.InflightCap, "inflight-cap", cfg.InflightCap, "client in-flight cap; arrivals beyond it are unsent and fail")
+	f.IntVar(&cfg.InflightCap, "inflight-cap", cfg.InflightCap, "client in-flight cap; arrivals beyond it are unsent and fail (--engine des default: 24 × --replicas)")
 	f.IntVar(&cfg.MaxTokens, "max-tokens", cfg.MaxTokens, "completion tokens per measured request")
 	f.IntVar(&cfg.Turns, "turns", cfg.Turns, "turns per multiturn session")
 	f.BoolVar(&opt.quick, "quick", false, "reduced grid (warm and hot50; least-request, prefix-cache, cost; history; 1 round; 48 arrivals; speed 10): about a minute")
@@ -111,6 +136,8 @@ func addStudyFlags(f *pflag.FlagSet, cfg *study.Config, opt *options, sweep bool
 	f.StringVar(&opt.logLevel, "log-level", "warn", "log level of simulators and gateways (debug, info, warn, error)")
 	f.IntVar(&cfg.EngineBlockSize, "engine-block-size", cfg.EngineBlockSize, "simulated engines' KV block size in tokens (1568 = the seed's hybrid-model granularity; history mode only)")
 	f.DurationVar(&opt.timeout, "timeout", 0, "stop the study after this wall time (0: no limit)")
+	f.IntVar(&opt.parallel, "parallel", 0, "cells (mode × gateways × sync) run at once, each on its own engine; results do not depend on it (0: GOMAXPROCS with --engine des; the live engine runs one cell at a time)")
+	f.StringVar(&opt.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	f.DurationVar(&opt.des.SyncDelay, "sync-delay", opt.des.SyncDelay, "DES: how long a routing decision takes to reach the peer gateways' indexes")
 	f.DurationVar(&opt.des.LoadDelay, "load-delay", opt.des.LoadDelay, "DES: how stale a gateway's view of its peers' in-flight counts is")
 	f.DurationVar(&opt.des.KVDelay, "kv-delay", opt.des.KVDelay, "DES: how long an engine's KV events take to reach the gateways")
@@ -133,11 +160,16 @@ Initialisation goes through gateway 0; synced peers are waited for until
 their indexes agree before the first arrival.
 
 All reported times are model time (wall time × --speed). --engine des runs
-the study on the discrete-event engine in virtual time instead.`,
+the study on the discrete-event engine in virtual time instead, with its own
+default grid sized for scale (hot50; least-request, prefix-cache, cost;
+history; 1 round; synced and isolated gateways; 0.8 RPS and 24 in flight per
+replica): any axis flag given explicitly replaces its default, --quick the
+whole grid. Its cells run in parallel (--parallel); results do not depend on
+it.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, o, err := resolve(cmd, cfg, opt)
+			c, o, err := resolve(cmd, cfg, opt, true)
 			if err != nil {
 				return err
 			}
@@ -152,11 +184,35 @@ the study on the discrete-event engine in virtual time instead.`,
 	return root
 }
 
-// resolve applies --quick under the explicitly set flags, the gateway
-// sync settings and, for the DES engine, its options and adaptations.
-func resolve(cmd *cobra.Command, flagged study.Config, opt options) (study.Config, des.Options, error) {
+// resolve applies --quick (or, with grid, the DES engine's default grid)
+// under the explicitly set flags, the gateway sync settings and, for the
+// DES engine, its options and adaptations.
+func resolve(cmd *cobra.Command, flagged study.Config, opt options, grid bool) (study.Config, des.Options, error) {
 	c := flagged
 	f := cmd.Flags()
+	if grid && !opt.quick && opt.engine == engineDES {
+		c = des.DefaultGrid(flagged)
+		set := func(name string, apply func()) {
+			if f.Changed(name) {
+				apply()
+			}
+		}
+		set("scenarios", func() { c.Scenarios = flagged.Scenarios })
+		set("strategies", func() { c.Strategies = flagged.Strategies })
+		set("modes", func() { c.Modes = flagged.Modes })
+		set("rounds", func() { c.Rounds = flagged.Rounds })
+		set("sync", func() { c.Sync = flagged.Sync })
+		set("rps", func() { c.RPS = flagged.RPS })
+		set("inflight-cap", func() { c.InflightCap = flagged.InflightCap })
+	}
+	if opt.parallel < 0 {
+		return c, opt.des, fmt.Errorf("%w: --parallel %d < 0", study.ErrInvalidConfig, opt.parallel)
+	}
+	if opt.parallel > 1 && opt.engine != engineDES {
+		// Live cells would share the host's cores and inflate each
+		// other's model time.
+		return c, opt.des, fmt.Errorf("%w: --parallel > 1 needs --engine des", study.ErrInvalidConfig)
+	}
 	if opt.quick {
 		c = study.QuickConfig()
 		set := func(name string, apply func()) {
@@ -224,6 +280,39 @@ func desFactory(o des.Options) study.EngineFactory {
 	}
 }
 
+// workers is the number of cells to run at once: --parallel, or by
+// default GOMAXPROCS for the DES engine (its cells share nothing and each
+// is single-threaded) and 1 for the live engine.
+func workers(opt options) int {
+	switch {
+	case opt.parallel > 0:
+		return opt.parallel
+	case opt.engine == engineDES:
+		return runtime.GOMAXPROCS(0)
+	}
+	return 1
+}
+
+// startProfile starts a CPU profile into path ("" : none); the returned
+// function stops it and closes the file.
+func startProfile(path string) (func() error, error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("kvbench: --cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("kvbench: --cpuprofile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
+}
+
 func logger(level string, w io.Writer) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
@@ -261,12 +350,25 @@ func runStudy(ctx context.Context, cfg study.Config, opt options, stdout, stderr
 		names[i] = c.Name()
 	}
 	phases := len(cfg.Scenarios) * len(cfg.Strategies) * cfg.Rounds * len(cells)
-	fmt.Fprintf(stderr, "kvbench: %d phases (%s × %s × cells %s × %d rounds), %d replicas, profile %s, %s, out %s\n",
+	nw := min(workers(opt), len(cells))
+	fmt.Fprintf(stderr, "kvbench: %d phases (%s × %s × cells %s × %d rounds), %d replicas, %d arrivals per phase at %g RPS, profile %s, %s, %d cell(s) at once, out %s\n",
 		phases, strings.Join(cfg.Scenarios, ","), strings.Join(cfg.Strategies, ","), strings.Join(names, ","),
-		cfg.Rounds, cfg.Replicas, cfg.Profile, engine, opt.out)
+		cfg.Rounds, cfg.Replicas, cfg.Arrivals, cfg.RPS, cfg.Profile, engine, nw, opt.out)
+	prog := study.NewProgress(stderr)
+	if nw > 1 {
+		prog = study.NewLineProgress(stderr) // phases of different cells overlap
+	}
+	stopProfile, err := startProfile(opt.cpuProfile)
+	if err != nil {
+		return reportErr(stderr, err)
+	}
 	start := time.Now()
-	rn := &study.Runner{Config: cfg, Factory: factory, Progress: study.NewProgress(stderr), Logger: log}
+	rn := &study.Runner{Config: cfg, Factory: factory, Progress: prog, Logger: log, Workers: nw}
 	res, runErr := rn.Run(ctx)
+	wall := time.Since(start)
+	if err := stopProfile(); err != nil {
+		runErr = errors.Join(runErr, err)
+	}
 	if res == nil {
 		return reportErr(stderr, runErr)
 	}
@@ -275,7 +377,13 @@ func runStudy(ctx context.Context, cfg study.Config, opt options, stdout, stderr
 	}
 	fmt.Fprintln(stdout)
 	study.WriteTables(stdout, res)
-	fmt.Fprintf(stderr, "kvbench: %d runs in %s; wrote %s\n", len(res.Runs), time.Since(start).Round(time.Second),
+	arrivals := 0
+	for _, r := range res.Runs {
+		arrivals += r.Arrivals
+	}
+	fmt.Fprintf(stderr, "kvbench: %d runs, %d scheduled arrivals in %s: %.0f arrivals/s (wall time, initialisation included)\n",
+		len(res.Runs), arrivals, wall.Round(time.Millisecond), float64(arrivals)/wall.Seconds())
+	fmt.Fprintf(stderr, "kvbench: wrote %s\n",
 		strings.Join([]string{
 			filepath.Join(opt.out, study.FileResults), study.FileRequests, study.FilePhases, study.FileReport, study.FileHTML,
 		}, ", "))
@@ -304,10 +412,11 @@ writes each setting's outputs to --out/<setting>/ and one table per setting to
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, o, err := resolve(cmd, cfg, opt)
+			c, o, err := resolve(cmd, cfg, opt, false)
 			if err != nil {
 				return err
 			}
+			axes.Workers = workers(opt)
 			if len(axes.Replicas) == 0 || len(axes.Gateways) == 0 || len(axes.RPS) == 0 {
 				return fmt.Errorf("%w: sweep needs --replicas, --gateways and --rps", study.ErrInvalidConfig)
 			}

@@ -103,6 +103,52 @@ func TestFlagValidation(t *testing.T) {
 	require.ErrorIs(t, err, study.ErrInvalidConfig)
 	_, _, err = run(t, "sweep", "--replicas", "2")
 	require.ErrorIs(t, err, study.ErrInvalidConfig, "a sweep needs every axis")
+	_, _, err = run(t, "--parallel", "2")
+	require.ErrorIs(t, err, study.ErrInvalidConfig, "live cells share the host: one at a time")
+	_, _, err = run(t, "--engine", "des", "--parallel", "-1")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+}
+
+// TestKvbenchDESDefaultGrid runs --engine des with only the scale flags
+// (small): the DES default grid (hot50; least-request, prefix-cache,
+// cost; history; one round; synced and isolated; the seed's load per
+// replica), explicit flags overriding it, and the same bytes on one and
+// on two workers.
+func TestKvbenchDESDefaultGrid(t *testing.T) {
+	var raws [][]byte
+	for _, parallel := range []string{"1", "2"} {
+		dir := t.TempDir()
+		_, stderr, err := run(t, "--engine", "des", "--replicas", "4", "--gateways", "2", "--arrivals", "40",
+			"--parallel", parallel, "--out", dir)
+		require.NoError(t, err, stderr)
+		assert.Contains(t, stderr, "cells history/g2,history/g2-isolated")
+		assert.Contains(t, stderr, "arrivals/s")
+		assert.Contains(t, stderr, "40 arrivals per phase at 3.2 RPS")
+		res, raw := readResults(t, dir)
+		raws = append(raws, raw)
+		assert.Equal(t, []string{study.ScenarioHot50}, res.Config.Scenarios)
+		assert.Equal(t, []string{"least-request", "prefix-cache", "cost"}, res.Config.Strategies)
+		assert.Equal(t, []string{"history"}, res.Config.Modes)
+		assert.Equal(t, 1, res.Config.Rounds)
+		assert.InDelta(t, 3.2, res.Config.RPS, 1e-9, "0.8 RPS per replica")
+		assert.Equal(t, 96, res.Config.InflightCap, "24 per replica")
+		require.Len(t, res.Runs, 2*3)
+	}
+	assert.Equal(t, string(raws[0]), string(raws[1]), "--parallel must not change results.json")
+
+	dir := t.TempDir()
+	_, stderr, err := run(t, "--engine", "des", "--replicas", "4", "--gateways", "2", "--arrivals", "24",
+		"--modes", "hybrid", "--strategies", "cost", "--rps", "1.6", "--no-sync", "--cpuprofile", filepath.Join(dir, "cpu.prof"), "--out", dir)
+	require.NoError(t, err, stderr)
+	res, _ := readResults(t, dir)
+	assert.Equal(t, []string{"hybrid"}, res.Config.Modes)
+	assert.Equal(t, []string{"cost"}, res.Config.Strategies)
+	assert.InDelta(t, 1.6, res.Config.RPS, 1e-9)
+	assert.True(t, res.Config.GatewaysIsolated)
+	require.Len(t, res.Runs, 1)
+	st, err := os.Stat(filepath.Join(dir, "cpu.prof"))
+	require.NoError(t, err)
+	assert.Positive(t, st.Size())
 }
 
 func readResults(t *testing.T, dir string) (*study.Results, []byte) {

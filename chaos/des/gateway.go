@@ -95,9 +95,9 @@ func newGateway(w *World, id int) (*gateway, error) {
 	return g, nil
 }
 
-// serve routes f's request and dispatches it (node's serveInference and
-// proxy, without the network).
-func (g *gateway) serve(f *flight, req study.Request) {
+// serve routes f's request, whose prompt is prefix+req.Prompt, and
+// dispatches it (node's serveInference and proxy, without the network).
+func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	w := g.w
 	strat, err := g.set.Get(req.Target.Strategy)
 	if err != nil {
@@ -108,10 +108,10 @@ func (g *gateway) serve(f *flight, req study.Request) {
 	// engine needs the tokens whatever the gateway keys by.
 	// Every gateway keys prompts alike, so they share w.prompts.
 	var toks []uint32
-	toks, g.keys = w.prompts.prepare(req.Prompt, g.keys)
+	toks, g.keys = w.prompts.prepareSplit(prefix, req.Prompt, g.keys)
 	promptTokens := len(toks)
 	if g.charKeys {
-		promptTokens = len(req.Prompt)
+		promptTokens = len(prefix) + len(req.Prompt)
 	}
 	now := w.nowNs()
 	rr := route.Request{

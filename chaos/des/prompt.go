@@ -2,6 +2,7 @@ package des
 
 import (
 	"strings"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/node/tokenizer"
@@ -39,8 +40,9 @@ type prompts struct {
 	charKeys bool
 	byFirst  map[string]*prefixEntry
 	toks     []uint32 // reused token buffer (the engine copies prompts)
-	// reused counts prompts that took the shared-prefix path.
-	reused uint64
+	// reused counts prompts that took the shared-prefix path; joined
+	// those prepareSplit had to join.
+	reused, joined uint64
 }
 
 // prefixEntry is one group's shared prefix.
@@ -54,6 +56,10 @@ type prefixEntry struct {
 	// tokens (token keys) or bytes (character keys).
 	toks []uint32
 	keys []index.BlockKey
+	// base, when set, is a caller's prefix string (prepareSplit) whose
+	// bytes equal text's first len(base) bytes (or text is a prefix of
+	// it), so that the same string passed again matches by address.
+	base string
 }
 
 const (
@@ -108,6 +114,104 @@ func (p *prompts) prepare(prompt string, keys []index.BlockKey) ([]uint32, []ind
 		keys = p.hasher.AppendKeys(keys[:0], p.root, p.toks)
 	}
 	return p.toks, keys
+}
+
+// prepareSplit is prepare for the prompt prefix+tail, without building it
+// when the prompt takes the shared-prefix path: then only the bytes after
+// the group's prefix (a sentence and the tail) are joined. The result is
+// prepare(prefix+tail)'s (prompt_test.go checks it); any case the fast
+// path does not cover takes prepare on the joined prompt. Callers pass
+// the same prefix string for every request of a document, so the group's
+// prefix is kept as a substring of it and recognised by its address.
+func (p *prompts) prepareSplit(prefix, tail string, keys []index.BlockKey) ([]uint32, []index.BlockKey) {
+	if prefix == "" {
+		return p.prepare(tail, keys)
+	}
+	if tail == "" {
+		return p.prepare(prefix, keys)
+	}
+	first := prefix[:min(len(prefix), firstLineMax)]
+	nl := strings.IndexByte(first, '\n')
+	if nl < 0 {
+		return p.prepare(prefix+tail, keys) // the first line is not within prefix
+	}
+	first = first[:nl]
+	e := p.byFirst[first]
+	if e == nil || e.text == "" || !p.extendsSplit(prefix, tail, e) {
+		keys = p.prepareJoined(prefix, tail, first, keys)
+		return p.toks, keys
+	}
+	// prepare's shared-prefix path, on the bytes after n.
+	n := len(e.text)
+	bt := p.hasher.BlockTokens()
+	from := n // the first byte the path reads
+	if p.charKeys {
+		from = min(from, len(e.keys)*bt)
+	}
+	var rest string // prompt[from:]
+	if from < len(prefix) {
+		rest = prefix[from:] + tail
+	} else {
+		rest = tail[from-len(prefix):]
+	}
+	p.reused++
+	p.toks = p.tok.Encode(append(p.toks[:0], e.toks...), rest[n-from:])
+	keys = append(keys[:0], e.keys...)
+	parent := p.root
+	if len(e.keys) > 0 {
+		parent = e.keys[len(e.keys)-1]
+	}
+	if p.charKeys {
+		keys = p.hasher.AppendKeysString(keys, parent, rest[len(e.keys)*bt-from:])
+	} else {
+		keys = p.hasher.AppendKeys(keys, parent, p.toks[len(e.keys)*bt:])
+	}
+	return p.toks, keys
+}
+
+// prepareJoined runs prepare on prefix+tail and, when the group's prefix
+// then agrees with prefix over their common length, remembers prefix as
+// its base so that later prompts of the group are recognised by address.
+func (p *prompts) prepareJoined(prefix, tail, first string, keys []index.BlockKey) []index.BlockKey {
+	p.joined++
+	_, keys = p.prepare(prefix+tail, keys)
+	if e := p.byFirst[first]; e != nil && e.text != "" {
+		e.base = ""
+		if m := min(len(e.text), len(prefix)); e.text[:m] == prefix[:m] {
+			e.base = prefix
+		}
+	}
+	return keys
+}
+
+// extendsSplit is extends(prefix+tail, e.text).
+func (p *prompts) extendsSplit(prefix, tail string, e *prefixEntry) bool {
+	n := len(e.text)
+	total := len(prefix) + len(tail)
+	if n > total {
+		return false
+	}
+	// text == (prefix+tail)[:n], without joining: prefix's part by
+	// address when it is the base, the rest by bytes.
+	m := min(n, len(prefix))
+	same := len(e.base) == len(prefix) && unsafe.StringData(e.base) == unsafe.StringData(prefix)
+	if !same && e.text[:m] != prefix[:m] {
+		return false
+	}
+	if n > m && e.text[m:] != tail[:n-m] {
+		return false
+	}
+	if n == total {
+		return true
+	}
+	at := func(i int) byte {
+		if i < len(prefix) {
+			return prefix[i]
+		}
+		return tail[i-len(prefix)]
+	}
+	// safeSplit(prompt, n), byte by byte.
+	return n > 0 && n < total && at(n-1) == '\n' && at(n) > ' ' && at(n) < 0x7f
 }
 
 // entry returns the prompt's group entry, fixing its prefix on the

@@ -102,3 +102,81 @@ func TestSafeSplit(t *testing.T) {
 	require.False(t, safeSplit("a\nQ", 0))
 	require.False(t, safeSplit("ab"+strings.Repeat("x", 3), 2))
 }
+
+// TestPromptsSplitMatchesJoined feeds the same prompts to prepare (joined)
+// and prepareSplit (prefix and tail apart: the documents' shared prefix
+// strings as the study driver passes them, and random splits) and checks
+// both against a full encode; the split path must take the shared-prefix
+// path as often as the joined one.
+func TestPromptsSplitMatchesJoined(t *testing.T) {
+	tik, err := tokenizer.New(tokenizer.NameTiktoken)
+	require.NoError(t, err)
+	for _, charKeys := range []bool{false, true} {
+		t.Run(fmt.Sprint("charKeys=", charKeys), func(t *testing.T) {
+			block := 16
+			if charKeys {
+				block = 128
+			}
+			h, err := index.NewHasher(11, block)
+			require.NoError(t, err)
+			root := h.Root("m", "", "")
+			mk := func() *prompts {
+				c, err := tokenizer.NewCached(tik, tokenizer.DefaultCachedConfig())
+				require.NoError(t, err)
+				return newPrompts(c, h, root, charKeys)
+			}
+			joined, split := mk(), mk()
+			docs := study.Documents(9, "phase-y", 0, 4, 0)
+			prefixes := make([]string, len(docs))
+			for i, d := range docs {
+				prefixes[i] = d.Prefix()
+			}
+			rng := rand.New(rand.NewPCG(7, 8))
+			type pr struct{ prefix, tail string }
+			var in []pr
+			for q := range 60 {
+				g := q % len(docs)
+				switch q % 6 {
+				case 0, 1, 2:
+					in = append(in, pr{prefixes[g], "\n" + study.QuestionLine(q)})
+				case 3:
+					full := study.TurnPrompt(docs[g], q, 1, "", "")
+					in = append(in, pr{prefixes[g], full[len(prefixes[g]):]})
+				case 4:
+					p := docs[g].Prompt(q)
+					cut := rng.IntN(len(p) + 1)
+					in = append(in, pr{p[:cut], p[cut:]})
+				case 5:
+					// Same first line, different text: the group's
+					// prefix must shrink on either path.
+					alt := strings.Replace(prefixes[g], "latency", "latenci", 1+rng.IntN(3))
+					in = append(in, pr{alt, "\n" + study.QuestionLine(q)}, pr{"", alt + "\nQ"}, pr{prefixes[g][:100], ""})
+				}
+			}
+			var k1, k2 []index.BlockKey
+			for i, x := range in {
+				full := x.prefix + x.tail
+				var t1, t2 []uint32
+				t1, k1 = joined.prepare(full, k1)
+				t1 = append([]uint32(nil), t1...)
+				t2, k2 = split.prepareSplit(x.prefix, x.tail, k2)
+				want := tik.Encode(nil, full)
+				require.Equal(t, want, t1, "joined tokens, prompt %d", i)
+				require.Equal(t, want, t2, "split tokens, prompt %d", i)
+				wantKeys := h.AppendKeys(nil, root, want)
+				if charKeys {
+					wantKeys = h.AppendKeysString(nil, root, full)
+				}
+				norm := func(k []index.BlockKey) []index.BlockKey { return append([]index.BlockKey{}, k...) }
+				require.Equal(t, norm(wantKeys), norm(k1), "joined keys, prompt %d", i)
+				require.Equal(t, norm(wantKeys), norm(k2), "split keys, prompt %d", i)
+			}
+			require.Equal(t, joined.reused, split.reused, "both paths reuse prefixes alike")
+			require.Greater(t, split.reused, uint64(len(in)/3))
+			// The driver-like prompts (a document's prefix string and a
+			// question) must mostly skip the join.
+			t.Logf("%d prompts, %d reused, %d joined", len(in), split.reused, split.joined)
+			require.Less(t, split.joined, uint64(len(in)/2))
+		})
+	}
+}

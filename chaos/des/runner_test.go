@@ -115,6 +115,40 @@ func TestParallelCellsByteIdentical(t *testing.T) {
 	require.Equal(t, r1.String(), r2.String(), "requests.jsonl must not depend on the number of workers")
 }
 
+// plainEngine hides World's SendPrefixed: the driver then joins every
+// prompt and calls Send.
+type plainEngine struct{ study.Engine }
+
+// TestPrefixSenderSameResults runs a grid with prompts passed as prefix and
+// tail (SendPrefixed) and joined (Send): results.json and requests.jsonl
+// must be byte-identical.
+func TestPrefixSenderSameResults(t *testing.T) {
+	cfg := tinyConfig()
+	cfg.Scenarios = []string{study.ScenarioCold, study.ScenarioWarm, study.ScenarioHot50, study.ScenarioMultiturn}
+	cfg.Gateways = []int{2}
+	cfg.Replicas = 3
+	cfg.Arrivals = 30
+	cfg.Turns = 3
+	o := DefaultOptions()
+	res1, a := runStudy(t, cfg, o)
+	c := StudyConfig(cfg, o)
+	rn := &study.Runner{Config: c, Factory: func(ctx context.Context, cell study.Cell) (study.Engine, error) {
+		e, err := Factory(o)(ctx, cell)
+		return plainEngine{e}, err
+	}}
+	res2, err := rn.Run(t.Context())
+	require.NoError(t, err)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetIndent("", "  ")
+	require.NoError(t, enc.Encode(res2))
+	require.Equal(t, string(a), b.String())
+	var r1, r2 bytes.Buffer
+	require.NoError(t, study.WriteRequests(&r1, res1.Requests))
+	require.NoError(t, study.WriteRequests(&r2, res2.Requests))
+	require.Equal(t, r1.String(), r2.String())
+}
+
 // hitRate runs one phase of prefix-cache in history mode on 4 replicas
 // behind 4 gateways and returns its token hit rate.
 func hitRate(t *testing.T, noSync bool) float64 {

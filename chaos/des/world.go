@@ -178,7 +178,19 @@ type flight struct {
 }
 
 // Send implements study.Engine.
-func (w *World) Send(req study.Request, done func(study.Outcome)) {
+func (w *World) Send(req study.Request, done func(study.Outcome)) { w.send("", req, done) }
+
+// SendPrefixed implements study.PrefixSender: Send for the prompt
+// prefix+req.Prompt. A routed request is keyed without joining the two
+// when its prefix group is known (prompts.prepareSplit).
+func (w *World) SendPrefixed(prefix string, req study.Request, done func(study.Outcome)) {
+	w.send(prefix, req, done)
+}
+
+var _ study.PrefixSender = (*World)(nil)
+
+// send starts the request for the prompt prefix+req.Prompt.
+func (w *World) send(prefix string, req study.Request, done func(study.Outcome)) {
 	w.pending++
 	f := &flight{start: w.now, maxTokens: req.MaxTokens, done: done, rep: -1}
 	if w.closed {
@@ -191,7 +203,7 @@ func (w *World) Send(req study.Request, done func(study.Outcome)) {
 			return
 		}
 		f.rep = req.Target.Replica
-		toks := w.tok.Encode(nil, req.Prompt)
+		toks := w.tok.Encode(nil, prefix+req.Prompt)
 		if err := w.reps[f.rep].add(w, f, toks); err != nil {
 			w.failLater(f, 400, "http 400: "+err.Error())
 		}
@@ -201,7 +213,7 @@ func (w *World) Send(req study.Request, done func(study.Outcome)) {
 		w.failLater(f, 0, fmt.Sprintf("des: no gateway %d", req.Target.Gateway))
 		return
 	}
-	w.gws[req.Target.Gateway].serve(f, req)
+	w.gws[req.Target.Gateway].serve(f, prefix, req)
 }
 
 // failLater delivers a failed outcome from the loop, never from Send.

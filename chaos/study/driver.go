@@ -122,10 +122,11 @@ func (d *driver) finish() {
 	d.progress()
 }
 
-// send sends record i's request (prompt p) unless the cap is reached, and
-// calls then with the outcome (on the engine's loop). It reports whether the
-// request was sent.
-func (d *driver) send(i int, prompt string, then func(Outcome)) bool {
+// send sends record i's request (prompt prefix+tail) unless the cap is
+// reached, and calls then with the outcome (on the engine's loop). It
+// reports whether the request was sent. An engine that is a PrefixSender
+// gets prefix and tail apart.
+func (d *driver) send(i int, prefix, tail string, then func(Outcome)) bool {
 	r := &d.recs[i]
 	if d.inflight >= d.cfg.InflightCap {
 		r.Err = unsentCap
@@ -141,26 +142,33 @@ func (d *driver) send(i int, prompt string, then func(Outcome)) bool {
 	if r.Turn > 0 {
 		session = d.ph.Name + "/s" + itoa(r.Session)
 	}
-	d.e.Send(Request{
-		Prompt:    prompt,
+	req := Request{
+		Prompt:    tail,
 		MaxTokens: d.cfg.MaxTokens,
 		Session:   session,
 		Target:    Target{Gateway: gw, Strategy: d.ph.Strategy},
-	}, func(o Outcome) {
+	}
+	done := func(o Outcome) {
 		d.inflight--
 		r.fill(o, d.t0, d.cfg.SLO)
 		d.finish()
 		if then != nil {
 			then(o)
 		}
-	})
+	}
+	if ps, ok := d.e.(PrefixSender); ok && prefix != "" {
+		ps.SendPrefixed(prefix, req, done)
+		return true
+	}
+	req.Prompt = prefix + tail
+	d.e.Send(req, done)
 	return true
 }
 
 func (d *driver) arrive(i int) {
 	r := &d.recs[i]
 	// Document.Prompt(i), without rebuilding the prefix.
-	d.send(i, d.prefix(r.Group)+"\n"+QuestionLine(i), nil)
+	d.send(i, d.prefix(r.Group), "\n"+QuestionLine(i), nil)
 }
 
 // turn sends turn t (1-based) of session s; prev is the previous turn's
@@ -179,7 +187,7 @@ func (d *driver) turn(s, t int, prev, answer string) {
 	} else {
 		prompt = TurnPrompt(d.plan.Docs[r.Group], s+1, t, prev, answer)
 	}
-	sent := d.send(base+t-1, prompt, func(o Outcome) {
+	sent := d.send(base+t-1, "", prompt, func(o Outcome) {
 		if t == d.plan.Turns {
 			return
 		}

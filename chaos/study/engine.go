@@ -139,6 +139,17 @@ type Engine interface {
 	Close() error
 }
 
+// PrefixSender is an optional Engine extension for prompts that share a
+// long prefix (a document's ~29 KB Prefix): SendPrefixed is Send with
+// req.Prompt replaced by prefix+req.Prompt, without the caller building
+// that string. The driver passes the same prefix string for every request
+// of a document in a phase. An engine implementing it must treat
+// SendPrefixed(prefix, req, done) exactly as Send of the joined prompt;
+// engines that do not implement it get the joined prompt through Send.
+type PrefixSender interface {
+	SendPrefixed(prefix string, req Request, done func(Outcome))
+}
+
 // HostChecker is implemented by engines whose model time depends on the
 // host keeping up with the simulators (a live engine at speed S turns every
 // wall millisecond of scheduling delay into S model milliseconds). The

@@ -114,8 +114,10 @@ func TestScaleOutAndIn(t *testing.T) {
 	// Gateways 5 → 3: the two added ones leave gracefully (the first
 	// three are the raft voters).
 	step(3)
+	stopped := map[string]time.Time{} // URL -> when its stop began
 	for _, g := range added {
 		sctx, cancel := context.WithTimeout(ctx, 15*time.Second) // see TestGatewayKillAndRestart
+		stopped[g.URL()] = time.Now()
 		require.NoError(t, c.StopGateway(sctx, g))
 		cancel()
 	}
@@ -145,6 +147,18 @@ func TestScaleOutAndIn(t *testing.T) {
 
 	res := load.Wait()
 	require.Zero(t, res.Lost, res.String())
+	if res.Sent != res.OK {
+		for _, r := range res.Results {
+			if r.Outcome != cluster.OK {
+				at := "a live gateway"
+				if st, ok := stopped[r.Target]; ok {
+					at = fmt.Sprintf("a gateway stopped %v after the request started", st.Sub(r.Start).Round(time.Millisecond))
+				}
+				t.Logf("request %d %s/%s via %s (%s) on %s: started %v before the engine removal applied, took %v",
+					r.I, r.Outcome, r.Reason, r.Target, at, r.Replica, removedAt.Sub(r.Start).Round(time.Millisecond), r.Duration.Round(time.Millisecond))
+			}
+		}
+	}
 	require.Equal(t, res.Sent, res.OK, "scale-out and scale-in break no request: %s", res)
 	toNew, toGoneAfter := 0, 0
 	for _, r := range res.Results {

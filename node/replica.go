@@ -25,6 +25,20 @@ type PeerLoad interface {
 	InFlight(replica string) int
 }
 
+// PeerQueuedPrefill is implemented by a PeerLoad whose peers also report
+// their queued prefill: the uncached prompt tokens each has sent to a
+// replica and not yet seen a first token for. The cost strategy adds it to
+// this gateway's own (route.Candidate.PeerQueuedPrefillTokens), so that a
+// recompute is not sent where a peer's prefill is already running. A
+// PeerLoad without it leaves the figure 0 (unknown). QueuedPrefill is
+// called on the routing hot path, concurrently, and must not block or
+// allocate.
+type PeerQueuedPrefill interface {
+	// QueuedPrefill is the sum of the peers' queued prefill tokens to the
+	// replica named replica (0 when unknown).
+	QueuedPrefill(replica string) int
+}
+
 // RecordListener hears every routing decision the Node writes into its
 // index, so that replication can publish it to peers (DESIGN §2, flow 1).
 // Recorded is called on the request path right after the index write,

@@ -87,24 +87,32 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 	n.index.Match(keys, s.ids, p.mode, now, s.matched)
 
 	peers := n.peerLoad()
+	var peerQueued PeerQueuedPrefill
+	if peers != nil {
+		peerQueued, _ = peers.(PeerQueuedPrefill)
+	}
 	s.cands = s.cands[:0]
 	for i, r := range s.reps {
 		local := int(r.inflight.Load())
-		inflight := local
+		inflight, queued := local, 0
 		if peers != nil {
 			inflight += peers.InFlight(r.name)
 		}
+		if peerQueued != nil {
+			queued = peerQueued.QueuedPrefill(r.name)
+		}
 		running, waiting, kv := r.load()
 		s.cands = append(s.cands, route.Candidate{
-			ID:                  r.id,
-			Name:                r.name,
-			Matched:             int(s.matched[i]),
-			InFlight:            inflight,
-			LocalInFlight:       local,
-			Running:             running,
-			Waiting:             waiting,
-			KVUsage:             kv,
-			QueuedPrefillTokens: int(r.queuedPrefill.Load()),
+			ID:                      r.id,
+			Name:                    r.name,
+			Matched:                 int(s.matched[i]),
+			InFlight:                inflight,
+			LocalInFlight:           local,
+			Running:                 running,
+			Waiting:                 waiting,
+			KVUsage:                 kv,
+			QueuedPrefillTokens:     int(r.queuedPrefill.Load()),
+			PeerQueuedPrefillTokens: queued,
 		})
 	}
 	d := strat.Pick(rr, s.cands, &s.rng, explain)

@@ -28,7 +28,7 @@ var update = flag.Bool("update", false, "rewrite the expected outputs in testdat
 //	                                peerdelay (seconds, Config.PeerLoadDelaySeconds)
 //	seed N                          reseed the random generator
 //	request key=value ...           blocks block_tokens prompt max_tokens session now (ms)
-//	replica NAME key=value ...      add or update: match inflight local running waiting kv queued
+//	replica NAME key=value ...      add or update: match inflight local running waiting kv queued peerqueued
 //	remove NAME                     drop a replica
 //	observe NAME key=value ...      feed the cost model: uncached ttft queue tpot out [repeat]
 //	pick [n=N] [commit] [explain]   decide; commit applies the decision (in-flight +1,
@@ -229,6 +229,7 @@ func (sc *scenario) exec(path string, line int, cmd string) []string {
 		sc.num(path, line, kv, "waiting", &c.Waiting)
 		sc.flt(path, line, kv, "kv", &c.KVUsage)
 		sc.num(path, line, kv, "queued", &c.QueuedPrefillTokens)
+		sc.num(path, line, kv, "peerqueued", &c.PeerQueuedPrefillTokens)
 		sc.noneLeft(path, line, kv)
 		return nil
 	case "remove":

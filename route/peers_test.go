@@ -53,9 +53,10 @@ func TestCostOneGatewayUnchanged(t *testing.T) {
 // herdRun simulates gateways routing cold requests to idle replicas from
 // a peer load view that is refreshed every reportMs milliseconds: one
 // arrival every 5 ms, round robin over the gateways, each in flight for
-// 2 s. It returns the most requests one replica received within one
-// report interval (a herd), and the most any replica received in all.
-func herdRun(t *testing.T, cfg Config, gateways, replicas int, reportMs int64) (burst, most int) {
+// 2 s. It returns how many requests were sent to a replica that had
+// received two or more within the preceding report interval (herded
+// requests), and the most any replica received in all.
+func herdRun(t *testing.T, cfg Config, gateways, replicas int, reportMs int64) (herded, most int) {
 	t.Helper()
 	type sent struct {
 		gw, rep int
@@ -120,38 +121,37 @@ func herdRun(t *testing.T, cfg Config, gateways, replicas int, reportMs int64) (
 		log = append(log, sent{gw: g, rep: d.Index, at: ms})
 		total[d.Index]++
 	}
-	// The largest number of sends to one replica within reportMs.
 	for i, s := range log {
 		n := 0
-		for _, o := range log[i:] {
-			if o.at-s.at >= reportMs {
-				break
-			}
-			if o.rep == s.rep {
+		for j := i - 1; j >= 0 && s.at-log[j].at < reportMs; j-- {
+			if log[j].rep == s.rep {
 				n++
 			}
 		}
-		burst = max(burst, n)
+		if n >= 2 {
+			herded++
+		}
 	}
 	for _, n := range total {
 		most = max(most, n)
 	}
-	return burst, most
+	return herded, most
 }
 
 // TestCostStalePeersSpread: eight gateways deciding from a peer view
 // refreshed every 100 ms herd onto the replica that view ranks cheapest
-// when they take it as fresh; estimating the unseen peer requests (the
-// default) spreads them.
+// when they take it as fresh (about half the requests go where two or
+// more went in the last 100 ms); estimating the unseen peer requests (the
+// default) spreads them (about a quarter).
 func TestCostStalePeersSpread(t *testing.T) {
 	fresh := DefaultConfig()
 	fresh.PeerLoadDelaySeconds = -1
 	herdFresh, mostFresh := herdRun(t, fresh, 8, 32, 100)
 	herd, most := herdRun(t, DefaultConfig(), 8, 32, 100)
-	t.Logf("largest burst to one replica within 100 ms: %d taking the view as fresh, %d estimating unseen requests; busiest replica %d / %d of 1200",
+	t.Logf("requests sent where two or more went within 100 ms: %d of 1200 taking the view as fresh, %d estimating unseen requests; busiest replica %d / %d",
 		herdFresh, herd, mostFresh, most)
-	if herd >= herdFresh {
-		t.Errorf("burst %d with the estimate, %d without: no spread", herd, herdFresh)
+	if herd*3 > herdFresh*2 {
+		t.Errorf("%d herded requests with the estimate, %d without: not a third fewer", herd, herdFresh)
 	}
 	// One gateway sees everything: the estimate must not change a thing.
 	b1, m1 := herdRun(t, fresh, 1, 32, 100)

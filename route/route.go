@@ -41,6 +41,18 @@ type Candidate struct {
 	// to the replica and not yet seen a first token for: prefill work queued
 	// ahead of a new request (input to the cost model).
 	QueuedPrefillTokens int
+	// PeerQueuedPrefillTokens is the same figure summed over the peers, as
+	// they last reported it (as stale as their part of InFlight); 0 when
+	// unknown: without it, the cost model sees only this gateway's queued
+	// prefill, and a recompute sent where a peer's prefill is running
+	// waits for it unforeseen.
+	PeerQueuedPrefillTokens int
+}
+
+// queuedPrefill is the prefill work the load view shows queued on c: this
+// gateway's and the peers' reported.
+func (c *Candidate) queuedPrefill() int {
+	return max(c.QueuedPrefillTokens, 0) + max(c.PeerQueuedPrefillTokens, 0)
 }
 
 // Request is what strategies know about the request being routed.

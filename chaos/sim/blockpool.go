@@ -206,11 +206,13 @@ func (p *blockPool) allocate(n int, dst []*block) []*block {
 	return dst
 }
 
+// evict drops a cached block's hash. A block is cached exactly while the
+// map holds it under its hash (cacheRun maps a hash only when no block
+// holds it; evict and reset unmap), so the entry is deleted without
+// looking it up first.
 func (p *blockPool) evict(b *block) {
 	p.evictions++
-	if p.cache[b.hash] == b {
-		delete(p.cache, b.hash)
-	}
+	delete(p.cache, b.hash)
 	if p.emitEvents {
 		p.events = append(p.events, kvevents.Event{
 			Kind:    kvevents.KindBlockRemoved,

@@ -106,9 +106,10 @@ func TestPeerServiceBadInputCounted(t *testing.T) {
 	} {
 		conn, err := net.Dial("tcp", addr)
 		require.NoError(t, err)
-		_, err = conn.Write(b)
-		require.NoError(t, err)
-		require.NoError(t, conn.(*net.TCPConn).CloseWrite())
+		// The server may close (or reset) the connection before reading
+		// it all: write and half-close errors are expected.
+		_, _ = conn.Write(b)
+		_ = conn.(*net.TCPConn).CloseWrite()
 		require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
 		_, err = io.Copy(io.Discard, conn)
 		require.False(t, os.IsTimeout(err), "the server closes the connection")

@@ -274,11 +274,12 @@ func peerShare(cands []Candidate) float64 {
 
 // unseenCompeting is the fraction of the peers' unseen requests that
 // compete with this one for the replicas its view ranks cheapest (the
-// rest carry other prefixes, cached elsewhere). Measured in the
-// discrete-event study (64 replicas, 8 gateways, cold and hot50 at 0 and
-// 100 ms peer load delay, five seeds): 0.3 did best of 0.3 and 1, with and
-// without peers' queued prefill in the view.
-var unseenCompeting = 0.3
+// rest carry other prefixes, cached elsewhere). It is measured, not
+// derived: in the discrete-event study (64 replicas, 8 synced gateways,
+// cold and hot50 at 0 and 100 ms peer load delay, five seeds, with and
+// without peers' queued prefill in the view) 0.3 passed the most SLOs on
+// hot50 of 0.3, 0.5 and 1; cold was too noisy to rank them.
+const unseenCompeting = 0.3
 
 // unseenPeerRequests estimates how many requests competing with this one
 // peers sent within the last Config.PeerLoadDelaySeconds, which no
@@ -310,17 +311,19 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
 // random.
 //
 // With several gateways the load view misses the requests peers sent in
-// the last Config.PeerLoadDelaySeconds, and peers decide from the same view: left
-// alone, every gateway sends to the replica that view ranks cheapest (they
-// herd). So Pick first estimates the number h of such unseen requests (see
-// unseenPeerRequests: 0 with one gateway, where the decision is as above),
-// then places h+1 requests like this one, each on the cheapest replica
-// given the ones placed before it (the replica a peer with this view
-// would have picked), and takes one of the h+1 placements uniformly at
-// random: this request is any of the h+1 requests decided on this view,
-// so gateways with one stale view spread over the replicas it ranks best
-// instead of all choosing the first. The estimate then counts the
-// placements before this one as outstanding there.
+// the last Config.PeerLoadDelaySeconds, and peers decide from the same
+// view: left alone, every gateway sends to the replica that view ranks
+// cheapest (they herd). So after the decision above Pick estimates the
+// number h of such unseen requests (see unseenPeerRequests: 0 with one
+// gateway, where the decision stands as above), places h+1 requests like
+// this one, each on the cheapest replica (by the rules above) given the
+// ones placed before it, among the replicas that leave as many prefill
+// chunks to compute as the first decision (so spreading the herd never
+// turns a cache hit into a recompute or back), and takes one of the h+1
+// placements uniformly at random: this request is any of the h+1 decided
+// on this view, so gateways with one stale view spread over the replicas
+// it ranks best instead of all choosing the first. The estimate then
+// counts the placements before this one as outstanding there.
 func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision {
 	if explain != nil {
 		explain.begin(NameCost, req, cands)

@@ -612,7 +612,9 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 		}
 	}()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(discardStdLogger))
-	defer d.Close()
+	// A replay cut off mid-stream (timeout, cancel) can leave replies queued
+	// in zmq4's reader: drain them so its goroutine does not block forever.
+	defer func() { _ = d.Close(); drainClosed(d) }()
 	if err := d.Dial(s.cfg.ReplayEndpoint); err != nil {
 		if catchUp {
 			count = false

@@ -20,7 +20,9 @@
 //	                request lost, restarted index within 1 % of peers in
 //	                5 s; plus a shutdown whose grace ran out
 //	5 scale         gateways 3 -> 5 -> 3, an engine added and one removed
-//	                through the raft config, under load
+//	                through the raft config, under load; streams running on
+//	                the removed engine finish (drain) and nothing is routed
+//	                there once the removal applied
 //	6 partition     one gateway cut from gossip, raft and NATS (the raft
 //	                leader, in the long form a follower too) or from NATS
 //	                only, under load: the cut gateway keeps serving on its
@@ -33,8 +35,11 @@
 //	                fault proxy)
 //	8 bad-input     malformed HTTP bodies and raw bytes to the gateway,
 //	                garbled KV-event payloads, garbage on the engine's
-//	                replay port and a bound SUB: rejected, counted,
-//	                nothing crashes
+//	                replay port and a bound SUB; in a 3-gateway cluster,
+//	                junk on the peer-sync gRPC, admin gRPC and HTTP, raft
+//	                and NATS ports: rejected, counted in a metric, nothing
+//	                crashes, and the cluster still serves, commits config
+//	                and matches the engines afterwards
 //
 // Scenario 6 cuts gossip and raft in memory (memberlist also gossips over
 // UDP, which a TCP fault proxy cannot cut): cluster.Config.Partitionable

@@ -277,8 +277,10 @@ func peerShare(cands []Candidate) float64 {
 // rest carry other prefixes, cached elsewhere). It is measured, not
 // derived: in the discrete-event study (64 replicas, 8 synced gateways,
 // cold and hot50 at 0 and 100 ms peer load delay, five seeds, with and
-// without peers' queued prefill in the view) 0.3 passed the most SLOs on
-// hot50 of 0.3, 0.5 and 1; cold was too noisy to rank them.
+// without peers' queued prefill in the view) 0.3 and 0.5 passed more SLOs
+// on hot50 than 1 in every cell, 0.3 the most with peers' queued prefill
+// in the view (the two within noise of each other without it); cold was
+// too noisy to rank them.
 const unseenCompeting = 0.3
 
 // unseenPeerRequests estimates how many requests competing with this one

@@ -31,6 +31,10 @@ type gateway struct {
 
 	inflight []int // this gateway's exact in-flight count per replica
 	queued   []int // uncached prompt tokens sent, stream not finished
+	// queuedSeen is queued as the peers see it (LoadDelay late): the load
+	// report carries the queued prefill with the in-flight counts
+	// (node.PeerQueuedPrefill, route.Candidate.PeerQueuedPrefillTokens).
+	queuedSeen []int
 	// Engine load at the last scrape.
 	running, waiting []int
 	kvUsage          []float64
@@ -62,14 +66,23 @@ func newGateway(w *World, id int) (*gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
-	set, err := route.NewSet(o.Route)
+	rcfg := o.Route
+	if rcfg.PeerLoadDelaySeconds == 0 {
+		// The gateways know how stale their peers' load is: the load
+		// interval an operator configures (route's default is sync's).
+		rcfg.PeerLoadDelaySeconds = o.LoadDelay.Seconds()
+		if o.LoadDelay == 0 || o.NoSync {
+			rcfg.PeerLoadDelaySeconds = -1
+		}
+	}
+	set, err := route.NewSet(rcfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	g := &gateway{
 		w: w, id: id, ix: ix, hasher: ix.Hasher(), mode: index.ModeHistory, ledger: index.History,
 		charKeys: charKeys, set: set, rngSeed: mix(o.Seed, "gateway-rng", fmt.Sprint(id)),
-		inflight: make([]int, o.Replicas), queued: make([]int, o.Replicas),
+		inflight: make([]int, o.Replicas), queued: make([]int, o.Replicas), queuedSeen: make([]int, o.Replicas),
 		running: make([]int, o.Replicas), waiting: make([]int, o.Replicas), kvUsage: make([]float64, o.Replicas),
 		matched: make([]int32, o.Replicas), scraped: make([]uint64, o.Replicas),
 	}
@@ -127,20 +140,26 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	g.cands = g.cands[:0]
 	for i, id := range w.ids {
 		local := g.inflight[i]
-		inflight := local
+		inflight, peerQueued := local, 0
 		if w.shareLoad {
 			inflight += w.seenSum[i] - w.seen[g.id][i]
+			for _, p := range w.gws {
+				if p != g {
+					peerQueued += p.queuedSeen[i]
+				}
+			}
 		}
 		g.cands = append(g.cands, route.Candidate{
-			ID:                  id,
-			Name:                w.names[i],
-			Matched:             int(g.matched[i]),
-			InFlight:            inflight,
-			LocalInFlight:       local,
-			Running:             g.running[i],
-			Waiting:             g.waiting[i],
-			KVUsage:             g.kvUsage[i],
-			QueuedPrefillTokens: g.queued[i],
+			ID:                      id,
+			Name:                    w.names[i],
+			Matched:                 int(g.matched[i]),
+			InFlight:                inflight,
+			LocalInFlight:           local,
+			Running:                 g.running[i],
+			Waiting:                 g.waiting[i],
+			KVUsage:                 g.kvUsage[i],
+			QueuedPrefillTokens:     g.queued[i],
+			PeerQueuedPrefillTokens: peerQueued,
 		})
 	}
 	g.rngSeed += 0x9e3779b97f4a7c15
@@ -155,6 +174,7 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	// proxy: count the request in flight, send it, record on success.
 	g.addInflight(rep, 1)
 	g.queued[rep] += f.uncached
+	g.shareQueued(rep)
 	f.queued = true
 	if err := w.reps[rep].add(w, f, toks); err != nil {
 		w.failLater(f, 400, "http 400: "+err.Error())
@@ -253,8 +273,24 @@ func (g *gateway) release(f *flight, ok bool) {
 func (g *gateway) releaseQueued(f *flight) {
 	if f.queued {
 		g.queued[f.rep] -= f.uncached
+		g.shareQueued(f.rep)
 		f.queued = false
 	}
+}
+
+// shareQueued makes peers see this gateway's queued prefill to rep
+// LoadDelay later, with its in-flight count.
+func (g *gateway) shareQueued(rep int) {
+	w := g.w
+	if !w.shareLoad {
+		return
+	}
+	v := g.queued[rep]
+	if w.opts.LoadDelay == 0 {
+		g.queuedSeen[rep] = v
+		return
+	}
+	w.q.push(event{at: w.now + w.opts.LoadDelay, fn: func() { g.queuedSeen[rep] = v }})
 }
 
 // scrape reads every engine's load, as node's scraper does each interval.

@@ -154,9 +154,7 @@ func (c *Cost) capacity(cand *Candidate, queued int, sv *slotView) int {
 	}
 	full := int(c.model.poolFull.Load())
 	if sv != nil {
-		if f := int(sv.full.Load()); f > 0 {
-			full = f
-		}
+		full = max(full, int(sv.full.Load()))
 	}
 	if full > 0 {
 		capacity = min(capacity, full)

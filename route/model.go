@@ -149,6 +149,13 @@ type Model struct {
 	// recent counts the cost strategy's own decisions, decayed with time
 	// constant Config.PeerLoadDelaySeconds (see Cost.Pick).
 	recent decayed
+	// poolPrefill is the prefill time per uncached token learned from
+	// every replica's samples (an EWMA like a replica's own), and
+	// poolPrefillSamples their number: the estimate for a replica with no
+	// prefill sample of its own, and where its own EWMA starts (see
+	// Observe). Guarded by mu.
+	poolPrefill        float64
+	poolPrefillSamples uint32
 }
 
 // decayed is a count of events that decays exponentially with time
@@ -220,12 +227,18 @@ func (m *Model) prior() replicaRates {
 	}
 }
 
-// rate returns id's rates; the caller holds m.mu (read or write).
+// rate returns id's rates; the caller holds m.mu (read or write). A
+// replica with no prefill sample of its own takes the pool's prefill
+// rate (see Observe).
 func (m *Model) rate(id index.ReplicaID) replicaRates {
+	r := m.prior()
 	if int(id) < len(m.rates) && m.rates[id].known {
-		return m.rates[id]
+		r = m.rates[id]
 	}
-	return m.prior()
+	if r.prefillSamples == 0 && m.poolPrefillSamples > 0 {
+		r.prefillSecPerToken = m.poolPrefill
+	}
+	return r
 }
 
 // Observe folds one observation of replica id into its rates:
@@ -239,6 +252,18 @@ func (m *Model) rate(id index.ReplicaID) replicaRates {
 // from the current estimate is clipped to 4×, so one outlier (a request
 // that queued behind a peer's burst) cannot swing the estimate, while a
 // genuinely different replica still converges geometrically.
+//
+// Prefill samples also feed a pool-wide EWMA over all replicas (replicas
+// of one pool usually run one engine configuration). A replica with no
+// prefill sample of its own is estimated at the pool's rate, and its own
+// EWMA starts there. Prefill samples are rare per replica (only requests
+// with MinSampleTokens uncached count, and a locality-keeping strategy
+// sends few), so without the pool a large pool stays at the prior per
+// replica for long: wrong by the ratio of the prior to the truth, which
+// is large when prompts are keyed by characters rather than tokens
+// (Request.PromptTokens then counts characters, and the prior, per
+// token, overstates a cold prefill several times over), and a
+// recompute that would meet the SLO looks worse than a long queue.
 func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -259,6 +284,12 @@ func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 		t := obs.TTFT - obs.QueueSeconds - m.cfg.PrefillOverheadSeconds
 		if t > 0 && !math.IsInf(t, 0) {
 			s := t / float64(obs.UncachedTokens)
+			pool := m.poolPrefill
+			if m.poolPrefillSamples == 0 {
+				pool = 1 / m.cfg.PriorPrefillTokensPerSecond
+			}
+			m.poolPrefill = pool + a*(min(max(s, pool/4), pool*4)-pool)
+			m.poolPrefillSamples++
 			s = min(max(s, r.prefillSecPerToken/4), r.prefillSecPerToken*4)
 			r.prefillSecPerToken += a * (s - r.prefillSecPerToken)
 			r.prefillSamples++
@@ -282,7 +313,7 @@ func (m *Model) Forget(id index.ReplicaID) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if int(id) < len(m.rates) {
-		m.rates[id] = replicaRates{}
+		m.rates[id] = replicaRates{} // back to the pool's prefill rate
 	}
 	if int(id) < len(m.slots) {
 		m.slots[id].peak.Store(0)

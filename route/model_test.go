@@ -56,14 +56,18 @@ func TestModelLearnsRates(t *testing.T) {
 			require.EqualValues(t, tc.samples, r.PrefillSamples)
 			require.EqualValues(t, tc.samples, r.DecodeSamples)
 
-			// Other replicas keep the prior.
+			// Other replicas, with no prefill sample of their own, take the
+			// pool's prefill rate (here learned from id alone, so id's up to
+			// the clipping, which the pool applies around its own figure)
+			// and keep the prior decode step.
 			o := m.Rates(id + 1)
-			require.InEpsilon(t, cfg.PriorPrefillTokensPerSecond, o.PrefillTokensPerSecond, 1e-9)
+			require.InEpsilon(t, tc.prefillRate, o.PrefillTokensPerSecond, tc.tolerance)
+			require.InEpsilon(t, cfg.PriorDecodeStepSeconds, o.DecodeStepSeconds, 1e-9)
 			require.Zero(t, o.PrefillSamples)
 
 			m.Forget(id)
 			f := m.Rates(id)
-			require.InEpsilon(t, cfg.PriorPrefillTokensPerSecond, f.PrefillTokensPerSecond, 1e-9)
+			require.InEpsilon(t, o.PrefillTokensPerSecond, f.PrefillTokensPerSecond, 1e-9)
 			require.InEpsilon(t, cfg.PriorDecodeStepSeconds, f.DecodeStepSeconds, 1e-9)
 			require.Zero(t, f.PrefillSamples)
 		})
@@ -72,6 +76,29 @@ func TestModelLearnsRates(t *testing.T) {
 
 // TestModelIgnoresUninformativeObservations: tiny prompts (TTFT is mostly
 // overhead), TTFT not above the queueing, and missing figures teach nothing.
+// TestModelPoolPrefill: a replica with no prefill sample of its own is
+// estimated at the rate learned from the others, and its own estimate
+// starts there, not at the prior.
+func TestModelPoolPrefill(t *testing.T) {
+	cfg := DefaultCostConfig() // prior 3000 tok/s
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	const truth = 20000.0 // tokens/s, far from the prior
+	// One sample on each of 30 replicas: none learns much alone.
+	for id := range index.ReplicaID(30) {
+		m.Observe(id, Observation{UncachedTokens: 4000, TTFT: cfg.PrefillOverheadSeconds + 4000/truth})
+	}
+	require.InEpsilon(t, truth, m.Rates(40).PrefillTokensPerSecond, 0.01, "unseen replica")
+	require.Zero(t, m.Rates(40).PrefillSamples)
+	// A replica's first own sample moves it from the pool's figure.
+	m.Observe(41, Observation{UncachedTokens: 4000, TTFT: cfg.PrefillOverheadSeconds + 4000/truth})
+	require.InEpsilon(t, truth, m.Rates(41).PrefillTokensPerSecond, 0.01)
+	require.EqualValues(t, 1, m.Rates(41).PrefillSamples)
+	// A decode-only observation does not hide the pool's prefill rate.
+	m.Observe(42, Observation{TPOT: 0.05, OutputTokens: 10})
+	require.InEpsilon(t, truth, m.Rates(42).PrefillTokensPerSecond, 0.01)
+}
+
 func TestModelIgnoresUninformativeObservations(t *testing.T) {
 	cfg := DefaultCostConfig()
 	m, err := NewModel(cfg)

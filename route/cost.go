@@ -129,9 +129,12 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 // the model knows (math.MaxInt when unknown), the smallest of:
 //
 //   - CostConfig.MaxRunning when configured;
-//   - the running-set size learned for this replica, else the largest
-//     learned for any replica of the model (replicas of one pool usually
-//     run one engine configuration);
+//   - the larger of the running-set size learned for this replica and
+//     the largest learned for any replica of the model (replicas of one
+//     pool usually run one engine configuration; a scrape catching a
+//     request between steps must not fix a replica's size below the
+//     pool's for good — a replica smaller now is caught by the scrape
+//     rules below);
 //   - Running when the engine reports KV usage ≥ KVSaturation;
 //   - Running when the engine reports waiting requests that prefill cannot
 //     explain: fewer than ChunkTokens of this gateway's prefill are queued

@@ -254,7 +254,8 @@ func (m *Model) rate(id index.ReplicaID) replicaRates {
 // genuinely different replica still converges geometrically.
 //
 // Prefill samples also feed a pool-wide EWMA over all replicas (replicas
-// of one pool usually run one engine configuration). A replica with no
+// of one pool usually run one engine configuration), with a longer memory
+// (see poolAlphaDivisor). A replica with no
 // prefill sample of its own is estimated at the pool's rate, and its own
 // EWMA starts there. Prefill samples are rare per replica (only requests
 // with MinSampleTokens uncached count, and a locality-keeping strategy
@@ -288,7 +289,8 @@ func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 			if m.poolPrefillSamples == 0 {
 				pool = 1 / m.cfg.PriorPrefillTokensPerSecond
 			}
-			m.poolPrefill = pool + a*(min(max(s, pool/4), pool*4)-pool)
+			w := max(a/poolAlphaDivisor, 1/float64(m.poolPrefillSamples+2))
+			m.poolPrefill = pool + w*(min(max(s, pool/4), pool*4)-pool)
 			m.poolPrefillSamples++
 			s = min(max(s, r.prefillSecPerToken/4), r.prefillSecPerToken*4)
 			r.prefillSecPerToken += a * (s - r.prefillSecPerToken)
@@ -334,3 +336,12 @@ func (m *Model) Rates(id index.ReplicaID) Rates {
 		DecodeSamples:          r.decodeSamples,
 	}
 }
+
+// poolAlphaDivisor: the pool's prefill EWMA weighs a new sample
+// Alpha/poolAlphaDivisor once it has that many samples (before, the
+// plain mean with the prior counted as one sample). The pool hears every
+// replica's samples, so it can afford the longer memory, and a noisy
+// sample (a queue the estimate missed: peers' unseen requests, another
+// strategy's decision observed with no queue estimate) moves every
+// replica without its own samples at once.
+const poolAlphaDivisor = 4

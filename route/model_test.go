@@ -57,11 +57,12 @@ func TestModelLearnsRates(t *testing.T) {
 			require.EqualValues(t, tc.samples, r.DecodeSamples)
 
 			// Other replicas, with no prefill sample of their own, take the
-			// pool's prefill rate (here learned from id alone, so id's up to
-			// the clipping, which the pool applies around its own figure)
-			// and keep the prior decode step.
+			// pool's prefill rate (here learned from id alone; the pool's
+			// longer memory leaves it within 5% of the truth after these
+			// samples, or the case's own tolerance if wider) and keep the
+			// prior decode step.
 			o := m.Rates(id + 1)
-			require.InEpsilon(t, tc.prefillRate, o.PrefillTokensPerSecond, tc.tolerance)
+			require.InEpsilon(t, tc.prefillRate, o.PrefillTokensPerSecond, max(tc.tolerance, 0.05))
 			require.InEpsilon(t, cfg.PriorDecodeStepSeconds, o.DecodeStepSeconds, 1e-9)
 			require.Zero(t, o.PrefillSamples)
 
@@ -84,19 +85,19 @@ func TestModelPoolPrefill(t *testing.T) {
 	m, err := NewModel(cfg)
 	require.NoError(t, err)
 	const truth = 20000.0 // tokens/s, far from the prior
-	// One sample on each of 30 replicas: none learns much alone.
-	for id := range index.ReplicaID(30) {
+	// One sample on each of 100 replicas: none learns much alone.
+	for id := range index.ReplicaID(100) {
 		m.Observe(id, Observation{UncachedTokens: 4000, TTFT: cfg.PrefillOverheadSeconds + 4000/truth})
 	}
-	require.InEpsilon(t, truth, m.Rates(40).PrefillTokensPerSecond, 0.01, "unseen replica")
-	require.Zero(t, m.Rates(40).PrefillSamples)
+	require.InEpsilon(t, truth, m.Rates(140).PrefillTokensPerSecond, 0.01, "unseen replica")
+	require.Zero(t, m.Rates(140).PrefillSamples)
 	// A replica's first own sample moves it from the pool's figure.
-	m.Observe(41, Observation{UncachedTokens: 4000, TTFT: cfg.PrefillOverheadSeconds + 4000/truth})
-	require.InEpsilon(t, truth, m.Rates(41).PrefillTokensPerSecond, 0.01)
-	require.EqualValues(t, 1, m.Rates(41).PrefillSamples)
+	m.Observe(141, Observation{UncachedTokens: 4000, TTFT: cfg.PrefillOverheadSeconds + 4000/truth})
+	require.InEpsilon(t, truth, m.Rates(141).PrefillTokensPerSecond, 0.01)
+	require.EqualValues(t, 1, m.Rates(141).PrefillSamples)
 	// A decode-only observation does not hide the pool's prefill rate.
-	m.Observe(42, Observation{TPOT: 0.05, OutputTokens: 10})
-	require.InEpsilon(t, truth, m.Rates(42).PrefillTokensPerSecond, 0.01)
+	m.Observe(142, Observation{TPOT: 0.05, OutputTokens: 10})
+	require.InEpsilon(t, truth, m.Rates(142).PrefillTokensPerSecond, 0.01)
 }
 
 func TestModelIgnoresUninformativeObservations(t *testing.T) {

@@ -477,15 +477,28 @@ func (v *memberView) Changed() <-chan struct{} {
 	return v.changed
 }
 
-// loadSource reports this gateway's exact in-flight counts to the cluster.
+// loadSource reports this gateway's exact in-flight counts and queued
+// prefill tokens (uncached prompt tokens sent, first byte not yet seen) to
+// the cluster; peers read them as PeerLoad.InFlight and
+// PeerQueuedPrefill.QueuedPrefill.
 type loadSource struct{ n *Node }
 
 var _ kvsync.LoadSource = loadSource{}
 
+// The cluster installed by SetPeerLoad reports peers' queued prefill too.
+var (
+	_ PeerLoad          = (*kvsync.Cluster)(nil)
+	_ PeerQueuedPrefill = (*kvsync.Cluster)(nil)
+)
+
 // AppendInFlight implements sync.LoadSource.
 func (l loadSource) AppendInFlight(dst []kvsync.ReplicaLoad) []kvsync.ReplicaLoad {
 	for _, r := range l.n.tbl.Load().replicas {
-		dst = append(dst, kvsync.ReplicaLoad{Replica: r.name, InFlight: int(r.inflight.Load())})
+		dst = append(dst, kvsync.ReplicaLoad{
+			Replica:             r.name,
+			InFlight:            int(r.inflight.Load()),
+			QueuedPrefillTokens: int(max(r.queuedPrefill.Load(), 0)),
+		})
 	}
 	return dst
 }

@@ -28,11 +28,13 @@ type Replicas interface {
 	ReplicaName(id index.ReplicaID) (string, bool)
 }
 
-// LoadSource reports this gateway's exact in-flight counts. It is called
+// LoadSource reports this gateway's exact load per replica: in-flight
+// counts and queued prefill tokens (ReplicaLoad's fields). It is called
 // every Config.LoadInterval from the Cluster's load goroutine (never
 // concurrently with itself) and must not block.
 type LoadSource interface {
-	// AppendInFlight appends one entry per replica to dst and returns it.
+	// AppendInFlight appends one entry per replica to dst and returns it,
+	// with InFlight and QueuedPrefillTokens set (the name is historical).
 	AppendInFlight(dst []ReplicaLoad) []ReplicaLoad
 }
 
@@ -72,7 +74,8 @@ type Cluster struct {
 	ms     *membership
 	bus    *bus
 	ap     *applier
-	peers  *peerLoad
+	peers  *peerLoad // peers' in-flight counts
+	queued *peerLoad // peers' queued prefill tokens
 	own    *owners
 	ring   *ownRing
 	origin string // "<node>#<incarnation>": a restarted gateway is a new origin
@@ -142,7 +145,8 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 	}
 	c.ms = newMembership(cfg, log, c.m, c.onGossip)
 	c.ap = newApplier(c)
-	c.peers = newPeerLoad(cfg.LoadTTL)
+	c.peers = newPeerLoad(cfg.LoadTTL, inFlightOf)
+	c.queued = newPeerLoad(cfg.LoadTTL, queuedPrefillOf)
 	c.own = newOwners(c)
 	c.ring = newOwnRing(cfg.OwnRing)
 	return c, nil
@@ -206,7 +210,8 @@ func (c *Cluster) start(ctx context.Context) error {
 		h       func([]byte)
 	}{
 		{c.bus.subj.decisions, c.onNATS}, {c.bus.subj.kvAll, c.onNATS},
-		{c.bus.subj.loadAll, c.onNATS}, {c.bus.subj.digest, c.onNATS},
+		{c.bus.subj.loadAll, c.onNATS}, {c.bus.subj.queuedAll, c.onNATS},
+		{c.bus.subj.digest, c.onNATS},
 	}
 	for _, s := range subs {
 		if err := c.bus.subscribe(s.subject, s.h); err != nil {
@@ -479,7 +484,9 @@ func (c *Cluster) onMember(ev MemberEvent) {
 	}
 	c.bus.setRoutes(routes)
 	if ev.Kind == MemberLeave || ev.Kind == MemberFail {
-		c.peers.forget(ev.Member.Name, time.Now())
+		now := time.Now()
+		c.peers.forget(ev.Member.Name, now)
+		c.queued.forget(ev.Member.Name, now)
 		c.ap.forgetOrigins(ev.Member.Name)
 		c.dmu.Lock()
 		delete(c.digests, ev.Member.Name)
@@ -521,6 +528,11 @@ func (c *Cluster) receive(data []byte, via string) {
 	case KindLoad:
 		if m.Load.Origin != c.origin {
 			c.peers.report(m.Load, time.Now())
+		}
+		return
+	case KindQueued:
+		if m.Load.Origin != c.origin {
+			c.queued.report(m.Load, time.Now())
 		}
 		return
 	case KindDigest:

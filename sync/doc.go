@@ -15,14 +15,14 @@
 //	c, err := kvsync.New(cfg, kvsync.Deps{
 //		Index:        n.Index(),                       // required
 //		Replicas:     kvsync.NewReplicaTable(names),   // required: name <-> ReplicaID, in node's order
-//		Load:         kvsync.LoadFunc(appendInFlight), // this gateway's exact in-flight counts
+//		Load:         kvsync.LoadFunc(appendLoad),     // exact in-flight counts and queued prefill
 //		AfterRestore: nil,                             // optional (restores keep local replica settings)
 //		Registerer:   n.Registry(),                    // kvmesh_sync_* metrics
 //		KVMetrics:    kvMetrics,                       // shared kvevents counters (optional)
 //		Logger:       log,
 //	})
 //	err = c.Start(ctx)   // joins, bootstraps the index, returns
-//	n.SetPeerLoad(c)     // c.InFlight(replica) satisfies node.PeerLoad
+//	n.SetPeerLoad(c)     // c.InFlight satisfies node.PeerLoad, c.QueuedPrefill node.PeerQueuedPrefill
 //	// on every routing decision, right after index.Record:
 //	c.PublishDecision(replicaName, ledger, keys, now)
 //	...
@@ -65,6 +65,8 @@
 //	kvmesh.<cluster>.delta.decisions  routing-decision batches (every gateway)
 //	kvmesh.<cluster>.kv.<replica>     one engine's normalized KV batches (its owner)
 //	kvmesh.<cluster>.load.<node>      a gateway's in-flight counts (every LoadInterval)
+//	kvmesh.<cluster>.queued.<node>    its queued prefill tokens (every LoadInterval
+//	                                  while any, then once with none)
 //	kvmesh.<cluster>.digest           anti-entropy digests (every DigestInterval)
 //
 // <replica> and <node> are the names with bytes other than [A-Za-z0-9_-]
@@ -85,7 +87,12 @@
 // length-prefixed strings. DecodeMessage checks every count against the
 // bytes left before allocating, rejects trailing bytes, and never panics
 // (FuzzDecodeDelta). Malformed messages are dropped and counted
-// (kvmesh_sync_messages_malformed_total{source}).
+// (kvmesh_sync_messages_malformed_total{source}). Because of that
+// strictness a message's layout never grows: new information is a new
+// kind on a subject that older gateways do not subscribe to (kind 5,
+// queued prefill; TestLoadWireCompatible pins kind 3 to golden bytes of
+// the previous release and decodes this release's reports with a frozen
+// copy of its decoder).
 //
 // # Decision deltas
 //
@@ -147,7 +154,18 @@
 // possibly stale view (lost removals) never passes for a newer one. Load reports are
 // kept per origin with the local receive time and summed into an immutable
 // map; InFlight reads it without locks or allocation, and reports older
-// than LoadTTL stop counting. A restore keeps this gateway's replica roots
+// than LoadTTL stop counting. Queued prefill (uncached prompt tokens a peer
+// sent a replica whose first byte has not come back; the DES's shared
+// queued prefill) follows the same rules in its own map, read by
+// QueuedPrefill (node.PeerQueuedPrefill, route.Candidate.
+// PeerQueuedPrefillTokens). It travels as a separate message (kind 5 on
+// the queued subject) rather than a field of the kind-3 load report,
+// because the previous release's decoder rejects a longer report or a new
+// wire version: kind 3 is unchanged, previous releases never subscribe to
+// the queued subject, and a peer of the previous release counts as having
+// no queued prefill. A report of all zeros is sent once when a gateway's
+// queued prefill drains, so peers clear it within a LoadInterval; if that
+// report is lost, LoadTTL expires the last one. A restore keeps this gateway's replica roots
 // and publisher flags (index.KeepReplicaSettings).
 //
 // # Peer service security

@@ -22,7 +22,17 @@ import (
 // fakeLoad is a LoadSource with settable counts.
 type fakeLoad struct {
 	mu sync.Mutex
-	m  map[string]int
+	m  map[string]int // in flight
+	q  map[string]int // queued prefill tokens
+}
+
+func (f *fakeLoad) setQueued(r string, n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.q == nil {
+		f.q = make(map[string]int)
+	}
+	f.q[r] = n
 }
 
 func (f *fakeLoad) set(r string, n int) {
@@ -38,7 +48,12 @@ func (f *fakeLoad) AppendInFlight(dst []ReplicaLoad) []ReplicaLoad {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for r, n := range f.m {
-		dst = append(dst, ReplicaLoad{Replica: r, InFlight: n})
+		dst = append(dst, ReplicaLoad{Replica: r, InFlight: n, QueuedPrefillTokens: f.q[r]})
+	}
+	for r, n := range f.q {
+		if _, ok := f.m[r]; !ok {
+			dst = append(dst, ReplicaLoad{Replica: r, QueuedPrefillTokens: n})
+		}
 	}
 	return dst
 }

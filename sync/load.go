@@ -7,10 +7,12 @@ import (
 	"time"
 )
 
-// peerLoad aggregates peers' load reports into an immutable view that the
+// peerLoad aggregates one figure of peers' load reports (InFlight or
+// QueuedPrefillTokens, as value picks) into an immutable view that the
 // routing hot path reads without locks or allocation.
 type peerLoad struct {
-	ttl time.Duration
+	ttl   time.Duration
+	value func(*ReplicaLoad) int
 
 	mu      sync.Mutex
 	reports map[string]loadEntry // by origin
@@ -23,8 +25,11 @@ type loadEntry struct {
 	loads []ReplicaLoad
 }
 
-func newPeerLoad(ttl time.Duration) *peerLoad {
-	p := &peerLoad{ttl: ttl, reports: make(map[string]loadEntry)}
+func inFlightOf(l *ReplicaLoad) int      { return l.InFlight }
+func queuedPrefillOf(l *ReplicaLoad) int { return l.QueuedPrefillTokens }
+
+func newPeerLoad(ttl time.Duration, value func(*ReplicaLoad) int) *peerLoad {
+	p := &peerLoad{ttl: ttl, value: value, reports: make(map[string]loadEntry)}
 	empty := map[string]int{}
 	p.view.Store(&empty)
 	return p
@@ -66,8 +71,10 @@ func (p *peerLoad) rebuildLocked(now time.Time) int {
 			continue
 		}
 		fresh++
-		for _, l := range e.loads {
-			view[l.Replica] += l.InFlight
+		for i := range e.loads {
+			if v := p.value(&e.loads[i]); v > 0 {
+				view[e.loads[i].Replica] += v
+			}
 		}
 	}
 	p.view.Store(&view)
@@ -82,20 +89,38 @@ func (c *Cluster) InFlight(replica string) int {
 	return (*c.peers.view.Load())[replica]
 }
 
+// QueuedPrefill is the sum of the live peers' latest reported queued
+// prefill tokens to replica: uncached prompt tokens they sent it whose
+// first byte has not come back (0 when unknown, or when every peer runs a
+// release that does not report it). It implements node.PeerQueuedPrefill
+// with InFlight's rules: no lock, no allocation, safe for concurrent use;
+// a peer's report stops counting after Config.LoadTTL without a refresh,
+// or at once when the peer leaves or is declared dead.
+func (c *Cluster) QueuedPrefill(replica string) int {
+	return (*c.queued.view.Load())[replica]
+}
+
 // loadLoop publishes this gateway's load every LoadInterval and expires
-// stale peer reports.
+// stale peer reports. The in-flight counts (kind 3) go out every interval;
+// the queued prefill (kind 5) only while some replica has any, and once
+// more when it drops to nothing, so an idle gateway sends one message per
+// interval as before (a lost all-zero report is bounded by LoadTTL).
 func (c *Cluster) loadLoop(ctx context.Context) {
 	t := time.NewTicker(c.cfg.LoadInterval)
 	defer t.Stop()
 	var loads []ReplicaLoad
 	var msg []byte
 	subject := c.bus.subj.load(c.cfg.NodeName)
+	queuedSubject := c.bus.subj.queued(c.cfg.NodeName)
+	queuedSent := false // the last kind-5 report had a non-zero entry
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			c.m.peerLoadReports.Set(float64(c.peers.expire(now)))
+			fresh := c.peers.expire(now)
+			c.queued.expire(now)
+			c.m.peerLoadReports.Set(float64(fresh))
 			if c.deps.Load == nil {
 				continue
 			}
@@ -110,6 +135,24 @@ func (c *Cluster) loadLoop(ctx context.Context) {
 			// worth gossip bandwidth, and peers' reports simply expire.
 			if err := c.bus.publish(subject, msg); err == nil {
 				c.m.published.WithLabelValues("load", "nats").Inc()
+			}
+			queued := false
+			for i := range loads {
+				if loads[i].QueuedPrefillTokens > 0 {
+					queued = true
+					break
+				}
+			}
+			if !queued && !queuedSent {
+				continue
+			}
+			if msg, err = AppendQueued(msg[:0], &r); err != nil {
+				c.log.Warn("encoding queued prefill report", "err", err)
+				continue
+			}
+			if err := c.bus.publish(queuedSubject, msg); err == nil {
+				c.m.published.WithLabelValues("queued", "nats").Inc()
+				queuedSent = queued
 			}
 		}
 	}

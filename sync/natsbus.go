@@ -21,17 +21,21 @@ type subjects struct {
 	decisions string // kvmesh.<cluster>.delta.decisions
 	kvAll     string // kvmesh.<cluster>.kv.>
 	loadAll   string // kvmesh.<cluster>.load.*
+	queuedAll string // kvmesh.<cluster>.queued.*
 	digest    string // kvmesh.<cluster>.digest
 }
 
 func newSubjects(cluster string) subjects {
 	p := "kvmesh." + cluster
 	return subjects{prefix: p, decisions: p + ".delta.decisions", kvAll: p + ".kv.>",
-		loadAll: p + ".load.*", digest: p + ".digest"}
+		loadAll: p + ".load.*", queuedAll: p + ".queued.*", digest: p + ".digest"}
 }
 
 func (s subjects) kv(replica string) string { return s.prefix + ".kv." + subjectToken(replica) }
 func (s subjects) load(node string) string  { return s.prefix + ".load." + subjectToken(node) }
+func (s subjects) queued(node string) string {
+	return s.prefix + ".queued." + subjectToken(node)
+}
 
 // subjectToken maps a name to one NATS subject token: bytes other than
 // letters, digits, '-' and '_' become '_'. The name itself travels in the

@@ -36,8 +36,22 @@ import (
 //	               removed: hashes uv, hashes × u64
 //	               cleared: nothing}
 //	kind 3, load:   origin str, sentAt sv, loads uv, loads × {replica str, inflight uv}
+//	kind 5, queued: origin str, sentAt sv, loads uv, loads × {replica str, tokens uv}
+//	           (queued prefill tokens; added after version 1 shipped, on its
+//	           own subject, see below)
 //	kind 4, digest: origin str, sentAt sv, entries 3 × uv (history,
 //	           speculative, confirmed), sources uv, sources × {source str, seq uv}
+//
+// Kind 5 is the queued-prefill half of a load report. It is a separate
+// message, not a field appended to kind 3, because decoders of this
+// format reject trailing bytes, unknown versions and unknown kinds alike:
+// a kind-3 message that grew a field, or a version-2 header, would be
+// dropped as malformed by a gateway of the previous release, which would
+// then lose its peers' in-flight counts during a rolling upgrade. Kind 3
+// stays byte for byte what it was, and kind 5 travels on a subject that
+// previous releases do not subscribe to (kvmesh.<cluster>.queued.<node>),
+// so they never see it; a gateway of this release that hears only kind 3
+// from a peer counts that peer's queued prefill as 0 (unknown).
 //
 // Trailing bytes after a message are an error. Every count is checked
 // against the bytes left before anything is allocated, so a hostile length
@@ -66,6 +80,7 @@ const (
 	KindKV        Kind = 2
 	KindLoad      Kind = 3
 	KindDigest    Kind = 4
+	KindQueued    Kind = 5
 )
 
 func (k Kind) String() string {
@@ -78,6 +93,8 @@ func (k Kind) String() string {
 		return "load"
 	case KindDigest:
 		return "digest"
+	case KindQueued:
+		return "queued"
 	}
 	return "unknown"
 }
@@ -126,13 +143,20 @@ type KVBatch struct {
 	Events []KVEvent
 }
 
-// ReplicaLoad is one replica's in-flight request count.
+// ReplicaLoad is one gateway's load on one replica.
 type ReplicaLoad struct {
-	Replica  string
+	Replica string
+	// InFlight is the gateway's requests in flight to the replica (kind 3).
 	InFlight int
+	// QueuedPrefillTokens is the uncached prompt tokens of the gateway's
+	// requests to the replica that have not yet produced a first byte
+	// (kind 5; route.Candidate.QueuedPrefillTokens at its origin).
+	QueuedPrefillTokens int
 }
 
-// LoadReport is a gateway's in-flight counts.
+// LoadReport is a gateway's load. A kind-3 message carries (and decodes
+// to) the InFlight counts only, a kind-5 message the QueuedPrefillTokens
+// only; the other field is 0.
 type LoadReport struct {
 	Origin string
 	SentAt int64
@@ -155,7 +179,8 @@ type Digest struct {
 	Sources []Watermark
 }
 
-// Message is a decoded peer message; the field Kind names is set.
+// Message is a decoded peer message; the field Kind names is set (Load
+// for both KindLoad and KindQueued).
 type Message struct {
 	Kind      Kind
 	Decisions *DecisionBatch
@@ -321,8 +346,18 @@ func AppendKV(dst []byte, b *KVBatch) ([]byte, error) {
 	return dst, nil
 }
 
-// AppendLoad appends the encoding of r to dst.
+// AppendLoad appends the kind-3 encoding of r (its InFlight counts) to dst.
 func AppendLoad(dst []byte, r *LoadReport) ([]byte, error) {
+	return appendLoads(dst, r, KindLoad)
+}
+
+// AppendQueued appends the kind-5 encoding of r (its QueuedPrefillTokens)
+// to dst.
+func AppendQueued(dst []byte, r *LoadReport) ([]byte, error) {
+	return appendLoads(dst, r, KindQueued)
+}
+
+func appendLoads(dst []byte, r *LoadReport, k Kind) ([]byte, error) {
 	if err := checkName("origin", r.Origin); err != nil {
 		return dst, err
 	}
@@ -330,7 +365,7 @@ func AppendLoad(dst []byte, r *LoadReport) ([]byte, error) {
 		return dst, fmt.Errorf("%w: %d loads", ErrTooLarge, len(r.Loads))
 	}
 	start := len(dst)
-	dst = appendHeader(dst, KindLoad)
+	dst = appendHeader(dst, k)
 	dst = appendStr(dst, r.Origin)
 	dst = binary.AppendVarint(dst, r.SentAt)
 	dst = binary.AppendUvarint(dst, uint64(len(r.Loads)))
@@ -339,11 +374,11 @@ func AppendLoad(dst []byte, r *LoadReport) ([]byte, error) {
 			return dst[:start], err
 		}
 		n := l.InFlight
-		if n < 0 {
-			n = 0
+		if k == KindQueued {
+			n = l.QueuedPrefillTokens
 		}
 		dst = appendStr(dst, l.Replica)
-		dst = binary.AppendUvarint(dst, uint64(n))
+		dst = binary.AppendUvarint(dst, uint64(min(max(n, 0), math.MaxInt32)))
 	}
 	return dst, nil
 }
@@ -488,8 +523,8 @@ func DecodeMessage(data []byte) (Message, error) {
 		m.Decisions = decodeDecisions(r)
 	case KindKV:
 		m.KV = decodeKV(r)
-	case KindLoad:
-		m.Load = decodeLoad(r)
+	case KindLoad, KindQueued:
+		m.Load = decodeLoad(r, m.Kind)
 	case KindDigest:
 		m.Digest = decodeDigest(r)
 	default:
@@ -625,7 +660,11 @@ func decodeKV(r *reader) *KVBatch {
 	return b
 }
 
-func decodeLoad(r *reader) *LoadReport {
+func decodeLoad(r *reader, k Kind) *LoadReport {
+	what := "inflight"
+	if k == KindQueued {
+		what = "queued tokens"
+	}
 	l := &LoadReport{Origin: r.str("origin"), SentAt: r.sv("sentAt")}
 	n := r.count("loads", maxEntries, 2)
 	if r.err != nil {
@@ -634,11 +673,15 @@ func decodeLoad(r *reader) *LoadReport {
 	l.Loads = make([]ReplicaLoad, n)
 	for i := range l.Loads {
 		l.Loads[i].Replica = r.str("replica")
-		v := r.uv("inflight")
+		v := r.uv(what)
 		if r.err == nil && v > math.MaxInt32 {
-			r.fail("inflight %d", v)
+			r.fail("%s %d", what, v)
 		}
-		l.Loads[i].InFlight = int(v)
+		if k == KindQueued {
+			l.Loads[i].QueuedPrefillTokens = int(v)
+		} else {
+			l.Loads[i].InFlight = int(v)
+		}
 	}
 	return l
 }

@@ -30,7 +30,9 @@ func sampleMessages(t testing.TB) [][]byte {
 		{Kind: kvevents.KindAllBlocksCleared},
 	}}))
 	add(AppendKV(nil, &KVBatch{Origin: "g1", Replica: "r2", Seq: 43, Reset: true, Reason: uint8(kvevents.ResetRewind)}))
-	add(AppendLoad(nil, &LoadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{{"r0", 3}, {"r1", 0}}}))
+	add(AppendLoad(nil, &LoadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{{Replica: "r0", InFlight: 3}, {Replica: "r1"}}}))
+	add(AppendQueued(nil, &LoadReport{Origin: "g2", SentAt: 4, Loads: []ReplicaLoad{
+		{Replica: "r0", QueuedPrefillTokens: 4096}, {Replica: "r1"}}}))
 	add(AppendDigest(nil, &Digest{Origin: "g2", SentAt: 9, Entries: [3]uint64{1, 2, 3},
 		Sources: []Watermark{{"d/g0", 7}, {"kv/r2", 43}}}))
 	return out
@@ -65,6 +67,8 @@ func reencode(t testing.TB, m Message) []byte {
 		b, err = AppendKV(nil, m.KV)
 	case KindLoad:
 		b, err = AppendLoad(nil, m.Load)
+	case KindQueued:
+		b, err = AppendQueued(nil, m.Load)
 	case KindDigest:
 		b, err = AppendDigest(nil, m.Digest)
 	}
@@ -132,6 +136,8 @@ func reencodeLoose(m Message) []byte {
 		b, err = AppendKV(nil, m.KV)
 	case KindLoad:
 		b, err = AppendLoad(nil, m.Load)
+	case KindQueued:
+		b, err = AppendQueued(nil, m.Load)
 	case KindDigest:
 		b, err = AppendDigest(nil, m.Digest)
 	}

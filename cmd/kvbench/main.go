@@ -184,6 +184,36 @@ it.`,
 	return root
 }
 
+// overlay copies the named flag's value from flagged into c.
+var overlay = map[string]func(c *study.Config, flagged study.Config){
+	"scenarios":         func(c *study.Config, f study.Config) { c.Scenarios = f.Scenarios },
+	"strategies":        func(c *study.Config, f study.Config) { c.Strategies = f.Strategies },
+	"modes":             func(c *study.Config, f study.Config) { c.Modes = f.Modes },
+	"gateways":          func(c *study.Config, f study.Config) { c.Gateways = f.Gateways },
+	"sync":              func(c *study.Config, f study.Config) { c.Sync = f.Sync },
+	"rounds":            func(c *study.Config, f study.Config) { c.Rounds = f.Rounds },
+	"replicas":          func(c *study.Config, f study.Config) { c.Replicas = f.Replicas },
+	"seed":              func(c *study.Config, f study.Config) { c.Seed = f.Seed },
+	"speed":             func(c *study.Config, f study.Config) { c.Speed = f.Speed },
+	"profile":           func(c *study.Config, f study.Config) { c.Profile = f.Profile },
+	"rps":               func(c *study.Config, f study.Config) { c.RPS = f.RPS },
+	"arrivals":          func(c *study.Config, f study.Config) { c.Arrivals = f.Arrivals },
+	"inflight-cap":      func(c *study.Config, f study.Config) { c.InflightCap = f.InflightCap },
+	"max-tokens":        func(c *study.Config, f study.Config) { c.MaxTokens = f.MaxTokens },
+	"turns":             func(c *study.Config, f study.Config) { c.Turns = f.Turns },
+	"engine-block-size": func(c *study.Config, f study.Config) { c.EngineBlockSize = f.EngineBlockSize },
+}
+
+// keepFlagged lays the explicitly set flags among names over a preset
+// grid c: a preset replaces defaults, never what the user typed.
+func keepFlagged(fs *pflag.FlagSet, c *study.Config, flagged study.Config, names ...string) {
+	for _, name := range names {
+		if fs.Changed(name) {
+			overlay[name](c, flagged)
+		}
+	}
+}
+
 // resolve applies --quick (or, with grid, the DES engine's default grid)
 // under the explicitly set flags, the gateway sync settings and, for the
 // DES engine, its options and adaptations.
@@ -192,18 +222,7 @@ func resolve(cmd *cobra.Command, flagged study.Config, opt options, grid bool) (
 	f := cmd.Flags()
 	if grid && !opt.quick && opt.engine == engineDES {
 		c = des.DefaultGrid(flagged)
-		set := func(name string, apply func()) {
-			if f.Changed(name) {
-				apply()
-			}
-		}
-		set("scenarios", func() { c.Scenarios = flagged.Scenarios })
-		set("strategies", func() { c.Strategies = flagged.Strategies })
-		set("modes", func() { c.Modes = flagged.Modes })
-		set("rounds", func() { c.Rounds = flagged.Rounds })
-		set("sync", func() { c.Sync = flagged.Sync })
-		set("rps", func() { c.RPS = flagged.RPS })
-		set("inflight-cap", func() { c.InflightCap = flagged.InflightCap })
+		keepFlagged(f, &c, flagged, "scenarios", "strategies", "modes", "rounds", "sync", "rps", "inflight-cap")
 	}
 	if opt.parallel < 0 {
 		return c, opt.des, fmt.Errorf("%w: --parallel %d < 0", study.ErrInvalidConfig, opt.parallel)
@@ -215,27 +234,9 @@ func resolve(cmd *cobra.Command, flagged study.Config, opt options, grid bool) (
 	}
 	if opt.quick {
 		c = study.QuickConfig()
-		set := func(name string, apply func()) {
-			if f.Changed(name) {
-				apply()
-			}
-		}
-		set("scenarios", func() { c.Scenarios = flagged.Scenarios })
-		set("strategies", func() { c.Strategies = flagged.Strategies })
-		set("modes", func() { c.Modes = flagged.Modes })
-		set("gateways", func() { c.Gateways = flagged.Gateways })
-		set("sync", func() { c.Sync = flagged.Sync })
-		set("rounds", func() { c.Rounds = flagged.Rounds })
-		set("replicas", func() { c.Replicas = flagged.Replicas })
-		set("seed", func() { c.Seed = flagged.Seed })
-		set("speed", func() { c.Speed = flagged.Speed })
-		set("profile", func() { c.Profile = flagged.Profile })
-		set("rps", func() { c.RPS = flagged.RPS })
-		set("arrivals", func() { c.Arrivals = flagged.Arrivals })
-		set("inflight-cap", func() { c.InflightCap = flagged.InflightCap })
-		set("max-tokens", func() { c.MaxTokens = flagged.MaxTokens })
-		set("turns", func() { c.Turns = flagged.Turns })
-		set("engine-block-size", func() { c.EngineBlockSize = flagged.EngineBlockSize })
+		keepFlagged(f, &c, flagged, "scenarios", "strategies", "modes", "gateways", "sync", "rounds",
+			"replicas", "seed", "speed", "profile", "rps", "arrivals", "inflight-cap", "max-tokens", "turns",
+			"engine-block-size")
 	}
 	o := opt.des
 	if opt.noSync {

@@ -86,6 +86,11 @@ type ExplainedReplica struct {
 	Running       int             `json:"running"`
 	Waiting       int             `json:"waiting"`
 	KVUsage       float64         `json:"kv_usage"`
+	// QueuedPrefill is the uncached prompt tokens this gateway has sent
+	// to the replica and not yet seen a first token for; PeerQueuedPrefill
+	// the same figure its peers last reported (cost's queue input).
+	QueuedPrefill     int `json:"queued_prefill_tokens"`
+	PeerQueuedPrefill int `json:"peer_queued_prefill_tokens"`
 	// Score is the strategy's figure for this candidate (see
 	// Explanation.ScoreUnit): cost's estimated TTFT plus the delay the
 	// request would impose on others there, in seconds (Bound is its
@@ -122,6 +127,7 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 			ID: c.ID, Name: c.Name, Matched: c.Matched, MatchFraction: frac,
 			InFlight: c.InFlight, LocalInFlight: c.LocalInFlight,
 			Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage,
+			QueuedPrefill: c.QueuedPrefillTokens, PeerQueuedPrefill: c.PeerQueuedPrefillTokens,
 		}
 	}
 }

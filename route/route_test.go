@@ -116,7 +116,9 @@ func TestExplanationJSON(t *testing.T) {
 	require.NoError(t, err)
 	rng := NewRand(1)
 	var ex Explanation
-	pc.Pick(&req, cands[:3], &rng, &ex)
+	cands = append([]Candidate(nil), cands[:3]...)
+	cands[1].QueuedPrefillTokens, cands[1].PeerQueuedPrefillTokens = 700, 1335
+	pc.Pick(&req, cands, &rng, &ex)
 	raw, err := json.Marshal(&ex)
 	require.NoError(t, err)
 	var back map[string]any
@@ -126,7 +128,11 @@ func TestExplanationJSON(t *testing.T) {
 	reps := back["replicas"].([]any)
 	require.Len(t, reps, 3)
 	first := reps[0].(map[string]any)
-	for _, k := range []string{"name", "matched_blocks", "match_fraction", "in_flight", "running", "waiting", "kv_usage", "score"} {
+	for _, k := range []string{"name", "matched_blocks", "match_fraction", "in_flight", "running", "waiting", "kv_usage",
+		"queued_prefill_tokens", "peer_queued_prefill_tokens", "score"} {
 		require.Contains(t, first, k)
 	}
+	second := reps[1].(map[string]any)
+	require.EqualValues(t, 700, second["queued_prefill_tokens"])
+	require.EqualValues(t, 1335, second["peer_queued_prefill_tokens"])
 }

@@ -384,6 +384,8 @@ func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, 
 				Running       int     `json:"running"`
 				Waiting       int     `json:"waiting"`
 				KVUsage       float64 `json:"kv_usage"`
+				Queued        int     `json:"queued_prefill_tokens"`
+				PeerQueued    int     `json:"peer_queued_prefill_tokens"`
 				Score         float64 `json:"score"`
 				Filtered      string  `json:"filtered"`
 				Picked        bool    `json:"picked"`
@@ -406,14 +408,14 @@ func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, 
 	}
 	if rep.Explanation != nil {
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
+		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tQUEUED\tPEER-QUEUED\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
 		for _, r := range rep.Explanation.Replicas {
 			pick := ""
 			if r.Picked {
 				pick = "*"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%.4g\t%s\t%s\n", r.Name, r.Matched, r.MatchFraction,
-				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Score, r.Filtered, pick)
+			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%.4g\t%s\t%s\n", r.Name, r.Matched, r.MatchFraction,
+				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Queued, r.PeerQueued, r.Score, r.Filtered, pick)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

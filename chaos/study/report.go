@@ -23,19 +23,29 @@ func (t *Table) Markdown(w io.Writer) {
 	if t.Title != "" {
 		fmt.Fprintf(w, "### %s\n\n", t.Title)
 	}
-	fmt.Fprintf(w, "| %s |\n", strings.Join(t.Header, " | "))
+	fmt.Fprintf(w, "| %s |\n", strings.Join(mdCells(t.Header), " | "))
 	seps := make([]string, len(t.Header))
 	for i := range seps {
 		seps[i] = "---"
 	}
 	fmt.Fprintf(w, "|%s|\n", strings.Join(seps, "|"))
 	for _, r := range t.Rows {
-		fmt.Fprintf(w, "| %s |\n", strings.Join(r, " | "))
+		fmt.Fprintf(w, "| %s |\n", strings.Join(mdCells(r), " | "))
 	}
 	fmt.Fprintln(w)
 	for _, n := range t.Notes {
 		fmt.Fprintf(w, "%s\n\n", n)
 	}
+}
+
+// mdCells escapes the pipes inside cells ("ours | seed" pairs), which
+// Markdown would otherwise read as column separators.
+func mdCells(cells []string) []string {
+	out := make([]string, len(cells))
+	for i, c := range cells {
+		out[i] = strings.ReplaceAll(c, "|", `\|`)
+	}
+	return out
 }
 
 // Text writes t as an aligned plain-text table for a terminal.

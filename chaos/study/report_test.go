@@ -149,3 +149,19 @@ func TestSyncCheck(t *testing.T) {
 	_, ok = study.SyncCheck(&study.Results{Runs: res.Runs[:1]})
 	assert.False(t, ok, "one gateway only: nothing to compare")
 }
+
+// A cell holding "ours | seed" stays one column in Markdown: every row has
+// as many unescaped separators as the header.
+func TestTableMarkdownEscapesPipes(t *testing.T) {
+	tb := study.Table{
+		Header: []string{"scenario", "pass cost | best(LR,PC)", "verdict"},
+		Rows:   [][]string{{"cold / 1", "79 | 57", "meets"}},
+	}
+	var b strings.Builder
+	tb.Markdown(&b)
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	require.Len(t, lines, 3)
+	require.Equal(t, `| scenario | pass cost \| best(LR,PC) | verdict |`, lines[0])
+	require.Equal(t, "|---|---|---|", lines[1])
+	require.Equal(t, `| cold / 1 | 79 \| 57 | meets |`, lines[2])
+}

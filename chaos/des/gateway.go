@@ -31,10 +31,6 @@ type gateway struct {
 
 	inflight []int // this gateway's exact in-flight count per replica
 	queued   []int // uncached prompt tokens sent, stream not finished
-	// queuedSeen is queued as the peers see it (LoadDelay late): the load
-	// report carries the queued prefill with the in-flight counts
-	// (node.PeerQueuedPrefill, route.Candidate.PeerQueuedPrefillTokens).
-	queuedSeen []int
 	// Engine load at the last scrape.
 	running, waiting []int
 	kvUsage          []float64
@@ -82,7 +78,7 @@ func newGateway(w *World, id int) (*gateway, error) {
 	g := &gateway{
 		w: w, id: id, ix: ix, hasher: ix.Hasher(), mode: index.ModeHistory, ledger: index.History,
 		charKeys: charKeys, set: set, rngSeed: mix(o.Seed, "gateway-rng", fmt.Sprint(id)),
-		inflight: make([]int, o.Replicas), queued: make([]int, o.Replicas), queuedSeen: make([]int, o.Replicas),
+		inflight: make([]int, o.Replicas), queued: make([]int, o.Replicas),
 		running: make([]int, o.Replicas), waiting: make([]int, o.Replicas), kvUsage: make([]float64, o.Replicas),
 		matched: make([]int32, o.Replicas), scraped: make([]uint64, o.Replicas),
 	}
@@ -143,11 +139,7 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 		inflight, peerQueued := local, 0
 		if w.shareLoad {
 			inflight += w.seenSum[i] - w.seen[g.id][i]
-			for _, p := range w.gws {
-				if p != g {
-					peerQueued += p.queuedSeen[i]
-				}
-			}
+			peerQueued = w.queuedSum[i] - w.queuedSeen[g.id][i]
 		}
 		g.cands = append(g.cands, route.Candidate{
 			ID:                      id,
@@ -238,11 +230,7 @@ func (g *gateway) addInflight(rep, d int) {
 	if !w.shareLoad {
 		return
 	}
-	if w.opts.LoadDelay == 0 {
-		w.setSeen(g.id, rep, g.inflight[rep])
-		return
-	}
-	w.q.push(event{at: w.now + w.opts.LoadDelay, kind: kindLoad, a: int32(g.id), b: int32(rep), c: int64(g.inflight[rep])})
+	w.shareSeen(kindLoad, g.id, rep, g.inflight[rep])
 }
 
 // release ends f's stream at this gateway: in-flight and queued prefill
@@ -279,18 +267,12 @@ func (g *gateway) releaseQueued(f *flight) {
 }
 
 // shareQueued makes peers see this gateway's queued prefill to rep
-// LoadDelay later, with its in-flight count.
+// LoadDelay later, with its in-flight count (the load report carries
+// both: node.PeerQueuedPrefill).
 func (g *gateway) shareQueued(rep int) {
-	w := g.w
-	if !w.shareLoad {
-		return
+	if g.w.shareLoad {
+		g.w.shareSeen(kindQueued, g.id, rep, g.queued[rep])
 	}
-	v := g.queued[rep]
-	if w.opts.LoadDelay == 0 {
-		g.queuedSeen[rep] = v
-		return
-	}
-	w.q.push(event{at: w.now + w.opts.LoadDelay, fn: func() { g.queuedSeen[rep] = v }})
 }
 
 // scrape reads every engine's load, as node's scraper does each interval.

@@ -13,6 +13,7 @@ const (
 	kindScrape              // gateway a: scrape every engine's load
 	kindLoad                // gateway a's in-flight count for replica b becomes c, as peers see it
 	kindExpire              // gateway a: index expiry
+	kindQueued              // gateway a's queued prefill for replica b becomes c, as peers see it
 )
 
 // event is one scheduled action at virtual time at. seq orders events with

@@ -41,6 +41,10 @@ type World struct {
 	// see it (LoadDelay late); seenSum[r] sums it over gateways.
 	seen    [][]int
 	seenSum []int
+	// queuedSeen and queuedSum are the same for the gateways' queued
+	// prefill (route.Candidate.PeerQueuedPrefillTokens).
+	queuedSeen [][]int
+	queuedSum  []int
 	// shareLoad and shareRecords say whether gateways exchange load and
 	// decisions (more than one gateway and not NoSync).
 	shareLoad bool
@@ -110,11 +114,11 @@ func New(o Options) (*World, error) {
 		w.reps = append(w.reps, &replica{id: i, name: ReplicaName(i), eng: eng, flights: map[sim.RequestID]*flight{}})
 	}
 	w.shareLoad = o.Gateways > 1 && !o.NoSync
-	w.seen = make([][]int, o.Gateways)
+	w.seen, w.queuedSeen = make([][]int, o.Gateways), make([][]int, o.Gateways)
 	for g := range o.Gateways {
-		w.seen[g] = make([]int, o.Replicas)
+		w.seen[g], w.queuedSeen[g] = make([]int, o.Replicas), make([]int, o.Replicas)
 	}
-	w.seenSum = make([]int, o.Replicas)
+	w.seenSum, w.queuedSum = make([]int, o.Replicas), make([]int, o.Replicas)
 	for g := range o.Gateways {
 		gw, err := newGateway(w, g)
 		if err != nil {
@@ -320,7 +324,9 @@ func (w *World) Run(ctx context.Context) error {
 			g.scrape()
 			w.q.push(event{at: w.now + w.opts.ScrapeInterval, kind: kindScrape, a: ev.a})
 		case kindLoad:
-			w.setSeen(int(ev.a), int(ev.b), int(ev.c))
+			setSeen(w.seen, w.seenSum, int(ev.a), int(ev.b), int(ev.c))
+		case kindQueued:
+			setSeen(w.queuedSeen, w.queuedSum, int(ev.a), int(ev.b), int(ev.c))
 		case kindExpire:
 			w.gws[ev.a].ix.Expire(w.nowNs(), w.opts.ExpireNodes)
 			w.q.push(event{at: w.now + w.opts.ExpireInterval, kind: kindExpire, a: ev.a})
@@ -329,10 +335,27 @@ func (w *World) Run(ctx context.Context) error {
 	return nil
 }
 
-// setSeen makes peers see gateway g's in-flight count v to replica r.
-func (w *World) setSeen(g, r, v int) {
-	w.seenSum[r] += v - w.seen[g][r]
-	w.seen[g][r] = v
+// shareSeen makes peers see gateway g's figure v for replica r (kind
+// kindLoad: in-flight count; kindQueued: queued prefill) LoadDelay later,
+// as its next load report would.
+func (w *World) shareSeen(k kind, g, r, v int) {
+	seen, sum := w.seen, w.seenSum
+	if k == kindQueued {
+		seen, sum = w.queuedSeen, w.queuedSum
+	}
+	if w.opts.LoadDelay == 0 {
+		setSeen(seen, sum, g, r, v)
+		return
+	}
+	w.q.push(event{at: w.now + w.opts.LoadDelay, kind: k, a: int32(g), b: int32(r), c: int64(v)})
+}
+
+// setSeen makes peers see gateway g's figure v for replica r in seen
+// (in-flight counts or queued prefill), keeping sum[r] its total over
+// gateways.
+func setSeen(seen [][]int, sum []int, g, r, v int) {
+	sum[r] += v - seen[g][r]
+	seen[g][r] = v
 }
 
 // ResetCaches implements study.Engine: every engine drops its cached

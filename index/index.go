@@ -740,3 +740,24 @@ func (x *Index) Stats() Stats {
 	s.ApproxBytes = b
 	return s
 }
+
+// ConfirmedRun returns how many leading consecutive blocks of keys replica
+// r holds in the Confirmed ledger: what the engine itself reported through
+// KV events, with no speculation or history. The gateway's self-check
+// (node) compares it with the engine's reported cached tokens, so it judges
+// only the engine's own claims. It takes the read lock once, does not
+// allocate, keeps nothing of keys and, unlike Match, does not mark blocks
+// used (it is an observation, not a routing read).
+func (x *Index) ConfirmedRun(keys []BlockKey, r ReplicaID) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	var prev uint32
+	for i, k := range keys {
+		idx := x.find(k, prev)
+		if idx == 0 || !x.has(idx, r, Confirmed) {
+			return i
+		}
+		prev = idx
+	}
+	return len(keys)
+}

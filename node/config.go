@@ -175,6 +175,38 @@ type Config struct {
 	// tokenization is cached (by prompt hash). Default 1024.
 	RemoteTokenizeCacheSize int `yaml:"remote_tokenize_cache_size"`
 
+	// TokenizerAgreement controls the tokenizer probe (agreement.go): when
+	// a replica whose predictions come from KV events (re)joins, the
+	// gateway compares its tokenizer with the engine's /tokenize on a fixed
+	// probe set. "switch" (default) tokenizes a model's prompts with the
+	// engine's /tokenize while a replica disagrees, because keys from a
+	// disagreeing tokenizer never match the engine's confirmed blocks;
+	// "probe" only reports (kvmesh_tokenizer_agreement, /ready, a WARN);
+	// "off" does not probe.
+	TokenizerAgreement string `yaml:"tokenizer_agreement"`
+
+	// MaxInFlight bounds the inference and /debug/route requests this
+	// gateway handles at once; one more is answered 429 with Retry-After
+	// before its body is read. Default 4096: about sixteen vLLM replicas
+	// at their default max-num-seqs of 256 all busy, beyond which requests
+	// would only wait in the engines' queues, while each one held here
+	// costs the gateway its body (up to MaxBodyBytes) and a relay buffer.
+	// 0 disables the limit.
+	MaxInFlight int `yaml:"max_in_flight"`
+
+	// DebugPublic serves /debug/route and /debug/replicas without the admin
+	// token. Default false: a debug view tells whoever asks whether a
+	// prompt (another client's) is cached and where. LocalConfig sets it,
+	// for tests on loopback.
+	DebugPublic bool `yaml:"debug_public"`
+
+	// AdminToken is the bearer token of the debug views and of the
+	// replica-pin header (HeaderPinReplica) in standalone mode; in cluster
+	// mode the cluster's admin token (Cluster.AdminToken) is used. Empty:
+	// $KVMESH_ADMIN_TOKEN, then Cluster.AdminTokenFile. Without any token
+	// the debug views answer 403 unless DebugPublic. Default "".
+	AdminToken string `yaml:"admin_token"`
+
 	// Route holds the strategies' parameters (prefix-cache thresholds,
 	// consistent-hash ring, cost-model priors); see route.Config. Default
 	// route.DefaultConfig(). YAML keys are the lower-cased Go field names
@@ -258,6 +290,8 @@ func DefaultConfig() Config {
 		TokenizerCacheBytes:     64 << 20,
 		RemoteTokenizeTimeout:   200 * time.Millisecond,
 		RemoteTokenizeCacheSize: 1024,
+		TokenizerAgreement:      AgreementSwitch,
+		MaxInFlight:             4096,
 		ShutdownGrace:           30 * time.Second,
 		Route:                   route.DefaultConfig(),
 		Cluster:                 DefaultClusterConfig(),
@@ -280,6 +314,7 @@ func LocalConfig() Config {
 	c.EjectMaxBackoff = 2 * time.Second
 	c.RemoteTokenizeTimeout = 500 * time.Millisecond
 	c.ShutdownGrace = 2 * time.Second
+	c.DebugPublic = true
 	c.Cluster = LocalClusterConfig()
 	return c
 }
@@ -433,6 +468,14 @@ func (c *Config) Validate() error {
 	}
 	if c.TokenizerCacheBytes < 0 {
 		bad("tokenizer_cache_bytes %d is negative", c.TokenizerCacheBytes)
+	}
+	switch c.TokenizerAgreement {
+	case AgreementSwitch, AgreementProbe, AgreementOff:
+	default:
+		bad("tokenizer_agreement %q unknown (want switch, probe or off)", c.TokenizerAgreement)
+	}
+	if c.MaxInFlight < 0 {
+		bad("max_in_flight %d is negative", c.MaxInFlight)
 	}
 	if c.RemoteTokenizeCacheSize < 0 {
 		bad("remote_tokenize_cache_size %d is negative", c.RemoteTokenizeCacheSize)

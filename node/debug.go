@@ -8,6 +8,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/route"
 )
 
@@ -34,6 +35,24 @@ type RouteReport struct {
 	Explanation *route.Explanation `json:"explanation,omitempty"`
 	// Unavailable lists replicas that got no say: ejected or failing health.
 	Unavailable []UnavailableReplica `json:"unavailable,omitempty"`
+	// Confirmed is, per replica of the model, how many leading blocks of
+	// the prompt its engine's own KV events confirm (no speculation, no
+	// history): what kvmesh doctor's KV-stream identity probe reads.
+	Confirmed []ReplicaBlocks `json:"confirmed_blocks,omitempty"`
+	// Suspect lists the model's replicas whose predictions disagree with
+	// their engine (selfcheck.go).
+	Suspect []SuspectReport `json:"suspect,omitempty"`
+	// Agreement is the last tokenizer probe of the model's replicas
+	// (agreement.go); EngineTokenizes is true when this prompt was
+	// tokenized by the engine's /tokenize for that reason.
+	Agreement       []AgreementReport `json:"tokenizer_agreement,omitempty"`
+	EngineTokenizes bool              `json:"engine_tokenizes,omitempty"`
+}
+
+// ReplicaBlocks is a block count of one replica.
+type ReplicaBlocks struct {
+	Name   string `json:"name"`
+	Blocks int    `json:"blocks"`
 }
 
 // UnavailableReplica is a replica left out of a decision.
@@ -124,6 +143,16 @@ func (n *Node) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 			rep.Unavailable = append(rep.Unavailable, u)
 		}
 	}
+	for _, r := range p.replicas {
+		rep.Confirmed = append(rep.Confirmed, ReplicaBlocks{Name: r.name, Blocks: n.index.ConfirmedRun(keys, r.id)})
+		rep.Suspect = r.check.appendSuspects(rep.Suspect, r.name)
+	}
+	for _, a := range n.Agreement() {
+		if a.Model == p.model {
+			rep.Agreement = append(rep.Agreement, a)
+		}
+	}
+	rep.EngineTokenizes = n.engineTokenizes(r.Context(), p)
 	explain := new(route.Explanation)
 	dec, _, err := n.routeOnce(p, strat, keys, &rr, s, nil, explain)
 	if err == nil {
@@ -136,4 +165,72 @@ func (n *Node) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(rep)
+}
+
+// ReplicaReport is one replica in GET /debug/replicas.
+type ReplicaReport struct {
+	Name              string `json:"name"`
+	Model             string `json:"model"`
+	URL               string `json:"url"`
+	PublishesKVEvents bool   `json:"publishes_kv_events"`
+	// IngestedHere is true when this gateway subscribes to the replica's
+	// KV events itself (standalone, kv-bind, or a cluster's late source);
+	// in cluster mode the owning gateway ingests the others.
+	IngestedHere bool `json:"ingested_here"`
+	// JudgedByEvents is true when the index predicts the replica's cache
+	// from KV events, so the self-check judges it.
+	JudgedByEvents bool `json:"judged_by_events"`
+	Available      bool `json:"available"`
+	HealthFailing  bool `json:"health_check_failing"`
+	// ConfirmedEntries is the replica's confirmed (block) entries in the
+	// index.
+	ConfirmedEntries int               `json:"confirmed_entries"`
+	Prediction       []PredictionStats `json:"prediction"`
+	Agreement        *AgreementReport  `json:"tokenizer_agreement,omitempty"`
+}
+
+// ReplicasReport is GET /debug/replicas: the gateway's view of every
+// replica, for kvmesh doctor.
+type ReplicasReport struct {
+	ConfigVersion uint64          `json:"config_version"`
+	ConfigDigest  string          `json:"config_digest"`
+	Tokenizer     string          `json:"tokenizer"`
+	BlockSize     int             `json:"block_size"`
+	Replicas      []ReplicaReport `json:"replicas"`
+}
+
+// serveDebugReplicas answers GET /debug/replicas.
+func (n *Node) serveDebugReplicas(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		n.refuse(w, &apiError{status: http.StatusMethodNotAllowed, code: CodeMethodNotAllowed, message: "use GET"})
+		return
+	}
+	t := n.tbl.Load()
+	agree := map[string]AgreementReport{}
+	for _, a := range n.Agreement() {
+		agree[a.Replica] = a
+	}
+	out := ReplicasReport{ConfigVersion: n.tableVersion.Load(), ConfigDigest: t.digest, Tokenizer: n.tokName, BlockSize: n.hasher.BlockTokens()}
+	now := nowNanos()
+	var keys []index.BlockKey
+	for _, rep := range t.replicas {
+		p := t.models[rep.model].pool
+		keys = n.index.AppendReplicaKeys(keys[:0], rep.id, index.Confirmed)
+		st := rep.check.stats()
+		rr := ReplicaReport{
+			Name: rep.name, Model: rep.model, URL: rep.cfg.URL, PublishesKVEvents: rep.cfg.PublishesKVEvents(),
+			IngestedHere: rep.sub != nil, JudgedByEvents: p != nil && judgesPrediction(p, rep),
+			Available: rep.available(now), HealthFailing: rep.activeDown.Load(),
+			ConfirmedEntries: len(keys), Prediction: st[:],
+		}
+		if a, ok := agree[rep.name]; ok {
+			rr.Agreement = &a
+		}
+		out.Replicas = append(out.Replicas, rr)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(out)
 }

@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"runtime/debug"
@@ -17,13 +16,14 @@ import (
 // routes builds the Node's HTTP API.
 func (n *Node) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/completions", n.serveInference(kindCompletions))
-	mux.Handle("/v1/chat/completions", n.serveInference(kindChat))
+	mux.Handle("/v1/completions", n.limit(n.serveInference(kindCompletions)))
+	mux.Handle("/v1/chat/completions", n.limit(n.serveInference(kindChat)))
 	mux.HandleFunc("/v1/models", n.serveModels)
 	mux.HandleFunc("/health", n.serveHealth)
 	mux.HandleFunc("/ready", n.serveReady)
 	mux.HandleFunc("/admin/", n.serveAdmin)
-	mux.HandleFunc("/debug/route", n.serveDebugRoute)
+	mux.Handle("/debug/route", n.limit(n.debugGate(n.serveDebugRoute)))
+	mux.HandleFunc("/debug/replicas", n.debugGate(n.serveDebugReplicas))
 	mux.Handle("/metrics", promhttp.HandlerFor(n.m.reg, promhttp.HandlerOpts{Registry: n.m.reg}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		n.refuse(w, &apiError{status: http.StatusNotFound, code: CodeNotFound, message: "no such endpoint"})
@@ -109,7 +109,37 @@ func (n *Node) serveReady(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = fmt.Fprintf(w, `{"status":"ready","config_version":%d}`, n.tableVersion.Load())
+	_ = json.NewEncoder(w).Encode(n.readyReport())
+}
+
+// ReadyReport is GET /ready's answer once ready. Suspect replicas and
+// tokenizer disagreements annotate readiness without failing it: routing
+// still works (a suspect replica's cache is only mispredicted), and
+// failing every gateway's readiness over one engine's event stream would
+// take the whole ingress down.
+type ReadyReport struct {
+	Status        string `json:"status"`
+	ConfigVersion uint64 `json:"config_version"`
+	// ConfigDigest identifies the routing config in force (models,
+	// replicas, strategies, parameters); equal on gateways that route alike.
+	ConfigDigest string `json:"config_digest"`
+	// Suspect lists replicas whose index predictions disagree with their
+	// engine (see selfcheck.go).
+	Suspect []SuspectReport `json:"suspect,omitempty"`
+	// TokenizerDisagreements lists replicas whose /tokenize disagreed with
+	// the gateway's tokenizer at their last probe (see agreement.go).
+	TokenizerDisagreements []AgreementReport `json:"tokenizer_disagreements,omitempty"`
+}
+
+func (n *Node) readyReport() ReadyReport {
+	t := n.tbl.Load()
+	rep := ReadyReport{Status: "ready", ConfigVersion: n.tableVersion.Load(), ConfigDigest: t.digest, Suspect: n.Suspects()}
+	for _, a := range n.Agreement() {
+		if a.Verdict == AgreementDisagree {
+			rep.TokenizerDisagreements = append(rep.TokenizerDisagreements, a)
+		}
+	}
+	return rep
 }
 
 // serveAdmin serves the admin HTTP/JSON API (cluster mode) under

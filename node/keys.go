@@ -28,6 +28,11 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 		// The client tokenized: use its tokens as they are.
 		s.keys = n.hasher.AppendKeys(s.keys, root, req.tokens)
 		promptTokens = len(req.tokens)
+	case n.engineTokenizes(ctx, p):
+		// The gateway's tokenizer disagreed with the engine (agreement.go).
+		s.tokens = n.engineTokens(ctx, p, req, s.tokens[:0])
+		s.keys = n.hasher.AppendKeys(s.keys, root, s.tokens)
+		promptTokens = len(s.tokens)
 	case n.tokName == TokenizerCharacter:
 		text := req.text
 		if req.kind == kindChat {

@@ -38,6 +38,15 @@ type metrics struct {
 	// restartRequired is 1 while the applied cluster config changes what
 	// only a restart applies (hash seed, block size, tokenizer, index).
 	restartRequired prometheus.Gauge
+
+	// Self-check (selfcheck.go) and tokenizer agreement (agreement.go).
+	predictionError  *prometheus.HistogramVec // replica, basis
+	predictionChecks *prometheus.CounterVec   // replica, outcome
+	suspect          *prometheus.GaugeVec     // replica, reason
+	agreement        *prometheus.GaugeVec     // model, replica
+	engineTokenizes  *prometheus.GaugeVec     // model
+	// HTTP edges (limit.go).
+	httpInflight prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -105,5 +114,7 @@ func newMetrics() *metrics {
 		m.upstreamErrors, m.ttft, m.healthy, m.ejections, m.retries, m.requests,
 		m.clientErrors, m.tokenizeCache, m.kvApplyErrors, m.restartRequired,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	m.registerSelfCheck()
+	m.registerAgreement()
 	return m
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/node/tokenizer"
 	"github.com/kvmesh/kvmesh/route"
+	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 // Node is one gateway: the OpenAI-compatible proxy, its index, load view,
@@ -34,6 +35,15 @@ type Node struct {
 	tok      tokenizer.Tokenizer
 	tokCache *tokenizer.Cached // nil unless tok is a prefix-cached tiktoken
 	remote   *remoteTokenizer
+	// engineRemote tokenizes the prompts of models whose replicas disagree
+	// with tok (agreement.go); agree holds the verdicts.
+	engineRemote *remoteTokenizer
+	agree        agreementState
+
+	// HTTP edges (edges.go): the admin token of the debug views and the
+	// pin header, and the in-flight limit.
+	admin    adminAuth
+	inflight limiter
 
 	// tbl is the current routing table (pools, models, replicas), swapped
 	// atomically on a config apply; ids names replicas for the index.
@@ -134,6 +144,20 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if n.tokName == TokenizerRemote {
 		n.remote = newRemoteTokenizer(n.client, cfg.RemoteTokenizeCacheSize)
 	}
+	n.engineRemote = n.remote
+	if n.engineRemote == nil {
+		n.engineRemote = newRemoteTokenizer(n.client, cfg.RemoteTokenizeCacheSize)
+	}
+	tok := cfg.AdminToken
+	if tok == "" {
+		if tok, err = config.LoadToken(cfg.Cluster.AdminToken, cfg.Cluster.AdminTokenFile); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+	}
+	n.admin = newAdminAuth(tok)
+	n.inflight.max = int64(cfg.MaxInFlight)
+	n.agree.reports = map[string]AgreementReport{}
+	n.agree.warned = map[string]bool{}
 
 	n.kvMetrics = kvevents.NewMetrics()
 	if err := n.kvMetrics.Register(n.m.reg); err != nil {
@@ -148,6 +172,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		return nil, err
 	}
 	n.registerIndexMetrics()
+	n.m.registerEdges(n)
 	n.registerTokenizerMetrics()
 	if n.cl == nil {
 		// In cluster mode the config store registers the same gauge.

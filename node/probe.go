@@ -39,6 +39,19 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 		healthC = t.C
 		n.checkHealth(ctx, r)
 	}
+	// The tokenizer agreement probe (agreement.go) runs when the replica
+	// is available and has no verdict since it last became available: at
+	// start, after an outage or ejection, and for a replica a config change
+	// added.
+	agreed := false
+	agreement := func() {
+		if !r.available(nowNanos()) {
+			agreed = false
+		} else if !agreed {
+			agreed = n.checkAgreement(ctx, r)
+		}
+	}
+	agreement()
 	for {
 		select {
 		case <-ctx.Done():
@@ -53,6 +66,7 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 		} else {
 			r.mHealthy.Set(0)
 		}
+		agreement()
 	}
 }
 

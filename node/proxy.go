@@ -112,6 +112,14 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			n.refuse(w, aerr)
 			return
 		}
+		pin, aerr := n.pinFor(r, p)
+		if aerr != nil {
+			n.refuse(w, aerr)
+			return
+		}
+		if pin != nil {
+			strat = pin
+		}
 		s := getScratch()
 		defer putScratch(s)
 		rr, keys := n.prepare(r.Context(), p, lora, req, s)
@@ -122,6 +130,9 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			s.rng = n.newRand()
 			t0 := time.Now()
 			dec, earliest, err := n.routeOnce(p, strat, keys, &rr, s, exclude, nil)
+			if err == nil && pin != nil && dec.rep.name != r.Header.Get(HeaderPinReplica) {
+				err = ErrNoHealthyReplica
+			}
 			if err != nil {
 				n.refuse(w, &apiError{status: http.StatusServiceUnavailable, code: CodeNoHealthyReplica,
 					message:    fmt.Sprintf("no healthy replica for model %q", req.model),
@@ -195,8 +206,14 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	}
 	copyHeaders(up.Header, r.Header)
 	up.Header.Del(HeaderStrategy)
+	up.Header.Del(HeaderPinReplica)
+	up.Header.Del(HeaderAdminToken)
 	up.ContentLength = int64(len(body))
 	up.Header.Set("Content-Length", strconv.Itoa(len(body)))
+
+	// The self-check's prediction is read before the request is sent, so
+	// that the request's own KV events cannot be part of it.
+	confirmed := n.confirmedPrediction(dec, keys)
 
 	rep.inflight.Add(1)
 	rep.mInflight.Inc()
@@ -300,6 +317,13 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	} else {
 		rep.onSuccess()
 	}
+	if ok {
+		u := res.sse.usage
+		if !streaming {
+			u = parseUsage(res.body.bytes())
+		}
+		n.checkPrediction(dec, confirmed, u)
+	}
 	if ok && streaming && res.firstAt != 0 {
 		ttft := time.Duration(res.firstAt - start.UnixNano())
 		rep.mTTFT.Observe(ttft.Seconds())
@@ -314,6 +338,7 @@ type relayResult struct {
 	firstAt     int64    // unix nanos of the first body byte, 0 if none
 	lastAt      int64    // unix nanos of the last body byte
 	sse         sseTally // what the SSE events said (streaming only)
+	body        bodyTail // the body's last bytes (non-streaming only)
 	tail        [2]byte
 	clientGone  bool
 	writeFailed bool // clientGone because a write to the client failed
@@ -345,6 +370,8 @@ func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseF
 			chunk := buf[:nr]
 			if streaming {
 				res.sse.feed(chunk, now)
+			} else {
+				res.body.feed(chunk)
 			}
 			if _, werr := w.Write(chunk); werr != nil {
 				res.clientGone, res.writeFailed = true, true

@@ -82,6 +82,11 @@ type replica struct {
 	sub      *kvevents.Subscriber
 	kvHashes []uint64
 
+	// check is the self-check of the index's predictions against the
+	// engine's reported cached tokens (selfcheck.go); it survives reloads
+	// with the replica.
+	check predictionCheck
+
 	// cancel stops the probe loop (set by startReplica; the routing-table
 	// rebuild, serialised by Node.reloadMu, and Shutdown call it).
 	cancel func()

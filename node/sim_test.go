@@ -162,6 +162,9 @@ func TestKVBindReceivesEventsFromAConnectingPublisher(t *testing.T) {
 		c.IndexMode = "hybrid"
 		c.Tokenizer = TokenizerCharacter
 		c.BlockSize = 4
+		// The fake engine's /tokenize deliberately disagrees (ids +1000);
+		// this test is about the events' plumbing.
+		c.TokenizerAgreement = AgreementOff
 	}, ReplicaConfig{Name: "a", URL: e.url(), KVBind: "tcp://127.0.0.1:0"})
 	addr := n.KVBindAddr("a")
 	require.NotEqual(t, "tcp://127.0.0.1:0", addr, "the bound port is resolved")
@@ -217,6 +220,7 @@ func TestKVEventsSaltAndMedium(t *testing.T) {
 		c.IndexMode = "kv-events"
 		c.Tokenizer = TokenizerCharacter
 		c.BlockSize = 4
+		c.TokenizerAgreement = AgreementOff // see TestKVBindReceivesEventsFromAConnectingPublisher
 	}, ReplicaConfig{Name: "a", URL: e.url(), KVBind: "tcp://127.0.0.1:0"})
 	pc := kvevents.DefaultPublisherConfig()
 	pc.Endpoint = n.KVBindAddr("a")

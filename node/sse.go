@@ -19,6 +19,7 @@ type sseTally struct {
 	lastAt      int64 // ... and the last
 	usageTokens int   // last usage.completion_tokens seen, when hasUsage
 	hasUsage    bool
+	usage       usageFigures // prompt and cached tokens of the last usage seen
 }
 
 // feed takes one relayed read, received at now (unix nanos).
@@ -54,6 +55,7 @@ func (t *sseTally) endLine(now int64) {
 	}
 	if v, ok := jsonUintAfter(l, jsonCompletion); ok {
 		t.usageTokens, t.hasUsage = v, true
+		t.usage = parseUsage(l)
 	}
 	if !nonEmptyChoices(l) {
 		return

@@ -30,6 +30,9 @@ type table struct {
 	models   map[string]modelRef
 	replicas []*replica
 	byName   map[string]*replica
+	// digest identifies the routing config (specDigest): gateways that
+	// route alike show the same digest, whatever their version counters.
+	digest string
 }
 
 // routingSpec is what a table is built from: the routing part of a node
@@ -234,6 +237,7 @@ func (n *Node) applySpec(spec routingSpec) error {
 	if err != nil {
 		return err
 	}
+	t.digest = specDigest(spec)
 	running := n.running.Load()
 	for _, r := range ch.added {
 		if err := n.newSubscriber(r); err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/sync/config"
 	"github.com/kvmesh/kvmesh/sync/config/admincli"
 )
 
@@ -31,7 +32,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServeCmd(), newExplainCmd(), newVersionCmd())
+	root.AddCommand(newServeCmd(), newExplainCmd(), newDoctorCmd(), newVersionCmd())
 	// kvmesh config get|set|patch|edit and kvmesh members, over the admin
 	// gRPC API (--admin-addr, --token).
 	root.AddCommand(admincli.Commands()...)
@@ -96,7 +97,7 @@ member: memberlist gossip (--gossip-addr), an embedded NATS server (or
 	fl.StringArrayVar(&f.replicas, "replica", nil, "replica: name=url[,kv=...][,kv-bind=...][,replay=...][,model=...] (repeatable)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
-	fl.StringVar(&d.HTTPAddr, "http-addr", d.HTTPAddr, "listen address of the API, /metrics and /debug/route")
+	fl.StringVar(&d.HTTPAddr, "http-addr", d.HTTPAddr, "listen address of the API, /metrics and /debug/*; all interfaces by default because it is the ingress clients reach (debug views and the admin API need the admin token)")
 	fl.StringVar(&d.Strategy, "strategy", d.Strategy, "default routing strategy: random, least-request, prefix-cache, consistent-hash or cost")
 	fl.StringVar(&d.IndexMode, "index-mode", d.IndexMode, "index mode: history, kv-events or hybrid")
 	fl.StringVar(&d.Tokenizer, "tokenizer", d.Tokenizer, "auto, character, tiktoken or remote")
@@ -114,6 +115,9 @@ member: memberlist gossip (--gossip-addr), an embedded NATS server (or
 	fl.DurationVar(&d.EjectMaxBackoff, "eject-max-backoff", d.EjectMaxBackoff, "longest ejection period")
 	fl.BoolVar(&d.RetryConnectFailures, "retry-connect-failures", d.RetryConnectFailures, "retry once on another replica when connecting fails")
 	fl.DurationVar(&d.ShutdownGrace, "shutdown-grace", d.ShutdownGrace, "how long SIGTERM lets streams drain")
+	fl.StringVar(&d.TokenizerAgreement, "tokenizer-agreement", d.TokenizerAgreement, "probe each KV-event replica's /tokenize against the gateway's tokenizer: switch (use the engine's on disagreement), probe (report only) or off")
+	fl.IntVar(&d.MaxInFlight, "max-in-flight", d.MaxInFlight, "requests this gateway handles at once before answering 429 with Retry-After (0: no limit); the default covers ~16 busy vLLM replicas")
+	fl.BoolVar(&d.DebugPublic, "debug-public", d.DebugPublic, "serve /debug/route and /debug/replicas without the admin token (they reveal which prompts are cached)")
 
 	c := &d.Cluster
 	fl.BoolVar(&c.Enabled, "cluster", c.Enabled, "run as a cluster member (implied by --join and --bootstrap-expect)")
@@ -184,6 +188,9 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("eject-max-backoff", func() { cfg.EjectMaxBackoff = d.EjectMaxBackoff })
 	set("retry-connect-failures", func() { cfg.RetryConnectFailures = d.RetryConnectFailures })
 	set("shutdown-grace", func() { cfg.ShutdownGrace = d.ShutdownGrace })
+	set("tokenizer-agreement", func() { cfg.TokenizerAgreement = d.TokenizerAgreement })
+	set("max-in-flight", func() { cfg.MaxInFlight = d.MaxInFlight })
+	set("debug-public", func() { cfg.DebugPublic = d.DebugPublic })
 
 	c, fc := &cfg.Cluster, &d.Cluster
 	set("cluster", func() { c.Enabled = fc.Enabled })
@@ -298,7 +305,7 @@ func serve(ctx context.Context, cfg node.Config, logger *slog.Logger) error {
 }
 
 func newExplainCmd() *cobra.Command {
-	var addr, model, prompt, promptFile, strategy, session string
+	var addr, model, prompt, promptFile, strategy, session, token, tokenFile string
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "explain",
@@ -315,7 +322,11 @@ func newExplainCmd() *cobra.Command {
 			if model == "" || prompt == "" {
 				return errors.New("explain needs --model and --prompt (or --prompt-file)")
 			}
-			return explain(cmd.Context(), cmd.OutOrStdout(), addr, model, prompt, strategy, session, asJSON)
+			tok, err := config.LoadToken(token, tokenFile)
+			if err != nil {
+				return err
+			}
+			return explain(cmd.Context(), cmd.OutOrStdout(), addr, model, prompt, strategy, session, tok, asJSON)
 		},
 	}
 	fl := cmd.Flags()
@@ -326,10 +337,12 @@ func newExplainCmd() *cobra.Command {
 	fl.StringVar(&strategy, "strategy", "", "strategy to explain (default: the gateway's)")
 	fl.StringVar(&session, "session", "", "session id (consistent-hash key)")
 	fl.BoolVar(&asJSON, "json", false, "print the gateway's JSON report")
+	fl.StringVar(&token, "token", "", "admin token for /debug/route (default $KVMESH_ADMIN_TOKEN, then --token-file)")
+	fl.StringVar(&tokenFile, "token-file", "", "file holding the admin token")
 	return cmd
 }
 
-func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, session string, asJSON bool) error {
+func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, session, token string, asJSON bool) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -353,6 +366,9 @@ func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, 
 	}
 	if session != "" {
 		req.Header.Set(node.HeaderSession, session)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -419,6 +435,25 @@ func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, 
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+	}
+	if len(rep.Confirmed) > 0 {
+		fmt.Fprint(out, "confirmed by KV events:")
+		for _, c := range rep.Confirmed {
+			fmt.Fprintf(out, " %s %d/%d", c.Name, c.Blocks, rep.TotalBlocks)
+		}
+		fmt.Fprintln(out)
+	}
+	for _, s := range rep.Suspect {
+		fmt.Fprintf(out, "SUSPECT %s: %s on %d of %d recent responses; likely cause: %s\n", s.Replica, s.Reason, s.Failures, s.Samples, s.LikelyCause)
+	}
+	for _, a := range rep.Agreement {
+		if a.Verdict == node.AgreementDisagree {
+			fmt.Fprintf(out, "TOKENIZER %s: the gateway's %s tokenizer disagrees with the engine's /tokenize (probe %q: %d vs %d tokens)", a.Replica, a.Tokenizer, a.Probe, a.GatewayTokens, a.EngineTokens)
+			if a.EngineTokenizes {
+				fmt.Fprint(out, "; the model's prompts are tokenized by the engine")
+			}
+			fmt.Fprintln(out)
 		}
 	}
 	for _, u := range rep.Unavailable {

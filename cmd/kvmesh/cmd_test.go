@@ -88,13 +88,20 @@ func TestExplainAgainstAGateway(t *testing.T) {
 	defer engine.Close()
 	cfg := node.LocalConfig()
 	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{{Name: "a", URL: engine.URL}, {Name: "b", URL: engine.URL}}}}
+	cfg.DebugPublic = false // the production default: /debug/route needs the admin token
+	cfg.AdminToken = "explain-token"
 	n, err := node.New(cfg, nil)
 	require.NoError(t, err)
 	require.NoError(t, n.Start(context.Background()))
 	defer func() { require.NoError(t, n.Shutdown(context.Background())) }()
 
 	var out bytes.Buffer
-	require.NoError(t, explain(context.Background(), &out, n.HTTPAddr(), "M", strings.Repeat("p", 300), "least-request", "", false))
+	err = explain(context.Background(), &out, n.HTTPAddr(), "M", "hi", "", "", "", false)
+	assert.ErrorContains(t, err, "unauthorized", "no token, no debug view")
+	err = explain(context.Background(), &out, n.HTTPAddr(), "M", "hi", "", "", "wrong", false)
+	assert.ErrorContains(t, err, "unauthorized")
+	const tok = "explain-token"
+	require.NoError(t, explain(context.Background(), &out, n.HTTPAddr(), "M", strings.Repeat("p", 300), "least-request", "", tok, false))
 	s := out.String()
 	assert.Contains(t, s, "strategy least-request")
 	assert.Contains(t, s, "prompt 300 tokens = 2 blocks of 128")
@@ -102,10 +109,10 @@ func TestExplainAgainstAGateway(t *testing.T) {
 	assert.Regexp(t, `pick [ab] \(least_request\)`, s)
 
 	out.Reset()
-	require.NoError(t, explain(context.Background(), &out, "http://"+n.HTTPAddr(), "M", "hi", "", "", true))
+	require.NoError(t, explain(context.Background(), &out, "http://"+n.HTTPAddr(), "M", "hi", "", "", tok, true))
 	assert.Contains(t, out.String(), `"pick"`)
 
-	err = explain(context.Background(), &out, n.HTTPAddr(), "nope", "hi", "", "", false)
+	err = explain(context.Background(), &out, n.HTTPAddr(), "nope", "hi", "", "", tok, false)
 	assert.ErrorContains(t, err, "model_not_found")
 }
 

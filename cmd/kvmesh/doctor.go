@@ -1,0 +1,485 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/sync/config"
+)
+
+// errDoctorFailed is returned when any check failed (exit status 1).
+var errDoctorFailed = errors.New("doctor: checks failed")
+
+func newDoctorCmd() *cobra.Command {
+	o := doctorOptions{}
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Check a running deployment: gateways, tokenizers, KV-event streams, predictions, config",
+		Long: `Check a running kvmesh deployment and print a verdict per gateway and replica.
+
+For every gateway (--addr, repeatable): reachable and ready, and the routing
+config's digest equal on all of them. For every replica: the gateway's
+tokenizer agrees with the engine's /tokenize; its KV-event stream carries its
+own blocks and no other replica's stream does (a unique probe prompt is pinned
+to the replica through the first gateway and must come back confirmed on that
+replica only); its event sequence is healthy (no malformed or dropped
+batches); the index's predictions agree with the engine's reported
+cached_tokens. Exits non-zero when any check fails.
+
+The debug views and the pin header need the admin token: --token, else
+$KVMESH_ADMIN_TOKEN, else --token-file.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			tok, err := config.LoadToken(o.token, o.tokenFile)
+			if err != nil {
+				return err
+			}
+			o.token = tok
+			return doctor(cmd.Context(), cmd.OutOrStdout(), o)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringArrayVar(&o.addrs, "addr", []string{"127.0.0.1:8080"}, "gateway address (host:port or URL; repeatable)")
+	fl.StringVar(&o.token, "token", "", "admin token (prefer $KVMESH_ADMIN_TOKEN or --token-file)")
+	fl.StringVar(&o.tokenFile, "token-file", "", "file holding the admin token")
+	fl.DurationVar(&o.probeTimeout, "probe-timeout", 10*time.Second, "how long a probe prompt may take to come back confirmed")
+	fl.BoolVar(&o.skipStreams, "skip-stream-probe", false, "do not send probe prompts (no KV-stream identity check)")
+	return cmd
+}
+
+// doctorOptions are the doctor's inputs.
+type doctorOptions struct {
+	addrs        []string
+	token        string
+	tokenFile    string
+	probeTimeout time.Duration
+	skipStreams  bool
+}
+
+// verdicts collects and prints check results.
+type verdicts struct {
+	out   io.Writer
+	fails int
+	warns int
+}
+
+func (v *verdicts) pass(subject, format string, args ...any) {
+	fmt.Fprintf(v.out, "PASS  %-22s %s\n", subject, fmt.Sprintf(format, args...))
+}
+
+func (v *verdicts) warn(subject, format string, args ...any) {
+	v.warns++
+	fmt.Fprintf(v.out, "WARN  %-22s %s\n", subject, fmt.Sprintf(format, args...))
+}
+
+func (v *verdicts) fail(subject, format string, args ...any) {
+	v.fails++
+	fmt.Fprintf(v.out, "FAIL  %-22s %s\n", subject, fmt.Sprintf(format, args...))
+}
+
+// gatewayView is what the doctor learned from one gateway.
+type gatewayView struct {
+	addr     string
+	base     string
+	ready    *node.ReadyReport
+	replicas *node.ReplicasReport
+	kv       map[string]map[string]float64 // metric (without prefix) → replica → value
+}
+
+type doctorClient struct {
+	http  *http.Client
+	token string
+}
+
+func (c *doctorClient) do(ctx context.Context, method, url string, body []byte, hdr map[string]string) (int, []byte, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+		req.Header.Set(node.HeaderAdminToken, c.token)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
+	return resp.StatusCode, data, err
+}
+
+func baseURL(addr string) string {
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	return strings.TrimRight(addr, "/")
+}
+
+// doctor runs every check and prints one line per verdict; it returns
+// errDoctorFailed when any failed.
+func doctor(ctx context.Context, out io.Writer, o doctorOptions) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if len(o.addrs) == 0 {
+		return errors.New("doctor needs at least one --addr")
+	}
+	if o.probeTimeout <= 0 {
+		o.probeTimeout = 10 * time.Second
+	}
+	c := &doctorClient{http: &http.Client{Timeout: 30 * time.Second}, token: o.token}
+	v := &verdicts{out: out}
+	var gws []*gatewayView
+	for _, a := range o.addrs {
+		g := &gatewayView{addr: a, base: baseURL(a)}
+		gws = append(gws, g)
+		checkGateway(ctx, c, v, g)
+	}
+	checkConvergence(v, gws)
+
+	// Replicas, in the order the first answering gateway lists them.
+	var first *gatewayView
+	for _, g := range gws {
+		if g.replicas != nil {
+			first = g
+			break
+		}
+	}
+	if first == nil {
+		v.fail("replicas", "no gateway answered /debug/replicas: nothing to check")
+	} else {
+		for _, r := range first.replicas.Replicas {
+			checkReplica(ctx, c, v, o, gws, first, r)
+		}
+	}
+	fmt.Fprintf(out, "\nverdict: ")
+	if v.fails > 0 {
+		fmt.Fprintf(out, "FAIL (%d failed, %d warnings)\n", v.fails, v.warns)
+		return fmt.Errorf("%w: %d", errDoctorFailed, v.fails)
+	}
+	fmt.Fprintf(out, "PASS (%d warnings)\n", v.warns)
+	return nil
+}
+
+// checkGateway reads one gateway's /ready, /debug/replicas and /metrics.
+func checkGateway(ctx context.Context, c *doctorClient, v *verdicts, g *gatewayView) {
+	subject := "gateway " + g.addr
+	st, data, err := c.do(ctx, http.MethodGet, g.base+"/ready", nil, nil)
+	if err != nil {
+		v.fail(subject, "unreachable: %v", err)
+		return
+	}
+	if st != http.StatusOK {
+		v.fail(subject, "not ready (%d): %s", st, strings.TrimSpace(string(data)))
+		return
+	}
+	var rr node.ReadyReport
+	if err := json.Unmarshal(data, &rr); err != nil {
+		v.fail(subject, "unreadable /ready answer: %v", err)
+		return
+	}
+	g.ready = &rr
+	v.pass(subject, "reachable and ready (config version %d, digest %s)", rr.ConfigVersion, rr.ConfigDigest)
+
+	st, data, err = c.do(ctx, http.MethodGet, g.base+"/debug/replicas", nil, nil)
+	switch {
+	case err != nil:
+		v.fail(subject, "/debug/replicas: %v", err)
+	case st == http.StatusUnauthorized:
+		v.fail(subject, "/debug/replicas refused the admin token (set KVMESH_ADMIN_TOKEN or --token to the gateway's): %s", strings.TrimSpace(string(data)))
+	case st != http.StatusOK:
+		v.fail(subject, "/debug/replicas answered %d (a gateway older than this doctor?)", st)
+	default:
+		var rep node.ReplicasReport
+		if err := json.Unmarshal(data, &rep); err != nil {
+			v.fail(subject, "unreadable /debug/replicas answer: %v", err)
+			break
+		}
+		g.replicas = &rep
+	}
+	st, data, err = c.do(ctx, http.MethodGet, g.base+"/metrics", nil, nil)
+	if err == nil && st == http.StatusOK {
+		g.kv = parseKVEventMetrics(data)
+	}
+}
+
+// checkConvergence compares the gateways' routing configs.
+func checkConvergence(v *verdicts, gws []*gatewayView) {
+	digests := map[string][]string{}
+	for _, g := range gws {
+		if g.ready != nil {
+			k := fmt.Sprintf("version %d digest %s", g.ready.ConfigVersion, g.ready.ConfigDigest)
+			digests[k] = append(digests[k], g.addr)
+		}
+	}
+	switch len(digests) {
+	case 0:
+	case 1:
+		for k, as := range digests {
+			v.pass("config", "%d gateway(s) route on one config (%s)", len(as), k)
+		}
+	default:
+		keys := make([]string, 0, len(digests))
+		for k := range digests {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		parts := make([]string, 0, len(keys))
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s: %s", strings.Join(digests[k], ","), k))
+		}
+		v.fail("config", "gateways route on different configs: %s", strings.Join(parts, "; "))
+	}
+}
+
+// checkReplica runs the per-replica checks.
+func checkReplica(ctx context.Context, c *doctorClient, v *verdicts, o doctorOptions, gws []*gatewayView, first *gatewayView, r node.ReplicaReport) {
+	subject := "replica " + r.Name
+	// Reachability, as the gateways' health checks see it.
+	down := []string{}
+	for _, g := range gws {
+		if rr := findReplica(g, r.Name); rr != nil && !rr.Available {
+			down = append(down, g.addr)
+		}
+	}
+	if len(down) > 0 {
+		v.fail(subject, "unavailable (health check failing or ejected) on %s", strings.Join(down, ", "))
+	} else {
+		v.pass(subject, "available on every gateway (model %s)", r.Model)
+	}
+
+	// Tokenizer agreement.
+	switch {
+	case r.Agreement != nil && r.Agreement.Verdict == node.AgreementDisagree:
+		a := r.Agreement
+		how := "the gateway keeps its own tokenizer, so this replica's KV-event matches miss"
+		if a.EngineTokenizes {
+			how = "the gateway now asks the engine's /tokenize for every prompt of the model (slower)"
+		}
+		v.fail(subject, "tokenizer: the gateway's %s tokenizer disagrees with the engine's /tokenize (probe %q: gateway %d tokens, engine %d); %s; set --tokenizer hf:<dir> with the model's tokenizer files",
+			a.Tokenizer, a.Probe, a.GatewayTokens, a.EngineTokens, how)
+	case r.Agreement != nil:
+		v.pass(subject, "tokenizer: the gateway's %s tokenizer agrees with the engine's /tokenize", r.Agreement.Tokenizer)
+	case r.JudgedByEvents:
+		v.warn(subject, "tokenizer: not probed yet (the engine's /tokenize did not answer, or the replica just joined)")
+	}
+
+	if r.JudgedByEvents && r.PublishesKVEvents {
+		if o.skipStreams {
+			v.warn(subject, "kv stream: identity not checked (--skip-stream-probe)")
+		} else {
+			checkStreamIdentity(ctx, c, v, o, gws, first, r)
+		}
+		checkSequence(v, gws, r)
+	}
+
+	// Prediction error, on every gateway.
+	clean := true
+	for _, g := range gws {
+		if g.ready == nil {
+			continue
+		}
+		for _, s := range g.ready.Suspect {
+			if s.Replica != r.Name {
+				continue
+			}
+			clean = false
+			v.fail(subject, "prediction (%s): %s on %d of %d recent responses; likely cause: %s", g.addr, s.Reason, s.Failures, s.Samples, s.LikelyCause)
+		}
+	}
+	if clean {
+		samples := 0
+		if rr := findReplica(first, r.Name); rr != nil {
+			for _, p := range rr.Prediction {
+				samples = max(samples, p.Samples)
+			}
+		}
+		switch {
+		case !r.JudgedByEvents:
+			v.pass(subject, "prediction: history guesses, not judged")
+		case samples == 0:
+			v.warn(subject, "prediction: no response with usage.prompt_tokens_details.cached_tokens yet (vLLM needs --enable-prompt-tokens-details; streams need stream_options.include_usage)")
+		default:
+			v.pass(subject, "prediction: agrees with the engine's cached_tokens (%d recent responses)", samples)
+		}
+	}
+}
+
+func findReplica(g *gatewayView, name string) *node.ReplicaReport {
+	if g == nil || g.replicas == nil {
+		return nil
+	}
+	for i := range g.replicas.Replicas {
+		if g.replicas.Replicas[i].Name == name {
+			return &g.replicas.Replicas[i]
+		}
+	}
+	return nil
+}
+
+// probePrompt is a prompt no one else sends: a random nonce first (so no
+// cached prefix can match it), then enough text for several blocks of any
+// tokenizer.
+func probePrompt(replica string) string {
+	var nonce [12]byte
+	_, _ = rand.Read(nonce[:])
+	var b strings.Builder
+	fmt.Fprintf(&b, "kvmesh doctor probe %s for replica %s. ", hex.EncodeToString(nonce[:]), replica)
+	for i := 0; b.Len() < 3000; i++ {
+		fmt.Fprintf(&b, "Line %d of the probe checks that this engine's KV events reach the gateways under its own name. ", i)
+	}
+	return b.String()
+}
+
+// checkStreamIdentity pins a unique prompt to r through the first gateway
+// and reads, on every gateway, which replicas' streams confirmed its
+// blocks.
+func checkStreamIdentity(ctx context.Context, c *doctorClient, v *verdicts, o doctorOptions, gws []*gatewayView, first *gatewayView, r node.ReplicaReport) {
+	subject := "replica " + r.Name
+	prompt := probePrompt(r.Name)
+	body, _ := json.Marshal(map[string]any{"model": r.Model, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+	st, data, err := c.do(ctx, http.MethodPost, first.base+"/v1/completions", body, map[string]string{node.HeaderPinReplica: r.Name})
+	if err != nil || st != http.StatusOK {
+		v.fail(subject, "kv stream: the pinned probe prompt failed (%d): %v %s", st, err, strings.TrimSpace(string(data)))
+		return
+	}
+	route, _ := json.Marshal(map[string]any{"model": r.Model, "prompt": prompt})
+	for _, g := range gws {
+		if g.replicas == nil {
+			continue
+		}
+		where := ""
+		if len(gws) > 1 {
+			where = " (" + g.addr + ")"
+		}
+		var last node.RouteReport
+		own := func() int {
+			for _, b := range last.Confirmed {
+				if b.Name == r.Name {
+					return b.Blocks
+				}
+			}
+			return 0
+		}
+		deadline := time.Now().Add(o.probeTimeout)
+		for {
+			st, data, err := c.do(ctx, http.MethodPost, g.base+"/debug/route", route, nil)
+			if err == nil && st == http.StatusOK {
+				_ = json.Unmarshal(data, &last)
+			}
+			if (last.TotalBlocks > 0 && own() >= last.TotalBlocks-1) || time.Now().After(deadline) || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // polling a remote condition with a deadline
+		}
+		var crossed []string
+		for _, b := range last.Confirmed {
+			if b.Name != r.Name && b.Blocks > 0 {
+				crossed = append(crossed, fmt.Sprintf("%s (%d blocks)", b.Name, b.Blocks))
+			}
+		}
+		switch n := own(); {
+		case len(crossed) > 0:
+			v.fail(subject, "kv stream%s: the probe sent to %s came back confirmed on %s: that replica's kv= endpoint carries %s's KV events (crossed event stream)",
+				where, r.Name, strings.Join(crossed, ", "), r.Name)
+			if n == 0 {
+				v.fail(subject, "kv stream%s: and %s's own stream did not confirm it: its kv= endpoint does not carry its engine's events", where, r.Name)
+			}
+		case n == 0:
+			v.fail(subject, "kv stream%s: the probe's %d blocks never came back confirmed on %s within %v: its kv= endpoint does not carry this engine's KV events (crossed or wrong endpoint, events off, or lost)",
+				where, last.TotalBlocks, r.Name, o.probeTimeout)
+		case n < last.TotalBlocks-1:
+			v.warn(subject, "kv stream%s: only %d of the probe's %d blocks confirmed within %v", where, n, last.TotalBlocks, o.probeTimeout)
+		default:
+			v.pass(subject, "kv stream%s: the probe's %d blocks came back confirmed on %s and on no other replica", where, n, r.Name)
+		}
+	}
+}
+
+// checkSequence reads the KV-event subscriber counters every gateway
+// exports for r (in a cluster only the stream's owner has them).
+func checkSequence(v *verdicts, gws []*gatewayView, r node.ReplicaReport) {
+	subject := "replica " + r.Name
+	sum := func(metric string) float64 {
+		t := 0.0
+		for _, g := range gws {
+			t += g.kv[metric][r.Name]
+		}
+		return t
+	}
+	batches, gaps, malformed, dropped := sum("batches_total"), sum("gaps_total"), sum("malformed_total"), sum("dropped_total")
+	resets := sum("resets_total")
+	switch {
+	case malformed > 0 || dropped > 0:
+		v.fail(subject, "sequence: %.0f malformed and %.0f dropped batches (of %.0f; %.0f gaps, %.0f resets)", malformed, dropped, batches, gaps, resets)
+	case batches == 0:
+		v.warn(subject, "sequence: no KV-event batch counted on these gateways (in a cluster another gateway may own the stream)")
+	case gaps > 0 || resets > 0:
+		v.warn(subject, "sequence: %.0f batches, %.0f gaps, %.0f resets (engine restarts reset; repeated gaps mean lost events)", batches, gaps, resets)
+	default:
+		v.pass(subject, "sequence: %.0f batches, no gap, reset, malformed or dropped batch", batches)
+	}
+}
+
+// parseKVEventMetrics reads kvmesh_kvevents_* samples from a Prometheus
+// text exposition, summed per replica label: metric → replica → value.
+func parseKVEventMetrics(data []byte) map[string]map[string]float64 {
+	const prefix = "kvmesh_kvevents_"
+	out := map[string]map[string]float64{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		brace := strings.IndexByte(line, '{')
+		end := strings.LastIndexByte(line, '}')
+		if brace < 0 || end < brace {
+			continue
+		}
+		name := line[len(prefix):brace]
+		labels := line[brace+1 : end]
+		replica := ""
+		for _, kv := range strings.Split(labels, ",") {
+			if k, val, ok := strings.Cut(kv, "="); ok && k == "replica" {
+				replica, _ = strconv.Unquote(val)
+			}
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(line[end+1:]), 64)
+		if err != nil || replica == "" {
+			continue
+		}
+		if out[name] == nil {
+			out[name] = map[string]float64{}
+		}
+		out[name][replica] += f
+	}
+	return out
+}

@@ -223,9 +223,18 @@ func checkGateway(ctx context.Context, c *doctorClient, v *verdicts, g *gatewayV
 		}
 		g.replicas = &rep
 	}
-	st, data, err = c.do(ctx, http.MethodGet, g.base+"/metrics", nil, nil)
-	if err == nil && st == http.StatusOK {
-		g.kv = parseKVEventMetrics(data)
+}
+
+// refreshKVMetrics reads every reachable gateway's KV-event counters.
+func refreshKVMetrics(ctx context.Context, c *doctorClient, gws []*gatewayView) {
+	for _, g := range gws {
+		if g.ready == nil {
+			continue
+		}
+		st, data, err := c.do(ctx, http.MethodGet, g.base+"/metrics", nil, nil)
+		if err == nil && st == http.StatusOK {
+			g.kv = parseKVEventMetrics(data)
+		}
 	}
 }
 
@@ -291,11 +300,15 @@ func checkReplica(ctx context.Context, c *doctorClient, v *verdicts, o doctorOpt
 	}
 
 	if r.JudgedByEvents && r.PublishesKVEvents {
-		if o.skipStreams {
+		switch {
+		case o.skipStreams:
 			v.warn(subject, "kv stream: identity not checked (--skip-stream-probe)")
-		} else {
+		case r.Agreement != nil && r.Agreement.Verdict == node.AgreementDisagree && !r.Agreement.EngineTokenizes:
+			v.warn(subject, "kv stream: identity not checkable while the gateway's block keys differ from the engine's (tokenizer, above)")
+		default:
 			checkStreamIdentity(ctx, c, v, o, gws, first, r)
 		}
+		refreshKVMetrics(ctx, c, gws) // after the probe's batches
 		checkSequence(v, gws, r)
 	}
 
@@ -350,7 +363,9 @@ func probePrompt(replica string) string {
 	var nonce [12]byte
 	_, _ = rand.Read(nonce[:])
 	var b strings.Builder
-	fmt.Fprintf(&b, "kvmesh doctor probe %s for replica %s. ", hex.EncodeToString(nonce[:]), replica)
+	// The nonce comes first: a first block shared with any other prompt
+	// (an earlier probe's) would be confirmed elsewhere legitimately.
+	fmt.Fprintf(&b, "%s kvmesh doctor probe for replica %s. ", hex.EncodeToString(nonce[:]), replica)
 	for i := 0; b.Len() < 3000; i++ {
 		fmt.Fprintf(&b, "Line %d of the probe checks that this engine's KV events reach the gateways under its own name. ", i)
 	}

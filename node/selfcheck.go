@@ -16,7 +16,7 @@ import (
 // is compared with what the index predicted for the replica when the
 // request was routed. Three symptoms are judged, each over its own window
 // of recent eligible responses, and only for replicas whose predictions
-// come from KV events (kv-events mode, or hybrid and the replica
+// come from KV events (kv-events or hybrid mode, and the replica
 // publishes): history predictions are guesses by design, so their error is
 // exported as a histogram but never makes a replica suspect.
 //
@@ -214,15 +214,10 @@ func (n *Node) Suspects() []SuspectReport {
 }
 
 // judgesPrediction reports whether p's predictions for r come from KV
-// events, the only ones the self-check judges.
+// events (the index trusts them and the replica publishes them), the only
+// ones the self-check judges.
 func judgesPrediction(p *pool, r *replica) bool {
-	switch p.mode {
-	case index.ModeKVEvents:
-		return true
-	case index.ModeHybrid:
-		return r.cfg.PublishesKVEvents()
-	}
-	return false
+	return (p.mode == index.ModeKVEvents || p.mode == index.ModeHybrid) && r.cfg.PublishesKVEvents()
 }
 
 // confirmedPrediction is the confirmed run of dec's pick at routing time

@@ -310,6 +310,10 @@ func checkReplica(ctx context.Context, c *doctorClient, v *verdicts, o doctorOpt
 		}
 		refreshKVMetrics(ctx, c, gws) // after the probe's batches
 		checkSequence(v, gws, r)
+	} else if !o.skipStreams && !r.PublishesKVEvents && modelHasEvents(first, r.Model) {
+		// A replica without events of its own: its blocks must show up on
+		// no other replica's stream (the README mistake of issue 15).
+		checkStreamIdentity(ctx, c, v, o, gws, first, r)
 	}
 
 	// Prediction error, on every gateway.
@@ -402,13 +406,20 @@ func checkStreamIdentity(ctx context.Context, c *doctorClient, v *verdicts, o do
 			}
 			return 0
 		}
-		deadline := time.Now().Add(o.probeTimeout)
+		wait := o.probeTimeout
+		if !r.PublishesKVEvents {
+			wait = min(wait, 2*time.Second) // nothing to wait for but strays
+		}
+		deadline := time.Now().Add(wait)
 		for {
 			st, data, err := c.do(ctx, http.MethodPost, g.base+"/debug/route", route, nil)
 			if err == nil && st == http.StatusOK {
 				_ = json.Unmarshal(data, &last)
 			}
-			if (last.TotalBlocks > 0 && own() >= last.TotalBlocks-1) || time.Now().After(deadline) || ctx.Err() != nil {
+			if (r.PublishesKVEvents && last.TotalBlocks > 0 && own() >= last.TotalBlocks-1) || time.Now().After(deadline) || ctx.Err() != nil {
+				break
+			}
+			if !r.PublishesKVEvents && strays(last) {
 				break
 			}
 			time.Sleep(100 * time.Millisecond) // polling a remote condition with a deadline
@@ -420,6 +431,11 @@ func checkStreamIdentity(ctx context.Context, c *doctorClient, v *verdicts, o do
 			}
 		}
 		switch n := own(); {
+		case !r.PublishesKVEvents && len(crossed) > 0:
+			v.fail(subject, "kv stream%s: %s publishes no KV events, yet the probe sent to it came back confirmed on %s: that replica's kv= endpoint carries %s's KV events (crossed event stream)",
+				where, r.Name, strings.Join(crossed, ", "), r.Name)
+		case !r.PublishesKVEvents:
+			v.pass(subject, "kv stream%s: publishes no KV events, and no other replica's stream carries its blocks", where)
 		case len(crossed) > 0:
 			v.fail(subject, "kv stream%s: the probe sent to %s came back confirmed on %s: that replica's kv= endpoint carries %s's KV events (crossed event stream)",
 				where, r.Name, strings.Join(crossed, ", "), r.Name)
@@ -435,6 +451,27 @@ func checkStreamIdentity(ctx context.Context, c *doctorClient, v *verdicts, o do
 			v.pass(subject, "kv stream%s: the probe's %d blocks came back confirmed on %s and on no other replica", where, n, r.Name)
 		}
 	}
+}
+
+// modelHasEvents reports whether some replica of model feeds the index
+// from KV events.
+func modelHasEvents(g *gatewayView, model string) bool {
+	for _, r := range g.replicas.Replicas {
+		if r.Model == model && r.JudgedByEvents {
+			return true
+		}
+	}
+	return false
+}
+
+// strays reports whether a report shows any replica's confirmed blocks.
+func strays(rep node.RouteReport) bool {
+	for _, b := range rep.Confirmed {
+		if b.Blocks > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // checkSequence reads the KV-event subscriber counters every gateway

@@ -152,6 +152,20 @@ func TestDoctorPassesOnAMatchingSetup(t *testing.T) {
 	assert.Contains(t, buf.String(), "refused the admin token")
 }
 
+// The README mistake of issue 15: a publishes nothing of its own, b's kv=
+// points at a's publisher. The doctor names the crossed stream from a's
+// probe too.
+func TestDoctorFailsOnTheIssueREADMECrossing(t *testing.T) {
+	a, b := startEngine(t, "bytes"), startEngine(t, "bytes")
+	crossed := node.ReplicaConfig{Name: "b", URL: b.URL(), KVEndpoint: a.KVEventsAddr(), ReplayEndpoint: a.KVReplayAddr()}
+	n := startDoctorGateway(t, node.TokenizerCharacter, node.ReplicaConfig{Name: "a", URL: a.URL()}, crossed)
+	waitHears(t, n, a, "b")
+	out, err := runDoctor(t, n.HTTPAddr())
+	require.ErrorIs(t, err, errDoctorFailed)
+	assert.Regexp(t, `FAIL +replica a +kv stream: a publishes no KV events, yet the probe sent to it came back confirmed on b \(\d+ blocks\): that replica's kv= endpoint carries a's KV events \(crossed event stream\)`, out)
+	assert.Regexp(t, `FAIL +replica b +kv stream: the probe's \d+ blocks never came back confirmed on b`, out)
+}
+
 // (a) Replica b's kv= crossed to a's stream: the doctor fails and names it.
 func TestDoctorFailsOnACrossedStream(t *testing.T) {
 	a, b := startEngine(t, "bytes"), startEngine(t, "bytes")

@@ -76,8 +76,23 @@
 //
 // Probes: GET /health is liveness (200 until Shutdown begins). GET /ready
 // is readiness: 200 once serving and, in cluster mode, joined, index
-// bootstrapped and a raft config version applied. kvmesh_config_version
+// bootstrapped and a raft config version applied; its JSON (ReadyReport)
+// carries the config version and digest and annotates, without failing,
+// suspect replicas and tokenizer disagreements. kvmesh_config_version
 // is exported on every node (0 standalone).
+//
+// Self-checks: responses carrying usage.prompt_tokens_details.cached_tokens
+// are compared with the index's prediction for their replica (selfcheck.go:
+// kvmesh_index_suspect, kvmesh_index_prediction_error_tokens); KV-event
+// replicas' /tokenize is compared with the gateway's tokenizer when they
+// (re)join (agreement.go: kvmesh_tokenizer_agreement), and a disagreeing
+// model is tokenized by the engine.
+//
+// HTTP edges (edges.go): /debug/route and /debug/replicas need the admin
+// token (Config.AdminToken, $KVMESH_ADMIN_TOKEN or the cluster's token
+// file) unless Config.DebugPublic; HeaderPinReplica pins a request to a
+// replica with the token in HeaderAdminToken; Config.MaxInFlight bounds
+// concurrent inference and /debug/route requests (429 with Retry-After).
 //
 // Graceful shutdown (SIGTERM in kvmesh serve, then Shutdown with
 // ShutdownGrace): /health and /ready turn 503; the gateway gossips its

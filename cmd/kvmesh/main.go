@@ -5,6 +5,7 @@
 //	    --replica b=http://127.0.0.1:8002,kv=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558 \
 //	    --index-mode hybrid --strategy cost
 //	kvmesh explain --addr 127.0.0.1:8080 --model M --prompt "..."
+//	kvmesh doctor --addr 127.0.0.1:8080 [--addr ...]   # exits 1 on any failed check
 //	kvmesh config get|set|patch|edit --admin-addr 127.0.0.1:7948
 //	kvmesh members --admin-addr 127.0.0.1:7948
 //	kvmesh version

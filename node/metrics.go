@@ -45,8 +45,6 @@ type metrics struct {
 	suspect          *prometheus.GaugeVec     // replica, reason
 	agreement        *prometheus.GaugeVec     // model, replica
 	engineTokenizes  *prometheus.GaugeVec     // model
-	// HTTP edges (limit.go).
-	httpInflight prometheus.Gauge
 }
 
 func newMetrics() *metrics {

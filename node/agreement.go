@@ -342,3 +342,29 @@ func (m *metrics) registerAgreement() {
 	}, []string{"model"})
 	m.reg.MustRegister(m.agreement, m.engineTokenizes)
 }
+
+// forgetChecks drops a removed replica's self-check and agreement series
+// and its agreement verdict (which no longer holds its model's switch).
+func (n *Node) forgetChecks(r *replica) {
+	l := prometheus.Labels{"replica": r.name}
+	n.m.suspect.DeletePartialMatch(l)
+	n.m.predictionChecks.DeletePartialMatch(l)
+	n.m.predictionError.DeletePartialMatch(l)
+	n.m.agreement.DeletePartialMatch(l)
+	a := &n.agree
+	a.mu.Lock()
+	rep, ok := a.reports[r.name]
+	delete(a.reports, r.name)
+	delete(a.warned, r.name)
+	still := false
+	for _, o := range a.reports {
+		if ok && o.Model == rep.Model && o.Verdict == AgreementDisagree {
+			still = true
+		}
+	}
+	if ok && !still && a.engine.has(rep.Model) {
+		a.engine.set(rep.Model, false)
+		n.m.engineTokenizes.WithLabelValues(rep.Model).Set(0)
+	}
+	a.mu.Unlock()
+}

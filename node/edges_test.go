@@ -166,3 +166,26 @@ func TestInFlightLimit(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, 4096, DefaultConfig().MaxInFlight)
 }
+
+// A replica that leaves the routing table takes its verdict with it: the
+// model goes back to the gateway's tokenizer when no remaining replica
+// disagrees, and its series go.
+func TestAgreementForgetsRemovedReplica(t *testing.T) {
+	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b") // /tokenize answers ids +1000: disagrees
+	n := startNode(t, func(c *Config) {
+		c.IndexMode = "kv-events"
+		c.Tokenizer = TokenizerCharacter
+		c.BlockSize = 4
+	}, ReplicaConfig{Name: "a", URL: a.url()}, ReplicaConfig{Name: "b", URL: b.url(), KVBind: "tcp://127.0.0.1:0"})
+	require.Eventually(t, func() bool { return len(n.Agreement()) == 1 }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, "b", n.Agreement()[0].Replica, "only the replica that publishes KV events is probed")
+	assert.Equal(t, AgreementDisagree, n.Agreement()[0].Verdict)
+	assert.True(t, n.agree.engine.has("m"))
+
+	spec := specFromConfig(&n.cfg)
+	spec.models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{{Name: "a", URL: a.url()}}}}
+	require.NoError(t, n.applySpec(spec))
+	assert.Empty(t, n.Agreement())
+	assert.False(t, n.agree.engine.has("m"), "the model's own tokenizer again")
+	assert.Zero(t, gaugeValue(t, n, "kvmesh_tokenizer_engine_tokenizes"))
+}

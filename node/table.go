@@ -252,6 +252,7 @@ func (n *Node) applySpec(spec routingSpec) error {
 		n.index.DropReplica(r.id)
 		n.m.inflight.DeleteLabelValues(r.name)
 		n.m.healthy.DeleteLabelValues(r.name)
+		n.forgetChecks(r)
 	}
 	if running {
 		for _, r := range ch.added {

@@ -233,3 +233,34 @@ func TestSelfCheckMatchingSetup(t *testing.T) {
 	assert.Empty(t, n.Suspects())
 	assert.Empty(t, readyReport(t, n).Suspect)
 }
+
+// A replica whose kv= endpoint carries nothing (events never arrive): its
+// engine reuses blocks the index never saw stored, and once the
+// speculative entries of the gateway's own decisions expire the replica is
+// suspect of under-prediction.
+func TestSelfCheckEventsNeverArrive(t *testing.T) {
+	a, silent := startSimTok(t, "bytes"), startSimTok(t, "bytes")
+	// a's kv= points at an engine that never gets a request, so publishes
+	// nothing.
+	deaf := ReplicaConfig{Name: "a", URL: a.URL(), KVEndpoint: silent.KVEventsAddr()}
+	n := startNode(t, func(c *Config) {
+		c.IndexMode = "kv-events"
+		c.Tokenizer = TokenizerCharacter
+		c.BlockSize = 16
+		c.SpeculativeTTL = 100 * time.Millisecond
+	}, deaf)
+	for i := range 2 * suspectMinFailures {
+		prompt := fmt.Sprintf("Document %d. %s", i, strings.Repeat("The service tracks request latency across healthy replicas. ", 4))
+		sendWithUsage(t, n, i, prompt) // the engine caches it
+		require.Eventually(t, func() bool { return matchedOf(debugRoute(t, n, "prefix-cache", prompt), "a") == 0 },
+			5*time.Second, 10*time.Millisecond, "the speculative entry expires")
+		sendWithUsage(t, n, i+1, prompt) // the engine hits, the index predicts nothing
+		if suspectGauge(n, "a", SuspectUnderPrediction) == 1 {
+			break
+		}
+	}
+	require.Equal(t, 1.0, suspectGauge(n, "a", SuspectUnderPrediction))
+	s := n.Suspects()
+	require.Len(t, s, 1)
+	assert.Contains(t, s[0].LikelyCause, "KV events do not reach the gateway")
+}

@@ -245,3 +245,36 @@ func TestDoctorFailsOnATokenizerDisagreement(t *testing.T) {
 		})
 	}
 }
+
+// Several gateways: the doctor compares their routing configs.
+func TestDoctorConfigConvergence(t *testing.T) {
+	a := startEngine(t, "bytes")
+	g1 := startDoctorGateway(t, node.TokenizerCharacter, engineReplica("a", a))
+	g2 := startDoctorGateway(t, node.TokenizerCharacter, engineReplica("a", a))
+	waitHears(t, g1, a, "a")
+	waitHears(t, g2, a, "a")
+	waitProbed(t, g1, 1)
+	waitProbed(t, g2, 1)
+	out, err := runDoctor(t, g1.HTTPAddr(), g2.HTTPAddr())
+	require.NoError(t, err)
+	assert.Contains(t, out, "PASS  config                 2 gateway(s) route on one config")
+	assert.Contains(t, out, "kv stream ("+g2.HTTPAddr()+"): the probe's")
+
+	// A third gateway with another default strategy routes differently.
+	cfg := g1.Config()
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.Strategy = "least-request"
+	g3, err := node.New(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, g3.Start(context.Background()))
+	t.Cleanup(func() { _ = g3.Shutdown(context.Background()) })
+	var buf bytes.Buffer
+	err = doctor(context.Background(), &buf, doctorOptions{addrs: []string{g1.HTTPAddr(), g3.HTTPAddr()}, token: doctorToken, skipStreams: true})
+	require.ErrorIs(t, err, errDoctorFailed)
+	assert.Regexp(t, `FAIL +config +gateways route on different configs`, buf.String())
+	// And an unreachable gateway fails.
+	buf.Reset()
+	err = doctor(context.Background(), &buf, doctorOptions{addrs: []string{g1.HTTPAddr(), "127.0.0.1:1"}, token: doctorToken, skipStreams: true})
+	require.ErrorIs(t, err, errDoctorFailed)
+	assert.Regexp(t, `FAIL +gateway 127.0.0.1:1 +unreachable`, buf.String())
+}

@@ -1,0 +1,208 @@
+package tokenizer
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// NameHFPrefix starts the name of a Hugging Face tokenizer: "hf:<dir>"
+// loads <dir>/tokenizer.json and <dir>/tokenizer_config.json (LoadHF).
+const NameHFPrefix = "hf:"
+
+// HF is a Hugging Face byte-level BPE tokenizer (Qwen2/2.5/3, Llama 3.x
+// and others with the same components), loaded from tokenizer.json by
+// LoadHF and run natively: the added-token split, NFC, the split regex
+// (a hand-written scanner, hf_pretok.go), byte-level BPE over the merges
+// (hf_bpe.go) and the post-processor's special tokens. Its ids equal the
+// Rust tokenizers library's (what vLLM runs); hf_diff_test.go checks them
+// against an independent JS implementation on a generated corpus.
+//
+// HF is safe for concurrent use; it keeps a bounded cache of the tokens of
+// short pre-tokenizer pieces, so warm encodes do not allocate.
+type HF struct {
+	name string
+
+	nfc          bool // NFC normalizer
+	maxDigits    int  // \p{N}{1,maxDigits} in the split regex
+	ignoreMerges bool // a piece that is a vocabulary token is that token
+
+	tokBytes []string          // id -> bytes (added tokens: their content)
+	vocab    map[string]uint32 // bytes -> id, BPE vocabulary only
+	byteID   [256]uint32       // id of each single byte
+	merges   map[uint64]uint64 // a<<32|b -> rank<<32|merged id
+	// monotone: a merge never creates a pair of lower rank than its own,
+	// so BPE can apply merges rule by rule (hf_bpe.go, encodeRuns).
+	monotone bool
+	// selfEnc[id]: BPE of the token's own bytes is that token, so a piece
+	// equal to it needs no merging.
+	selfEnc []bool
+
+	added      []addedToken
+	firstRaw   [256]bool // first bytes of added tokens matched on raw text
+	firstNorm  [256]bool // ... and on normalized text (normalized tokens)
+	hasNormTok bool
+
+	postPrefix, postSuffix []uint32 // add_special_tokens=true
+
+	chatTemplate, bosToken, eosToken string
+
+	pieces pieceCache
+}
+
+// addedToken is one of tokenizer.json's added_tokens.
+type addedToken struct {
+	content    string
+	id         uint32
+	special    bool
+	normalized bool // matched in the normalized text
+}
+
+var (
+	_ Tokenizer = (*HF)(nil)
+	_ Decoder   = (*HF)(nil)
+)
+
+// Name implements Tokenizer: "hf:<dir>".
+func (h *HF) Name() string { return h.name }
+
+// VocabSize is one more than the highest token id Decode accepts.
+func (h *HF) VocabSize() int { return len(h.tokBytes) }
+
+// Encode implements Tokenizer: the tokens of text without the
+// post-processor's special tokens (Hugging Face's add_special_tokens=false,
+// what vLLM uses for a rendered chat prompt). Added and special tokens
+// written in the text ("<|im_start|>") are recognized, as in Hugging Face.
+func (h *HF) Encode(dst []uint32, text string) []uint32 {
+	if !utf8.ValidString(text) {
+		text = string([]rune(text)) // each invalid byte becomes U+FFFD
+	}
+	for len(text) > 0 {
+		at, tok := h.nextAdded(text, false)
+		if tok == nil {
+			return h.encodeNormalized(dst, text)
+		}
+		dst = h.encodeNormalized(dst, text[:at])
+		dst = append(dst, tok.id)
+		text = text[at+len(tok.content):]
+	}
+	return dst
+}
+
+// EncodeSpecial is Encode with, when addSpecial, the post-processor's
+// special tokens around the result (add_special_tokens=true, what vLLM
+// uses for a completion prompt).
+func (h *HF) EncodeSpecial(dst []uint32, text string, addSpecial bool) []uint32 {
+	if addSpecial {
+		dst = append(dst, h.postPrefix...)
+	}
+	dst = h.Encode(dst, text)
+	if addSpecial {
+		dst = append(dst, h.postSuffix...)
+	}
+	return dst
+}
+
+// SpecialPrefix returns the tokens add_special_tokens puts before a
+// prompt (e.g. a BOS), SpecialSuffix those after. Callers must not modify
+// them.
+func (h *HF) SpecialPrefix() []uint32 { return h.postPrefix }
+
+// SpecialSuffix: see SpecialPrefix.
+func (h *HF) SpecialSuffix() []uint32 { return h.postSuffix }
+
+// Decode implements Decoder: the bytes of each token (an added token's
+// content).
+func (h *HF) Decode(dst []byte, tokens []uint32) ([]byte, error) {
+	for _, id := range tokens {
+		if int(id) >= len(h.tokBytes) || h.tokBytes[id] == "" {
+			return dst, fmt.Errorf("%w %d for %s", ErrUnknownToken, id, h.name)
+		}
+		dst = append(dst, h.tokBytes[id]...)
+	}
+	return dst, nil
+}
+
+// encodeNormalized encodes text that holds no raw-matched added token:
+// NFC (if configured), then normalized added tokens, then pre-tokenizer
+// pieces and BPE.
+func (h *HF) encodeNormalized(dst []uint32, text string) []uint32 {
+	if text == "" {
+		return dst
+	}
+	if h.nfc && !isNFC(text) {
+		text = norm.NFC.String(text)
+	}
+	if !h.hasNormTok {
+		return h.encodePieces(dst, text)
+	}
+	for len(text) > 0 {
+		at, tok := h.nextAdded(text, true)
+		if tok == nil {
+			return h.encodePieces(dst, text)
+		}
+		dst = h.encodePieces(dst, text[:at])
+		dst = append(dst, tok.id)
+		text = text[at+len(tok.content):]
+	}
+	return dst
+}
+
+// isNFC reports whether s is in NFC; ASCII is checked without x/text.
+func isNFC(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return norm.NFC.IsNormalString(s)
+		}
+	}
+	return true
+}
+
+// encodePieces pre-tokenizes text and appends each piece's BPE tokens.
+func (h *HF) encodePieces(dst []uint32, text string) []uint32 {
+	for i := 0; i < len(text); {
+		j := hfNextPiece(text, i, h.maxDigits)
+		dst = h.encodePiece(dst, text[i:j])
+		i = j
+	}
+	return dst
+}
+
+// buildAddedMatcher sorts the added tokens longest first (so the first
+// match at a position is the longest) and notes their first bytes.
+func (h *HF) buildAddedMatcher() {
+	slices.SortStableFunc(h.added, func(a, b addedToken) int { return len(b.content) - len(a.content) })
+	for _, t := range h.added {
+		if t.normalized {
+			h.firstNorm[t.content[0]] = true
+			h.hasNormTok = true
+		} else {
+			h.firstRaw[t.content[0]] = true
+		}
+	}
+}
+
+// nextAdded finds the leftmost, then longest, added token in text among
+// the raw-matched (normalized false) or normalized ones.
+func (h *HF) nextAdded(text string, normalized bool) (int, *addedToken) {
+	first := &h.firstRaw
+	if normalized {
+		first = &h.firstNorm
+	}
+	for i := 0; i < len(text); i++ {
+		if !first[text[i]] {
+			continue
+		}
+		rest := text[i:]
+		for k := range h.added {
+			t := &h.added[k]
+			if t.normalized == normalized && strings.HasPrefix(rest, t.content) {
+				return i, t
+			}
+		}
+	}
+	return -1, nil
+}

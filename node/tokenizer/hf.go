@@ -49,6 +49,7 @@ type HF struct {
 	postPrefix, postSuffix []uint32 // add_special_tokens=true
 
 	chatTemplate, bosToken, eosToken string
+	chat                             chatTemplate // compiled on first use
 
 	pieces pieceCache
 }

@@ -91,3 +91,47 @@ func TestHFDiffTexts(t *testing.T) {
 		})
 	}
 }
+
+func TestHFDiffChats(t *testing.T) {
+	for _, model := range hfModels {
+		t.Run(model, func(t *testing.T) {
+			h := loadHFT(t, model)
+			chats := hfCorpusChats(2027, diffChats, model == "qwen3") // Llama 3's template has no tools
+			ref := runReference(t, model, refCorpus{Chats: chats})
+			bad, tokens, tools, prefills := 0, 0, 0, 0
+			for i, c := range chats {
+				msgs, err := json.Marshal(c.Messages)
+				if err != nil {
+					t.Fatal(err)
+				}
+				req := ChatRequest{Messages: msgs, AddGenerationPrompt: c.AddGenerationPrompt, ContinueFinalMessage: c.ContinueFinal}
+				if c.Tools != nil {
+					tools++
+					if req.Tools, err = json.Marshal(c.Tools); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if c.ContinueFinal {
+					prefills++
+				}
+				prompt, err := h.RenderChat(req)
+				if err != nil {
+					t.Fatalf("chat %d: %v", i, err)
+				}
+				got := h.Encode(nil, prompt)
+				tokens += len(got)
+				if prompt != ref.Chats[i].Prompt || !slices.Equal(got, ref.Chats[i].IDs) {
+					bad++
+					if bad <= 3 {
+						t.Errorf("chat %d:\n got %q\nwant %q\n got %v\nwant %v", i, prompt, ref.Chats[i].Prompt, got, ref.Chats[i].IDs)
+					}
+				}
+			}
+			if bad > 0 {
+				t.Fatalf("%s: %d of %d chats differ", model, bad, len(chats))
+			}
+			t.Logf("%s: %d chats (%d with tools, %d assistant prefills), %d tokens: every prompt and id identical",
+				model, len(chats), tools, prefills, tokens)
+		})
+	}
+}

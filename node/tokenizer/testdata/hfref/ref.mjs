@@ -11,7 +11,7 @@
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { Tokenizer } from "@huggingface/tokenizers";
-import { Template } from "@huggingface/jinja";
+import { Environment, Template } from "@huggingface/jinja";
 
 const require = createRequire(import.meta.url);
 const model = process.argv[2];
@@ -20,6 +20,43 @@ const tokJSON = JSON.parse(readFileSync(dir + "tokenizer.json", "utf8"));
 const tokCfg = JSON.parse(readFileSync(dir + "tokenizer_config.json", "utf8"));
 const tok = new Tokenizer(tokJSON, tokCfg);
 const special = (v) => (v && typeof v === "object" ? v.content : v) ?? null;
+
+// @huggingface/jinja 0.5.x ignores the argument of str.strip/lstrip/rstrip
+// (it trims all whitespace); Python strips only the characters given, and
+// the Qwen3 template relies on it (content.lstrip('\n')). Fix the reference
+// to Python's semantics, without arguments unchanged.
+{
+  const env = new Environment();
+  env.set("s", "");
+  const proto = Object.getPrototypeOf(env.lookupVariable("s"));
+  const desc = Object.getOwnPropertyDescriptor(proto, "builtins");
+  const StringValue = proto.constructor;
+  const pyStrip = (s, chars, left, right) => {
+    const set = chars === undefined ? null : [...chars];
+    const strip = (c) => (set === null ? /\s/.test(c) : set.includes(c));
+    const cs = [...s];
+    let i = 0, j = cs.length;
+    if (left) while (i < j && strip(cs[i])) i++;
+    if (right) while (j > i && strip(cs[j - 1])) j--;
+    return cs.slice(i, j).join("");
+  };
+  Object.defineProperty(proto, "builtins", {
+    get() {
+      const m = desc.get.call(this);
+      if (!m.__py) {
+        const FunctionValue = m.get("strip").constructor;
+        for (const [name, l, r] of [["strip", true, true], ["lstrip", true, false], ["rstrip", false, true]]) {
+          m.set(name, new FunctionValue((args) => {
+            const chars = args.length > 0 && args[0].type === "StringValue" ? args[0].value : undefined;
+            return new StringValue(pyStrip(this.value, chars, l, r));
+          }));
+        }
+        m.__py = true;
+      }
+      return m;
+    },
+  });
+}
 const template = new Template(tokCfg.chat_template);
 
 const corpus = JSON.parse(readFileSync(0, "utf8"));

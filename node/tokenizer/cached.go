@@ -125,16 +125,21 @@ var (
 	_ Decoder   = (*Cached)(nil)
 )
 
-// NewCached wraps inner, which must be Bytes or the tiktoken tokenizer from
-// New (otherwise the error wraps ErrNotCacheable), with a prefix cache
+// NewCached wraps inner, which must be Bytes, the tiktoken tokenizer from
+// New or an HF tokenizer whose added tokens hold no space or newline
+// (otherwise the error wraps ErrNotCacheable), with a prefix cache
 // configured by cfg (an invalid cfg returns an error wrapping
 // ErrInvalidConfig).
 func NewCached(inner Tokenizer, cfg CachedConfig) (*Cached, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	switch inner.(type) {
+	switch t := inner.(type) {
 	case Bytes, *Tiktoken:
+	case *HF:
+		if !t.splitSafe() {
+			return nil, fmt.Errorf("%w: %s has an added token holding a space or newline", ErrNotCacheable, t.Name())
+		}
 	default:
 		return nil, fmt.Errorf("%w: %T", ErrNotCacheable, inner)
 	}

@@ -57,9 +57,9 @@ func classAt(s string, i int) (uint8, int) {
 	}
 	r, n := utf8.DecodeRuneInString(s[i:])
 	switch {
-	case unicode.Is(unicode.L, r):
+	case unicode.IsLetter(r): // = unicode.Is(unicode.L, r), with a Latin-1 table
 		return clLetter, n
-	case unicode.Is(unicode.N, r):
+	case unicode.IsNumber(r): // = unicode.Is(unicode.N, r)
 		return clDigit, n
 	case unicode.IsSpace(r):
 		return clSpace, n

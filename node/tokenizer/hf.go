@@ -152,11 +152,23 @@ func (h *HF) encodeNormalized(dst []uint32, text string) []uint32 {
 	return dst
 }
 
-// isNFC reports whether s is in NFC; ASCII is checked without x/text.
+// isNFC reports whether s is in NFC. Runes below U+0300 are starters
+// with NFC_Quick_Check=Yes, so a prefix of them needs no table lookup; the
+// check resumes at the last of them, the only starter a later combining
+// mark could compose with.
 func isNFC(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] >= utf8.RuneSelf {
-			return norm.NFC.IsNormalString(s)
+	prev := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		switch {
+		case c < utf8.RuneSelf:
+			prev = i
+			i++
+		case c >= 0xc2 && c <= 0xcb && i+1 < len(s): // U+0080..U+02FF
+			prev = i
+			i += 2
+		default:
+			return norm.NFC.IsNormalString(s[prev:])
 		}
 	}
 	return true
@@ -206,4 +218,15 @@ func (h *HF) nextAdded(text string, normalized bool) (int, *addedToken) {
 		}
 	}
 	return -1, nil
+}
+
+// splitSafe reports whether split.go's rules hold for h: no added token
+// holds a space or a newline.
+func (h *HF) splitSafe() bool {
+	for _, t := range h.added {
+		if strings.ContainsAny(t.content, " \n") {
+			return false
+		}
+	}
+	return true
 }

@@ -202,14 +202,48 @@ func (h *HF) bpeHeap(dst []uint32, ids []uint32) []uint32 {
 // symRun is count copies of symbol id.
 type symRun struct {
 	id    uint32
-	count int
+	count int32
+}
+
+// mergeMemo remembers the last merges looked up: a long piece repeats a
+// few pairs (its runs alternate), so most lookups skip the map.
+type mergeMemo struct {
+	keys [16]uint64
+	vals [16]uint64 // rank<<32|id, or noMergeMemo
+}
+
+const noMergeMemo = ^uint64(0)
+
+func (m *mergeMemo) get(h *HF, a, b uint32) (rank, id uint32, ok bool) {
+	k := uint64(a)<<32 | uint64(b)
+	slot := (a*31 + b) & 15
+	v := m.vals[slot]
+	if m.keys[slot] != k || v == 0 {
+		var found bool
+		v, found = h.merges[k]
+		if !found {
+			v = noMergeMemo
+		}
+		m.keys[slot], m.vals[slot] = k, v
+	}
+	if v == noMergeMemo {
+		return 0, 0, false
+	}
+	return uint32(v >> 32), uint32(v), true
 }
 
 // bpeRuns is BPE on a run-length encoded piece, applying one rule (the
 // lowest-ranked one that applies anywhere) per pass; valid only when
 // h.monotone. It falls back to bpeHeap when a pass finds no compression.
 func (h *HF) bpeRuns(dst []uint32, piece string) []uint32 {
-	runs := make([]symRun, 0, 16)
+	var memo mergeMemo
+	nr := 1
+	for i := 1; i < len(piece); i++ {
+		if piece[i] != piece[i-1] {
+			nr++
+		}
+	}
+	runs := make([]symRun, 0, nr)
 	for i := range len(piece) {
 		id := h.byteID[piece[i]]
 		if k := len(runs) - 1; k >= 0 && runs[k].id == id {
@@ -220,19 +254,19 @@ func (h *HF) bpeRuns(dst []uint32, piece string) []uint32 {
 	}
 	work := 0 // run visits so far; bounded by a multiple of the piece
 	budget := 8*len(piece) + 1024
-	out := make([]symRun, 0, len(runs))
+	out := make([]symRun, 0, nr)
 	for {
 		// The lowest-ranked merge among adjacent symbols.
 		best, bestID := noMerge, uint32(0)
 		var ba, bb uint32
 		for k, r := range runs {
 			if r.count > 1 {
-				if rk, id, ok := h.mergeOf(r.id, r.id); ok && rk < best {
+				if rk, id, ok := memo.get(h, r.id, r.id); ok && rk < best {
 					best, bestID, ba, bb = rk, id, r.id, r.id
 				}
 			}
 			if k+1 < len(runs) {
-				if rk, id, ok := h.mergeOf(r.id, runs[k+1].id); ok && rk < best {
+				if rk, id, ok := memo.get(h, r.id, runs[k+1].id); ok && rk < best {
 					best, bestID, ba, bb = rk, id, r.id, runs[k+1].id
 				}
 			}
@@ -243,7 +277,7 @@ func (h *HF) bpeRuns(dst []uint32, piece string) []uint32 {
 		}
 		// Apply the rule (ba, bb) -> bestID greedily from the left.
 		out = out[:0]
-		add := func(id uint32, count int) {
+		add := func(id uint32, count int32) {
 			if count == 0 {
 				return
 			}
@@ -264,7 +298,7 @@ func (h *HF) bpeRuns(dst []uint32, piece string) []uint32 {
 			}
 		} else {
 			// Occurrences sit at run boundaries ba|bb and cannot overlap.
-			carry := 0 // symbols of the current run already consumed
+			carry := int32(0) // symbols of the current run already consumed
 			for k, r := range runs {
 				cnt := r.count - carry
 				carry = 0
@@ -283,7 +317,7 @@ func (h *HF) bpeRuns(dst []uint32, piece string) []uint32 {
 			// (every pair of rank <= best has been merged).
 			total := 0
 			for _, r := range runs {
-				total += r.count
+				total += int(r.count)
 			}
 			ids := make([]uint32, 0, total)
 			for _, r := range runs {

@@ -135,7 +135,7 @@ func (h *HF) encodeNormalized(dst []uint32, text string) []uint32 {
 		return dst
 	}
 	if h.nfc && !isNFC(text) {
-		text = norm.NFC.String(text)
+		text = normNFC(text)
 	}
 	if !h.hasNormTok {
 		return h.encodePieces(dst, text)
@@ -151,6 +151,9 @@ func (h *HF) encodeNormalized(dst []uint32, text string) []uint32 {
 	}
 	return dst
 }
+
+// normNFC returns the NFC form of s.
+func normNFC(s string) string { return norm.NFC.String(s) }
 
 // isNFC reports whether s is in NFC. Runes below U+0300 are starters
 // with NFC_Quick_Check=Yes, so a prefix of them needs no table lookup; the

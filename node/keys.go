@@ -33,8 +33,11 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 		if req.kind == kindChat {
 			text = tokenizer.RenderChat(req.messages)
 		}
-		s.keys = n.hasher.AppendKeysString(s.keys, root, text)
 		promptTokens = len(text)
+		if len(text) > n.cfg.MaxKeyTokens {
+			text = text[:n.cfg.MaxKeyTokens] // one token per byte
+		}
+		s.keys = n.hasher.AppendKeysString(s.keys, root, text)
 	default:
 		toks := n.tokenize(ctx, p, req, s.tokens[:0])
 		s.tokens = toks
@@ -67,11 +70,56 @@ func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst
 			n.log.Debug("remote tokenize failed, using the local tokenizer", "model", p.model, "err", err)
 		}
 	}
+	lim := tokenizer.Limit{MaxTokens: n.cfg.MaxKeyTokens, MaxPieceBytes: MaxKeyPieceBytes}
+	if n.hf != nil {
+		return n.tokenizeHF(p, req, dst, lim)
+	}
 	text := req.text
 	if req.kind == kindChat {
 		text = tokenizer.RenderChat(req.messages)
 	}
-	return n.tok.Encode(dst, text)
+	dst, _ = tokenizer.EncodeLimited(n.tok, dst, text, lim)
+	return dst
+}
+
+// tokenizeHF encodes the prompt with the model's own tokenizer as vLLM
+// does: a completion prompt with the post-processor's special tokens when
+// add_special_tokens (default true), a chat rendered with the model's
+// template and encoded without adding special tokens (unless the request
+// asks). A conversation the template cannot render gets no keys (the
+// engine would refuse it too).
+func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim tokenizer.Limit) []uint32 {
+	text := req.text
+	if req.kind == kindChat {
+		var err error
+		text, err = n.hf.RenderChat(tokenizer.ChatRequest{
+			Messages:             req.rawMessages,
+			Tools:                req.tmpl.tools,
+			AddGenerationPrompt:  req.tmpl.addGenerationPrompt,
+			ContinueFinalMessage: req.tmpl.continueFinalMessage,
+			Kwargs:               req.tmpl.kwargs,
+		})
+		if err != nil {
+			n.log.Debug("chat template failed; the request gets no block keys", "model", p.model, "err", err)
+			return dst
+		}
+	}
+	base := len(dst)
+	if req.tmpl.addSpecialTokens {
+		dst = append(dst, n.hf.SpecialPrefix()...)
+	}
+	sub := lim
+	if sub.MaxTokens -= len(dst) - base; sub.MaxTokens <= 0 {
+		return dst[:base+lim.MaxTokens]
+	}
+	dst, cut := tokenizer.EncodeLimited(n.tok, dst, text, sub)
+	if req.tmpl.addSpecialTokens && !cut {
+		dst = append(dst, n.hf.SpecialSuffix()...)
+		if len(dst)-base > lim.MaxTokens {
+			dst = dst[:base+lim.MaxTokens]
+		}
+	}
+	return dst
 }
 
 // remoteTokenizer asks an engine's /tokenize and caches the answers by a

@@ -32,7 +32,8 @@ type Node struct {
 	hasher   index.Hasher
 	tokName  string
 	tok      tokenizer.Tokenizer
-	tokCache *tokenizer.Cached // nil unless tok is a prefix-cached tiktoken
+	tokCache *tokenizer.Cached // nil unless tok is a prefix-cached tiktoken or hf
+	hf       *tokenizer.HF     // the hf:<dir> tokenizer (also wrapped in tok), or nil
 	remote   *remoteTokenizer
 
 	// tbl is the current routing table (pools, models, replicas), swapped
@@ -117,7 +118,8 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if n.tok, err = tokenizer.New(local); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if local == TokenizerTiktoken && cfg.TokenizerCacheBytes > 0 {
+	n.hf, _ = n.tok.(*tokenizer.HF)
+	if (local == TokenizerTiktoken || n.hf != nil) && cfg.TokenizerCacheBytes > 0 {
 		cc := tokenizer.DefaultCachedConfig()
 		cc.MaxBytes = cfg.TokenizerCacheBytes
 		if n.tokCache, err = tokenizer.NewCached(n.tok, cc); err != nil {

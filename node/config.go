@@ -227,8 +227,15 @@ type ModelConfig struct {
 	// Strategy overrides Config.Strategy for this model when non-empty.
 	Strategy string `yaml:"strategy"`
 	// IndexMode overrides Config.IndexMode for this model when non-empty
-	// (the tokenizer and block size stay global: one index, one hasher).
+	// (the block size stays global: one index, one hasher).
 	IndexMode string `yaml:"index_mode"`
+	// Tokenizer overrides Config.Tokenizer for this model when non-empty:
+	// tiktoken or hf:<dir> (the model's own tokenizer), so several models
+	// behind one gateway each key with their engine's ids. It needs a
+	// token-space global tokenizer (not character: its block size is
+	// bytes). Models that come only from the replicated cluster config use
+	// the global tokenizer.
+	Tokenizer string `yaml:"tokenizer"`
 	// Replicas are the engines serving the model.
 	Replicas []ReplicaConfig `yaml:"replicas"`
 }
@@ -496,6 +503,15 @@ func (c *Config) Validate() error {
 		}
 		if m.Strategy != "" && !knownStrategy(m.Strategy) {
 			bad("model %q: strategy %q unknown", m.Name, m.Strategy)
+		}
+		if m.Tokenizer != "" {
+			hf := strings.HasPrefix(m.Tokenizer, TokenizerHFPrefix) && len(m.Tokenizer) > len(TokenizerHFPrefix)
+			switch {
+			case m.Tokenizer != TokenizerTiktoken && !hf:
+				bad("model %q: tokenizer %q unknown (want tiktoken or hf:<dir>)", m.Name, m.Tokenizer)
+			case c.EffectiveTokenizer() == TokenizerCharacter:
+				bad("model %q: a per-model tokenizer needs a token-space global tokenizer (tokenizer: tiktoken, remote or hf:<dir>), not character", m.Name)
+			}
 		}
 		if len(m.Replicas) == 0 {
 			bad("model %q has no replicas", m.Name)

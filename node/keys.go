@@ -71,15 +71,47 @@ func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst
 		}
 	}
 	lim := tokenizer.Limit{MaxTokens: n.cfg.MaxKeyTokens, MaxPieceBytes: MaxKeyPieceBytes}
-	if n.hf != nil {
-		return n.tokenizeHF(p, req, dst, lim)
+	tok, hf := n.tok, n.hf
+	if mt, ok := n.modelTok[p.model]; ok {
+		tok, hf = mt.tok, mt.hf
+	}
+	if hf != nil {
+		return n.tokenizeHF(p, req, dst, lim, tok, hf)
 	}
 	text := req.text
 	if req.kind == kindChat {
 		text = tokenizer.RenderChat(req.messages)
 	}
-	dst, _ = tokenizer.EncodeLimited(n.tok, dst, text, lim)
+	dst, _ = tokenizer.EncodeLimited(tok, dst, text, lim)
 	return dst
+}
+
+// keyTokenizer is a model's own tokenizer (ModelConfig.Tokenizer): tok,
+// possibly prefix-cached, and the HF tokenizer it wraps (nil for others).
+type keyTokenizer struct {
+	tok tokenizer.Tokenizer
+	hf  *tokenizer.HF
+}
+
+// newKeyTokenizer loads the tokenizer called name (a local one: not auto
+// or remote), with a prefix cache of cacheBytes when it supports one.
+func newKeyTokenizer(name string, cacheBytes int64) (keyTokenizer, *tokenizer.Cached, error) {
+	tok, err := tokenizer.New(name)
+	if err != nil {
+		return keyTokenizer{}, nil, err
+	}
+	kt := keyTokenizer{tok: tok}
+	kt.hf, _ = tok.(*tokenizer.HF)
+	var c *tokenizer.Cached
+	if (name == TokenizerTiktoken || kt.hf != nil) && cacheBytes > 0 {
+		cc := tokenizer.DefaultCachedConfig()
+		cc.MaxBytes = cacheBytes
+		if c, err = tokenizer.NewCached(tok, cc); err != nil {
+			return keyTokenizer{}, nil, err
+		}
+		kt.tok = c
+	}
+	return kt, c, nil
 }
 
 // tokenizeHF encodes the prompt with the model's own tokenizer as vLLM
@@ -88,11 +120,11 @@ func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst
 // template and encoded without adding special tokens (unless the request
 // asks). A conversation the template cannot render gets no keys (the
 // engine would refuse it too).
-func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim tokenizer.Limit) []uint32 {
+func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim tokenizer.Limit, tok tokenizer.Tokenizer, hf *tokenizer.HF) []uint32 {
 	text := req.text
 	if req.kind == kindChat {
 		var err error
-		text, err = n.hf.RenderChat(tokenizer.ChatRequest{
+		text, err = hf.RenderChat(tokenizer.ChatRequest{
 			Messages:             req.rawMessages,
 			Tools:                req.tmpl.tools,
 			AddGenerationPrompt:  req.tmpl.addGenerationPrompt,
@@ -106,15 +138,15 @@ func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim toke
 	}
 	base := len(dst)
 	if req.tmpl.addSpecialTokens {
-		dst = append(dst, n.hf.SpecialPrefix()...)
+		dst = append(dst, hf.SpecialPrefix()...)
 	}
 	sub := lim
 	if sub.MaxTokens -= len(dst) - base; sub.MaxTokens <= 0 {
 		return dst[:base+lim.MaxTokens]
 	}
-	dst, cut := tokenizer.EncodeLimited(n.tok, dst, text, sub)
+	dst, cut := tokenizer.EncodeLimited(tok, dst, text, sub)
 	if req.tmpl.addSpecialTokens && !cut {
-		dst = append(dst, n.hf.SpecialSuffix()...)
+		dst = append(dst, hf.SpecialSuffix()...)
 		if len(dst)-base > lim.MaxTokens {
 			dst = dst[:base+lim.MaxTokens]
 		}

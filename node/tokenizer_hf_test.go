@@ -174,3 +174,57 @@ func rssChild(t *testing.T) {
 		}
 	}
 }
+
+// TestPerModelTokenizer checks a model's own tokenizer (YAML
+// models[].tokenizer) keys that model's prompts while the others keep the
+// global one, and the validation of the field.
+func TestPerModelTokenizer(t *testing.T) {
+	dir := qwen3Dir(t)
+	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
+	yml := fmt.Sprintf(`
+tokenizer: tiktoken
+models:
+  - name: gpt
+    replicas: [{name: a, url: %q}]
+  - name: qwen
+    tokenizer: "hf:%s"
+    replicas: [{name: b, url: %q}]
+`, a.url(), dir, b.url())
+	cfg, err := ParseConfigYAML([]byte(yml), LocalConfig())
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	n, err := New(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, n.Shutdown(ctx))
+	})
+	tik, err := tokenizer.New(TokenizerTiktoken)
+	require.NoError(t, err)
+	qw, err := tokenizer.New(TokenizerHFPrefix + dir)
+	require.NoError(t, err)
+	msgs := `[{"role":"user","content":"Bonjour, 世界! How are you today?"}]`
+	qwChat, err := qw.(*tokenizer.HF).EncodeChat(nil, tokenizer.ChatRequest{Messages: json.RawMessage(msgs), AddGenerationPrompt: true})
+	require.NoError(t, err)
+	for model, want := range map[string]int{
+		"gpt":  len(tik.Encode(nil, tokenizer.RenderChat([]tokenizer.Message{{Role: "user", Content: "Bonjour, 世界! How are you today?"}}))),
+		"qwen": len(qwChat),
+	} {
+		resp := post(t, n, "/debug/route", fmt.Sprintf(`{"model":%q,"messages":%s}`, model, msgs), nil)
+		body := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		var rep debugReport
+		require.NoError(t, json.Unmarshal([]byte(body), &rep))
+		assert.Equal(t, want, rep.PromptTokens, model)
+	}
+
+	bad := LocalConfig()
+	bad.Models = []ModelConfig{{Name: "x", Tokenizer: "sentencepiece", Replicas: []ReplicaConfig{rc("r", a.url())}}}
+	require.ErrorIs(t, bad.Validate(), ErrInvalidConfig)
+	bad.Models[0].Tokenizer = TokenizerHFPrefix + dir // global character (history mode): block size in bytes
+	require.ErrorIs(t, bad.Validate(), ErrInvalidConfig)
+	bad.Tokenizer = TokenizerTiktoken
+	require.NoError(t, bad.Validate())
+}

@@ -153,7 +153,7 @@ func (h *HF) encodeNormalizedLimited(dst []uint32, text string, b budget) ([]uin
 			if b.full(dst) {
 				return dst, true
 			}
-			j := hfNextPiece(seg, i, h.maxDigits)
+			j := h.nextPiece(seg, i)
 			if !b.pieceOK(j - i) {
 				return dst, true
 			}

@@ -28,6 +28,7 @@ type HF struct {
 
 	nfc          bool // NFC normalizer
 	maxDigits    int  // \p{N}{1,maxDigits} in the split regex
+	deepseek     bool // DeepSeek V3's three-stage pre-tokenizer (hf_pretok_ds.go)
 	ignoreMerges bool // a piece that is a vocabulary token is that token
 
 	tokBytes []string          // id -> bytes (added tokens: their content)
@@ -180,11 +181,19 @@ func isNFC(s string) bool {
 // encodePieces pre-tokenizes text and appends each piece's BPE tokens.
 func (h *HF) encodePieces(dst []uint32, text string) []uint32 {
 	for i := 0; i < len(text); {
-		j := hfNextPiece(text, i, h.maxDigits)
+		j := h.nextPiece(text, i)
 		dst = h.encodePiece(dst, text[i:j])
 		i = j
 	}
 	return dst
+}
+
+// nextPiece returns the end of the pre-tokenizer piece starting at i.
+func (h *HF) nextPiece(text string, i int) int {
+	if h.deepseek {
+		return dsNextPiece(text, i)
+	}
+	return hfNextPiece(text, i, h.maxDigits)
 }
 
 // buildAddedMatcher sorts the added tokens longest first (so the first

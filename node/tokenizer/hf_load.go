@@ -74,9 +74,12 @@ type hfTemplate struct {
 
 // hfTokenizerConfig is the part of tokenizer_config.json that LoadHF reads.
 type hfTokenizerConfig struct {
-	ChatTemplate json.RawMessage `json:"chat_template"`
-	BOSToken     json.RawMessage `json:"bos_token"`
-	EOSToken     json.RawMessage `json:"eos_token"`
+	ChatTemplate   json.RawMessage `json:"chat_template"`
+	BOSToken       json.RawMessage `json:"bos_token"`
+	EOSToken       json.RawMessage `json:"eos_token"`
+	TokenizerClass string          `json:"tokenizer_class"`
+	AddBOSToken    *bool           `json:"add_bos_token"`
+	AddEOSToken    *bool           `json:"add_eos_token"`
 }
 
 // The pre-tokenizer split regexes LoadHF reproduces with a hand-written
@@ -118,7 +121,47 @@ func LoadHF(dir string) (*HF, error) {
 	}
 	h.name = "hf:" + dir
 	h.chatTemplate, h.bosToken, h.eosToken = parseChatConfig(&cfg)
+	if err := h.llamaPost(&cfg); err != nil {
+		return nil, err
+	}
 	return h, nil
+}
+
+// llamaPost applies transformers' LlamaTokenizerFast rule: that class
+// replaces tokenizer.json's post-processor with BOS (add_bos_token,
+// default true) + the text + EOS (add_eos_token, default false) when it
+// loads (DeepSeek V3 declares it), so vLLM adds them to a completion.
+func (h *HF) llamaPost(cfg *hfTokenizerConfig) error {
+	if cfg.TokenizerClass != "LlamaTokenizerFast" {
+		return nil
+	}
+	id := func(content string) (uint32, error) {
+		for _, t := range h.added {
+			if t.content == content {
+				return t.id, nil
+			}
+		}
+		if id, ok := h.vocab[content]; ok {
+			return id, nil
+		}
+		return 0, fmt.Errorf("%w: special token %q is not in the vocabulary", ErrLoad, content)
+	}
+	h.postPrefix, h.postSuffix = nil, nil
+	if (cfg.AddBOSToken == nil || *cfg.AddBOSToken) && h.bosToken != "" {
+		bos, err := id(h.bosToken)
+		if err != nil {
+			return err
+		}
+		h.postPrefix = []uint32{bos}
+	}
+	if cfg.AddEOSToken != nil && *cfg.AddEOSToken && h.eosToken != "" {
+		eos, err := id(h.eosToken)
+		if err != nil {
+			return err
+		}
+		h.postSuffix = []uint32{eos}
+	}
+	return nil
 }
 
 func buildHF(f *hfFile) (*HF, error) {
@@ -154,35 +197,45 @@ func buildHF(f *hfFile) (*HF, error) {
 	}
 
 	// Pre-tokenizer: Sequence[Split(known regex, Isolated), ByteLevel(no
-	// prefix space, no regex)].
+	// prefix space, no regex)], or DeepSeek V3's three Splits + ByteLevel.
 	pre, err := parseComponent(f.PreTokenizer)
 	if err != nil {
 		return nil, err
 	}
-	if pre == nil || pre.Type != "Sequence" || len(pre.Pretokenizers) != 2 {
-		return nil, fmt.Errorf("%w: pre-tokenizer (want Sequence[Split, ByteLevel])", ErrUnsupported)
+	if pre == nil || pre.Type != "Sequence" || len(pre.Pretokenizers) < 2 {
+		return nil, fmt.Errorf("%w: pre-tokenizer (want Sequence[Split..., ByteLevel])", ErrUnsupported)
 	}
-	split, bl := pre.Pretokenizers[0], pre.Pretokenizers[1]
-	if split.Type != "Split" || split.Behavior != "Isolated" || split.Invert {
-		return nil, fmt.Errorf("%w: pre-tokenizer %q behavior %q invert %v", ErrUnsupported, split.Type, split.Behavior, split.Invert)
+	var regexes []string
+	for _, split := range pre.Pretokenizers[:len(pre.Pretokenizers)-1] {
+		if split.Type != "Split" || split.Behavior != "Isolated" || split.Invert {
+			return nil, fmt.Errorf("%w: pre-tokenizer %q behavior %q invert %v", ErrUnsupported, split.Type, split.Behavior, split.Invert)
+		}
+		var pat struct{ Regex *string }
+		if err := json.Unmarshal(split.Pattern, &pat); err != nil || pat.Regex == nil {
+			return nil, fmt.Errorf("%w: Split pattern is not a regex", ErrUnsupported)
+		}
+		regexes = append(regexes, *pat.Regex)
 	}
-	var pat struct{ Regex *string }
-	if err := json.Unmarshal(split.Pattern, &pat); err != nil || pat.Regex == nil {
-		return nil, fmt.Errorf("%w: Split pattern is not a regex", ErrUnsupported)
-	}
-	switch *pat.Regex {
-	case patQwen2:
+	switch {
+	case len(regexes) == 1 && regexes[0] == patQwen2:
 		h.maxDigits = 1
-	case patLlama3:
+	case len(regexes) == 1 && regexes[0] == patLlama3:
 		h.maxDigits = 3
+	case len(regexes) == 3 && regexes[0] == patDeepSeekDigits && regexes[1] == patDeepSeekCJK && regexes[2] == patDeepSeekWords:
+		h.deepseek = true
 	default:
-		return nil, fmt.Errorf("%w: Split regex %q", ErrUnsupported, *pat.Regex)
+		return nil, fmt.Errorf("%w: Split regexes %q", ErrUnsupported, regexes)
 	}
+	bl := pre.Pretokenizers[len(pre.Pretokenizers)-1]
 	if bl.Type != "ByteLevel" || bl.AddPrefixSpace || (bl.UseRegex != nil && *bl.UseRegex) {
 		return nil, fmt.Errorf("%w: pre-tokenizer %q (want ByteLevel without prefix space or regex)", ErrUnsupported, bl.Type)
 	}
 
-	if err := h.buildVocab(m.Vocab, m.Merges); err != nil {
+	added := make(map[string]uint32, len(f.AddedTokens))
+	for _, t := range f.AddedTokens {
+		added[t.Content] = t.ID
+	}
+	if err := h.buildVocab(m.Vocab, m.Merges, added); err != nil {
 		return nil, err
 	}
 	if err := h.buildAdded(f.AddedTokens); err != nil {
@@ -241,7 +294,10 @@ func byteLevelDecode(s string, dec map[rune]byte) ([]byte, bool) {
 
 // buildVocab converts the vocabulary and merges to raw bytes and checks
 // whether the merges are rank-monotone (see HF.monotone).
-func (h *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage) error {
+//
+// A vocabulary entry that is also an added token with the same id (some
+// files list special tokens in both) is left to the added tokens.
+func (h *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage, added map[string]uint32) error {
 	alpha := byteLevelAlphabet()
 	dec := make(map[rune]byte, 256)
 	for b, r := range alpha {
@@ -256,6 +312,9 @@ func (h *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage) erro
 	for s, id := range vocab {
 		b, ok := byteLevelDecode(s, dec)
 		if !ok {
+			if aid, isAdded := added[s]; isAdded && aid == id {
+				continue
+			}
 			return fmt.Errorf("%w: vocabulary token %d is not byte-level", ErrUnsupported, id)
 		}
 		h.tokBytes[id] = string(b)

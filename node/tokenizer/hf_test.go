@@ -9,7 +9,7 @@ import (
 
 // hfModels are the reference models: the npm data packages the
 // differential test installs (testdata/hfref, `npm ci`).
-var hfModels = []string{"qwen3", "llama3"}
+var hfModels = []string{"qwen3", "llama3", "deepseek_v3"}
 
 // hfModelDir returns the directory holding model's tokenizer.json, or
 // skips the test saying how to get it.

@@ -61,9 +61,26 @@ const template = new Template(tokCfg.chat_template);
 
 const corpus = JSON.parse(readFileSync(0, "utf8"));
 const out = { texts: [], texts_special: [], chats: [] };
+// transformers' LlamaTokenizerFast (which DeepSeek V3's config names)
+// replaces tokenizer.json's post-processor with BOS (add_bos_token, default
+// true) + text + EOS (add_eos_token, default false) when it loads, so vLLM
+// adds them; @huggingface/tokenizers reads tokenizer.json only. Emulate it.
+const oneID = (content) => {
+  const ids = tok.encode(content, { add_special_tokens: false }).ids;
+  if (ids.length !== 1) throw new Error(`special token ${content} is not one token`);
+  return ids[0];
+};
+let llamaFast = null;
+if (tokCfg.tokenizer_class === "LlamaTokenizerFast") {
+  llamaFast = {
+    pre: tokCfg.add_bos_token ?? true ? [oneID(special(tokCfg.bos_token))] : [],
+    post: tokCfg.add_eos_token ?? false ? [oneID(special(tokCfg.eos_token))] : [],
+  };
+}
 for (const t of corpus.texts ?? []) {
-  out.texts.push(tok.encode(t, { add_special_tokens: false }).ids);
-  out.texts_special.push(tok.encode(t, { add_special_tokens: true }).ids);
+  const plain = tok.encode(t, { add_special_tokens: false }).ids;
+  out.texts.push(plain);
+  out.texts_special.push(llamaFast ? [...llamaFast.pre, ...plain, ...llamaFast.post] : tok.encode(t, { add_special_tokens: true }).ids);
 }
 // Messages as vLLM hands them to the template: text parts joined with "\n"
 // (the "string" content format), tool-call arguments parsed from JSON.

@@ -11,7 +11,7 @@
 //     and shared) or "hf:<dir>" (*HF, LoadHF, loaded once per directory).
 //     Unknown names wrap ErrUnknownTokenizer.
 //   - HF reproduces byte-level BPE tokenizer.json files (Qwen2/2.5/3, Llama
-//     3.x) exactly as vLLM applies them, refusing (ErrUnsupported) any
+//     3.x, DeepSeek V3) exactly as vLLM applies them, refusing (ErrUnsupported) any
 //     component it does not: Encode recognizes added tokens and adds no
 //     special tokens, EncodeSpecial adds the post-processor's, RenderChat
 //     renders the model's chat template as vLLM passes messages.

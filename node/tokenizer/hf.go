@@ -13,10 +13,10 @@ import (
 // loads <dir>/tokenizer.json and <dir>/tokenizer_config.json (LoadHF).
 const NameHFPrefix = "hf:"
 
-// HF is a Hugging Face byte-level BPE tokenizer (Qwen2/2.5/3, Llama 3.x
-// and others with the same components), loaded from tokenizer.json by
+// HF is a Hugging Face byte-level BPE tokenizer (Qwen2/2.5/3, Llama 3.x,
+// DeepSeek V3 and others with the same components), loaded from tokenizer.json by
 // LoadHF and run natively: the added-token split, NFC, the split regex
-// (a hand-written scanner, hf_pretok.go), byte-level BPE over the merges
+// (hand-written scanners, hf_pretok.go and hf_pretok_ds.go), byte-level BPE over the merges
 // (hf_bpe.go) and the post-processor's special tokens. Its ids equal the
 // Rust tokenizers library's (what vLLM runs); hf_diff_test.go checks them
 // against an independent JS implementation on a generated corpus.

@@ -94,8 +94,10 @@ const (
 // LoadHF loads a Hugging Face tokenizer from dir, which holds
 // tokenizer.json and (optionally) tokenizer_config.json. It supports
 // byte-level BPE tokenizers whose pre-tokenizer is one of the known split
-// regexes (Qwen2/2.5/3, Llama 3.x) followed by ByteLevel, with an NFC or no
-// normalizer, and a ByteLevel and/or TemplateProcessing post-processor.
+// regex sets (Qwen2/2.5/3, Llama 3.x, DeepSeek V3) followed by ByteLevel,
+// with an NFC or no normalizer, and a ByteLevel and/or TemplateProcessing
+// post-processor (or, for a LlamaTokenizerFast config, transformers' BOS
+// rule).
 // Anything else returns an error wrapping ErrUnsupported; unreadable files
 // wrap ErrLoad.
 func LoadHF(dir string) (*HF, error) {

@@ -38,6 +38,8 @@ type HF struct {
 	// monotone: a merge never creates a pair of lower rank than its own,
 	// so BPE can apply merges rule by rule (hf_bpe.go, encodeRuns).
 	monotone bool
+	// minUsed[t] is the lowest rank of a merge consuming token t.
+	minUsed []uint32
 	// selfEnc[id]: BPE of the token's own bytes is that token, so a piece
 	// equal to it needs no merging.
 	selfEnc []bool

@@ -18,15 +18,16 @@ import (
 //     the short pieces prose is made of.
 //   - bpeHeap keeps candidate merges in a min-heap ordered by (rank,
 //     position), skipping stale ones: O(n log n) for any long piece.
-//   - bpeRuns (only for rank-monotone merges, HF.monotone) applies one
-//     rule at a time to a run-length encoded piece: with monotone merges a
-//     merge never creates a pair of lower rank than its own, so the heap's
-//     pops come in non-decreasing rank order and, within one rank, left to
-//     right; applying each rank's rule to the whole piece greedily from
-//     the left is the same sequence of merges. A long run of one character
-//     then costs a few passes over a few runs instead of n log n heap work.
-//     bpeRuns gives up (and hands its state to bpeHeap, from which the heap
-//     continues exactly) when the runs do not compress.
+//   - bpeRuns applies one rule at a time to a run-length encoded piece.
+//     While each rule applied creates no pair of lower rank than its own
+//     (its result C has minUsed[C] > its rank; for rank-monotone merges,
+//     HF.monotone, always), the heap's pops come in non-decreasing rank
+//     order and, within one rank, left to right; applying each rank's rule
+//     to the whole piece greedily from the left is the same sequence of
+//     merges. A long run of one character then costs a few passes over a
+//     few runs instead of n log n heap work. bpeRuns hands its state to
+//     bpeHeap, from which the heap continues exactly, when the next rule
+//     could create a lower-ranked pair or the runs do not compress.
 //
 // hf_test.go checks the three against each other on random pieces.
 
@@ -49,10 +50,8 @@ func (h *HF) encodePiece(dst []uint32, piece string) []uint32 {
 		return dst
 	case len(piece) <= shortPiece:
 		return h.bpeShort(dst, piece)
-	case h.monotone:
-		return h.bpeRuns(dst, piece)
 	}
-	return h.bpeHeap(dst, h.bytesToIDs(piece))
+	return h.bpeRuns(dst, piece)
 }
 
 // mergeOf returns the rank and result of merging a and b.
@@ -233,8 +232,9 @@ func (m *mergeMemo) get(h *HF, a, b uint32) (rank, id uint32, ok bool) {
 }
 
 // bpeRuns is BPE on a run-length encoded piece, applying one rule (the
-// lowest-ranked one that applies anywhere) per pass; valid only when
-// h.monotone. It falls back to bpeHeap when a pass finds no compression.
+// lowest-ranked one that applies anywhere) per pass while that is exact
+// (see the file comment); otherwise, or when the passes do not compress,
+// it continues with bpeHeap.
 func (h *HF) bpeRuns(dst []uint32, piece string) []uint32 {
 	var memo mergeMemo
 	nr := 1
@@ -274,6 +274,11 @@ func (h *HF) bpeRuns(dst []uint32, piece string) []uint32 {
 		work += 2 * len(runs)
 		if best == noMerge {
 			break
+		}
+		if h.minUsed[bestID] <= best {
+			// Merging could create a pair of lower rank, which the heap
+			// would take before this rule's later occurrences.
+			return h.bpeHeap(dst, expandRuns(runs))
 		}
 		// Apply the rule (ba, bb) -> bestID greedily from the left.
 		out = out[:0]
@@ -315,17 +320,7 @@ func (h *HF) bpeRuns(dst []uint32, piece string) []uint32 {
 		if work > budget {
 			// Not compressing: continue exactly with the heap from here
 			// (every pair of rank <= best has been merged).
-			total := 0
-			for _, r := range runs {
-				total += int(r.count)
-			}
-			ids := make([]uint32, 0, total)
-			for _, r := range runs {
-				for range r.count {
-					ids = append(ids, r.id)
-				}
-			}
-			return h.bpeHeap(dst, ids)
+			return h.bpeHeap(dst, expandRuns(runs))
 		}
 	}
 	for _, r := range runs {
@@ -334,6 +329,21 @@ func (h *HF) bpeRuns(dst []uint32, piece string) []uint32 {
 		}
 	}
 	return dst
+}
+
+// expandRuns returns the symbols of runs.
+func expandRuns(runs []symRun) []uint32 {
+	total := 0
+	for _, r := range runs {
+		total += int(r.count)
+	}
+	ids := make([]uint32, 0, total)
+	for _, r := range runs {
+		for range r.count {
+			ids = append(ids, r.id)
+		}
+	}
+	return ids
 }
 
 // buildSelfEncoding marks the tokens whose own bytes BPE back to them.

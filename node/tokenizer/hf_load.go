@@ -371,13 +371,14 @@ func (h *HF) buildVocab(vocab map[string]uint32, mergesRaw json.RawMessage, adde
 		minUsed[b] = min(minUsed[b], rank)
 		h.merges[k] = uint64(rank)<<32 | uint64(c)
 	}
-	// Rank-monotone: every merge producing a token ranks below every merge
-	// consuming it, so a merge never creates a pair of lower rank.
+	// minUsed lets bpeRuns check, rule by rule, that a merge creates no
+	// pair of lower rank than its own; monotone says that holds for all.
+	h.minUsed = make([]uint32, len(minUsed))
 	h.monotone = true
 	for t := range maxMade {
+		h.minUsed[t] = uint32(minUsed[t])
 		if maxMade[t] >= minUsed[t] {
 			h.monotone = false
-			break
 		}
 	}
 	return nil

@@ -324,7 +324,7 @@ const longPiece = 128
 // leftmost one on a tie) until no pair is a token.
 func (t *Tiktoken) bytePairEncode(dst []uint32, piece string) []uint32 {
 	if len(piece) >= longPiece {
-		return t.bytePairEncodeLong(dst, piece)
+		return t.runsCore().bpeRuns(dst, piece)
 	}
 	return t.bytePairEncodeShort(dst, piece)
 }

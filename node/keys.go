@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -132,7 +133,12 @@ func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim toke
 			Kwargs:               req.tmpl.kwargs,
 		})
 		if err != nil {
-			n.log.Debug("chat template failed; the request gets no block keys", "model", p.model, "err", err)
+			// The error may quote message values: log its kind only.
+			kind := "chat_template"
+			if errors.Is(err, tokenizer.ErrInvalidMessages) || errors.Is(err, tokenizer.ErrUnsupportedContent) {
+				kind = "invalid_messages"
+			}
+			n.log.Debug("chat template failed; the request gets no block keys", "model", p.model, "kind", kind)
 			return dst
 		}
 	}

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -76,5 +77,30 @@ func BenchmarkHFOneChar1MiB(b *testing.B) {
 			}
 			b.ReportMetric(float64(len(dst)), "tokens")
 		})
+	}
+}
+
+// BenchmarkHFChatSeed renders a chat holding the seed prompt (system
+// document + question) with Qwen3's template and keys it through the
+// prefix cache, as the gateway does for a chat request.
+func BenchmarkHFChatSeed(b *testing.B) {
+	h := loadHFT(b, "qwen3")
+	c := newCachedHF(b, h, 0)
+	p := benchPrompts(1)[0]
+	doc, q, _ := strings.Cut(p, "Question ")
+	msgs, err := json.Marshal([]map[string]string{{"role": "system", "content": doc}, {"role": "user", "content": "Question " + q}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := ChatRequest{Messages: msgs, AddGenerationPrompt: true}
+	b.SetBytes(int64(len(msgs)))
+	b.ReportAllocs()
+	dst := make([]uint32, 0, 8192)
+	for b.Loop() {
+		text, err := h.RenderChat(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		dst = c.Encode(dst[:0], text)
 	}
 }

@@ -16,10 +16,15 @@ import (
 // It needs node and the npm packages (`npm ci` in testdata/hfref; .ci/run
 // installs them) and skips, saying so, without them.
 
-const (
-	diffTexts = 2500 // texts per model
-	diffChats = 300  // conversations per model
-)
+// Corpus sizes per model: the full ones in `go test ./...`, smaller ones
+// under -short (CI's -race -short pass, where the race detector makes
+// every encode ~10x slower).
+func diffSizes() (texts, chats int) {
+	if testing.Short() {
+		return 300, 40
+	}
+	return 2500, 300
+}
 
 // refOutput is ref.mjs's answer.
 type refOutput struct {
@@ -70,7 +75,8 @@ func TestHFDiffTexts(t *testing.T) {
 	for _, model := range hfModels {
 		t.Run(model, func(t *testing.T) {
 			h := loadHFT(t, model)
-			texts := hfCorpusTexts(2026, diffTexts)
+			n, _ := diffSizes()
+			texts := hfCorpusTexts(2026, n)
 			ref := runReference(t, model, refCorpus{Texts: texts})
 			bad, tokens := 0, 0
 			for i, text := range texts {
@@ -96,7 +102,8 @@ func TestHFDiffChats(t *testing.T) {
 	for _, model := range hfModels {
 		t.Run(model, func(t *testing.T) {
 			h := loadHFT(t, model)
-			chats := hfCorpusChats(2027, diffChats, model == "qwen3") // Llama 3's template has no tools
+			_, n := diffSizes()
+			chats := hfCorpusChats(2027, n, model == "qwen3") // Llama 3's and DeepSeek V3's templates take no tools
 			ref := runReference(t, model, refCorpus{Chats: chats})
 			bad, tokens, tools, prefills := 0, 0, 0, 0
 			for i, c := range chats {

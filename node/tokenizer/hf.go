@@ -23,6 +23,12 @@ const NameHFPrefix = "hf:"
 //
 // HF is safe for concurrent use; it keeps a bounded cache of the tokens of
 // short pre-tokenizer pieces, so warm encodes do not allocate.
+//
+// Why not a library: github.com/sugarme/tokenizer v0.3.0 compiles Split
+// regexes with Go's regexp, which has no lookahead, and panics on the
+// Qwen3 and Llama 3 patterns (\s+(?!\S); its issue #75); a regexp2-based
+// split would also be ~50x slower than a scanner (fast.go measured that
+// for cl100k). github.com/gomlx/go-huggingface was not evaluated.
 type HF struct {
 	name string
 

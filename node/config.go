@@ -73,9 +73,11 @@ type Config struct {
 	IndexMode string `yaml:"index_mode"`
 
 	// Tokenizer turns prompts into tokens for block hashing: auto,
-	// character, tiktoken or remote. Default "auto" (character in history
-	// mode, tiktoken otherwise, because confirmed entries from KV events are
-	// keyed by the engine's token ids).
+	// character, tiktoken, remote or hf:<dir> (the model's own Hugging Face
+	// tokenizer, TokenizerHFPrefix: the only local choice whose ids equal a
+	// real engine's). Default "auto" (character in history mode, tiktoken
+	// otherwise, because confirmed entries from KV events are keyed by the
+	// engine's token ids).
 	Tokenizer string `yaml:"tokenizer"`
 
 	// MaxKeyTokens bounds the tokens of a prompt that are keyed (and so

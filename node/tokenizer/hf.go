@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -51,8 +50,8 @@ type HF struct {
 	selfEnc []bool
 
 	added      []addedToken
-	firstRaw   [256]bool // first bytes of added tokens matched on raw text
-	firstNorm  [256]bool // ... and on normalized text (normalized tokens)
+	rawTrie    addedTrie // added tokens matched on raw text
+	normTrie   addedTrie // ... and on normalized text (normalized tokens)
 	hasNormTok bool
 
 	postPrefix, postSuffix []uint32 // add_special_tokens=true
@@ -204,16 +203,81 @@ func (h *HF) nextPiece(text string, i int) int {
 	return hfNextPiece(text, i, h.maxDigits)
 }
 
-// buildAddedMatcher sorts the added tokens longest first (so the first
-// match at a position is the longest) and notes their first bytes.
+// addedTrie is a byte trie of added tokens, for leftmost-longest matching
+// in time proportional to the bytes matched (a model may have hundreds of
+// added tokens sharing a prefix like "<|").
+type addedTrie struct {
+	nodes []trieNode
+	first [256]bool // first bytes of the tokens
+}
+
+type trieNode struct {
+	edges []trieEdge
+	tok   int32 // index into HF.added, or -1
+}
+
+type trieEdge struct {
+	b     byte
+	child int32
+}
+
+func (t *addedTrie) add(content string, tok int32) {
+	if len(t.nodes) == 0 {
+		t.nodes = append(t.nodes, trieNode{tok: -1})
+	}
+	t.first[content[0]] = true
+	n := int32(0)
+	for i := 0; i < len(content); i++ {
+		next := int32(-1)
+		for _, e := range t.nodes[n].edges {
+			if e.b == content[i] {
+				next = e.child
+				break
+			}
+		}
+		if next < 0 {
+			next = int32(len(t.nodes))
+			t.nodes = append(t.nodes, trieNode{tok: -1})
+			t.nodes[n].edges = append(t.nodes[n].edges, trieEdge{content[i], next})
+		}
+		n = next
+	}
+	if t.nodes[n].tok < 0 { // the first of equal contents wins
+		t.nodes[n].tok = tok
+	}
+}
+
+// longest returns the index of the longest token that prefixes s, or -1.
+func (t *addedTrie) longest(s string) int32 {
+	best, n := int32(-1), int32(0)
+	for i := 0; i < len(s); i++ {
+		next := int32(-1)
+		for _, e := range t.nodes[n].edges {
+			if e.b == s[i] {
+				next = e.child
+				break
+			}
+		}
+		if next < 0 {
+			break
+		}
+		n = next
+		if tok := t.nodes[n].tok; tok >= 0 {
+			best = tok
+		}
+	}
+	return best
+}
+
+// buildAddedMatcher indexes the added tokens in two tries: those matched
+// in the raw text and the normalized ones.
 func (h *HF) buildAddedMatcher() {
-	slices.SortStableFunc(h.added, func(a, b addedToken) int { return len(b.content) - len(a.content) })
-	for _, t := range h.added {
+	for i, t := range h.added {
 		if t.normalized {
-			h.firstNorm[t.content[0]] = true
+			h.normTrie.add(t.content, int32(i))
 			h.hasNormTok = true
 		} else {
-			h.firstRaw[t.content[0]] = true
+			h.rawTrie.add(t.content, int32(i))
 		}
 	}
 }
@@ -221,20 +285,19 @@ func (h *HF) buildAddedMatcher() {
 // nextAdded finds the leftmost, then longest, added token in text among
 // the raw-matched (normalized false) or normalized ones.
 func (h *HF) nextAdded(text string, normalized bool) (int, *addedToken) {
-	first := &h.firstRaw
+	t := &h.rawTrie
 	if normalized {
-		first = &h.firstNorm
+		t = &h.normTrie
+	}
+	if len(t.nodes) == 0 {
+		return -1, nil
 	}
 	for i := 0; i < len(text); i++ {
-		if !first[text[i]] {
+		if !t.first[text[i]] {
 			continue
 		}
-		rest := text[i:]
-		for k := range h.added {
-			t := &h.added[k]
-			if t.normalized == normalized && strings.HasPrefix(rest, t.content) {
-				return i, t
-			}
+		if k := t.longest(text[i:]); k >= 0 {
+			return i, &h.added[k]
 		}
 	}
 	return -1, nil

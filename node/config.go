@@ -13,6 +13,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/node/tokenizer"
 	"github.com/kvmesh/kvmesh/route"
 )
 
@@ -29,7 +30,23 @@ const (
 	// TokenizerRemote asks the engine's /tokenize endpoint, with a cache, a
 	// timeout and a fallback to TokenizerTiktoken.
 	TokenizerRemote = "remote"
+	// TokenizerHFPrefix starts "hf:<dir>": the model's own Hugging Face
+	// tokenizer (dir holds tokenizer.json and tokenizer_config.json), run
+	// in process exactly as vLLM applies it (node/tokenizer.HF): completions
+	// with add_special_tokens, chat rendered with the model's template.
+	TokenizerHFPrefix = tokenizer.NameHFPrefix
 )
+
+// DefaultMaxKeyTokens is Config.MaxKeyTokens's default: 256Ki tokens, more
+// than any model context the index holds blocks for today (Qwen3, Llama
+// 3.1 and DeepSeek V3 serve 128K).
+const DefaultMaxKeyTokens = 256 << 10
+
+// MaxKeyPieceBytes bounds one pre-tokenizer piece that is keyed: keys stop
+// before a longer piece (a run of one character or of letters over 64
+// KiB), whose BPE costs up to ~0.6 s per MiB with tiktoken's vocabulary.
+// Keys stay exact: they are a prefix of the full prompt's.
+const MaxKeyPieceBytes = 64 << 10
 
 // Config configures one gateway Node. Start from DefaultConfig (production)
 // or LocalConfig (tests), then set fields; Validate reports every problem.
@@ -56,10 +73,20 @@ type Config struct {
 	IndexMode string `yaml:"index_mode"`
 
 	// Tokenizer turns prompts into tokens for block hashing: auto,
-	// character, tiktoken or remote. Default "auto" (character in history
-	// mode, tiktoken otherwise, because confirmed entries from KV events are
-	// keyed by the engine's token ids).
+	// character, tiktoken, remote or hf:<dir> (the model's own Hugging Face
+	// tokenizer, TokenizerHFPrefix: the only local choice whose ids equal a
+	// real engine's). Default "auto" (character in history mode, tiktoken
+	// otherwise, because confirmed entries from KV events are keyed by the
+	// engine's token ids).
 	Tokenizer string `yaml:"tokenizer"`
+
+	// MaxKeyTokens bounds the tokens of a prompt that are keyed (and so
+	// the tokenizer's work per request): block keys cover at most the
+	// first MaxKeyTokens tokens, and stop before a pre-tokenizer piece
+	// longer than MaxKeyPieceBytes. The keys kept are exactly the full
+	// prompt's first keys, so a longer prompt only loses affinity beyond
+	// the limit. Default DefaultMaxKeyTokens.
+	MaxKeyTokens int `yaml:"max_key_tokens"`
 
 	// BlockSize is the number of tokens per index block. Default 0 = auto:
 	// 128 with the character tokenizer (AIBrix's chunk size) and 16
@@ -234,8 +261,15 @@ type ModelConfig struct {
 	// Strategy overrides Config.Strategy for this model when non-empty.
 	Strategy string `yaml:"strategy"`
 	// IndexMode overrides Config.IndexMode for this model when non-empty
-	// (the tokenizer and block size stay global: one index, one hasher).
+	// (the block size stays global: one index, one hasher).
 	IndexMode string `yaml:"index_mode"`
+	// Tokenizer overrides Config.Tokenizer for this model when non-empty:
+	// tiktoken or hf:<dir> (the model's own tokenizer), so several models
+	// behind one gateway each key with their engine's ids. It needs a
+	// token-space global tokenizer (not character: its block size is
+	// bytes). Models that come only from the replicated cluster config use
+	// the global tokenizer.
+	Tokenizer string `yaml:"tokenizer"`
 	// Replicas are the engines serving the model.
 	Replicas []ReplicaConfig `yaml:"replicas"`
 }
@@ -269,6 +303,7 @@ func DefaultConfig() Config {
 		Strategy:                "prefix-cache",
 		IndexMode:               "history",
 		Tokenizer:               TokenizerAuto,
+		MaxKeyTokens:            DefaultMaxKeyTokens,
 		IndexCapacity:           1 << 20,
 		HistoryTTL:              2 * time.Hour,
 		SpeculativeTTL:          10 * time.Second,
@@ -423,10 +458,14 @@ func (c *Config) Validate() error {
 	if _, err := index.ParseMode(c.IndexMode); err != nil {
 		bad("index_mode: %v", err)
 	}
-	switch c.Tokenizer {
-	case TokenizerAuto, TokenizerCharacter, TokenizerTiktoken, TokenizerRemote:
+	switch {
+	case c.Tokenizer == TokenizerAuto, c.Tokenizer == TokenizerCharacter, c.Tokenizer == TokenizerTiktoken, c.Tokenizer == TokenizerRemote:
+	case strings.HasPrefix(c.Tokenizer, TokenizerHFPrefix) && len(c.Tokenizer) > len(TokenizerHFPrefix):
 	default:
-		bad("tokenizer %q unknown (want auto, character, tiktoken or remote)", c.Tokenizer)
+		bad("tokenizer %q unknown (want auto, character, tiktoken, remote or hf:<dir>)", c.Tokenizer)
+	}
+	if c.MaxKeyTokens < 1 {
+		bad("max_key_tokens %d must be positive", c.MaxKeyTokens)
 	}
 	if c.BlockSize < 0 {
 		bad("block_size %d is negative", c.BlockSize)
@@ -509,6 +548,15 @@ func (c *Config) Validate() error {
 		}
 		if m.Strategy != "" && !knownStrategy(m.Strategy) {
 			bad("model %q: strategy %q unknown", m.Name, m.Strategy)
+		}
+		if m.Tokenizer != "" {
+			hf := strings.HasPrefix(m.Tokenizer, TokenizerHFPrefix) && len(m.Tokenizer) > len(TokenizerHFPrefix)
+			switch {
+			case m.Tokenizer != TokenizerTiktoken && !hf:
+				bad("model %q: tokenizer %q unknown (want tiktoken or hf:<dir>)", m.Name, m.Tokenizer)
+			case c.EffectiveTokenizer() == TokenizerCharacter:
+				bad("model %q: a per-model tokenizer needs a token-space global tokenizer (tokenizer: tiktoken, remote or hf:<dir>), not character", m.Name)
+			}
 		}
 		if len(m.Replicas) == 0 {
 			bad("model %q has no replicas", m.Name)

@@ -33,6 +33,9 @@ type jsonField []byte
 // bodyFields are the top-level fields the gateway reads.
 type bodyFields struct {
 	model, prompt, messages, stream, maxTokens, maxCompletionTokens, cacheSalt, user jsonField
+	// Chat-template and tokenization options (vLLM's), read for the hf:
+	// tokenizer.
+	tools, addGenerationPrompt, continueFinalMessage, addSpecialTokens, chatTemplateKwargs jsonField
 }
 
 // scanBody validates body as one JSON value with optional surrounding
@@ -128,6 +131,16 @@ func (s *jscan) object(f *bodyFields) error {
 			f.cacheSalt = v
 		case "user":
 			f.user = v
+		case "tools":
+			f.tools = v
+		case "add_generation_prompt":
+			f.addGenerationPrompt = v
+		case "continue_final_message":
+			f.continueFinalMessage = v
+		case "add_special_tokens":
+			f.addSpecialTokens = v
+		case "chat_template_kwargs":
+			f.chatTemplateKwargs = v
 		}
 		s.ws()
 		if s.i >= len(s.b) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -38,8 +39,11 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 		if req.kind == kindChat {
 			text = tokenizer.RenderChat(req.messages)
 		}
-		s.keys = n.hasher.AppendKeysString(s.keys, root, text)
 		promptTokens = len(text)
+		if len(text) > n.cfg.MaxKeyTokens {
+			text = text[:n.cfg.MaxKeyTokens] // one token per byte
+		}
+		s.keys = n.hasher.AppendKeysString(s.keys, root, text)
 	default:
 		toks := n.tokenize(ctx, p, req, s.tokens[:0])
 		s.tokens = toks
@@ -72,11 +76,93 @@ func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst
 			n.log.Debug("remote tokenize failed, using the local tokenizer", "model", p.model, "err", err)
 		}
 	}
+	lim := tokenizer.Limit{MaxTokens: n.cfg.MaxKeyTokens, MaxPieceBytes: MaxKeyPieceBytes}
+	tok, hf := n.tok, n.hf
+	if mt, ok := n.modelTok[p.model]; ok {
+		tok, hf = mt.tok, mt.hf
+	}
+	if hf != nil {
+		return n.tokenizeHF(p, req, dst, lim, tok, hf)
+	}
 	text := req.text
 	if req.kind == kindChat {
 		text = tokenizer.RenderChat(req.messages)
 	}
-	return n.tok.Encode(dst, text)
+	dst, _ = tokenizer.EncodeLimited(tok, dst, text, lim)
+	return dst
+}
+
+// keyTokenizer is a model's own tokenizer (ModelConfig.Tokenizer): tok,
+// possibly prefix-cached, and the HF tokenizer it wraps (nil for others).
+type keyTokenizer struct {
+	tok tokenizer.Tokenizer
+	hf  *tokenizer.HF
+}
+
+// newKeyTokenizer loads the tokenizer called name (a local one: not auto
+// or remote), with a prefix cache of cacheBytes when it supports one.
+func newKeyTokenizer(name string, cacheBytes int64) (keyTokenizer, *tokenizer.Cached, error) {
+	tok, err := tokenizer.New(name)
+	if err != nil {
+		return keyTokenizer{}, nil, err
+	}
+	kt := keyTokenizer{tok: tok}
+	kt.hf, _ = tok.(*tokenizer.HF)
+	var c *tokenizer.Cached
+	if (name == TokenizerTiktoken || kt.hf != nil) && cacheBytes > 0 {
+		cc := tokenizer.DefaultCachedConfig()
+		cc.MaxBytes = cacheBytes
+		if c, err = tokenizer.NewCached(tok, cc); err != nil {
+			return keyTokenizer{}, nil, err
+		}
+		kt.tok = c
+	}
+	return kt, c, nil
+}
+
+// tokenizeHF encodes the prompt with the model's own tokenizer as vLLM
+// does: a completion prompt with the post-processor's special tokens when
+// add_special_tokens (default true), a chat rendered with the model's
+// template and encoded without adding special tokens (unless the request
+// asks). A conversation the template cannot render gets no keys (the
+// engine would refuse it too).
+func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim tokenizer.Limit, tok tokenizer.Tokenizer, hf *tokenizer.HF) []uint32 {
+	text := req.text
+	if req.kind == kindChat {
+		var err error
+		text, err = hf.RenderChat(tokenizer.ChatRequest{
+			Messages:             req.rawMessages,
+			Tools:                req.tmpl.tools,
+			AddGenerationPrompt:  req.tmpl.addGenerationPrompt,
+			ContinueFinalMessage: req.tmpl.continueFinalMessage,
+			Kwargs:               req.tmpl.kwargs,
+		})
+		if err != nil {
+			// The error may quote message values: log its kind only.
+			kind := "chat_template"
+			if errors.Is(err, tokenizer.ErrInvalidMessages) || errors.Is(err, tokenizer.ErrUnsupportedContent) {
+				kind = "invalid_messages"
+			}
+			n.log.Debug("chat template failed; the request gets no block keys", "model", p.model, "kind", kind)
+			return dst
+		}
+	}
+	base := len(dst)
+	if req.tmpl.addSpecialTokens {
+		dst = append(dst, hf.SpecialPrefix()...)
+	}
+	sub := lim
+	if sub.MaxTokens -= len(dst) - base; sub.MaxTokens <= 0 {
+		return dst[:base+lim.MaxTokens]
+	}
+	dst, cut := tokenizer.EncodeLimited(tok, dst, text, sub)
+	if req.tmpl.addSpecialTokens && !cut {
+		dst = append(dst, hf.SpecialSuffix()...)
+		if len(dst)-base > lim.MaxTokens {
+			dst = dst[:base+lim.MaxTokens]
+		}
+	}
+	return dst
 }
 
 // remoteTokenizer asks an engine's /tokenize and caches the answers by a

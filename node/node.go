@@ -33,7 +33,11 @@ type Node struct {
 	hasher   index.Hasher
 	tokName  string
 	tok      tokenizer.Tokenizer
-	tokCache *tokenizer.Cached // nil unless tok is a prefix-cached tiktoken
+	tokCache *tokenizer.Cached // nil unless tok is a prefix-cached tiktoken or hf
+	hf       *tokenizer.HF     // the hf:<dir> tokenizer (also wrapped in tok), or nil
+	// modelTok holds the models' own tokenizers (ModelConfig.Tokenizer)
+	// by model and adapter name; read-only after New.
+	modelTok map[string]keyTokenizer
 	remote   *remoteTokenizer
 	// engineRemote tokenizes the prompts of models whose replicas disagree
 	// with tok (agreement.go); agree holds the verdicts.
@@ -124,16 +128,26 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if local == TokenizerRemote {
 		local = TokenizerTiktoken
 	}
-	if n.tok, err = tokenizer.New(local); err != nil {
+	kt, cached, err := newKeyTokenizer(local, cfg.TokenizerCacheBytes)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if local == TokenizerTiktoken && cfg.TokenizerCacheBytes > 0 {
-		cc := tokenizer.DefaultCachedConfig()
-		cc.MaxBytes = cfg.TokenizerCacheBytes
-		if n.tokCache, err = tokenizer.NewCached(n.tok, cc); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	n.tok, n.hf, n.tokCache = kt.tok, kt.hf, cached
+	for _, m := range cfg.Models {
+		if m.Tokenizer == "" || m.Tokenizer == local {
+			continue
 		}
-		n.tok = n.tokCache
+		if n.modelTok == nil {
+			n.modelTok = make(map[string]keyTokenizer)
+		}
+		mt, _, err := newKeyTokenizer(m.Tokenizer, cfg.TokenizerCacheBytes)
+		if err != nil {
+			return nil, fmt.Errorf("%w: model %q: %w", ErrInvalidConfig, m.Name, err)
+		}
+		n.modelTok[m.Name] = mt
+		for _, a := range m.Adapters {
+			n.modelTok[a] = mt
+		}
 	}
 
 	n.m = newMetrics()

@@ -43,6 +43,48 @@ type inferenceRequest struct {
 	tokens      []uint32
 	messages    []tokenizer.Message
 	rawMessages json.RawMessage // for the engine's /tokenize
+	tmpl        templateOptions // for the hf: tokenizer
+}
+
+// templateOptions are vLLM's tokenization options of a request, with its
+// defaults: add_special_tokens true for completions and false for chat;
+// add_generation_prompt true; continue_final_message false.
+type templateOptions struct {
+	tools                json.RawMessage
+	kwargs               json.RawMessage
+	addSpecialTokens     bool
+	addGenerationPrompt  bool
+	continueFinalMessage bool
+}
+
+// parseTemplateOptions reads the options into req.tmpl.
+func parseTemplateOptions(req *inferenceRequest, f *bodyFields) *apiError {
+	wrongType := func(field string) *apiError {
+		return errBadRequest(CodeInvalidField, fmt.Sprintf("field %q must be a boolean", field))
+	}
+	o := templateOptions{addSpecialTokens: req.kind == kindCompletions, addGenerationPrompt: true}
+	var err error
+	if len(f.addSpecialTokens) > 0 && string(f.addSpecialTokens) != "null" {
+		if o.addSpecialTokens, err = f.addSpecialTokens.bool(); err != nil {
+			return wrongType("add_special_tokens")
+		}
+	}
+	if len(f.addGenerationPrompt) > 0 && string(f.addGenerationPrompt) != "null" {
+		if o.addGenerationPrompt, err = f.addGenerationPrompt.bool(); err != nil {
+			return wrongType("add_generation_prompt")
+		}
+	}
+	if o.continueFinalMessage, err = f.continueFinalMessage.bool(); err != nil {
+		return wrongType("continue_final_message")
+	}
+	if !isNull(json.RawMessage(f.tools)) {
+		o.tools = json.RawMessage(f.tools)
+	}
+	if !isNull(json.RawMessage(f.chatTemplateKwargs)) {
+		o.kwargs = json.RawMessage(f.chatTemplateKwargs)
+	}
+	req.tmpl = o
+	return nil
 }
 
 // readBody reads at most limit bytes of the request body within timeout
@@ -139,6 +181,9 @@ func parseInference(kind apiKind, body []byte) (*inferenceRequest, *apiError) {
 	}
 	if req.user, _, err = f.user.string(); err != nil {
 		return nil, wrongType("user", "a string")
+	}
+	if e := parseTemplateOptions(req, &f); e != nil {
+		return nil, e
 	}
 	switch kind {
 	case kindCompletions:

@@ -132,6 +132,15 @@ type genParams struct {
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            json.RawMessage `json:"messages"`
 	N                   *int            `json:"n"`
+
+	// vLLM's tokenization options, honoured with an hf:<dir> tokenizer
+	// (defaults as vLLM's: add_special_tokens true for a prompt and false
+	// for messages, add_generation_prompt true).
+	Tools                json.RawMessage `json:"tools"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	AddSpecialTokens     *bool           `json:"add_special_tokens"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
 }
 
 // validate checks the sampling fields the simulator honours or refuses.
@@ -151,13 +160,19 @@ func (p *genParams) validate() error {
 // parsePrompt reads a completions prompt: a string, a token list, or a
 // one-element list of either (batched prompts are not supported).
 func (s *Server) parsePrompt(raw json.RawMessage) ([]uint32, error) {
+	return s.parsePromptSpecial(raw, true)
+}
+
+// parsePromptSpecial is parsePrompt with add_special_tokens given (text
+// prompts only; token prompts are taken as they are).
+func (s *Server) parsePromptSpecial(raw json.RawMessage, addSpecial bool) ([]uint32, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil, fmt.Errorf("%w: prompt is required", ErrBadRequest)
 	}
 	var str string
 	if err := json.Unmarshal(raw, &str); err == nil {
-		return s.tok.Encode(nil, str), nil
+		return s.encodeText(str, addSpecial), nil
 	}
 	var toks []uint32
 	if err := json.Unmarshal(raw, &toks); err == nil {
@@ -168,7 +183,7 @@ func (s *Server) parsePrompt(raw json.RawMessage) ([]uint32, error) {
 		if len(strs) != 1 {
 			return nil, fmt.Errorf("%w: exactly one prompt per request is supported, got %d", ErrBadRequest, len(strs))
 		}
-		return s.tok.Encode(nil, strs[0]), nil
+		return s.encodeText(strs[0], addSpecial), nil
 	}
 	var tokss [][]uint32
 	if err := json.Unmarshal(raw, &tokss); err == nil {
@@ -180,9 +195,42 @@ func (s *Server) parsePrompt(raw json.RawMessage) ([]uint32, error) {
 	return nil, fmt.Errorf("%w: prompt must be a string or a list of token ids", ErrBadRequest)
 }
 
+// encodeText tokenizes a text prompt; addSpecial adds an hf tokenizer's
+// post-processor tokens (the others have none).
+func (s *Server) encodeText(text string, addSpecial bool) []uint32 {
+	if s.hf != nil {
+		return s.hf.EncodeSpecial(nil, text, addSpecial)
+	}
+	return s.tok.Encode(nil, text)
+}
+
+// parseMessages tokenizes a chat with vLLM's default options.
 func (s *Server) parseMessages(raw json.RawMessage) ([]uint32, error) {
+	return s.parseChat(&genParams{Messages: raw})
+}
+
+// parseChat tokenizes p's messages: with an hf tokenizer, rendered with
+// the model's chat template and p's options, as vLLM does; otherwise with
+// the ChatML-like tokenizer.RenderChat.
+func (s *Server) parseChat(p *genParams) ([]uint32, error) {
+	raw := p.Messages
 	if len(bytes.TrimSpace(raw)) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		return nil, fmt.Errorf("%w: messages is required", ErrBadRequest)
+	}
+	if s.hf != nil {
+		req := tokenizer.ChatRequest{Messages: raw, Tools: p.Tools, AddGenerationPrompt: true,
+			ContinueFinalMessage: p.ContinueFinalMessage, Kwargs: p.ChatTemplateKwargs}
+		if p.AddGenerationPrompt != nil {
+			req.AddGenerationPrompt = *p.AddGenerationPrompt
+		}
+		if req.AddGenerationPrompt && req.ContinueFinalMessage {
+			return nil, fmt.Errorf("%w: continue_final_message and add_generation_prompt cannot both be true", ErrBadRequest)
+		}
+		text, err := s.hf.RenderChat(req)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		}
+		return s.encodeText(text, p.AddSpecialTokens != nil && *p.AddSpecialTokens), nil
 	}
 	msgs, err := tokenizer.ParseMessages(raw)
 	if err != nil {
@@ -274,7 +322,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &p) || !s.checkModel(w, p.Model) {
 		return
 	}
-	prompt, err := s.parsePrompt(p.Prompt)
+	prompt, err := s.parsePromptSpecial(p.Prompt, p.AddSpecialTokens == nil || *p.AddSpecialTokens)
 	if err != nil {
 		writeError(w, errorStatus(err), err.Error())
 		return
@@ -287,7 +335,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if !decodeBody(w, r, &p) || !s.checkModel(w, p.Model) {
 		return
 	}
-	prompt, err := s.parseMessages(p.Messages)
+	prompt, err := s.parseChat(&p)
 	if err != nil {
 		writeError(w, errorStatus(err), err.Error())
 		return
@@ -446,9 +494,9 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var err error
 	switch {
 	case len(p.Messages) > 0 && !bytes.Equal(bytes.TrimSpace(p.Messages), []byte("null")):
-		toks, err = s.parseMessages(p.Messages)
+		toks, err = s.parseChat(&p)
 	default:
-		toks, err = s.parsePrompt(p.Prompt)
+		toks, err = s.parsePromptSpecial(p.Prompt, p.AddSpecialTokens == nil || *p.AddSpecialTokens)
 	}
 	if err != nil {
 		writeError(w, errorStatus(err), err.Error())

@@ -83,7 +83,9 @@ type Config struct {
 	// Speed divides every modelled duration: 10 runs ten times faster than
 	// the modelled hardware. Must be > 0.
 	Speed float64
-	// Tokenizer names the tokenizer: "tiktoken" (cl100k) or "bytes".
+	// Tokenizer names the tokenizer: "tiktoken" (cl100k), "bytes", or
+	// "hf:<dir>" (a model's Hugging Face tokenizer and chat template, as
+	// vLLM applies them; see node/tokenizer.LoadHF).
 	Tokenizer string
 	// KVEvents configures KV-event publishing.
 	KVEvents KVEventsConfig

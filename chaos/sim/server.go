@@ -50,6 +50,7 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	tok     tokenizer.Tokenizer
+	hf      *tokenizer.HF // tok when it is an hf:<dir> tokenizer, else nil
 	metrics *metrics
 
 	mu      sync.Mutex // guards eng, pending, inbox, lag, pub publishing order
@@ -110,6 +111,7 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg:      cfg,
 		log:      log.With("component", "vllmsim", "model", cfg.ServedModelName),
 		tok:      tok,
+		hf:       asHF(tok),
 		eng:      eng,
 		pending:  make(map[RequestID]*pending),
 		pub:      cfg.Publisher,

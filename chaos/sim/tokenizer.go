@@ -17,3 +17,9 @@ func newTokenizer(name string) (tokenizer.Tokenizer, error) {
 	}
 	return tok, nil
 }
+
+// asHF returns tok as an HF tokenizer, or nil.
+func asHF(tok tokenizer.Tokenizer) *tokenizer.HF {
+	h, _ := tok.(*tokenizer.HF)
+	return h
+}

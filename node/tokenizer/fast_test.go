@@ -167,6 +167,7 @@ func TestBytePairEncodeLong(t *testing.T) {
 		short := tk.bytePairEncodeShort(nil, p)
 		long := tk.bytePairEncodeLong(nil, p)
 		require.Equal(t, short, long, "piece of %d bytes", len(p))
+		require.Equal(t, short, tk.runsCore().bpeRuns(nil, p), "run-length BPE, piece of %d bytes", len(p))
 		if len(p) < 400 && strings.Trim(p, "abcdefghijklmnopqrstuvwxyz") == "" {
 			// A run of letters is one pre-tokenizer piece.
 			require.Equal(t, tk.encodeReference(nil, p), tk.Encode(nil, p))

@@ -58,6 +58,17 @@ import "strings"
 //
 // cached_test.go checks the rules against full tiktoken encodes on random
 // and seed-shaped texts.
+//
+// The same rules hold for HF (Qwen2 and Llama 3 patterns), by the same
+// argument: the two patterns differ from cl100k's only in \p{N}{1,n}, which
+// neither rule involves, and the extra contraction match ('ſ) neither
+// starts nor ends at a newline or an ASCII letter followed by a space. Two
+// more stages come first there. The added-token split: a token that holds
+// no space and no newline (HF.splitSafe) cannot cross p, and a
+// leftmost-longest match on either side of p is the same match in the
+// whole text. NFC: '\n' and ' ' are starters that compose with nothing,
+// and the rune after p is ASCII, so NFC never merges across p.
+// hf_cached_test.go checks Cached(HF) against HF on the corpus.
 
 // splitNewline reports whether rule N holds at p.
 func splitNewline(text string, p int) bool {

@@ -35,6 +35,7 @@ type Tiktoken struct {
 	tk     *tiktoken.Tiktoken // the reference encoder
 	ranks  map[string]int     // token bytes -> ID (= BPE merge rank)
 	decode [][]byte           // token ID -> bytes; nil for unused IDs
+	runs   tiktokenRuns       // run-length BPE for long pieces, built on first use
 }
 
 var (

@@ -3,7 +3,22 @@ package tokenizer
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 )
+
+// hfShared holds one loaded HF tokenizer per directory.
+var hfShared sync.Map // dir -> func() (*HF, error)
+
+// loadHFShared loads dir once per process (a tokenizer.json is tens of MB).
+func loadHFShared(dir string) (Tokenizer, error) {
+	f, _ := hfShared.LoadOrStore(dir, sync.OnceValues(func() (*HF, error) { return LoadHF(dir) }))
+	h, err := f.(func() (*HF, error))()
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
+}
 
 // ErrUnknownTokenizer is returned by New for a name it does not know.
 var ErrUnknownTokenizer = errors.New("tokenizer: unknown tokenizer")
@@ -42,9 +57,10 @@ const (
 	NameCL100K    = "cl100k_base" // alias of NameTiktoken
 )
 
-// New returns the tokenizer called name: "bytes" (alias "character") or
-// "tiktoken" (alias "cl100k_base"). The tiktoken vocabulary is loaded on
-// the first call that asks for it and shared by every later call; New
+// New returns the tokenizer called name: "bytes" (alias "character"),
+// "tiktoken" (alias "cl100k_base") or "hf:<dir>" (LoadHF(dir)). The
+// tiktoken vocabulary and each hf directory are loaded on the first call
+// that asks for them and shared by every later call; New
 // returns an error wrapping ErrLoad if that load fails. An unknown name
 // returns an error wrapping ErrUnknownTokenizer.
 func New(name string) (Tokenizer, error) {
@@ -54,8 +70,11 @@ func New(name string) (Tokenizer, error) {
 	case NameTiktoken, NameCL100K:
 		return loadCL100K()
 	default:
-		return nil, fmt.Errorf("%w %q (want %q, %q, %q or %q)", ErrUnknownTokenizer,
-			name, NameBytes, NameCharacter, NameTiktoken, NameCL100K)
+		if dir, ok := strings.CutPrefix(name, NameHFPrefix); ok && dir != "" {
+			return loadHFShared(dir)
+		}
+		return nil, fmt.Errorf("%w %q (want %q, %q, %q, %q or %q)", ErrUnknownTokenizer,
+			name, NameBytes, NameCharacter, NameTiktoken, NameCL100K, NameHFPrefix+"<dir>")
 	}
 }
 

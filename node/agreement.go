@@ -168,7 +168,8 @@ func (n *Node) engineTokens(ctx context.Context, p *pool, req *inferenceRequest,
 		}
 		return dst
 	}
-	return n.tokenize(ctx, p, req, dst)
+	toks, _ = n.tokenize(ctx, p, req, dst)
+	return toks
 }
 
 // Agreement lists the last tokenizer probe of every replica probed, by
@@ -215,6 +216,11 @@ func (n *Node) checkAgreement(ctx context.Context, r *replica) bool {
 			}
 			return false
 		}
+		if gwCount < 0 && len(eng) >= len(gw) {
+			// The gateway keyed the probe in part (MaxKeyTokens): its
+			// keys must be the engine's leading keys; no count to compare.
+			gwCount, engCount, eng = len(gw), len(gw), eng[:len(gw)]
+		}
 		if gwCount != engCount || !slices.Equal(gw, eng) {
 			rep.Verdict, rep.Probe, rep.GatewayTokens, rep.EngineTokens = AgreementDisagree, pr.name, gwCount, engCount
 			break
@@ -225,7 +231,8 @@ func (n *Node) checkAgreement(ctx context.Context, r *replica) bool {
 }
 
 // probeOnce tokenizes one probe through the gateway's request path and the
-// replica's /tokenize, returning both block-key lists and token counts.
+// replica's /tokenize, returning both block-key lists and token counts
+// (gwCount -1 when the gateway keyed the probe in part).
 func (n *Node) probeOnce(ctx context.Context, p *pool, r *replica, pr agreementProbe) (gw []index.BlockKey, gwCount int, eng []index.BlockKey, engCount int, err error) {
 	model, _ := json.Marshal(p.model)
 	body := fmt.Sprintf(pr.body, model)
@@ -236,6 +243,9 @@ func (n *Node) probeOnce(ctx context.Context, p *pool, r *replica, pr agreementP
 	s := getScratch()
 	rr, keys := n.prepare(context.WithValue(ctx, agreementProbeKey{}, true), p, "", req, s)
 	gw, gwCount = slices.Clone(keys), rr.PromptTokens
+	if s.keyCut {
+		gwCount = -1
+	}
 	putScratch(s)
 
 	treq := tokenizeRequest{Model: p.model}

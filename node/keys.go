@@ -23,6 +23,7 @@ import (
 func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inferenceRequest, s *scratch) (route.Request, []index.BlockKey) {
 	root := n.hasher.Root(p.model, lora, req.cacheSalt)
 	s.keys = s.keys[:0]
+	s.keyCut = false
 	promptTokens := 0
 	switch {
 	case req.tokens != nil:
@@ -41,12 +42,13 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 		}
 		promptTokens = len(text)
 		if len(text) > n.cfg.MaxKeyTokens {
-			text = text[:n.cfg.MaxKeyTokens] // one token per byte
+			text = text[:n.cfg.MaxKeyTokens] // one token per byte; the count above stays exact
 		}
 		s.keys = n.hasher.AppendKeysString(s.keys, root, text)
 	default:
-		toks := n.tokenize(ctx, p, req, s.tokens[:0])
+		toks, cut := n.tokenize(ctx, p, req, s.tokens[:0])
 		s.tokens = toks
+		s.keyCut = cut
 		s.keys = n.hasher.AppendKeys(s.keys, root, toks)
 		promptTokens = len(toks)
 	}
@@ -61,12 +63,15 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 }
 
 // tokenize encodes the prompt with the remote tokenizer when configured
-// (falling back to the local one on any failure), else the local one.
-func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst []uint32) []uint32 {
+// (falling back to the local one on any failure), else the local one. cut
+// reports that the local encode stopped at MaxKeyTokens or at a piece over
+// MaxKeyPieceBytes: the tokens are then a prefix of the prompt's, and their
+// count is not the prompt's length.
+func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst []uint32) (toks []uint32, cut bool) {
 	if n.remote != nil {
 		toks, rep, err := n.remote.tokens(ctx, n, p, req)
 		if err == nil {
-			return append(dst, toks...)
+			return append(dst, toks...), false
 		}
 		if ctx.Err() == nil {
 			n.m.tokenizeCache.WithLabelValues("fallback").Inc()
@@ -88,8 +93,7 @@ func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst
 	if req.kind == kindChat {
 		text = tokenizer.RenderChat(req.messages)
 	}
-	dst, _ = tokenizer.EncodeLimited(tok, dst, text, lim)
-	return dst
+	return tokenizer.EncodeLimited(tok, dst, text, lim)
 }
 
 // keyTokenizer is a model's own tokenizer (ModelConfig.Tokenizer): tok,
@@ -126,7 +130,7 @@ func newKeyTokenizer(name string, cacheBytes int64) (keyTokenizer, *tokenizer.Ca
 // template and encoded without adding special tokens (unless the request
 // asks). A conversation the template cannot render gets no keys (the
 // engine would refuse it too).
-func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim tokenizer.Limit, tok tokenizer.Tokenizer, hf *tokenizer.HF) []uint32 {
+func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim tokenizer.Limit, tok tokenizer.Tokenizer, hf *tokenizer.HF) ([]uint32, bool) {
 	text := req.text
 	if req.kind == kindChat {
 		var err error
@@ -144,7 +148,7 @@ func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim toke
 				kind = "invalid_messages"
 			}
 			n.log.Debug("chat template failed; the request gets no block keys", "model", p.model, "kind", kind)
-			return dst
+			return dst, true
 		}
 	}
 	base := len(dst)
@@ -153,16 +157,16 @@ func (n *Node) tokenizeHF(p *pool, req *inferenceRequest, dst []uint32, lim toke
 	}
 	sub := lim
 	if sub.MaxTokens -= len(dst) - base; sub.MaxTokens <= 0 {
-		return dst[:base+lim.MaxTokens]
+		return dst[:base+lim.MaxTokens], true
 	}
 	dst, cut := tokenizer.EncodeLimited(tok, dst, text, sub)
 	if req.tmpl.addSpecialTokens && !cut {
 		dst = append(dst, hf.SpecialSuffix()...)
 		if len(dst)-base > lim.MaxTokens {
-			dst = dst[:base+lim.MaxTokens]
+			return dst[:base+lim.MaxTokens], true
 		}
 	}
-	return dst
+	return dst, cut
 }
 
 // remoteTokenizer asks an engine's /tokenize and caches the answers by a

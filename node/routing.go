@@ -22,6 +22,10 @@ type scratch struct {
 	rng     route.Rand
 	// available is the number of replicas routeOnce found available.
 	available int
+	// keyCut is set by prepare when the prompt was keyed only in part
+	// (MaxKeyTokens, MaxKeyPieceBytes or an unrenderable chat), so its
+	// token count is not the prompt's length.
+	keyCut bool
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -49,6 +53,7 @@ type decision struct {
 	matched   int // blocks the picked replica was believed to hold
 	uncached  int // prompt tokens it still has to prefill (estimate)
 	req       route.Request
+	keyCut    bool // the prompt was keyed in part (scratch.keyCut)
 	candCount int
 }
 
@@ -125,6 +130,7 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 		matched:   c.Matched,
 		uncached:  uncachedTokens(rr, c.Matched),
 		req:       *rr,
+		keyCut:    s.keyCut,
 		candCount: len(s.cands),
 	}, 0, nil
 }

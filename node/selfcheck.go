@@ -247,7 +247,11 @@ func (n *Node) checkPrediction(dec decision, confirmedBlocks int, u usageFigures
 		gatewayPrompt:   dec.req.PromptTokens,
 		enginePrompt:    -1,
 	}
-	if u.promptOK {
+	if dec.keyCut {
+		// A prompt keyed in part (MaxKeyTokens): the index can know only
+		// its keyed blocks, and the gateway has no exact prompt count.
+		s.cachedTokens = min(s.cachedTokens, dec.req.TotalBlocks*b)
+	} else if u.promptOK {
 		s.enginePrompt = u.prompt
 	}
 	basis := "routed"

@@ -264,3 +264,32 @@ func TestSelfCheckEventsNeverArrive(t *testing.T) {
 	require.Len(t, s, 1)
 	assert.Contains(t, s[0].LikelyCause, "KV events do not reach the gateway")
 }
+
+// A prompt longer than MaxKeyTokens is keyed in part: the gateway's token
+// count and its matchable blocks stop at the cap while the engine caches
+// and counts the whole prompt. Neither is a symptom: without the keyCut
+// rule this setup is suspect of a prompt-token mismatch and of
+// under-prediction within a few requests.
+func TestSelfCheckKeyCutPromptsAreNotSuspect(t *testing.T) {
+	a := startSimTok(t, "tiktoken")
+	n := startNode(t, func(c *Config) {
+		c.IndexMode = "kv-events"
+		c.Tokenizer = TokenizerTiktoken
+		c.BlockSize = 16
+		c.MaxKeyTokens = 40 // the shared prefix alone is ~100 tokens
+	}, simReplica("a", a))
+	waitSubscribed(t, n, a, "a")
+	require.Eventually(t, func() bool { return len(n.Agreement()) == 1 }, 10*time.Second, 10*time.Millisecond)
+	// Probes longer than the cap agree on their keyed prefix.
+	assert.Equal(t, AgreementAgree, n.Agreement()[0].Verdict, "%+v", n.Agreement()[0])
+	for i := range 24 {
+		sendWithUsage(t, n, i, fmt.Sprintf("%sQuestion %06d", sharedPrefix, i%6))
+	}
+	judged := 0
+	for _, s := range n.tbl.Load().byName["a"].check.stats() {
+		assert.False(t, s.Suspect, "%s: %d/%d", s.Reason, s.Failures, s.Samples)
+		judged += s.Samples
+	}
+	assert.Positive(t, judged, "responses were judged")
+	assert.Empty(t, n.Suspects())
+}

@@ -117,9 +117,15 @@ func TestShutdownIdempotent(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	require.NoError(t, DefaultConfig().Validate())
-	require.NoError(t, LocalConfig("x").Validate())
+	require.ErrorIs(t, DefaultConfig().Validate(), ErrInvalidConfig, "no cluster key and not Insecure")
+	insecure := DefaultConfig()
+	insecure.Insecure = true
+	require.NoError(t, insecure.Validate())
+	keyed := LocalConfig("x")
+	keyed.Trust = testRing(t, "x", nil)
+	require.NoError(t, keyed.Validate())
 	for name, mut := range map[string]func(*Config){
+		"natscreds": func(c *Config) { c.NATSCredentialsFile = "x.creds" }, // without NATSURL
 		"cluster":  func(c *Config) { c.ClusterName = "a.b" },
 		"node":     func(c *Config) { c.NodeName = "" },
 		"gossip":   func(c *Config) { c.GossipAddr = "nope" },
@@ -134,6 +140,7 @@ func TestConfigValidate(t *testing.T) {
 		},
 	} {
 		c := DefaultConfig()
+		c.Insecure = true
 		mut(&c)
 		require.ErrorIs(t, c.Validate(), ErrInvalidConfig, name)
 	}

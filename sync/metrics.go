@@ -27,6 +27,9 @@ type metrics struct {
 	peerLoadReports  prometheus.Gauge
 	peerRejected     prometheus.Counter
 	peerInput        *prometheus.CounterVec // {reason}
+	gossipRejected   prometheus.Counter
+	natsRejected     *prometheus.CounterVec // {port, reason}
+	kvRejected       *prometheus.CounterVec // {source, reason}
 }
 
 // newMetrics builds the metrics; natsUp reports the NATS connection's
@@ -88,17 +91,26 @@ func newMetrics(natsUp func() bool) *metrics {
 		peerLoadReports: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "peer_load_reports", Help: "Peers whose load report is fresh."}),
 		peerRejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "peer_unauthenticated_total", Help: "Peer-service calls refused for a missing or wrong PeerToken."}),
+			Name: "peer_unauthenticated_total", Help: "Peer-service connections and calls refused for want of the cluster key (failed mutual-TLS handshake) or a missing or wrong PeerToken."}),
 		peerInput: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "peer_rejected_total", Help: "Input refused on the peer gRPC port, by reason: bad_preface (not an HTTP/2 connection), handshake (failed TLS handshake), malformed (a request that does not decode), unauthenticated (missing or wrong PeerToken, also in peer_unauthenticated_total)."},
 			[]string{"reason"}),
+		gossipRejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "gossip_rejected_total", Help: "Gossip packets and streams refused because they were not encrypted with a cluster key."}),
+		natsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "nats_rejected_total", Help: "Connections the embedded NATS server refused, by port (client, route) and reason (unauthenticated: wrong or missing password; handshake: no TLS or a certificate without the cluster key)."},
+			[]string{"port", "reason"}),
+		kvRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "kv_rejected_total", Help: "KV-event input refused, by source (nats, gossip, snapshot) and reason (not_owner: a reset, clear or batch from a member that does not own the engine; seq_jump: a sequence number far beyond the engine's rate; clock_ahead: an engine time in the future)."},
+			[]string{"source", "reason"}),
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.members, m.eventsDropped, m.published, m.applied, m.dropped,
 		m.malformed, m.lag, m.gaps, m.bootstrapSeconds, m.bootstrapBytes, m.servedBytes, m.bootstraps,
-		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports, m.peerRejected, m.peerInput}
+		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports, m.peerRejected, m.peerInput,
+		m.gossipRejected, m.natsRejected, m.kvRejected}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {

@@ -97,7 +97,7 @@ func (o *originState) accept(seq uint64) (fresh bool, lost uint64) {
 type kvState struct {
 	valid  bool // false: nothing applied since the start or a reset
 	seq    uint64
-	engine float64 // engine clock of the last applied batch
+	engine float64   // engine clock of the last applied batch
 	at     time.Time // local time the state last moved (bounds seq jumps)
 	// gap: batches after goodSeq were lost on the way here, so the
 	// confirmed view may hold blocks whose removal was lost. Batches after

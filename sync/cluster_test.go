@@ -126,15 +126,15 @@ func TestConfigValidate(t *testing.T) {
 	require.NoError(t, keyed.Validate())
 	for name, mut := range map[string]func(*Config){
 		"natscreds": func(c *Config) { c.NATSCredentialsFile = "x.creds" }, // without NATSURL
-		"cluster":  func(c *Config) { c.ClusterName = "a.b" },
-		"node":     func(c *Config) { c.NodeName = "" },
-		"gossip":   func(c *Config) { c.GossipAddr = "nope" },
-		"key":      func(c *Config) { c.SecretKey = []byte("short") },
-		"profile":  func(c *Config) { c.GossipProfile = "wan" },
-		"flush":    func(c *Config) { c.FlushInterval = 0 },
-		"loadttl":  func(c *Config) { c.LoadTTL = time.Millisecond },
-		"entries":  func(c *Config) { c.FlushEntries = 0 },
-		"kvsource": func(c *Config) { c.KVSources = []KVSource{{Replica: "r"}} },
+		"cluster":   func(c *Config) { c.ClusterName = "a.b" },
+		"node":      func(c *Config) { c.NodeName = "" },
+		"gossip":    func(c *Config) { c.GossipAddr = "nope" },
+		"key":       func(c *Config) { c.SecretKey = []byte("short") },
+		"profile":   func(c *Config) { c.GossipProfile = "wan" },
+		"flush":     func(c *Config) { c.FlushInterval = 0 },
+		"loadttl":   func(c *Config) { c.LoadTTL = time.Millisecond },
+		"entries":   func(c *Config) { c.FlushEntries = 0 },
+		"kvsource":  func(c *Config) { c.KVSources = []KVSource{{Replica: "r"}} },
 		"kvdup": func(c *Config) {
 			c.KVSources = []KVSource{{Replica: "r", Endpoint: "e"}, {Replica: "r", Endpoint: "e"}}
 		},

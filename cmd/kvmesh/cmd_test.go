@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/node"
-	"github.com/kvmesh/kvmesh/sync/trust"
 	"github.com/kvmesh/kvmesh/sync/config"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 func parseServe(t *testing.T, args ...string) (node.Config, error) {

@@ -187,3 +187,36 @@ func TestKVTrustTheWireLess(t *testing.T) {
 	require.True(t, other.c.ap.leadSane(srcKV+"r0", 10, time.Now()))
 	require.False(t, other.c.ap.leadSane(srcKV+"r0", 1<<40, time.Now()), "a forged digest is not a reason to repair")
 }
+
+// TestKeyRotationSteps: gateways one rotation step apart ([old, new] and
+// [new, old]) form one cluster: gossip, NATS routes, load reports and a
+// snapshot bootstrap all work across the two key orders.
+func TestKeyRotationSteps(t *testing.T) {
+	oldK, newK := testKey[0], func() []byte {
+		k, err := trust.Generate()
+		require.NoError(t, err)
+		keys, err := trust.ParseKeys(k)
+		require.NoError(t, err)
+		return keys[0]
+	}()
+	steps := [][][]byte{{oldK, newK}, {newK, oldK}, {oldK, newK}}
+	var gws []*gw
+	for i, keys := range steps {
+		name := fmt.Sprintf("r%d", i)
+		g := newGW(t, name, nil, func(c *Config) {
+			c.Trust = testRing(t, name, keys)
+			if i > 0 {
+				c.Join = []string{gws[0].c.GossipAddr()}
+			}
+		})
+		g.start(t)
+		t.Cleanup(func() { g.stop(t) })
+		gws = append(gws, g)
+	}
+	waitMembers(t, gws, len(gws))
+	for _, g := range gws[1:] {
+		require.Equal(t, 1.0, metricValue(t, g.reg, "kvmesh_sync_snapshot_pulls_total", map[string]string{"result": "ok"}),
+			"%s bootstrapped from a peer with the other key order", g.name)
+	}
+	require.Zero(t, metricValue(t, gws[0].reg, "kvmesh_sync_gossip_rejected_total", nil))
+}

@@ -145,7 +145,6 @@ type applier struct {
 	bootstrapping bool
 	buf           []inbound
 	gapSince      time.Time // first unrepaired loss; zero = none
-	scratch       []uint64
 }
 
 func newApplier(c *Cluster) *applier {

@@ -173,26 +173,6 @@ func (o *owners) owned(replica string) bool {
 	return ok
 }
 
-// restart replaces replica's subscriber with a fresh one, which replays the
-// engine's buffer from seq 0 (after a repair lost confirmed entries).
-func (o *owners) restart(replica string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	sub, ok := o.subs[replica]
-	if !ok {
-		return
-	}
-	o.closeSub(replica, sub)
-	delete(o.subs, replica)
-	for _, src := range o.c.cfg.KVSources {
-		if src.Replica == replica {
-			if err := o.startLocked(src); err != nil {
-				o.c.log.Error("restarting KV-event subscriber", "replica", replica, "err", err)
-			}
-		}
-	}
-}
-
 func (o *owners) stopAll() {
 	o.mu.Lock()
 	defer o.mu.Unlock()

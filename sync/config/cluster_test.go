@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -232,4 +231,3 @@ func electionBound(cfg StoreConfig) time.Duration {
 	return cfg.HeartbeatTimeout + 6*cfg.ElectionTimeout + 2*time.Second
 }
 
-func dataDirOf(nd *testNode) string { return filepath.Join(nd.dir, "raft") }

@@ -113,7 +113,7 @@ func TestDerivationDeterministic(t *testing.T) {
 // handshake runs a TLS handshake between a client config and a Listener
 // with the server config; it returns the client's error and how many
 // connections the listener refused.
-func handshake(t *testing.T, server *tls.Config, client func(net.Conn) error) (error, int64) {
+func handshake(t *testing.T, server *tls.Config, client func(net.Conn) error) (int64, error) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -147,13 +147,13 @@ func handshake(t *testing.T, server *tls.Config, client func(net.Conn) error) (e
 		if cerr != nil {
 			t.Fatalf("server accepted, client failed: %v", cerr)
 		}
-		return nil, refused.Load()
+		return refused.Load(), nil
 	case <-rejected:
-		return cerr, refused.Load()
+		return refused.Load(), cerr
 	case <-time.After(5 * time.Second):
 		t.Fatal("neither accepted nor refused")
 	}
-	return cerr, 0
+	return 0, cerr
 }
 
 func tlsClient(cfg *tls.Config) func(net.Conn) error {
@@ -175,15 +175,15 @@ func TestListenerMutualTLS(t *testing.T) {
 	srv, peer := mustRing(t, "srv", k), mustRing(t, "peer", k)
 	other := mustRing(t, "intruder", mustKeys(t, genKey(t)))
 
-	if err, n := handshake(t, srv.TLSConfig(), tlsClient(peer.TLSConfig())); err != nil || n != 0 {
+	if n, err := handshake(t, srv.TLSConfig(), tlsClient(peer.TLSConfig())); err != nil || n != 0 {
 		t.Fatalf("same key: err %v refused %d", err, n)
 	}
-	if err, n := handshake(t, srv.TLSConfig(), tlsClient(other.TLSConfig())); err == nil || n != 1 {
+	if n, err := handshake(t, srv.TLSConfig(), tlsClient(other.TLSConfig())); err == nil || n != 1 {
 		t.Fatalf("wrong key: err %v refused %d", err, n)
 	}
 	noCert := peer.TLSConfig()
 	noCert.Certificates = nil
-	if err, n := handshake(t, srv.TLSConfig(), tlsClient(noCert)); err == nil || n != 1 {
+	if n, err := handshake(t, srv.TLSConfig(), tlsClient(noCert)); err == nil || n != 1 {
 		t.Fatalf("no client certificate: err %v refused %d", err, n)
 	}
 	plain := func(c net.Conn) error {
@@ -191,11 +191,11 @@ func TestListenerMutualTLS(t *testing.T) {
 		_, err := io.ReadAll(c)
 		return err
 	}
-	if _, n := handshake(t, srv.TLSConfig(), plain); n != 1 {
+	if n, _ := handshake(t, srv.TLSConfig(), plain); n != 1 {
 		t.Fatalf("plaintext: refused %d", n)
 	}
 	// The client refuses a server of another cluster too.
-	if err, _ := handshake(t, other.TLSConfig(), tlsClient(peer.TLSConfig())); err == nil {
+	if _, err := handshake(t, other.TLSConfig(), tlsClient(peer.TLSConfig())); err == nil {
 		t.Fatal("client trusted a server of another key")
 	}
 }
@@ -213,17 +213,17 @@ func TestRotation(t *testing.T) {
 	}
 	for i := 0; i+1 < len(steps); i++ {
 		a, b := steps[i], steps[i+1]
-		if err, _ := handshake(t, a.TLSConfig(), tlsClient(b.TLSConfig())); err != nil {
+		if _, err := handshake(t, a.TLSConfig(), tlsClient(b.TLSConfig())); err != nil {
 			t.Fatalf("step %d server, step %d client: %v", i, i+1, err)
 		}
-		if err, _ := handshake(t, b.TLSConfig(), tlsClient(a.TLSConfig())); err != nil {
+		if _, err := handshake(t, b.TLSConfig(), tlsClient(a.TLSConfig())); err != nil {
 			t.Fatalf("step %d server, step %d client: %v", i+1, i, err)
 		}
 		if !a.CheckSecret(LabelNATSRoute, b.Secret(LabelNATSRoute)) || !b.CheckSecret(LabelNATSRoute, a.Secret(LabelNATSRoute)) {
 			t.Fatalf("steps %d and %d refuse each other's NATS password", i, i+1)
 		}
 	}
-	if err, _ := handshake(t, steps[3].TLSConfig(), tlsClient(steps[0].TLSConfig())); err == nil {
+	if _, err := handshake(t, steps[3].TLSConfig(), tlsClient(steps[0].TLSConfig())); err == nil {
 		t.Fatal("disjoint keys trusted each other")
 	}
 }

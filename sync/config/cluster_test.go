@@ -230,4 +230,3 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 func electionBound(cfg StoreConfig) time.Duration {
 	return cfg.HeartbeatTimeout + 6*cfg.ElectionTimeout + 2*time.Second
 }
-

@@ -141,7 +141,7 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 		behind:  make(map[string]lag),
 	}
 	c.m = newMetrics(func() bool { return c.bus.connected() })
-	c.bus = newBus(cfg, log, c.m.natsRejected)
+	c.bus = newBus(cfg, log, c.m.natsRejected, c.m.natsDrops)
 	var err error
 	if c.sec, err = newPeerSecurity(cfg, c.m.peerRejected, c.m.peerInput); err != nil {
 		return nil, err

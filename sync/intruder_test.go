@@ -62,8 +62,8 @@ func TestIntruderRefusedOnEveryPort(t *testing.T) {
 	clientURL := g.c.bus.clientURL()
 	for _, opt := range []nats.Option{
 		func(*nats.Options) error { return nil },
-		nats.UserInfo(natsUser, "guess"),
-		nats.UserInfo(natsUser, testRing(t, "x", otherKeys).Secret(trust.LabelNATSClient)),
+		nats.Token("guess"),
+		nats.Token(testRing(t, "x", otherKeys).Secret(trust.LabelNATSClient)),
 	} {
 		nc, err := nats.Connect(clientURL, opt, nats.Timeout(2*time.Second))
 		if err == nil {
@@ -219,4 +219,21 @@ func TestKeyRotationSteps(t *testing.T) {
 			"%s bootstrapped from a peer with the other key order", g.name)
 	}
 	require.Zero(t, metricValue(t, gws[0].reg, "kvmesh_sync_gossip_rejected_total", nil))
+}
+
+// TestNATSStableAcrossMembershipChanges: a member joining or leaving makes
+// every embedded server reload its route list; the gateways' own
+// authenticated NATS connections must survive that (nats-server closes a
+// client whose user name it cannot find at every authorization reload,
+// which is why the client port takes a token).
+func TestNATSStableAcrossMembershipChanges(t *testing.T) {
+	gws := startCluster(t, 2, nil, nil)
+	drops := func(g *gw) float64 { return metricValue(t, g.reg, "kvmesh_sync_nats_disconnects_total", nil) }
+	require.Zero(t, drops(gws[0])+drops(gws[1]))
+	g := newGW(t, "g2", nil, func(c *Config) { c.Join = []string{gws[0].c.GossipAddr()} })
+	g.start(t)
+	waitMembers(t, append(gws, g), 3)
+	g.stop(t)
+	waitMembers(t, gws, 2)
+	require.Zero(t, drops(gws[0])+drops(gws[1]), "route reloads dropped the gateways' NATS connections")
 }

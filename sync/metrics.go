@@ -29,6 +29,7 @@ type metrics struct {
 	peerInput        *prometheus.CounterVec // {reason}
 	gossipRejected   prometheus.Counter
 	natsRejected     *prometheus.CounterVec // {port, reason}
+	natsDrops        prometheus.Counter
 	kvRejected       *prometheus.CounterVec // {source, reason}
 }
 
@@ -100,6 +101,8 @@ func newMetrics(natsUp func() bool) *metrics {
 		natsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "nats_rejected_total", Help: "Connections the embedded NATS server refused, by port (client, route) and reason (unauthenticated: wrong or missing password; handshake: no TLS or a certificate without the cluster key)."},
 			[]string{"port", "reason"}),
+		natsDrops: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "nats_disconnects_total", Help: "Times this gateway's NATS connection dropped (not counting its own close); deltas go to gossip until it reconnects."}),
 		kvRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "kv_rejected_total", Help: "KV-event input refused, by source (nats, gossip, snapshot) and reason (not_owner: a reset, clear or batch from a member that does not own the engine; seq_jump: a sequence number far beyond the engine's rate; clock_ahead: an engine time in the future)."},
 			[]string{"source", "reason"}),
@@ -110,7 +113,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.members, m.eventsDropped, m.published, m.applied, m.dropped,
 		m.malformed, m.lag, m.gaps, m.bootstrapSeconds, m.bootstrapBytes, m.servedBytes, m.bootstraps,
 		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports, m.peerRejected, m.peerInput,
-		m.gossipRejected, m.natsRejected, m.kvRejected}
+		m.gossipRejected, m.natsRejected, m.natsDrops, m.kvRejected}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {

@@ -67,6 +67,7 @@ type bus struct {
 	log      *slog.Logger
 	subj     subjects
 	rejected *prometheus.CounterVec // kvmesh_sync_nats_rejected_total{port, reason}
+	drops    prometheus.Counter     // kvmesh_sync_nats_disconnects_total
 
 	mu     sync.Mutex
 	srv    *server.Server
@@ -75,23 +76,28 @@ type bus struct {
 	nc     *nats.Conn
 }
 
-func newBus(cfg Config, log *slog.Logger, rejected *prometheus.CounterVec) *bus {
+func newBus(cfg Config, log *slog.Logger, rejected *prometheus.CounterVec, drops prometheus.Counter) *bus {
 	return &bus{cfg: cfg, log: log.With("component", "nats"), subj: newSubjects(cfg.ClusterName),
-		routes: make(map[string]*url.URL), rejected: rejected}
+		routes: make(map[string]*url.URL), rejected: rejected, drops: drops}
 }
 
-// natsUser is the user name gateways present to their embedded servers
-// (client and route ports); the password is derived from the cluster key.
+// natsUser is the user name a route presents to a peer's embedded server;
+// the password is derived from the cluster key.
 const natsUser = "kvmesh"
 
 // natsAuth is the embedded server's authentication of one port with the
-// cluster key: user natsUser and the password derived for label under any
-// ring key. A refusal is counted before nats-server closes the
-// connection; nats-server calls Check concurrently.
+// cluster key: on the client port a token, on the route port user
+// natsUser and a password, derived for label under any ring key. (A client
+// with a user name that is in no configured user list would be closed by
+// nats-server at every reload of the route list, as "moved to another
+// account": the client port therefore takes a token.) A refusal is
+// counted before nats-server closes the connection; nats-server calls
+// Check concurrently.
 type natsAuth struct {
 	ring     *trust.Ring
 	label    string
 	port     string
+	token    bool // client port: ClientOpts.Token; route port: Username/Password
 	rejected *prometheus.CounterVec
 }
 
@@ -99,7 +105,11 @@ var _ server.Authentication = natsAuth{}
 
 func (a natsAuth) Check(c server.ClientAuthentication) bool {
 	o := c.GetOpts()
-	if o != nil && o.Username == natsUser && a.ring.CheckSecret(a.label, o.Password) {
+	switch {
+	case o == nil:
+	case a.token && o.Username == "" && a.ring.CheckSecret(a.label, o.Token):
+		return true
+	case !a.token && o.Username == natsUser && a.ring.CheckSecret(a.label, o.Password):
 		return true
 	}
 	a.rejected.WithLabelValues(a.port, "unauthenticated").Inc()
@@ -172,7 +182,7 @@ func (b *bus) startServer() error {
 			},
 		}
 		if r := b.cfg.Trust; r != nil {
-			b.opts.CustomClientAuthentication = natsAuth{ring: r, label: trust.LabelNATSClient, port: "client", rejected: b.rejected}
+			b.opts.CustomClientAuthentication = natsAuth{ring: r, label: trust.LabelNATSClient, port: "client", token: true, rejected: b.rejected}
 			b.opts.CustomRouterAuthentication = natsAuth{ring: r, label: trust.LabelNATSRoute, port: "route", rejected: b.rejected}
 			b.opts.Cluster.TLSConfig = r.TLSConfig()
 			b.opts.Cluster.TLSTimeout = 5
@@ -318,7 +328,7 @@ func (b *bus) connect() error {
 	opts := []nats.Option{nats.Name("kvmesh-" + b.cfg.NodeName)}
 	switch {
 	case b.cfg.NATSURL == "" && b.cfg.Trust != nil:
-		opts = append(opts, nats.UserInfo(natsUser, b.cfg.Trust.Secret(trust.LabelNATSClient)))
+		opts = append(opts, nats.Token(b.cfg.Trust.Secret(trust.LabelNATSClient)))
 	case b.cfg.NATSURL != "":
 		if b.cfg.NATSCredentialsFile != "" {
 			opts = append(opts, nats.UserCredentials(b.cfg.NATSCredentialsFile))
@@ -344,6 +354,9 @@ func (b *bus) connect() error {
 		// small buffer only covers the instant of the disconnect.
 		nats.ReconnectBufSize(1<<20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: our own Close
+				b.drops.Inc()
+			}
 			b.log.Warn("NATS disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) {

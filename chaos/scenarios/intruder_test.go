@@ -283,8 +283,8 @@ func dialTLS(t *testing.T, addr string, ring *trust.Ring) *grpc.ClientConn {
 	return conn
 }
 
-// forgeFromNonOwner publishes, as a member (the NATS client password of
-// the cluster key) that does not own engine, a reset and a batch with seq
+// forgeFromNonOwner publishes, as a member (the NATS client token of the
+// cluster key) that does not own engine, a reset and a batch with seq
 // 2^40 for it under that member's origin, and waits until the gateways
 // that received them refused both as not_owner. It returns a note.
 func forgeFromNonOwner(t *testing.T, c *cluster.Cluster, engine string) string {
@@ -306,7 +306,7 @@ func forgeFromNonOwner(t *testing.T, c *cluster.Cluster, engine string) string {
 	require.NoError(t, err)
 	ring, err := trust.New(keys, "forger")
 	require.NoError(t, err)
-	nc, err := nats.Connect(selfMeta(t, member).NATSClient, nats.UserInfo("kvmesh", ring.Secret(trust.LabelNATSClient)))
+	nc, err := nats.Connect(selfMeta(t, member).NATSClient, nats.Token(ring.Secret(trust.LabelNATSClient)))
 	require.NoError(t, err, "a member's own NATS connection")
 	defer nc.Close()
 	notOwner := map[string]string{"reason": "not_owner"}

@@ -96,7 +96,7 @@ type ClusterConfig struct {
 	// rotation: SECURITY.md). Every gateway of a cluster needs the same.
 	// From it each gateway derives the gossip key, a cluster CA and its
 	// own certificate (mutual TLS on raft, the peer port and NATS routes)
-	// and the NATS passwords (package sync/trust). When empty,
+	// and the NATS credentials (package sync/trust). When empty,
 	// KVMESH_CLUSTER_KEY is read. Cluster mode refuses to start without a
 	// key unless Insecure is set. Default "".
 	ClusterKeyFile string `yaml:"cluster_key_file"`
@@ -135,7 +135,7 @@ type ClusterConfig struct {
 	NATSTLS config.TLSFiles `yaml:"nats_tls"`
 
 	// NATSClientAddr is the embedded server's client listen address (only
-	// this gateway connects, with a password derived from the cluster
+	// this gateway connects, with a token derived from the cluster
 	// key). Default "127.0.0.1:4222": nothing else needs it.
 	NATSClientAddr string `yaml:"nats_client_addr"`
 

@@ -93,7 +93,7 @@ type Config struct {
 	// a key rotation works), the peer gRPC service and the embedded NATS
 	// server's route port require mutual TLS under the cluster CA (and the
 	// route port the derived route password), and the embedded server's
-	// client port requires the derived client password. Nothing is sent to
+	// client port requires the derived client token. Nothing is sent to
 	// a peer before it proved the key. nil requires Insecure. Default nil.
 	Trust *trust.Ring
 
@@ -186,7 +186,7 @@ type Config struct {
 
 	// NATSClientAddr is the embedded server's client listen address.
 	// Default "127.0.0.1:4222": only the local gateway connects to it
-	// (with Trust, with the derived client password). Port 0 picks a free
+	// (with Trust, with the derived client token). Port 0 picks a free
 	// port.
 	NATSClientAddr string
 

@@ -128,7 +128,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.StringSliceVar(&c.Join, "join", c.Join, "seed gateways' gossip addresses (repeatable or comma-separated)")
 	fl.StringVar(&c.GossipKeyFile, "gossip-key-file", c.GossipKeyFile, "file with a base64 gossip key used instead of the one derived from the cluster key (else $KVMESH_GOSSIP_KEY)")
 	fl.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "external NATS cluster URLs (default: an embedded server per gateway)")
-	fl.StringVar(&c.NATSClientAddr, "nats-client-addr", c.NATSClientAddr, "embedded NATS client listen address; loopback by default: only this gateway connects (with a password derived from the cluster key)")
+	fl.StringVar(&c.NATSClientAddr, "nats-client-addr", c.NATSClientAddr, "embedded NATS client listen address; loopback by default: only this gateway connects (with a token derived from the cluster key)")
 	fl.StringVar(&c.NATSClusterAddr, "nats-cluster-addr", c.NATSClusterAddr, "embedded NATS route listen address; all interfaces by default because peers' servers dial it, and every route must prove the cluster key (mutual TLS and password)")
 	fl.StringVar(&c.PeerAddr, "peer-addr", c.PeerAddr, "gRPC peer service (index snapshots, forwarded config writes) listen address; all interfaces by default because peers dial it, and every connection must prove the cluster key (mutual TLS)")
 	fl.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin gRPC listen address (operators' tools); all interfaces by default, every call needs the admin token")

@@ -20,7 +20,7 @@ func newKeygenCmd() *cobra.Command {
 
 Every gateway of a cluster needs the same key; from it each derives the gossip
 encryption key, a cluster CA and its own certificate (mutual TLS on raft, the
-peer port and NATS routes) and the NATS passwords:
+peer port and NATS routes) and the NATS credentials:
 
 	kvmesh keygen > cluster.key && chmod 600 cluster.key
 	kvmesh serve --cluster-key-file cluster.key ...

@@ -16,7 +16,7 @@
 //     connection proves the key before either side sends a byte of
 //     application data, and no bearer secret ever travels.
 //   - "kvmesh nats client", "kvmesh nats route": the embedded NATS
-//     server's passwords (the client port is loopback; the route port
+//     server's client token and route password (the client port is loopback; the route port
 //     also requires the mutual TLS above).
 //
 // A Ring holds one primary key and any number of older keys. The primary

@@ -16,13 +16,13 @@
 //     connection proves the key before either side sends a byte of
 //     application data, and no bearer secret ever travels.
 //   - "kvmesh nats client", "kvmesh nats route": the embedded NATS
-//     server's client token and route password (the client port is loopback; the route port
-//     also requires the mutual TLS above).
+//     server's client token and route password (the client port is
+//     loopback; the route port also requires the mutual TLS above).
 //
 // A Ring holds one primary key and any number of older keys. The primary
-// encrypts gossip, signs this gateway's leaf and gives the passwords it
+// encrypts gossip, signs this gateway's leaf and gives the secrets it
 // sends; every key's gossip key decrypts, every key's CA is trusted and
-// every key's passwords are accepted. Rotation is therefore three rolling
+// every key's secrets are accepted. Rotation is therefore three rolling
 // restarts: add the new key as a second line everywhere, move it to the
 // first line everywhere, drop the old line (SECURITY.md).
 //

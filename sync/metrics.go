@@ -109,6 +109,23 @@ func newMetrics(natsUp func() bool) *metrics {
 	}
 }
 
+// initRefusals exports every refusal series at 0 from the start, so that
+// dashboards and alerts (deploy/prometheus) see the series before the
+// first refusal.
+func (m *metrics) initRefusals() {
+	for _, pr := range [][2]string{{"client", "unauthenticated"}, {"route", "unauthenticated"}, {"route", "handshake"}} {
+		m.natsRejected.WithLabelValues(pr[0], pr[1])
+	}
+	for _, src := range []string{"nats", "gossip"} {
+		for _, r := range []string{"not_owner", "seq_jump", "clock_ahead"} {
+			m.kvRejected.WithLabelValues(src, r)
+		}
+	}
+	for _, r := range []string{"seq_jump", "clock_ahead"} {
+		m.kvRejected.WithLabelValues("snapshot", r)
+	}
+}
+
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.members, m.eventsDropped, m.published, m.applied, m.dropped,
 		m.malformed, m.lag, m.gaps, m.bootstrapSeconds, m.bootstrapBytes, m.servedBytes, m.bootstraps,
@@ -117,6 +134,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
+	m.initRefusals()
 	if r == nil {
 		return nil
 	}

@@ -85,6 +85,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.applies.WithLabelValues("applied")
 	m.applies.WithLabelValues("rejected")
 	m.forwarded.WithLabelValues("ok")
+	// Exported at 0 from the start: the cluster-key alert reads it.
+	m.raftTransportErrors.WithLabelValues("unauthenticated")
 	m.forwarded.WithLabelValues("error")
 	if reg == nil {
 		return m, nil

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // overlays are the kustomize overlays under kubernetes/overlays.
@@ -537,9 +538,11 @@ func TestComposeCluster(t *testing.T) {
 		if c.BootstrapExpect != len(gateways) {
 			t.Errorf("%s: bootstrap_expect %d, want %d", path, c.BootstrapExpect, len(gateways))
 		}
-		u, err := url.Parse(c.NATSURL)
-		if err != nil || u.Scheme != "nats" || services[u.Hostname()] == nil {
-			t.Errorf("%s: nats_url %q names no compose service", path, c.NATSURL)
+		if c.NATSURL != "" { // "" = embedded NATS, authenticated by the cluster key
+			u, err := url.Parse(c.NATSURL)
+			if err != nil || u.Scheme != "nats" || services[u.Hostname()] == nil {
+				t.Errorf("%s: nats_url %q names no compose service", path, c.NATSURL)
+			}
 		}
 		for _, v := range svc["volumes"].([]any) {
 			src, dst, _ := strings.Cut(v.(string), ":")
@@ -560,15 +563,9 @@ func TestComposeCluster(t *testing.T) {
 				}
 				return nil
 			},
-			c.GossipKeyFile: func(b []byte) error {
-				k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
-				if err != nil {
-					return err
-				}
-				if l := len(k); l != 16 && l != 24 && l != 32 {
-					return fmt.Errorf("%d bytes, want 16, 24 or 32", l)
-				}
-				return nil
+			c.ClusterKeyFile: func(b []byte) error {
+				_, err := trust.ParseKeys(string(b))
+				return err
 			},
 		} {
 			secret, ok := strings.CutPrefix(file, "/run/secrets/")
@@ -867,7 +864,19 @@ func checkClusterWiring(t *testing.T, objs map[string]map[string]map[string]any,
 		t.Fatal("no mounted Secret volume")
 	}
 	secret := objs["Secret"][secretName]
-	for _, file := range []string{c.AdminTokenFile, c.GossipKeyFile} {
+	if c.ClusterKeyFile == "" || c.Insecure {
+		t.Error("cluster mode without cluster.cluster_key_file (or with insecure): the cluster ports would be open")
+	}
+	files := []string{c.AdminTokenFile, c.ClusterKeyFile}
+	for _, f := range []string{c.NATSCredentialsFile, c.NATSTLS.CAFile, c.NATSTLS.CertFile, c.NATSTLS.KeyFile} {
+		if f != "" {
+			files = append(files, f)
+		}
+	}
+	if c.NATSURL != "" && (c.NATSCredentialsFile == "" || !c.NATSTLS.Enabled()) {
+		t.Errorf("external NATS %q without nats_credentials_file and nats_tls: anyone on it could feed the gateways deltas", c.NATSURL)
+	}
+	for _, file := range files {
 		if filepath.Dir(file) != secretPath {
 			t.Errorf("%q is not a file of the Secret volume mounted at %q", file, secretPath)
 			continue
@@ -884,15 +893,74 @@ func checkClusterWiring(t *testing.T, objs map[string]map[string]map[string]any,
 		if err != nil {
 			t.Fatal(err)
 		}
-		if file == c.GossipKeyFile {
-			k, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(raw)))
-			if l := len(k); err != nil || (l != 16 && l != 24 && l != 32) {
-				t.Errorf("Secret %s gossip-key: want base64 of 16, 24 or 32 bytes (%v, %d bytes)", secretName, err, l)
+		if file == c.ClusterKeyFile {
+			if _, err := trust.ParseKeys(string(raw)); err != nil {
+				t.Errorf("Secret %s cluster-key: %v", secretName, err)
 			}
 		}
 	}
 	if secret == nil && secretName != "kvmesh-secrets" {
 		t.Errorf("Secret %q is neither rendered nor the documented kvmesh-secrets", secretName)
+	}
+	checkNetworkPolicy(t, objs, get(sts, "spec", "template", "metadata", "labels"))
+}
+
+// clusterPortNames are the gateway container ports only gateways may reach.
+var clusterPortNames = []string{"gossip", "gossip-udp", "peer", "raft", "nats-route"}
+
+// checkNetworkPolicy checks that a NetworkPolicy isolates the gateway pods
+// (podLabels) and lets in, on each cluster port, only gateway pods, while
+// the http port stays open.
+func checkNetworkPolicy(t *testing.T, objs map[string]map[string]map[string]any, podLabels any) {
+	t.Helper()
+	var pol map[string]any
+	for _, np := range objs["NetworkPolicy"] {
+		if selects(get(np, "spec", "podSelector", "matchLabels"), podLabels) {
+			pol = np
+		}
+	}
+	if pol == nil {
+		t.Error("no NetworkPolicy selects the gateway pods: any pod can reach their cluster ports")
+		return
+	}
+	types, _ := get(pol, "spec", "policyTypes").([]any)
+	if !slices.Contains(types, any("Ingress")) {
+		t.Error("the gateways' NetworkPolicy does not restrict ingress")
+	}
+	allowed := map[string][]any{} // port name -> from lists (nil entry = from anywhere)
+	for _, rule := range get(pol, "spec", "ingress").([]any) {
+		from, _ := get(rule, "from").([]any)
+		ports, _ := get(rule, "ports").([]any)
+		if len(ports) == 0 {
+			t.Error("an ingress rule without ports opens every port")
+		}
+		for _, p := range ports {
+			name, ok := get(p, "port").(string)
+			if !ok {
+				t.Errorf("ingress port %v: use the container's port names", get(p, "port"))
+				continue
+			}
+			allowed[name] = append(allowed[name], any(from))
+		}
+	}
+	if len(allowed["http"]) == 0 {
+		t.Error("the NetworkPolicy does not let clients reach the http port")
+	}
+	for _, port := range clusterPortNames {
+		if len(allowed[port]) == 0 {
+			t.Errorf("cluster port %s: gateways cannot reach each other", port)
+		}
+		for _, f := range allowed[port] {
+			from, _ := f.([]any)
+			if len(from) == 0 {
+				t.Errorf("cluster port %s is open to every pod", port)
+			}
+			for _, peer := range from {
+				if len(peer.(map[string]any)) != 1 || !selects(get(peer, "podSelector", "matchLabels"), podLabels) {
+					t.Errorf("cluster port %s admits %v, not only gateway pods", port, peer)
+				}
+			}
+		}
 	}
 }
 

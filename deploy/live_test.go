@@ -137,17 +137,18 @@ var natsReady = regexp.MustCompile(`Listening for client connections on (\S+)`)
 
 // clusterYAML is the cluster section of a loopback member: every listener
 // on port 0, local timing, its own data directory, the admin token and
-// gossip key from files (as the Kubernetes Secret mounts them), the
+// cluster key from files (as the Kubernetes Secret mounts them), the
 // external NATS at natsURL.
 func clusterYAML(t *testing.T, id, natsURL string, expect int, join []string) string {
 	t.Helper()
 	dir := t.TempDir()
 	token := filepath.Join(dir, "admin-token")
-	key := filepath.Join(dir, "gossip-key")
+	key := filepath.Join(dir, "cluster-key")
 	if err := os.WriteFile(token, []byte("deploy-test-token\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// base64 of 32 bytes: every member needs the same key.
+	// The cluster key (base64 of 32 bytes, kvmesh keygen): every member
+	// needs the same.
 	if err := os.WriteFile(key, []byte("a3ZtZXNoLWRlcGxveS10ZXN0LWdvc3NpcC1rZXkhISE=\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func clusterYAML(t *testing.T, id, natsURL string, expect int, join []string) st
 		fmt.Fprintf(&b, "  %s: 127.0.0.1:0\n", k)
 	}
 	fmt.Fprintf(&b, "  nats_url: %s\n", natsURL)
-	fmt.Fprintf(&b, "  data_dir: %s\n  bootstrap_expect: %d\n  admin_token_file: %s\n  gossip_key_file: %s\n", filepath.Join(dir, "data"), expect, token, key)
+	fmt.Fprintf(&b, "  data_dir: %s\n  bootstrap_expect: %d\n  admin_token_file: %s\n  cluster_key_file: %s\n", filepath.Join(dir, "data"), expect, token, key)
 	if len(join) > 0 {
 		fmt.Fprintf(&b, "  join: [%s]\n", strings.Join(join, ", "))
 	}

@@ -18,10 +18,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/proto/adminpb"
 	kvsync "github.com/kvmesh/kvmesh/sync"
 	"github.com/kvmesh/kvmesh/sync/config"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // clusterParts is everything cluster mode adds to a Node. Built by New
@@ -29,14 +33,16 @@ import (
 // opened by startCluster, closed by the shutdown steps.
 type clusterParts struct {
 	id        string
-	token     string
+	token     string                     // the operators' admin token: served, never sent to peers
+	ring      *trust.Ring                // credentials from the cluster key; nil = --insecure
 	kvSources map[string]kvsync.KVSource // engines the sync.Cluster ingests (fixed at New)
 
 	// Set by startCluster; read after it returned.
 	cluster     *kvsync.Cluster
 	store       *config.Store
 	admin       *config.Server
-	adminHTTP   atomic.Pointer[http.Handler] // set once the admin server exists
+	adminHTTP   atomic.Pointer[http.Handler]  // set once the admin server exists
+	adminSrv    atomic.Pointer[config.Server] // the same, for peerForwarder
 	grpcSrv     *grpc.Server
 	grpcLn      net.Listener
 	members     *memberView
@@ -59,7 +65,16 @@ func newClusterParts(cfg *Config) (*clusterParts, error) {
 	if _, err := cfg.Cluster.gossipKey(); err != nil {
 		return nil, err
 	}
+	keys, err := cfg.Cluster.clusterKeys()
+	if err != nil {
+		return nil, err
+	}
 	cp := &clusterParts{id: id, token: tok, kvSources: map[string]kvsync.KVSource{}}
+	if keys != nil {
+		if cp.ring, err = trust.New(keys, id); err != nil {
+			return nil, fmt.Errorf("%w: cluster key: %w", ErrInvalidConfig, err)
+		}
+	}
 	for _, m := range cfg.Models {
 		for _, r := range m.Replicas {
 			if r.KVEndpoint == "" {
@@ -159,6 +174,18 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 		}
 	}()
 
+	if cl.ring == nil {
+		moved := cc.insecureBinds()
+		n.log.Warn("INSECURE: cluster mode without a cluster key (--insecure): gossip is clear text and raft, "+
+			"the peer port and NATS accept anyone who reaches them; make a key with `kvmesh keygen`",
+			"moved_to_loopback", strings.Join(moved, ","))
+	} else {
+		n.log.Info("cluster key loaded", "key_id", cl.ring.ID())
+	}
+	if cc.Insecure && cl.ring != nil {
+		n.log.Warn("--insecure ignored: a cluster key is configured")
+	}
+
 	var lc net.ListenConfig
 	if cl.grpcLn, err = lc.Listen(ctx, "tcp", cc.AdminAddr); err != nil {
 		return fmt.Errorf("node: listen admin %s: %w", cc.AdminAddr, err)
@@ -177,10 +204,19 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	sc.NodeID = cl.id
 	sc.Membership = cl.members
 	sc.Seed = &seed
-	sc.Forward = config.ClientOptions{Token: cl.token}
-	if cc.AdminTLS.Enabled() {
-		if sc.Forward.TLS, err = cc.AdminTLS.ClientConfig(); err != nil {
-			return fmt.Errorf("%w: cluster.admin_tls: %w", ErrInvalidConfig, err)
+	// Forwarded writes and status probes go to peers' peer ports
+	// (memberView's ForwardAddr), authenticated by the cluster key's
+	// mutual TLS: no token travels between gateways.
+	sc.Trust = cl.ring
+	if cl.ring != nil {
+		sc.Forward = config.ClientOptions{TLS: cl.ring.TLSConfig()}
+	}
+	if cc.PeerTLS.Enabled() {
+		if sc.Forward.TLS, err = cc.PeerTLS.ClientConfig(); err != nil {
+			return fmt.Errorf("%w: cluster.peer_tls: %w", ErrInvalidConfig, err)
+		}
+		if cc.PeerTLSServerName != "" {
+			sc.Forward.TLS.ServerName = cc.PeerTLSServerName
 		}
 	}
 	sc.Logger = n.log // the store adds component=config
@@ -197,7 +233,8 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	kc.RaftAddr = cl.store.RaftAddr()
 	kc.AdminAddr = adminAdv
 	kc.IndexModes = n.cfg.IndexMode
-	kc.PeerToken = cl.token // snapshots are the whole index: never served unauthenticated
+	kc.Trust = cl.ring
+	kc.Insecure = cl.ring == nil
 	for _, name := range sortedKeys(cl.kvSources) {
 		kc.KVSources = append(kc.KVSources, cl.kvSources[name])
 	}
@@ -205,6 +242,8 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 		Index: n.index, Replicas: n.ids, Load: loadSource{n}, Registerer: n.m.reg,
 		KVMetrics: n.kvMetrics, Logger: n.log, AfterRestore: n.reapplyReplicaFlags,
 		Transport: cc.GossipTransport,
+		// The peer port (cluster key) also takes peers' forwarded writes.
+		PeerServices: func(r grpc.ServiceRegistrar) { adminpb.RegisterAdminServer(r, peerForwarder{cl: cl}) },
 	}); err != nil {
 		return fmt.Errorf("node: cluster: %w", err)
 	}
@@ -219,6 +258,7 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	}
 	h := cl.admin.Handler()
 	cl.adminHTTP.Store(&h)
+	cl.adminSrv.Store(cl.admin)
 	if cl.grpcSrv, err = config.NewGRPCServer(cl.admin, cc.AdminTLS); err != nil {
 		return fmt.Errorf("%w: cluster.admin_tls: %w", ErrInvalidConfig, err)
 	}
@@ -454,6 +494,7 @@ func (v *memberView) refresh() {
 			continue
 		}
 		out = append(out, config.Member{ID: m.Name, RaftAddr: m.Meta.RaftAddr, AdminAddr: m.Meta.AdminAddr,
+			ForwardAddr: m.Meta.PeerAddr,
 			Meta: map[string]string{"version": m.Meta.Version, "http": m.Meta.HTTPAddr, "gossip": m.Addr,
 				"peer": m.Meta.PeerAddr, "index_modes": m.Meta.IndexModes}})
 	}
@@ -475,6 +516,42 @@ func (v *memberView) Changed() <-chan struct{} {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return v.changed
+}
+
+// peerForwarder serves peers' forwarded writes and status probes on the
+// peer port through the admin server (config.PeerForwarder), which exists
+// once startCluster created it: the peer port opens before it, so a call
+// that comes earlier is told to retry.
+type peerForwarder struct {
+	adminpb.UnimplementedAdminServer // every other admin method: Unimplemented
+	cl                               *clusterParts
+}
+
+var _ adminpb.AdminServer = peerForwarder{}
+
+// Forward implements adminpb.AdminServer.
+func (p peerForwarder) Forward(ctx context.Context, req *adminpb.ForwardRequest) (*adminpb.ApplyResponse, error) {
+	f, err := p.forwarder()
+	if err != nil {
+		return nil, err
+	}
+	return f.Forward(ctx, req)
+}
+
+// Status implements adminpb.AdminServer.
+func (p peerForwarder) Status(ctx context.Context, req *adminpb.StatusRequest) (*adminpb.StatusResponse, error) {
+	f, err := p.forwarder()
+	if err != nil {
+		return nil, err
+	}
+	return f.Status(ctx, req)
+}
+
+func (p peerForwarder) forwarder() (*config.PeerForwarder, error) {
+	if s := p.cl.adminSrv.Load(); s != nil {
+		return config.NewPeerForwarder(s), nil
+	}
+	return nil, status.Error(codes.Unavailable, "node: admin service not ready")
 }
 
 // loadSource reports this gateway's exact in-flight counts and queued

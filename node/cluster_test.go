@@ -19,9 +19,20 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/index"
 	kvsync "github.com/kvmesh/kvmesh/sync"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 const testToken = "test-admin-token"
+
+// testClusterKey is the cluster key of the test gateways (one per test
+// binary, as an operator makes one per cluster with kvmesh keygen).
+var testClusterKey = func() string {
+	k, err := trust.Generate()
+	if err != nil {
+		panic(err)
+	}
+	return k
+}()
 
 // gwConfig is one gateway of a loopback test cluster: real memberlist,
 // embedded NATS and raft on 127.0.0.1 port 0, history mode over the
@@ -37,6 +48,7 @@ func gwConfig(id, dataDir string, join []string, expect int, reps ...ReplicaConf
 	cfg.Cluster.Join = join
 	cfg.Cluster.BootstrapExpect = expect
 	cfg.Cluster.AdminToken = testToken
+	cfg.Cluster.ClusterKey = testClusterKey
 	return cfg
 }
 

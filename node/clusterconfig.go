@@ -2,6 +2,7 @@ package node
 
 import (
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,11 +16,23 @@ import (
 
 	kvsync "github.com/kvmesh/kvmesh/sync"
 	"github.com/kvmesh/kvmesh/sync/config"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // GossipKeyEnv is the environment variable holding the base64 gossip
 // encryption key when ClusterConfig.GossipKeyFile is not set.
 const GossipKeyEnv = "KVMESH_GOSSIP_KEY"
+
+// ClusterKeyEnv is the environment variable holding the cluster key when
+// ClusterConfig.ClusterKeyFile is not set (trust.KeyEnv).
+const ClusterKeyEnv = trust.KeyEnv
+
+// ErrNoClusterKey is returned by New for a cluster-mode gateway with
+// neither a cluster key nor Insecure; its message says how to make a key.
+var ErrNoClusterKey = errors.New("node: cluster mode needs a cluster key: make one with " +
+	"`kvmesh keygen > cluster.key` and start every gateway with --cluster-key-file cluster.key " +
+	"(or export KVMESH_CLUSTER_KEY=$(kvmesh keygen) and give every gateway the same value); " +
+	"--insecure runs without one, and then anyone who reaches the cluster ports can join, read the index and change the config")
 
 // Cluster timing profiles accepted by ClusterConfig.Profile.
 const (
@@ -78,10 +91,33 @@ type ClusterConfig struct {
 	// the background. Default none.
 	Join []string `yaml:"join"`
 
-	// GossipKeyFile holds the base64 AES key (16, 24 or 32 bytes decoded)
-	// that encrypts gossip; every gateway needs the same. When empty the
-	// KVMESH_GOSSIP_KEY environment variable is read; neither: gossip is
-	// not encrypted. Default "".
+	// ClusterKeyFile holds the cluster key (`kvmesh keygen`; one base64
+	// key per line, the first the primary, older ones accepted during a
+	// rotation: SECURITY.md). Every gateway of a cluster needs the same.
+	// From it each gateway derives the gossip key, a cluster CA and its
+	// own certificate (mutual TLS on raft, the peer port and NATS routes)
+	// and the NATS credentials (package sync/trust). When empty,
+	// KVMESH_CLUSTER_KEY is read. Cluster mode refuses to start without a
+	// key unless Insecure is set. Default "".
+	ClusterKeyFile string `yaml:"cluster_key_file"`
+
+	// ClusterKey is key text as in ClusterKeyFile, for embedders and
+	// tests (chaos harnesses generate one per cluster). Not read from
+	// YAML: keys stay out of config files. Default "".
+	ClusterKey string `yaml:"-"`
+
+	// Insecure is the explicit opt-out of the cluster key: gossip in clear
+	// text, raft, the peer port and NATS without authentication; anyone
+	// who reaches them can join, read the index and rewrite the config.
+	// The gateway logs a warning at start and exports kvmesh_insecure 1,
+	// and cluster ports left at their defaults bind to 127.0.0.1 instead
+	// of all interfaces. A key, when also given, wins. Default false.
+	Insecure bool `yaml:"insecure"`
+
+	// GossipKeyFile holds a base64 AES key (16, 24 or 32 bytes decoded)
+	// that encrypts gossip instead of the one derived from the cluster key
+	// (older deployments). When empty the KVMESH_GOSSIP_KEY environment
+	// variable is read. Default "".
 	GossipKeyFile string `yaml:"gossip_key_file"`
 
 	// NATSURL selects an external NATS cluster (nats://h1:4222,...).
@@ -89,22 +125,38 @@ type ClusterConfig struct {
 	// routes to the peers memberlist discovers.
 	NATSURL string `yaml:"nats_url"`
 
+	// NATSCredentialsFile authenticates to an external NATSURL (a NATS
+	// .creds file: JWT and nkey seed). Default "".
+	NATSCredentialsFile string `yaml:"nats_credentials_file"`
+
+	// NATSTLS secures the connection to an external NATSURL (ca_file
+	// verifies the servers; cert_file and key_file are a client
+	// certificate). Default off.
+	NATSTLS config.TLSFiles `yaml:"nats_tls"`
+
 	// NATSClientAddr is the embedded server's client listen address (only
-	// this gateway connects). Default "127.0.0.1:4222".
+	// this gateway connects, with a token derived from the cluster
+	// key). Default "127.0.0.1:4222": nothing else needs it.
 	NATSClientAddr string `yaml:"nats_client_addr"`
 
 	// NATSClusterAddr is the embedded server's route listen address, which
-	// peers' servers dial. Default "0.0.0.0:6222".
+	// peers' servers dial. Default "0.0.0.0:6222": peers on other hosts
+	// must reach it, and every route must prove the cluster key (mutual
+	// TLS and a derived password).
 	NATSClusterAddr string `yaml:"nats_cluster_addr"`
 
 	// PeerAddr is the gRPC listen address of the peer service (index
-	// snapshots for joining gateways). Default "0.0.0.0:7947".
+	// snapshots for joining gateways, forwarded config writes). Default
+	// "0.0.0.0:7947": peers must reach it, and every connection must
+	// prove the cluster key (mutual TLS).
 	PeerAddr string `yaml:"peer_addr"`
 
 	// AdminAddr is the gRPC listen address of the admin service (config
 	// reads and writes, members, explain, snapshots); followers forward
 	// config writes to the leader's. The same API over HTTP/JSON is
-	// mounted on HTTPAddr under /admin/v1/. Default "0.0.0.0:7948".
+	// mounted on HTTPAddr under /admin/v1/. Default "0.0.0.0:7948": for
+	// operators' tools, every call needs the admin token (gateways no
+	// longer call it: they forward through the peer port).
 	AdminAddr string `yaml:"admin_addr"`
 
 	// AdvertiseAdminAddr is the admin address peers dial when it differs
@@ -112,9 +164,11 @@ type ClusterConfig struct {
 	// gossip advertise host when its host is unspecified.
 	AdvertiseAdminAddr string `yaml:"advertise_admin_addr"`
 
-	// RaftAddr is the raft TCP listen address. Default "0.0.0.0:7949";
-	// an unspecified host is advertised with AdvertiseAddr's host (or the
-	// loopback address when that is unset too).
+	// RaftAddr is the raft TCP listen address. Default "0.0.0.0:7949":
+	// peers must reach it, and every connection must prove the cluster
+	// key (mutual TLS) before raft reads a byte. An unspecified host is
+	// advertised with AdvertiseAddr's host (or the loopback address when
+	// that is unset too).
 	RaftAddr string `yaml:"raft_addr"`
 
 	// RaftAdvertiseAddr is the raft address peers dial, when it differs
@@ -132,8 +186,8 @@ type ClusterConfig struct {
 	// writes are refused and every gateway routes on its own Config.
 	BootstrapExpect int `yaml:"bootstrap_expect"`
 
-	// AdminToken is the bearer token of the admin API, also used between
-	// gateways to forward config writes. When empty, the
+	// AdminToken is the bearer token of the admin API (operators only:
+	// gateways never send it to each other). When empty, the
 	// KVMESH_ADMIN_TOKEN environment variable, then AdminTokenFile, are
 	// read; cluster mode refuses to start without a token. Prefer the file
 	// or the environment to a flag (visible in ps). Default "".
@@ -146,16 +200,17 @@ type ClusterConfig struct {
 	// when set. Default off.
 	AdminTLS config.TLSFiles `yaml:"admin_tls"`
 
-	// RaftTLS runs raft over mutual TLS when set. Default off.
+	// RaftTLS runs raft over mutual TLS with the operator's own
+	// certificates instead of the cluster key's. Default off.
 	RaftTLS config.TLSFiles `yaml:"raft_tls"`
 
-	// PeerTLS serves the peer snapshot service over TLS and dials peers
-	// with it when set: cert_file and key_file are this gateway's
-	// (required), ca_file verifies peers and requires their client
-	// certificates (mutual TLS). Peers' certificates must name the address
-	// they advertise for the peer service unless PeerTLSServerName is set.
-	// Every gateway of a cluster must agree. The peer service always
-	// requires the admin token as a bearer token, TLS or not. Default off.
+	// PeerTLS serves the peer service over TLS with the operator's own
+	// certificates instead of the cluster key's, and dials peers with it:
+	// cert_file and key_file are this gateway's (required), ca_file
+	// verifies peers and requires their client certificates (mutual TLS).
+	// Peers' certificates must name the address they advertise for the
+	// peer service unless PeerTLSServerName is set. Every gateway of a
+	// cluster must agree. Default off.
 	PeerTLS config.TLSFiles `yaml:"peer_tls"`
 
 	// PeerTLSServerName, when set, is the name peers' certificates are
@@ -261,6 +316,9 @@ func (c *ClusterConfig) validate(bad func(string, ...any)) {
 	if c.DataDir == "" {
 		bad("cluster.data_dir is empty")
 	}
+	if c.NATSURL == "" && (c.NATSCredentialsFile != "" || c.NATSTLS.Enabled()) {
+		bad("cluster.nats_credentials_file and cluster.nats_tls apply to an external cluster.nats_url only")
+	}
 	if c.BootstrapExpect < 1 {
 		bad("cluster.bootstrap_expect %d must be at least 1", c.BootstrapExpect)
 	}
@@ -307,6 +365,52 @@ func (c *ClusterConfig) gossipKey() ([]byte, error) {
 		return nil, fmt.Errorf("%w: gossip key is %d bytes, want 16, 24 or 32", ErrInvalidConfig, l)
 	}
 	return key, nil
+}
+
+// clusterKeys resolves the cluster key: ClusterKey, else ClusterKeyFile,
+// else KVMESH_CLUSTER_KEY. It returns nil keys only with Insecure;
+// without either it returns ErrNoClusterKey.
+func (c *ClusterConfig) clusterKeys() ([][]byte, error) {
+	var keys [][]byte
+	var err error
+	if c.ClusterKey != "" {
+		keys, err = trust.ParseKeys(c.ClusterKey)
+	} else {
+		keys, err = trust.LoadKeys(c.ClusterKeyFile)
+	}
+	switch {
+	case errors.Is(err, trust.ErrNoKey) && c.Insecure:
+		return nil, nil
+	case errors.Is(err, trust.ErrNoKey):
+		return nil, ErrNoClusterKey
+	case err != nil:
+		return nil, fmt.Errorf("%w: cluster key: %w", ErrInvalidConfig, err)
+	}
+	return keys, nil
+}
+
+// insecureBinds moves the cluster listeners an insecure gateway left at
+// their all-interfaces defaults to 127.0.0.1: without a key they are
+// unauthenticated, and no unauthenticated cluster port listens on every
+// interface unless the operator named the address. It returns the fields
+// it moved.
+func (c *ClusterConfig) insecureBinds() []string {
+	def := DefaultClusterConfig()
+	var moved []string
+	for _, f := range []struct {
+		name      string
+		cur, dflt *string
+	}{
+		{"gossip_addr", &c.GossipAddr, &def.GossipAddr}, {"peer_addr", &c.PeerAddr, &def.PeerAddr},
+		{"raft_addr", &c.RaftAddr, &def.RaftAddr}, {"nats_cluster_addr", &c.NATSClusterAddr, &def.NATSClusterAddr},
+	} {
+		if *f.cur == *f.dflt {
+			_, port, _ := net.SplitHostPort(*f.dflt)
+			*f.cur = net.JoinHostPort("127.0.0.1", port)
+			moved = append(moved, f.name)
+		}
+	}
+	return moved
 }
 
 // adminToken resolves the admin token (flag/field, env, file).
@@ -370,6 +474,8 @@ func (c *ClusterConfig) syncConfig(id string) (kvsync.Config, error) {
 	sc.NATSClusterAddr = c.NATSClusterAddr
 	sc.PeerTLS = c.PeerTLS
 	sc.PeerTLSServerName = c.PeerTLSServerName
+	sc.NATSCredentialsFile = c.NATSCredentialsFile
+	sc.NATSTLS = c.NATSTLS
 	key, err := c.gossipKey()
 	if err != nil {
 		return sc, err

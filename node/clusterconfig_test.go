@@ -76,6 +76,7 @@ func TestClusterSecrets(t *testing.T) {
 	cfg.Cluster.DataDir = t.TempDir()
 	t.Setenv(config.TokenEnv, "")
 	t.Setenv(GossipKeyEnv, "")
+	cfg.Cluster.Insecure = true
 	_, err := New(cfg, nil)
 	require.ErrorIs(t, err, ErrInvalidConfig, "cluster mode refuses to run without an admin token")
 

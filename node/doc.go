@@ -66,10 +66,15 @@
 // A config that changes what shapes block keys (hash seed, block size,
 // tokenizer) or the index bounds is applied to routing but the index keeps
 // its own until restart: kvmesh_config_restart_required is 1 meanwhile.
-// The peer snapshot service requires the admin token as a bearer token on
-// every call (a snapshot is the whole index) and runs over TLS, mutual
-// with a CA, when Cluster.PeerTLS is set (flags --peer-tls-cert,
-// --peer-tls-key, --peer-tls-ca, --peer-tls-server-name).
+// Cluster mode needs the cluster key (Cluster.ClusterKeyFile,
+// KVMESH_CLUSTER_KEY; New fails with ErrNoClusterKey without it unless
+// Cluster.Insecure): gossip is encrypted with it, and raft, the peer
+// service (snapshots, and the config writes gateways forward to each other)
+// and the embedded NATS routes run mutual TLS under a CA derived from it
+// (package sync/trust; SECURITY.md). The admin token is the operators'
+// only: no gateway sends it to another. Cluster.PeerTLS and RaftTLS
+// replace the key's TLS with the operator's certificates (flags
+// --peer-tls-*, --raft-tls-*).
 // After a snapshot restore the Node re-applies its replica roots and
 // publisher flags (sync.Deps.AfterRestore). The raft transport is the
 // config store's own (pipelined replication off, see sync/config).

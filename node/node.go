@@ -182,6 +182,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 			return nil, err
 		}
 	}
+	n.registerTrustMetrics()
 	if err := n.applySpec(specFromConfig(&cfg)); err != nil {
 		return nil, err
 	}

@@ -118,6 +118,7 @@ func (c *Cluster) driftPeer(mine map[string]uint64) (string, string) {
 	c.dmu.Lock()
 	defer c.dmu.Unlock()
 	fresh := 3 * c.cfg.DigestInterval
+	now := time.Now()
 	best, bestAhead := "", uint64(0)
 	next := make(map[string]lag)
 	var confirmed string
@@ -127,7 +128,7 @@ func (c *Cluster) driftPeer(mine map[string]uint64) (string, string) {
 		}
 		var ahead uint64
 		for s, v := range d.sources {
-			if !c.comparable(s, live) || v <= mine[s] {
+			if !c.comparable(s, live) || v <= mine[s] || !c.ap.leadSane(s, v, now) {
 				continue
 			}
 			ahead += v - mine[s]

@@ -18,6 +18,31 @@ const (
 	srcKVTS      = "kvts/" // + replica: float64 bits of that batch's engine time
 )
 
+// Bounds on what a KV batch or a snapshot watermark may claim (DESIGN §9:
+// a member is trusted for its own engines' streams only, and only within
+// what an engine can produce).
+const (
+	// kvSeqSlack is how far an engine's seq may jump beyond the last one
+	// applied here, on top of kvMaxBatchRate per second since then. A
+	// batch beyond it is refused (kv_rejected_total{reason="seq_jump"}),
+	// not taken as the new watermark: one forged seq 2^40 would otherwise
+	// make every real batch a "duplicate".
+	kvSeqSlack = 1 << 16
+	// kvMaxBatchRate is the most KV batches per second an engine is
+	// assumed to publish (vLLM publishes at most one per scheduler step:
+	// a few hundred per second). 10,000 leaves a wide margin.
+	kvMaxBatchRate = 10_000
+	// kvMaxClockSkew is how far an engine's clock (EngineTS, Unix seconds)
+	// may run ahead of this gateway's before a batch or watermark is
+	// refused (kv_rejected_total{reason="clock_ahead"}): an engine clock in
+	// the future would make the real stream look older.
+	kvMaxClockSkew = 5 * time.Minute
+	// ownerGrace is how long after ownership of an engine moved (in this
+	// gateway's view) the previous owner's batches are still accepted:
+	// they were in flight, or its view changed a moment later.
+	ownerGrace = 10 * time.Second
+)
+
 // dedupWindow is how far above the contiguous watermark an origin's
 // batches may arrive out of order (NATS and gossip interleaving) before the
 // missing ones are declared lost.
@@ -72,7 +97,8 @@ func (o *originState) accept(seq uint64) (fresh bool, lost uint64) {
 type kvState struct {
 	valid  bool // false: nothing applied since the start or a reset
 	seq    uint64
-	engine float64 // engine clock of the last applied batch
+	engine float64   // engine clock of the last applied batch
+	at     time.Time // local time the state last moved (bounds seq jumps)
 	// gap: batches after goodSeq were lost on the way here, so the
 	// confirmed view may hold blocks whose removal was lost. Batches after
 	// the gap are still applied (routing stays close), but the watermark
@@ -119,7 +145,6 @@ type applier struct {
 	bootstrapping bool
 	buf           []inbound
 	gapSince      time.Time // first unrepaired loss; zero = none
-	scratch       []uint64
 }
 
 func newApplier(c *Cluster) *applier {
@@ -197,8 +222,50 @@ func (a *applier) applyLocked(in inbound) {
 	case KindDecisions:
 		a.applyDecisionsLocked(in.msg.Decisions, false)
 	case KindKV:
+		if reason := a.checkKVLocked(in.msg.KV, time.Now()); reason != "" {
+			a.c.m.kvRejected.WithLabelValues(in.via, reason).Inc()
+			a.c.log.Debug("KV batch refused", "replica", in.msg.KV.Replica, "origin", in.msg.KV.Origin,
+				"seq", in.msg.KV.Seq, "reset", in.msg.KV.Reset, "reason", reason)
+			return
+		}
 		a.applyKVLocked(in.msg.KV)
 	}
+}
+
+// checkKVLocked returns why a peer's KV batch must not be applied ("" =
+// apply it): it does not come from the engine's owner, its seq jumps
+// further than the engine can have published since the last batch, or its
+// engine clock is in the future. Resets and clears come only from the
+// owner too (a reset carries no seq).
+func (a *applier) checkKVLocked(b *KVBatch, now time.Time) string {
+	if !a.c.kvOwn.accepts(b.Replica, originNode(b.Origin), now) {
+		return "not_owner"
+	}
+	if b.Reset {
+		return ""
+	}
+	if clockAhead(b.EngineTS, now) {
+		return "clock_ahead"
+	}
+	if st := a.kv[b.Replica]; st != nil && st.valid && b.Seq > st.seq && b.Seq-st.seq > seqBound(st.at, now) {
+		return "seq_jump"
+	}
+	return ""
+}
+
+// seqBound is how far an engine's seq may have advanced since last.
+func seqBound(last, now time.Time) uint64 {
+	el := now.Sub(last).Seconds()
+	if el < 0 || last.IsZero() {
+		el = 0
+	}
+	return kvSeqSlack + uint64(min(el, 1e7)*kvMaxBatchRate)
+}
+
+// clockAhead reports an engine time (Unix seconds) beyond this gateway's
+// clock plus kvMaxClockSkew.
+func clockAhead(engineTS float64, now time.Time) bool {
+	return engineTS > float64(now.Add(kvMaxClockSkew).UnixNano())/1e9
 }
 
 // applyDecisionsLocked applies a decision batch unless it was seen; own
@@ -283,9 +350,12 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 			if !st.gap {
 				st.gap, st.goodSeq, st.goodEngine = true, st.seq, st.engine
 			}
-		case b.EngineTS > st.engine:
+		case b.EngineTS > st.engine || st.seq-b.Seq > kvSeqSlack:
 			// An older seq with a newer engine clock: the engine restarted
-			// while ownership moved (the new owner saw no rewind).
+			// while ownership moved (the new owner saw no rewind). A seq
+			// far below the watermark from the owner is one too, or the
+			// watermark was wrong (a bad snapshot value): either way the
+			// owner's stream wins, so no single value can stall ingestion.
 			ix.ClearReplica(id)
 			st.cleared()
 		default:
@@ -311,7 +381,7 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 			st.cleared()
 		}
 	}
-	st.valid, st.seq, st.engine = true, b.Seq, b.EngineTS
+	st.valid, st.seq, st.engine, st.at = true, b.Seq, b.EngineTS, time.Now()
 	a.c.m.applied.WithLabelValues("kv").Inc()
 }
 
@@ -362,7 +432,7 @@ func (a *applier) setWatermarksLocked(w map[string]uint64, decisions bool, kv ma
 			if !kv[r] {
 				continue
 			}
-			st := &kvState{}
+			st := &kvState{at: time.Now()}
 			if v > 0 {
 				st.valid, st.seq = true, v-1
 				st.engine = math.Float64frombits(w[srcKVTS+r])
@@ -386,6 +456,45 @@ func (a *applier) kvNewerLocked(w map[string]uint64, replica string) bool {
 		return true
 	}
 	theirs := math.Float64frombits(w[srcKVTS+replica])
+	return a.kvNewer(st, v, theirs)
+}
+
+// kvWatermarkBad returns why a snapshot's watermark for replica must not
+// be taken ("" = sane), by the same bounds as a batch (checkKVLocked):
+// an engine clock in the future, or a seq further beyond this gateway's
+// than the engine can have published since.
+func (a *applier) kvWatermarkBadLocked(w map[string]uint64, replica string, now time.Time) string {
+	v := w[srcKV+replica]
+	if v == 0 {
+		return ""
+	}
+	if clockAhead(math.Float64frombits(w[srcKVTS+replica]), now) {
+		return "clock_ahead"
+	}
+	if st := a.kv[replica]; st != nil && st.valid && v-1 > st.seq && v-1-st.seq > seqBound(st.at, now) {
+		return "seq_jump"
+	}
+	return ""
+}
+
+// leadSane reports whether a peer's digest watermark v for source may be
+// believed: a KV watermark further ahead of this gateway's than the engine
+// can have published since is ignored (a forged digest must not make this
+// gateway repair from its sender over and over).
+func (a *applier) leadSane(source string, v uint64, now time.Time) bool {
+	r, ok := strings.CutPrefix(source, srcKV)
+	if !ok || v == 0 {
+		return true
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.kv[r]
+	return st == nil || !st.valid || v-1 <= st.seq || v-1-st.seq <= seqBound(st.at, now)
+}
+
+// kvNewer is kvNewerLocked for a known state st and the snapshot's
+// watermark v (seq+1) and engine clock theirs.
+func (a *applier) kvNewer(st *kvState, v uint64, theirs float64) bool {
 	seq, engine, ok := st.mark()
 	if !ok {
 		// Nothing since a reset (st.engine is the clock of the last batch

@@ -62,6 +62,11 @@ type Deps struct {
 	// keep this index's replica roots and publisher flags
 	// (index.KeepReplicaSettings), so nothing needs re-applying.
 	AfterRestore func()
+	// PeerServices, when set, registers more gRPC services on the peer
+	// port at Start (node registers the config store's forwarding there):
+	// they get the peer port's security, mutual TLS under the cluster CA,
+	// so only gateways that proved the cluster key reach them.
+	PeerServices func(grpc.ServiceRegistrar)
 }
 
 // Cluster makes this gateway one of N that share an index and a load view.
@@ -77,6 +82,7 @@ type Cluster struct {
 	peers  *peerLoad // peers' in-flight counts
 	queued *peerLoad // peers' queued prefill tokens
 	own    *owners
+	kvOwn  *ownerTable // who may speak for each engine (applier)
 	ring   *ownRing
 	origin string // "<node>#<incarnation>": a restarted gateway is a new origin
 
@@ -135,7 +141,7 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 		behind:  make(map[string]lag),
 	}
 	c.m = newMetrics(func() bool { return c.bus.connected() })
-	c.bus = newBus(cfg, log)
+	c.bus = newBus(cfg, log, c.m.natsRejected, c.m.natsDrops)
 	var err error
 	if c.sec, err = newPeerSecurity(cfg, c.m.peerRejected, c.m.peerInput); err != nil {
 		return nil, err
@@ -148,6 +154,7 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 	c.peers = newPeerLoad(cfg.LoadTTL, inFlightOf)
 	c.queued = newPeerLoad(cfg.LoadTTL, queuedPrefillOf)
 	c.own = newOwners(c)
+	c.kvOwn = newOwnerTable(cfg.KVSources)
 	c.ring = newOwnRing(cfg.OwnRing)
 	return c, nil
 }
@@ -190,6 +197,9 @@ func (c *Cluster) start(ctx context.Context) error {
 	c.peerLis = lis
 	c.grpcSrv = grpc.NewServer(c.sec.serverOptions()...)
 	peerv1.RegisterPeerServer(c.grpcSrv, &peerService{c: c})
+	if c.deps.PeerServices != nil {
+		c.deps.PeerServices(c.grpcSrv)
+	}
 	srv := c.grpcSrv
 	c.goFunc(func() { _ = srv.Serve(lis) })
 
@@ -233,6 +243,7 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := c.ms.updateMeta(meta, time.Second); err != nil {
 		c.log.Debug("updating metadata", "err", err)
 	}
+	c.kvOwn.update(c.ms.snapshot(), time.Now())
 	c.ms.addListener(MemberListenerFunc(c.onMember))
 	c.goFunc(func() { c.ms.eventLoop(c.bg) })
 	if n, err := c.ms.join(c.cfg.Join); err != nil {
@@ -483,6 +494,7 @@ func (c *Cluster) onMember(ev MemberEvent) {
 		}
 	}
 	c.bus.setRoutes(routes)
+	c.kvOwn.update(c.ms.snapshot(), time.Now())
 	if ev.Kind == MemberLeave || ev.Kind == MemberFail {
 		now := time.Now()
 		c.peers.forget(ev.Member.Name, now)

@@ -117,23 +117,30 @@ func TestShutdownIdempotent(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	require.NoError(t, DefaultConfig().Validate())
-	require.NoError(t, LocalConfig("x").Validate())
+	require.ErrorIs(t, DefaultConfig().Validate(), ErrInvalidConfig, "no cluster key and not Insecure")
+	insecure := DefaultConfig()
+	insecure.Insecure = true
+	require.NoError(t, insecure.Validate())
+	keyed := LocalConfig("x")
+	keyed.Trust = testRing(t, "x", nil)
+	require.NoError(t, keyed.Validate())
 	for name, mut := range map[string]func(*Config){
-		"cluster":  func(c *Config) { c.ClusterName = "a.b" },
-		"node":     func(c *Config) { c.NodeName = "" },
-		"gossip":   func(c *Config) { c.GossipAddr = "nope" },
-		"key":      func(c *Config) { c.SecretKey = []byte("short") },
-		"profile":  func(c *Config) { c.GossipProfile = "wan" },
-		"flush":    func(c *Config) { c.FlushInterval = 0 },
-		"loadttl":  func(c *Config) { c.LoadTTL = time.Millisecond },
-		"entries":  func(c *Config) { c.FlushEntries = 0 },
-		"kvsource": func(c *Config) { c.KVSources = []KVSource{{Replica: "r"}} },
+		"natscreds": func(c *Config) { c.NATSCredentialsFile = "x.creds" }, // without NATSURL
+		"cluster":   func(c *Config) { c.ClusterName = "a.b" },
+		"node":      func(c *Config) { c.NodeName = "" },
+		"gossip":    func(c *Config) { c.GossipAddr = "nope" },
+		"key":       func(c *Config) { c.SecretKey = []byte("short") },
+		"profile":   func(c *Config) { c.GossipProfile = "wan" },
+		"flush":     func(c *Config) { c.FlushInterval = 0 },
+		"loadttl":   func(c *Config) { c.LoadTTL = time.Millisecond },
+		"entries":   func(c *Config) { c.FlushEntries = 0 },
+		"kvsource":  func(c *Config) { c.KVSources = []KVSource{{Replica: "r"}} },
 		"kvdup": func(c *Config) {
 			c.KVSources = []KVSource{{Replica: "r", Endpoint: "e"}, {Replica: "r", Endpoint: "e"}}
 		},
 	} {
 		c := DefaultConfig()
+		c.Insecure = true
 		mut(&c)
 		require.ErrorIs(t, c.Validate(), ErrInvalidConfig, name)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/sync/config"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // Gossip profiles accepted by Config.GossipProfile.
@@ -86,8 +87,26 @@ type Config struct {
 	// Default 1h: longer than any partition worth healing automatically.
 	ReconnectTimeout time.Duration
 
-	// SecretKey, when set, encrypts gossip (AES-GCM, 16, 24 or 32 bytes).
-	// Every gateway must use the same key. Default none.
+	// Trust is this gateway's credentials derived from the cluster key
+	// (trust.New; package trust). With it, gossip is encrypted and
+	// authenticated with the ring's gossip keys (memberlist's keyring, so
+	// a key rotation works), the peer gRPC service and the embedded NATS
+	// server's route port require mutual TLS under the cluster CA (and the
+	// route port the derived route password), and the embedded server's
+	// client port requires the derived client token. Nothing is sent to
+	// a peer before it proved the key. nil requires Insecure. Default nil.
+	Trust *trust.Ring
+
+	// Insecure runs the cluster without a key: gossip in clear text, the
+	// peer service and NATS without authentication (unless PeerTLS,
+	// PeerToken or SecretKey say otherwise). Anyone who reaches the ports
+	// can join, read the index and forge deltas. Only an explicit opt-out
+	// (kvmesh serve --insecure) sets it. Default false.
+	Insecure bool
+
+	// SecretKey, when set, encrypts gossip (AES-GCM, 16, 24 or 32 bytes)
+	// instead of Trust's derived key (the older per-use gossip key; every
+	// gateway must use the same). Default none.
 	SecretKey []byte
 
 	// GossipProfile selects memberlist's timing preset: "lan" (default,
@@ -126,17 +145,17 @@ type Config struct {
 	// listener's address with the gossip advertise host when unspecified.
 	AdvertisePeerAddr string
 
-	// PeerToken is the bearer token the peer service requires on every
-	// call ("authorization: Bearer <token>", compared in constant time)
-	// and that this gateway sends when it pulls a snapshot. Every gateway
-	// of a cluster uses the same one; node passes the admin token
-	// (config.LoadToken). Default "": no authentication, for loopback
-	// tests only: a snapshot is the whole index, and anyone who can pull
-	// one learns every replica's cached prefixes (as keys).
+	// PeerToken, when set, is a bearer token the peer service requires on
+	// every call besides its transport security ("authorization: Bearer
+	// <token>", compared in constant time) and that this gateway sends
+	// when it pulls a snapshot. node never sets it: gateways prove the
+	// cluster key by mutual TLS (Trust), and the operators' admin token
+	// never travels between gateways. Default "".
 	PeerToken string
 
-	// PeerTLS serves the peer service over TLS and dials peers with it
-	// (the admin API's config.TLSFiles: cert_file and key_file are this
+	// PeerTLS serves the peer service over TLS and dials peers with it,
+	// instead of Trust's cluster mutual TLS, for operators who run their
+	// own CA (the admin API's config.TLSFiles: cert_file and key_file are this
 	// gateway's, required for TLS; ca_file verifies peers and, on the
 	// server side, requires their client certificates: mutual TLS). Peers'
 	// certificates must name the address they advertise (PeerAddr or
@@ -155,14 +174,27 @@ type Config struct {
 	// discovers.
 	NATSURL string
 
+	// NATSCredentialsFile is a NATS credentials file (JWT + nkey seed,
+	// nats.UserCredentials) for an external NATSURL. User and password
+	// may also be given in the URL. Default "".
+	NATSCredentialsFile string
+
+	// NATSTLS secures the connection to an external NATSURL: ca_file
+	// verifies the servers, cert_file and key_file are a client
+	// certificate. Default off.
+	NATSTLS config.TLSFiles
+
 	// NATSClientAddr is the embedded server's client listen address.
-	// Default "127.0.0.1:4222": only the local gateway connects to it.
-	// Port 0 picks a free port.
+	// Default "127.0.0.1:4222": only the local gateway connects to it
+	// (with Trust, with the derived client token). Port 0 picks a free
+	// port.
 	NATSClientAddr string
 
 	// NATSClusterAddr is the embedded server's route listen address, which
 	// peers' servers dial. Default "0.0.0.0:6222" (NATS's conventional route
-	// port). Port 0 picks a free port.
+	// port): peers on other hosts must reach it, and with Trust a route
+	// must prove the key (mutual TLS and the derived route password).
+	// Port 0 picks a free port.
 	NATSClusterAddr string
 
 	// AdvertiseNATSClusterAddr is the route address advertised to peers when
@@ -313,6 +345,12 @@ func (c Config) Validate() error {
 	case 0, 16, 24, 32:
 	default:
 		return bad("SecretKey", "must be 16, 24 or 32 bytes, got %d", n)
+	}
+	if c.Trust == nil && !c.Insecure {
+		return bad("Trust", "a cluster key is required (trust.New), or Insecure set explicitly")
+	}
+	if c.NATSURL == "" && (c.NATSCredentialsFile != "" || c.NATSTLS.Enabled()) {
+		return bad("NATSCredentialsFile/NATSTLS", "apply to an external NATSURL only")
 	}
 	if c.GossipProfile != ProfileLAN && c.GossipProfile != ProfileLocal {
 		return bad("GossipProfile", "%q is not %q or %q", c.GossipProfile, ProfileLAN, ProfileLocal)

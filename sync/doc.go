@@ -43,8 +43,9 @@
 // # Membership
 //
 // memberlist with DefaultLANConfig (Config.GossipProfile "lan") or
-// DefaultLocalConfig ("local"), optional AES-GCM gossip encryption
-// (Config.SecretKey), seeds retried in the background while alone. Node
+// DefaultLocalConfig ("local"), AES-GCM gossip encryption with the cluster
+// key's derived gossip keys (Config.Trust; a keyring, so rotation works) or
+// Config.SecretKey, seeds retried in the background while alone. Node
 // metadata (NodeMeta; versioned, at most 512 bytes) carries the cluster
 // name, gateway version, HTTP, peer gRPC, raft and admin addresses, the
 // embedded NATS server's route URL and the index modes; members of another
@@ -170,8 +171,12 @@
 //
 // # Peer service security
 //
-// A snapshot is the whole index, so the Peer service takes the admin API's
-// protections: Config.PeerToken, when set, is required on every call as
+// A snapshot is the whole index, so the peer port requires the cluster key:
+// with Config.Trust it serves and dials mutual TLS under the cluster CA
+// (package sync/trust), so a caller without the key fails the handshake
+// (counted in kvmesh_sync_peer_unauthenticated_total and
+// kvmesh_sync_peer_rejected_total{reason="handshake"}) before any call.
+// Config.PeerToken, when set, is also required on every call as
 // "authorization: Bearer <token>" (compared in constant time; refusals
 // are codes.Unauthenticated, ErrUnauthenticated to the puller, counted in
 // kvmesh_sync_peer_unauthenticated_total) and sent on every pull. All
@@ -181,10 +186,24 @@
 // that does not decode) and unauthenticated (sync/config's
 // GuardedServerOptions and the token check);
 // Config.PeerTLS (sync/config.TLSFiles) serves and dials over TLS, mutual
-// when it names a CA. Every gateway of a cluster uses the same token and
-// TLS setting. NATS and gossip are separate: gossip is encrypted with
-// Config.SecretKey; the embedded NATS servers' routes are not yet
-// authenticated.
+// when it names a CA, instead of the key's. Every gateway of a cluster uses
+// the same token and TLS setting. With Config.Trust the embedded NATS
+// server's route port requires the key's mutual TLS and a derived route
+// password, its client port a derived token (kvmesh_sync_nats_rejected_total
+// counts refusals), and gossip refuses packets not encrypted with a ring key
+// (kvmesh_sync_gossip_rejected_total).
+//
+// # Trusting members less
+//
+// KV batches, resets and clears for an engine are applied only from the
+// member that owns it in this gateway's view (or its previous owner for
+// ownerGrace after a move), and only within bounds: a seq beyond
+// kvSeqSlack plus kvMaxBatchRate per second since the last batch, or an
+// engine clock more than kvMaxClockSkew ahead, is refused
+// (kvmesh_sync_kv_rejected_total{source,reason}), and the owner's batch far
+// below the watermark resets the view rather than being dropped as a
+// duplicate. Snapshot and digest watermarks are checked with the same
+// bounds.
 //
 // # Lifecycle and concurrency
 //

@@ -1,6 +1,8 @@
 package sync
 
 import (
+	"github.com/kvmesh/kvmesh/sync/trust"
+
 	"context"
 	"fmt"
 	"log/slog"
@@ -70,6 +72,32 @@ type gw struct {
 
 var testReplicas = []string{"r0", "r1", "r2"}
 
+// testKey is the cluster key of every test gateway of this package (one
+// per test binary, as an operator generates one per cluster).
+var testKey = func() [][]byte {
+	k, err := trust.Generate()
+	if err != nil {
+		panic(err)
+	}
+	keys, err := trust.ParseKeys(k)
+	if err != nil {
+		panic(err)
+	}
+	return keys
+}()
+
+// testRing derives a test gateway's credentials from keys (testKey when
+// nil).
+func testRing(t testing.TB, name string, keys [][]byte) *trust.Ring {
+	t.Helper()
+	if keys == nil {
+		keys = testKey
+	}
+	r, err := trust.New(keys, name)
+	require.NoError(t, err)
+	return r
+}
+
 func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("KVMESH_SYNC_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
@@ -93,6 +121,7 @@ func newIndex(t testing.TB) *index.Index {
 // newGW builds (not starts) a gateway; mutate adjusts its config.
 func newGW(t testing.TB, name string, tr memberlist.Transport, mutate func(*Config)) *gw {
 	cfg := LocalConfig(name)
+	cfg.Trust = testRing(t, name, nil)
 	if mutate != nil {
 		mutate(&cfg)
 	}

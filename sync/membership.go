@@ -7,10 +7,12 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // MemberEventKind says what happened to a member.
@@ -160,12 +162,25 @@ func (ms *membership) memberlistConfig(transport memberlist.Transport) (*memberl
 	if ms.cfg.GossipInterval > 0 {
 		mc.GossipInterval = ms.cfg.GossipInterval
 	}
-	if len(ms.cfg.SecretKey) > 0 {
+	switch {
+	case len(ms.cfg.SecretKey) > 0:
 		mc.SecretKey = ms.cfg.SecretKey
+	case ms.cfg.Trust != nil:
+		// The primary key encrypts; every ring key decrypts (rotation).
+		keys := ms.cfg.Trust.GossipKeys()
+		kr, err := memberlist.NewKeyring(keys, keys[0])
+		if err != nil {
+			return nil, fmt.Errorf("%w: gossip keyring: %w", ErrInvalidConfig, err)
+		}
+		mc.Keyring = kr
 	}
+	// Encrypted gossip refuses clear-text and wrong-key packets and
+	// streams (GossipVerifyIncoming, memberlist's default).
+	mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
 	mc.Delegate = (*mlDelegate)(ms)
 	mc.Events = (*mlEvents)(ms)
-	mc.Logger = slog.NewLogLogger(ms.log.With("component", "memberlist").Handler(), slog.LevelDebug)
+	mc.Logger = slog.NewLogLogger(gossipLogHandler{inner: ms.log.With("component", "memberlist").Handler(),
+		rejected: ms.m.gossipRejected}, slog.LevelDebug)
 	return mc, nil
 }
 
@@ -456,3 +471,44 @@ type userBroadcast []byte
 func (b userBroadcast) Invalidates(memberlist.Broadcast) bool { return false }
 func (b userBroadcast) Message() []byte                       { return b }
 func (b userBroadcast) Finished()                             {}
+
+// gossipLogHandler counts memberlist's refusals of gossip that is not
+// encrypted with a cluster key (kvmesh_sync_gossip_rejected_total) before
+// passing its log lines on: memberlist has no other hook for a packet or
+// stream it could not decrypt. memberlist logs through a log.Logger at one
+// level, so every line reaches Handle and the inner handler's level
+// decides what is written.
+type gossipLogHandler struct {
+	inner    slog.Handler
+	rejected prometheus.Counter
+}
+
+// gossipRefusals are the parts of memberlist v0.7.0's log lines for a
+// refused packet ("Decrypt packet failed") or stream ("failed to receive:
+// encryption is configured but remote state is not encrypted", "... no
+// installed keys could decrypt the message"). TestGossipIntruderCounted
+// pins them.
+var gossipRefusals = []string{"Decrypt packet failed", "remote state is not encrypted", "could decrypt", "cannot decrypt", "to decrypt"}
+
+func (h gossipLogHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h gossipLogHandler) Handle(ctx context.Context, r slog.Record) error {
+	for _, s := range gossipRefusals {
+		if strings.Contains(r.Message, s) {
+			h.rejected.Inc()
+			break
+		}
+	}
+	if !h.inner.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.inner.Handle(ctx, r)
+}
+
+func (h gossipLogHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return gossipLogHandler{inner: h.inner.WithAttrs(as), rejected: h.rejected}
+}
+
+func (h gossipLogHandler) WithGroup(name string) slog.Handler {
+	return gossipLogHandler{inner: h.inner.WithGroup(name), rejected: h.rejected}
+}

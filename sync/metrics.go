@@ -27,6 +27,10 @@ type metrics struct {
 	peerLoadReports  prometheus.Gauge
 	peerRejected     prometheus.Counter
 	peerInput        *prometheus.CounterVec // {reason}
+	gossipRejected   prometheus.Counter
+	natsRejected     *prometheus.CounterVec // {port, reason}
+	natsDrops        prometheus.Counter
+	kvRejected       *prometheus.CounterVec // {source, reason}
 }
 
 // newMetrics builds the metrics; natsUp reports the NATS connection's
@@ -88,20 +92,49 @@ func newMetrics(natsUp func() bool) *metrics {
 		peerLoadReports: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
 			Name: "peer_load_reports", Help: "Peers whose load report is fresh."}),
 		peerRejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "peer_unauthenticated_total", Help: "Peer-service calls refused for a missing or wrong PeerToken."}),
+			Name: "peer_unauthenticated_total", Help: "Peer-service connections and calls refused for want of the cluster key (failed mutual-TLS handshake) or a missing or wrong PeerToken."}),
 		peerInput: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "peer_rejected_total", Help: "Input refused on the peer gRPC port, by reason: bad_preface (not an HTTP/2 connection), handshake (failed TLS handshake), malformed (a request that does not decode), unauthenticated (missing or wrong PeerToken, also in peer_unauthenticated_total)."},
 			[]string{"reason"}),
+		gossipRejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "gossip_rejected_total", Help: "Gossip packets and streams refused because they were not encrypted with a cluster key."}),
+		natsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "nats_rejected_total", Help: "Connections the embedded NATS server refused, by port (client, route) and reason (unauthenticated: wrong or missing password; handshake: no TLS or a certificate without the cluster key)."},
+			[]string{"port", "reason"}),
+		natsDrops: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "nats_disconnects_total", Help: "Times this gateway's NATS connection dropped (not counting its own close); deltas go to gossip until it reconnects."}),
+		kvRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "kv_rejected_total", Help: "KV-event input refused, by source (nats, gossip, snapshot) and reason (not_owner: a reset, clear or batch from a member that does not own the engine; seq_jump: a sequence number far beyond the engine's rate; clock_ahead: an engine time in the future)."},
+			[]string{"source", "reason"}),
+	}
+}
+
+// initRefusals exports every refusal series at 0 from the start, so that
+// dashboards and alerts (deploy/prometheus) see the series before the
+// first refusal.
+func (m *metrics) initRefusals() {
+	for _, pr := range [][2]string{{"client", "unauthenticated"}, {"route", "unauthenticated"}, {"route", "handshake"}} {
+		m.natsRejected.WithLabelValues(pr[0], pr[1])
+	}
+	for _, src := range []string{"nats", "gossip"} {
+		for _, r := range []string{"not_owner", "seq_jump", "clock_ahead"} {
+			m.kvRejected.WithLabelValues(src, r)
+		}
+	}
+	for _, r := range []string{"seq_jump", "clock_ahead"} {
+		m.kvRejected.WithLabelValues("snapshot", r)
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.members, m.eventsDropped, m.published, m.applied, m.dropped,
 		m.malformed, m.lag, m.gaps, m.bootstrapSeconds, m.bootstrapBytes, m.servedBytes, m.bootstraps,
-		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports, m.peerRejected, m.peerInput}
+		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports, m.peerRejected, m.peerInput,
+		m.gossipRejected, m.natsRejected, m.natsDrops, m.kvRejected}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
+	m.initRefusals()
 	if r == nil {
 		return nil
 	}

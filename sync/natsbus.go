@@ -8,11 +8,15 @@ import (
 	"net/url"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // subjects are this cluster's NATS subjects (see the package doc).
@@ -59,9 +63,11 @@ func subjectToken(s string) string {
 // bus is the gateway's NATS side: an optional embedded server clustered
 // with the peers' servers, and one client connection.
 type bus struct {
-	cfg  Config
-	log  *slog.Logger
-	subj subjects
+	cfg      Config
+	log      *slog.Logger
+	subj     subjects
+	rejected *prometheus.CounterVec // kvmesh_sync_nats_rejected_total{port, reason}
+	drops    prometheus.Counter     // kvmesh_sync_nats_disconnects_total
 
 	mu     sync.Mutex
 	srv    *server.Server
@@ -70,9 +76,70 @@ type bus struct {
 	nc     *nats.Conn
 }
 
-func newBus(cfg Config, log *slog.Logger) *bus {
+func newBus(cfg Config, log *slog.Logger, rejected *prometheus.CounterVec, drops prometheus.Counter) *bus {
 	return &bus{cfg: cfg, log: log.With("component", "nats"), subj: newSubjects(cfg.ClusterName),
-		routes: make(map[string]*url.URL)}
+		routes: make(map[string]*url.URL), rejected: rejected, drops: drops}
+}
+
+// natsUser is the user name a route presents to a peer's embedded server;
+// the password is derived from the cluster key.
+const natsUser = "kvmesh"
+
+// natsAuth is the embedded server's authentication of one port with the
+// cluster key: on the client port a token, on the route port user
+// natsUser and a password, derived for label under any ring key. (A client
+// with a user name that is in no configured user list would be closed by
+// nats-server at every reload of the route list, as "moved to another
+// account": the client port therefore takes a token.) A refusal is
+// counted before nats-server closes the connection; nats-server calls
+// Check concurrently.
+type natsAuth struct {
+	ring     *trust.Ring
+	label    string
+	port     string
+	token    bool // client port: ClientOpts.Token; route port: Username/Password
+	rejected *prometheus.CounterVec
+}
+
+var _ server.Authentication = natsAuth{}
+
+func (a natsAuth) Check(c server.ClientAuthentication) bool {
+	o := c.GetOpts()
+	switch {
+	case o == nil:
+	case a.token && o.Username == "" && a.ring.CheckSecret(a.label, o.Token):
+		return true
+	case !a.token && o.Username == natsUser && a.ring.CheckSecret(a.label, o.Password):
+		return true
+	}
+	a.rejected.WithLabelValues(a.port, "unauthenticated").Inc()
+	return false
+}
+
+// natsLogger passes nats-server's warnings and errors to slog and counts
+// failed TLS handshakes on the route port (nats-server logs them and has
+// no other hook): a route that does not speak TLS, or whose certificate
+// no cluster CA issued.
+type natsLogger struct {
+	log      *slog.Logger
+	rejected *prometheus.CounterVec
+}
+
+var _ server.Logger = natsLogger{}
+
+func (l natsLogger) Noticef(string, ...any) {}
+func (l natsLogger) Debugf(string, ...any)  {}
+func (l natsLogger) Tracef(string, ...any)  {}
+func (l natsLogger) Warnf(f string, v ...any) {
+	l.log.Debug(fmt.Sprintf(f, v...))
+}
+func (l natsLogger) Fatalf(f string, v ...any) { l.log.Error(fmt.Sprintf(f, v...)) }
+func (l natsLogger) Errorf(f string, v ...any) {
+	msg := fmt.Sprintf(f, v...)
+	if strings.Contains(msg, "TLS route handshake error") {
+		l.rejected.WithLabelValues("route", "handshake").Inc()
+	}
+	l.log.Debug(msg)
 }
 
 // startServer starts the embedded server (first start or after stopServer).
@@ -114,6 +181,16 @@ func (b *bus) startServer() error {
 				NoAdvertise: true,
 			},
 		}
+		if r := b.cfg.Trust; r != nil {
+			b.opts.CustomClientAuthentication = natsAuth{ring: r, label: trust.LabelNATSClient, port: "client", token: true, rejected: b.rejected}
+			b.opts.CustomRouterAuthentication = natsAuth{ring: r, label: trust.LabelNATSRoute, port: "route", rejected: b.rejected}
+			b.opts.Cluster.TLSConfig = r.TLSConfig()
+			b.opts.Cluster.TLSTimeout = 5
+			// What nats-server sends on routes it learns from peers
+			// (implicit routes); incoming routes are checked by natsAuth.
+			b.opts.Cluster.Username = natsUser
+			b.opts.Cluster.Password = r.Secret(trust.LabelNATSRoute)
+		}
 	}
 	opts := b.opts.Clone()
 	opts.Routes = b.routeList()
@@ -121,6 +198,7 @@ func (b *bus) startServer() error {
 	if err != nil {
 		return fmt.Errorf("sync: embedded NATS: %w", err)
 	}
+	s.SetLoggerV2(natsLogger{log: b.log, rejected: b.rejected}, false, false, false)
 	s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
 		s.Shutdown()
@@ -204,6 +282,9 @@ func (b *bus) setRoutes(urls []string) {
 			b.log.Warn("ignoring bad NATS route URL", "url", s, "err", err)
 			continue
 		}
+		if b.cfg.Trust != nil {
+			u.User = url.UserPassword(natsUser, b.cfg.Trust.Secret(trust.LabelNATSRoute))
+		}
 		next[s] = u
 	}
 	same := len(next) == len(b.routes)
@@ -244,8 +325,23 @@ func (b *bus) connect() error {
 	if b.cfg.GossipProfile == ProfileLocal {
 		wait = 50 * time.Millisecond
 	}
-	nc, err := nats.Connect(b.clientURL(),
-		nats.Name("kvmesh-"+b.cfg.NodeName),
+	opts := []nats.Option{nats.Name("kvmesh-" + b.cfg.NodeName)}
+	switch {
+	case b.cfg.NATSURL == "" && b.cfg.Trust != nil:
+		opts = append(opts, nats.Token(b.cfg.Trust.Secret(trust.LabelNATSClient)))
+	case b.cfg.NATSURL != "":
+		if b.cfg.NATSCredentialsFile != "" {
+			opts = append(opts, nats.UserCredentials(b.cfg.NATSCredentialsFile))
+		}
+		tc, err := b.cfg.NATSTLS.ClientConfig()
+		if err != nil {
+			return fmt.Errorf("%w: NATSTLS: %w", ErrInvalidConfig, err)
+		}
+		if tc != nil {
+			opts = append(opts, nats.Secure(tc))
+		}
+	}
+	nc, err := nats.Connect(b.clientURL(), append(opts,
 		nats.NoEcho(),
 		// Peers' client URLs are loopback addresses on their own hosts:
 		// the gateway only ever talks to its own (or the external) server.
@@ -258,6 +354,9 @@ func (b *bus) connect() error {
 		// small buffer only covers the instant of the disconnect.
 		nats.ReconnectBufSize(1<<20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: our own Close
+				b.drops.Inc()
+			}
 			b.log.Warn("NATS disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) {
@@ -266,7 +365,7 @@ func (b *bus) connect() error {
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			b.log.Warn("NATS async error", "err", err)
 		}),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("sync: NATS connect %s: %w", b.clientURL(), err)
 	}

@@ -26,6 +26,61 @@ func Owner(replica string, members []string) string {
 	return best
 }
 
+// ownerTable is every KV source's owner in this gateway's membership view,
+// the owner before it and when it changed: the applier accepts an engine's
+// batches, resets and clears only from its owner (DESIGN §9). Safe for
+// concurrent use.
+type ownerTable struct {
+	sources []string
+	mu      sync.RWMutex
+	m       map[string]ownerEntry
+}
+
+type ownerEntry struct {
+	cur, prev string
+	since     time.Time
+}
+
+func newOwnerTable(srcs []KVSource) *ownerTable {
+	t := &ownerTable{m: make(map[string]ownerEntry, len(srcs))}
+	for _, s := range srcs {
+		t.sources = append(t.sources, s.Replica)
+	}
+	return t
+}
+
+// update recomputes the owners from the live members that are not
+// leaving (the set owners.reconcile uses).
+func (t *ownerTable) update(members []Member, now time.Time) {
+	names := make([]string, 0, len(members))
+	for _, m := range members {
+		if !m.Meta.Leaving {
+			names = append(names, m.Name)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range t.sources {
+		o := Owner(r, names)
+		if e, ok := t.m[r]; !ok || e.cur != o {
+			t.m[r] = ownerEntry{cur: o, prev: e.cur, since: now}
+		}
+	}
+}
+
+// accepts reports whether node may speak for replica's KV stream: it owns
+// it in this gateway's view, or owned it until less than ownerGrace ago.
+// An engine the cluster does not ingest has no owner.
+func (t *ownerTable) accepts(replica, node string, now time.Time) bool {
+	t.mu.RLock()
+	e, ok := t.m[replica]
+	t.mu.RUnlock()
+	if !ok || node == "" {
+		return false
+	}
+	return node == e.cur || node == e.prev && now.Sub(e.since) < ownerGrace
+}
+
 // owners runs a kvevents.Subscriber for each KV source this gateway owns
 // and stops it when ownership moves. Only the membership event goroutine
 // (and Start/Shutdown) call reconcile and stopAll.
@@ -116,26 +171,6 @@ func (o *owners) owned(replica string) bool {
 	defer o.mu.Unlock()
 	_, ok := o.subs[replica]
 	return ok
-}
-
-// restart replaces replica's subscriber with a fresh one, which replays the
-// engine's buffer from seq 0 (after a repair lost confirmed entries).
-func (o *owners) restart(replica string) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	sub, ok := o.subs[replica]
-	if !ok {
-		return
-	}
-	o.closeSub(replica, sub)
-	delete(o.subs, replica)
-	for _, src := range o.c.cfg.KVSources {
-		if src.Replica == replica {
-			if err := o.startLocked(src); err != nil {
-				o.c.log.Error("restarting KV-event subscriber", "replica", replica, "err", err)
-			}
-		}
-	}
 }
 
 func (o *owners) stopAll() {

@@ -154,6 +154,7 @@ func (c *Cluster) restoreFrom(ctx context.Context, peer Member, boot, decisions 
 			}
 		}
 	}
+	now := time.Now()
 	c.ap.mu.Lock()
 	takeKV := make(map[string]bool)
 	takeID := make(map[index.ReplicaID]bool)
@@ -164,6 +165,13 @@ func (c *Cluster) restoreFrom(ctx context.Context, peer Member, boot, decisions 
 		r := k[len(srcKV):]
 		id, ok := c.deps.Replicas.ReplicaID(r)
 		if !ok || owned[r] || !c.ap.kvNewerLocked(w, r) {
+			continue
+		}
+		if reason := c.ap.kvWatermarkBadLocked(w, r, now); reason != "" {
+			// A watermark no engine can have reached: keep our view (and
+			// our watermark) of this engine rather than one bad value.
+			c.m.kvRejected.WithLabelValues("snapshot", reason).Inc()
+			c.log.Warn("peer snapshot watermark refused", "peer", peer.Name, "replica", r, "reason", reason)
 			continue
 		}
 		takeKV[r], takeID[id] = true, true

@@ -20,7 +20,11 @@ import (
 )
 
 // peerSecurity is the peer service's authentication and transport
-// security, built once from Config.PeerToken and PeerTLS.
+// security, built once from Config.Trust, PeerTLS and PeerToken: the
+// operator's PeerTLS files when given, else mutual TLS under the cluster
+// CA (Trust), else (Insecure) plaintext. A failed handshake is counted as
+// kvmesh_sync_peer_rejected_total{reason="handshake"}; no call reaches a
+// handler without it.
 type peerSecurity struct {
 	token    string
 	want     [32]byte // sha256 of token
@@ -42,6 +46,9 @@ func newPeerSecurity(cfg Config, rejected prometheus.Counter, input *prometheus.
 	if ps.client != nil && cfg.PeerTLSServerName != "" {
 		ps.client.ServerName = cfg.PeerTLSServerName
 	}
+	if ps.server == nil && cfg.Trust != nil {
+		ps.server, ps.client = cfg.Trust.TLSConfig(), cfg.Trust.TLSConfig()
+	}
 	return ps, nil
 }
 
@@ -52,7 +59,14 @@ func (ps *peerSecurity) serverOptions() []grpc.ServerOption {
 	if ps.server != nil {
 		creds = credentials.NewTLS(ps.server)
 	}
-	opts := config.GuardedServerOptions(creds, func(reason string) { ps.input.WithLabelValues(reason).Inc() })
+	opts := config.GuardedServerOptions(creds, func(reason string) {
+		ps.input.WithLabelValues(reason).Inc()
+		if reason == config.RejectHandshake && ps.server != nil && ps.server.ClientAuth == tls.RequireAndVerifyClientCert {
+			// Mutual TLS: a failed handshake is a caller that did not
+			// prove its identity.
+			ps.rejected.Inc()
+		}
+	})
 	if ps.token != "" {
 		opts = append(opts,
 			grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

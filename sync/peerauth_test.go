@@ -95,7 +95,8 @@ func TestPeerServiceTokenAndTLS(t *testing.T) {
 // snapshot requests on the peer port are refused and counted in
 // kvmesh_sync_peer_rejected_total; the peer still serves snapshots.
 func TestPeerServiceBadInputCounted(t *testing.T) {
-	gws := startCluster(t, 1, nil, func(c *Config) { c.PeerToken = "s3cret" })
+	plain := func(c *Config) { c.Trust, c.Insecure, c.PeerToken = nil, true, "s3cret" }
+	gws := startCluster(t, 1, nil, plain)
 	addr := gws[0].c.PeerAddr()
 	rejected := func(reason string) float64 {
 		return metricValue(t, gws[0].reg, "kvmesh_sync_peer_rejected_total", map[string]string{"reason": reason})
@@ -132,7 +133,7 @@ func TestPeerServiceBadInputCounted(t *testing.T) {
 		require.Error(t, st.RecvMsg(new([]byte)), "an undecodable request is refused")
 	}
 	require.Equal(t, 2.0, rejected(config.RejectMalformed))
-	g := newGW(t, "puller", nil, func(c *Config) { c.PeerToken = "s3cret" })
+	g := newGW(t, "puller", nil, plain)
 	data, err := g.c.pullSnapshot(ctx, addr)
 	require.NoError(t, err, "the peer still serves snapshots")
 	require.NotEmpty(t, data)
@@ -149,6 +150,7 @@ func (rawCodec) Name() string                         { return "proto" }
 
 func TestPeerTLSConfigErrors(t *testing.T) {
 	cfg := LocalConfig("g")
+	cfg.Insecure = true
 	cfg.PeerTLS = config.TLSFiles{CAFile: "ca.pem"}
 	require.ErrorIs(t, cfg.Validate(), ErrInvalidConfig, "TLS without a certificate")
 

@@ -24,6 +24,7 @@ import (
 	"github.com/kvmesh/kvmesh/node"
 	kvsync "github.com/kvmesh/kvmesh/sync"
 	"github.com/kvmesh/kvmesh/sync/config"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // KVLink says how gateways receive an engine's KV events.
@@ -73,6 +74,10 @@ type Config struct {
 	// through NATS. Default false: standalone gateways that each subscribe
 	// to every engine.
 	ClusterMode bool
+	// ClusterKey is the gateways' cluster key (key text, as kvmesh keygen
+	// prints). Default "": Start generates one per cluster, as an
+	// operator would (Cluster.ClusterKey returns it).
+	ClusterKey string
 	// DataDir is the base directory for the gateways' raft data (one
 	// subdirectory per gateway id). Required with ClusterMode.
 	DataDir string
@@ -215,6 +220,13 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		l = slog.New(slog.DiscardHandler)
 	}
 	c := &Cluster{cfg: cfg, log: l, hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 10 * time.Second}}
+	if c.cfg.ClusterMode && c.cfg.ClusterKey == "" {
+		k, err := trust.Generate()
+		if err != nil {
+			return nil, err
+		}
+		c.cfg.ClusterKey = k
+	}
 	if cfg.Partitionable {
 		c.mesh = newMesh()
 	}
@@ -411,6 +423,9 @@ func (c *Cluster) startNATS() error {
 	return nil
 }
 
+// ClusterKey is the gateways' cluster key ("" unless ClusterMode).
+func (c *Cluster) ClusterKey() string { return c.cfg.ClusterKey }
+
 // AdminToken is the admin API token of gateways in ClusterMode.
 const AdminToken = "kvmesh-chaos-admin-token"
 
@@ -441,6 +456,7 @@ func (c *Cluster) gatewayConfig(i int, name string) node.Config {
 		cc.NodeID = name
 		cc.DataDir = filepath.Join(c.cfg.DataDir, name)
 		cc.AdminToken = AdminToken
+		cc.ClusterKey = c.cfg.ClusterKey
 		cc.NATSURL = c.cfg.NATSURL
 		cc.BootstrapExpect = c.cfg.BootstrapExpect
 		if cc.BootstrapExpect == 0 {

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
@@ -37,6 +38,7 @@ import (
 	peerv1 "github.com/kvmesh/kvmesh/proto/peer/v1"
 	kvsync "github.com/kvmesh/kvmesh/sync"
 	"github.com/kvmesh/kvmesh/sync/config"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // badBodies are malformed or hostile request bodies for the gateway's
@@ -551,33 +553,36 @@ func awaitCounter(t *testing.T, c *cluster.Cluster, name string, match map[strin
 	return c.GatewayCounter(name, match)
 }
 
-// peerPortBarrage: junk connections, calls without or with a wrong token
-// and undecodable snapshot requests on every gateway's peer-sync port.
+// peerPortBarrage: junk connections and calls without the cluster key
+// (plaintext, with or without a token) on every gateway's peer-sync port,
+// all refused in the mutual-TLS handshake, and undecodable snapshot
+// requests from a holder of the key.
 func peerPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 	t.Helper()
 	const metric = "kvmesh_sync_peer_rejected_total"
 	reason := func(r string) map[string]string { return map[string]string{"reason": r} }
-	pre, unauth, bad := c.GatewayCounter(metric, reason(config.RejectBadPreface)),
-		c.GatewayCounter(metric, reason(config.RejectUnauthenticated)), c.GatewayCounter(metric, reason(config.RejectMalformed))
+	hs, unauth, bad := c.GatewayCounter(metric, reason(config.RejectHandshake)),
+		c.GatewayCounter("kvmesh_sync_peer_unauthenticated_total", nil), c.GatewayCounter(metric, reason(config.RejectMalformed))
 	n := scale(4, 40)
-	wantPre, wantUnauth, wantBad := 0, 0, 0
+	wantHS, wantBad := 0, 0
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	desc := &grpc.StreamDesc{StreamName: "Snapshot", ServerStreams: true}
 	for _, g := range c.Gateways() {
 		addr := g.Node.Cluster().PeerAddr()
-		wantPre += grpcJunkConns(t, addr, rng, n)
-		for _, tok := range []string{"", "not-the-token"} {
+		grpcJunkConns(t, addr, rng, n)
+		wantHS += 3 * n // none of them is a TLS client hello
+		for _, tok := range []string{"", "not-the-token", cluster.AdminToken} {
 			conn := grpcConn(t, addr, tok)
 			st, err := peerv1.NewPeerClient(conn).Snapshot(ctx, &peerv1.SnapshotRequest{Cluster: "kvmesh", Requester: "intruder"})
 			if err == nil {
 				_, err = st.Recv()
 			}
-			require.Equal(t, codes.Unauthenticated, status.Code(err), "token %q: %v", tok, err)
+			require.Equal(t, codes.Unavailable, status.Code(err), "token %q: refused before any call: %v", tok, err)
 			require.NoError(t, conn.Close())
-			wantUnauth++
+			wantHS++
 		}
-		conn := grpcConn(t, addr, cluster.AdminToken)
+		conn := memberConn(t, c, addr)
 		for i := range n {
 			b := badProto(rng, i)
 			st, err := conn.NewStream(ctx, desc, peerv1.Peer_Snapshot_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
@@ -591,11 +596,23 @@ func peerPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 		}
 		require.NoError(t, conn.Close())
 	}
-	gotPre := awaitCounter(t, c, metric, reason(config.RejectBadPreface), pre+float64(wantPre)) - pre
-	gotUnauth := awaitCounter(t, c, metric, reason(config.RejectUnauthenticated), unauth+float64(wantUnauth)) - unauth
+	gotHS := awaitCounter(t, c, metric, reason(config.RejectHandshake), hs+float64(wantHS)) - hs
+	gotUnauth := awaitCounter(t, c, "kvmesh_sync_peer_unauthenticated_total", nil, unauth+float64(wantHS)) - unauth
 	gotBad := awaitCounter(t, c, metric, reason(config.RejectMalformed), bad+float64(wantBad)) - bad
-	return fmt.Sprintf("%d junk connections (%d with no valid HTTP/2 preface), %d bad tokens, %d malformed requests -> counted bad_preface %.0f unauthenticated %.0f malformed %.0f",
-		3*wantPre/2, wantPre, wantUnauth, wantBad, gotPre, gotUnauth, gotBad)
+	return fmt.Sprintf("%d junk or keyless connections -> counted handshake %.0f (unauthenticated %.0f); %d malformed requests from a key holder -> counted malformed %.0f",
+		wantHS, gotHS, gotUnauth, wantBad, gotBad)
+}
+
+// memberConn dials addr's peer port as a holder of the cluster key would.
+func memberConn(t *testing.T, c *cluster.Cluster, addr string) *grpc.ClientConn {
+	t.Helper()
+	keys, err := trust.ParseKeys(c.ClusterKey())
+	require.NoError(t, err)
+	ring, err := trust.New(keys, "barrage")
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(ring.TLSConfig())))
+	require.NoError(t, err)
+	return conn
 }
 
 // versions lists every gateway's applied config version and its store's.
@@ -746,7 +763,9 @@ func adminHTTPBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 
 // raftPortBarrage: random bytes (an unknown RPC type), a valid RPC type
 // byte followed by junk, and truncated RPC headers on every gateway's raft
-// port. The legitimate raft traffic before it must not have counted any
+// port. None proves the cluster key: each is closed in the TLS handshake
+// and counted "unauthenticated", and raft's decoder never sees a byte of
+// it. The legitimate raft traffic before it must not have counted any
 // transport error.
 func raftPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 	t.Helper()
@@ -767,9 +786,10 @@ func raftPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 			sendAndClose(t, addr, []byte{byte(rng.IntN(4)), 0x8f, 0xa4, 'T', 'e'})
 		}
 	}
-	decode := awaitCounter(t, c, metric, kind("decode"), float64(2*n*3))
-	truncated := awaitCounter(t, c, metric, kind("truncated"), float64(n*3))
-	return fmt.Sprintf("%d junk connections -> counted decode %.0f truncated %.0f", 3*n*3, decode, truncated)
+	unauth := awaitCounter(t, c, metric, kind("unauthenticated"), float64(3*n*3))
+	require.Zero(t, c.GatewayCounter(metric, kind("decode"))+c.GatewayCounter(metric, kind("truncated")),
+		"raft read none of the junk")
+	return fmt.Sprintf("%d junk connections -> counted unauthenticated %.0f, decode+truncated 0", 3*n*3, unauth)
 }
 
 // natsBarrage publishes undecodable and forged messages on every subject
@@ -783,8 +803,8 @@ func natsBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 	subjects := []string{prefix + ".delta.decisions", prefix + ".kv.e0", prefix + ".kv.ghost", prefix + ".load.g0", prefix + ".digest"}
 	malformed := map[string]string{"source": "nats"}
 	before := c.GatewayCounter("kvmesh_sync_messages_malformed_total", malformed)
-	unknown := map[string]string{"kind": "kv", "reason": "unknown_replica"}
-	unknownBefore := c.GatewayCounter("kvmesh_sync_deltas_dropped_total", unknown)
+	notOwner := map[string]string{"source": "nats", "reason": "not_owner"}
+	notOwnerBefore := c.GatewayCounter("kvmesh_sync_kv_rejected_total", notOwner)
 	n := scale(20, 200)
 	sent := 0
 	for _, s := range subjects {
@@ -798,10 +818,9 @@ func natsBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 		}
 	}
 	// Well-formed messages that break the protocol: decision batches with
-	// sequence number 0 (counted malformed), and KV batches for a replica
-	// without a name (dropped as unknown_replica). (Batches about a name
-	// the gateway has not configured yet are kept on purpose, up to a
-	// bound: a config change may add that replica later.)
+	// sequence number 0 (counted malformed), and KV resets for a replica
+	// without a name from a sender that owns no engine (refused as
+	// not_owner: only an engine's owner may reset its view).
 	for i := range n {
 		now := time.Now().UnixNano()
 		d, err := kvsync.AppendDecisions(nil, &kvsync.DecisionBatch{Origin: "intruder#1", Seq: 0, SentAt: now,
@@ -816,9 +835,9 @@ func natsBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 	require.NoError(t, nc.Flush())
 	// Every gateway receives every message.
 	got := awaitCounter(t, c, "kvmesh_sync_messages_malformed_total", malformed, before+float64(3*sent)) - before
-	dropped := awaitCounter(t, c, "kvmesh_sync_deltas_dropped_total", unknown, unknownBefore+float64(3*n)) - unknownBefore
-	return fmt.Sprintf("%d junk or seq-0 messages on %d subjects -> %.0f counted malformed over 3 gateways; %d KV batches without a replica -> %.0f dropped unknown_replica",
-		sent, len(subjects), got, n, dropped)
+	refused := awaitCounter(t, c, "kvmesh_sync_kv_rejected_total", notOwner, notOwnerBefore+float64(3*n)) - notOwnerBefore
+	return fmt.Sprintf("%d junk or seq-0 messages on %d subjects -> %.0f counted malformed over 3 gateways; %d KV resets from a non-owner -> %.0f refused not_owner",
+		sent, len(subjects), got, n, refused)
 }
 
 // rewriteConfig writes the current config again (compare-and-set on its

@@ -32,7 +32,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServeCmd(), newExplainCmd(), newDoctorCmd(), newVersionCmd())
+	root.AddCommand(newServeCmd(), newExplainCmd(), newDoctorCmd(), newVersionCmd(), newKeygenCmd())
 	// kvmesh config get|set|patch|edit and kvmesh members, over the admin
 	// gRPC API (--admin-addr, --token).
 	root.AddCommand(admincli.Commands()...)
@@ -75,8 +75,10 @@ member: memberlist gossip (--gossip-addr), an embedded NATS server (or
 --nats-url), the peer snapshot service (--peer-addr), the admin gRPC API
 (--admin-addr; the same API over HTTP/JSON is served on --http-addr under
 /admin/v1/), raft (--raft-addr, --data-dir). The admin token comes from
---admin-token, $KVMESH_ADMIN_TOKEN or --admin-token-file; the gossip key
-(base64) from --gossip-key-file or $KVMESH_GOSSIP_KEY.`,
+--admin-token, $KVMESH_ADMIN_TOKEN or --admin-token-file. Cluster mode needs
+the cluster key (kvmesh keygen) from --cluster-key-file or $KVMESH_CLUSTER_KEY:
+it encrypts gossip and authenticates raft, the peer port and NATS; --insecure
+is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := f.config(cmd.Flags())
@@ -126,17 +128,17 @@ member: memberlist gossip (--gossip-addr), an embedded NATS server (or
 	fl.StringVar(&c.Name, "cluster-name", c.Name, "cluster name (namespaces NATS subjects; peers of another cluster are ignored)")
 	fl.StringVar(&c.NodeID, "node-id", c.NodeID, "this gateway's unique, stable id (default: the host name)")
 	fl.StringVar(&c.Profile, "cluster-profile", c.Profile, "cluster timing: lan, or local for loopback clusters")
-	fl.StringVar(&c.GossipAddr, "gossip-addr", c.GossipAddr, "memberlist bind address (UDP and TCP)")
+	fl.StringVar(&c.GossipAddr, "gossip-addr", c.GossipAddr, "memberlist bind address (UDP and TCP); all interfaces by default because peers on other hosts must reach it, and gossip is encrypted and authenticated with the cluster key")
 	fl.StringVar(&c.AdvertiseAddr, "advertise-addr", c.AdvertiseAddr, "gossip address peers use when it differs from --gossip-addr")
 	fl.StringSliceVar(&c.Join, "join", c.Join, "seed gateways' gossip addresses (repeatable or comma-separated)")
-	fl.StringVar(&c.GossipKeyFile, "gossip-key-file", c.GossipKeyFile, "file with the base64 gossip encryption key (else $KVMESH_GOSSIP_KEY)")
+	fl.StringVar(&c.GossipKeyFile, "gossip-key-file", c.GossipKeyFile, "file with a base64 gossip key used instead of the one derived from the cluster key (else $KVMESH_GOSSIP_KEY)")
 	fl.StringVar(&c.NATSURL, "nats-url", c.NATSURL, "external NATS cluster URLs (default: an embedded server per gateway)")
-	fl.StringVar(&c.NATSClientAddr, "nats-client-addr", c.NATSClientAddr, "embedded NATS client listen address")
-	fl.StringVar(&c.NATSClusterAddr, "nats-cluster-addr", c.NATSClusterAddr, "embedded NATS route listen address")
-	fl.StringVar(&c.PeerAddr, "peer-addr", c.PeerAddr, "gRPC peer service (index snapshots) listen address")
-	fl.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin gRPC listen address (config writes are forwarded here)")
+	fl.StringVar(&c.NATSClientAddr, "nats-client-addr", c.NATSClientAddr, "embedded NATS client listen address; loopback by default: only this gateway connects (with a token derived from the cluster key)")
+	fl.StringVar(&c.NATSClusterAddr, "nats-cluster-addr", c.NATSClusterAddr, "embedded NATS route listen address; all interfaces by default because peers' servers dial it, and every route must prove the cluster key (mutual TLS and password)")
+	fl.StringVar(&c.PeerAddr, "peer-addr", c.PeerAddr, "gRPC peer service (index snapshots, forwarded config writes) listen address; all interfaces by default because peers dial it, and every connection must prove the cluster key (mutual TLS)")
+	fl.StringVar(&c.AdminAddr, "admin-addr", c.AdminAddr, "admin gRPC listen address (operators' tools); all interfaces by default, every call needs the admin token")
 	fl.StringVar(&c.AdvertiseAdminAddr, "advertise-admin-addr", c.AdvertiseAdminAddr, "admin address peers dial when it differs from --admin-addr")
-	fl.StringVar(&c.RaftAddr, "raft-addr", c.RaftAddr, "raft listen address")
+	fl.StringVar(&c.RaftAddr, "raft-addr", c.RaftAddr, "raft listen address; all interfaces by default because peers dial it, and every connection must prove the cluster key (mutual TLS) before raft reads it")
 	fl.StringVar(&c.RaftAdvertiseAddr, "raft-advertise-addr", c.RaftAdvertiseAddr, "raft address peers dial when it differs from --raft-addr")
 	fl.StringVar(&c.DataDir, "data-dir", c.DataDir, "raft log and config snapshots (keep across restarts)")
 	fl.IntVar(&c.BootstrapExpect, "bootstrap-expect", c.BootstrapExpect, "raft voters: the first N gateways form the config cluster")
@@ -145,13 +147,14 @@ member: memberlist gossip (--gossip-addr), an embedded NATS server (or
 	fl.StringVar(&c.AdminTLS.CertFile, "admin-tls-cert", "", "admin gRPC TLS certificate (PEM)")
 	fl.StringVar(&c.AdminTLS.KeyFile, "admin-tls-key", "", "admin gRPC TLS key (PEM)")
 	fl.StringVar(&c.AdminTLS.CAFile, "admin-tls-ca", "", "CA for admin gRPC peers and clients (PEM)")
-	fl.StringVar(&c.RaftTLS.CertFile, "raft-tls-cert", "", "raft mutual-TLS certificate (PEM)")
+	fl.StringVar(&c.RaftTLS.CertFile, "raft-tls-cert", "", "raft mutual-TLS certificate (PEM), your own CA instead of the cluster key's")
 	fl.StringVar(&c.RaftTLS.KeyFile, "raft-tls-key", "", "raft mutual-TLS key (PEM)")
 	fl.StringVar(&c.RaftTLS.CAFile, "raft-tls-ca", "", "raft mutual-TLS CA (PEM)")
-	fl.StringVar(&c.PeerTLS.CertFile, "peer-tls-cert", "", "peer snapshot service TLS certificate (PEM)")
+	fl.StringVar(&c.PeerTLS.CertFile, "peer-tls-cert", "", "peer service TLS certificate (PEM), your own CA instead of the cluster key's")
 	fl.StringVar(&c.PeerTLS.KeyFile, "peer-tls-key", "", "peer snapshot service TLS key (PEM)")
 	fl.StringVar(&c.PeerTLS.CAFile, "peer-tls-ca", "", "CA peers' snapshot-service certificates are verified against; requires client certificates (PEM)")
 	fl.StringVar(&c.PeerTLSServerName, "peer-tls-server-name", "", "name peers' snapshot-service certificates are verified against instead of the dialled host")
+	addClusterTrustFlags(fl, c)
 	return cmd, f
 }
 
@@ -226,6 +229,7 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("peer-tls-key", func() { c.PeerTLS.KeyFile = fc.PeerTLS.KeyFile })
 	set("peer-tls-ca", func() { c.PeerTLS.CAFile = fc.PeerTLS.CAFile })
 	set("peer-tls-server-name", func() { c.PeerTLSServerName = fc.PeerTLSServerName })
+	applyClusterTrustFlags(set, c, fc)
 
 	for _, spec := range f.replicas {
 		r, model, err := node.ParseReplicaSpec(spec)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/sync/config"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 func parseServe(t *testing.T, args ...string) (node.Config, error) {
@@ -202,6 +203,7 @@ func TestClusterAdminCommands(t *testing.T) {
 	cfg.Cluster.BootstrapExpect = 1
 	cfg.Cluster.AdminToken = "tok"
 	cfg.Cluster.AdminAddr = adminAddr
+	cfg.Cluster.ClusterKey = mustKey(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, cfg, slog.New(slog.DiscardHandler)) }()
@@ -249,4 +251,55 @@ func TestAdminCommandsDefaultToGatewayAdminAddr(t *testing.T) {
 		require.NotNil(t, f, "%v", path)
 		assert.Equal(t, net.JoinHostPort("127.0.0.1", listenPort), f.DefValue, "%v", path)
 	}
+}
+
+func mustKey(t *testing.T) string {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := newRootCmd()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"keygen"})
+	require.NoError(t, cmd.Execute())
+	return strings.TrimSpace(out.String())
+}
+
+// TestServeClusterNeedsKey: kvmesh serve in cluster mode without a key and
+// without --insecure exits with a message that says how to make a key;
+// keygen's keys parse and --cluster-key-file and --insecure reach the
+// config.
+func TestServeClusterNeedsKey(t *testing.T) {
+	t.Setenv(node.ClusterKeyEnv, "")
+	t.Setenv("KVMESH_ADMIN_TOKEN", "tok")
+	cmd := newRootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs([]string{"serve", "--model", "M", "--replica", "a=http://127.0.0.1:1", "--cluster", "--node-id", "gw",
+		"--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0", "--cluster-profile", "local", "--bootstrap-expect", "1",
+		"--gossip-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--raft-addr", "127.0.0.1:0",
+		"--nats-client-addr", "127.0.0.1:0", "--nats-cluster-addr", "127.0.0.1:0"})
+	done := make(chan error, 1)
+	go func() { done <- cmd.Execute() }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, node.ErrNoClusterKey)
+		assert.Contains(t, err.Error(), "kvmesh keygen > cluster.key")
+		assert.Contains(t, err.Error(), "--cluster-key-file cluster.key")
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve without a cluster key did not exit")
+	}
+
+	k1, k2 := mustKey(t), mustKey(t)
+	assert.NotEqual(t, k1, k2)
+	keys, err := trust.ParseKeys(k1)
+	require.NoError(t, err)
+	assert.Len(t, keys[0], 32)
+
+	cfg, err := parseServe(t, "--model", "M", "--replica", "a=http://h:1", "--cluster", "--cluster-key-file", "/k",
+		"--insecure", "--nats-url", "nats://n:4222", "--nats-credentials-file", "n.creds", "--nats-tls-ca", "ca.pem")
+	require.NoError(t, err)
+	assert.Equal(t, "/k", cfg.Cluster.ClusterKeyFile)
+	assert.True(t, cfg.Cluster.Insecure)
+	assert.Equal(t, "n.creds", cfg.Cluster.NATSCredentialsFile)
+	assert.Equal(t, "ca.pem", cfg.Cluster.NATSTLS.CAFile)
 }

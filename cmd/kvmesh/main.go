@@ -9,10 +9,11 @@
 //	kvmesh config get|set|patch|edit --admin-addr 127.0.0.1:7948
 //	kvmesh members --admin-addr 127.0.0.1:7948
 //	kvmesh version
+//	kvmesh keygen > cluster.key     # the cluster key (--cluster-key-file)
 //
 // A three-gateway cluster on one machine (tokens from the environment):
 //
-//	export KVMESH_ADMIN_TOKEN=secret
+//	export KVMESH_ADMIN_TOKEN=secret KVMESH_CLUSTER_KEY=$(kvmesh keygen)
 //	kvmesh serve --node-id a --cluster --cluster-profile local --http-addr 127.0.0.1:8080 \
 //	    --gossip-addr 127.0.0.1:7946 --nats-client-addr 127.0.0.1:4222 --nats-cluster-addr 127.0.0.1:6222 \
 //	    --peer-addr 127.0.0.1:7947 --admin-addr 127.0.0.1:7948 --raft-addr 127.0.0.1:7949 \

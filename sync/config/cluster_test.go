@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -231,5 +230,3 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 func electionBound(cfg StoreConfig) time.Duration {
 	return cfg.HeartbeatTimeout + 6*cfg.ElectionTimeout + 2*time.Second
 }
-
-func dataDirOf(nd *testNode) string { return filepath.Join(nd.dir, "raft") }

@@ -34,8 +34,10 @@
 // its router atomically and no request sees half a config.
 //
 // Writes may be sent to any node. A follower forwards the encoded command to
-// the leader's admin gRPC address (Member.AdminAddr of the leader's raft
-// id) with the cluster's admin token; a node that receives a forward but is
+// the leader's Member.ForwardAddr (node: its peer port, authenticated by the
+// cluster key's mutual TLS; PeerForwarder serves Forward and Status there),
+// or, without one, its admin gRPC address with StoreConfig.Forward's
+// credentials; a node that receives a forward but is
 // no longer leader answers ErrNotLeader and the sender re-resolves. When no
 // leader can commit within ApplyTimeout (a minority partition, a cluster
 // still forming) the write fails with ErrNoQuorum (gRPC Unavailable,

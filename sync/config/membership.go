@@ -15,12 +15,26 @@ type Member struct {
 	ID string
 	// RaftAddr is the host:port of the gateway's raft transport.
 	RaftAddr string
-	// AdminAddr is the host:port of the gateway's gRPC admin service,
-	// where followers forward writes.
+	// AdminAddr is the host:port of the gateway's gRPC admin service
+	// (operators).
 	AdminAddr string
+	// ForwardAddr is where other gateways send it forwarded writes and
+	// bootstrap status probes (Forward and Status): its peer port, which
+	// requires the cluster key, so no gateway sends a credential to a
+	// member that has not proven the key. "" = AdminAddr (with
+	// StoreConfig.Forward's token: single-purpose setups and tests).
+	ForwardAddr string
 	// Meta is free-form metadata (version, other addresses); shown by
 	// Members, otherwise ignored.
 	Meta map[string]string
+}
+
+// forwardAddr is where forwarded writes and status probes to m go.
+func (m Member) forwardAddr() string {
+	if m.ForwardAddr != "" {
+		return m.ForwardAddr
+	}
+	return m.AdminAddr
 }
 
 // Membership is what the store needs from the cluster membership layer

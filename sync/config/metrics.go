@@ -40,7 +40,10 @@ type metrics struct {
 	// otherwise only logs: kind "decode" (a connection sent bytes that are
 	// not a raft RPC: junk, an unknown RPC type, a malformed message),
 	// "truncated" (a connection that ended inside a request), "accept",
-	// "flush" or "other". See transportLogger and countingLayer.
+	// "flush", "unauthenticated" (a connection that failed the mutual-TLS
+	// handshake: no certificate or none from the cluster CA; closed before
+	// raft read a byte) or "other". See transportLogger, countingLayer and
+	// tlsStreamLayer.
 	raftTransportErrors *prometheus.CounterVec
 }
 
@@ -76,12 +79,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"api", "reason"}),
 		raftTransportErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_config_raft_transport_errors_total",
-			Help: "Errors on this node's raft port that raft's transport only logs, by kind (decode: bytes that are not a raft RPC; truncated: a connection that ended inside a request; accept; flush; other).",
+			Help: "Errors on this node's raft port that raft's transport only logs, by kind (unauthenticated: a connection that failed the mutual-TLS handshake, closed before raft read it; decode: bytes that are not a raft RPC; truncated: a connection that ended inside a request; accept; flush; other).",
 		}, []string{"kind"}),
 	}
 	m.applies.WithLabelValues("applied")
 	m.applies.WithLabelValues("rejected")
 	m.forwarded.WithLabelValues("ok")
+	// Exported at 0 from the start: the cluster-key alert reads it.
+	m.raftTransportErrors.WithLabelValues("unauthenticated")
 	m.forwarded.WithLabelValues("error")
 	if reg == nil {
 		return m, nil

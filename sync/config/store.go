@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -193,7 +194,23 @@ func (s *Store) newNetworkTransport(hlog hclog.Logger) (*raft.NetworkTransport, 
 		MaxPool:               3,
 		Timeout:               10 * time.Second,
 	}
-	if !s.cfg.RaftTLS.Enabled() {
+	unauthenticated := func(error) { s.metrics.raftTransportErrors.WithLabelValues("unauthenticated").Inc() }
+	var srv, cli *tls.Config
+	switch {
+	case s.cfg.RaftTLS.Enabled():
+		var err error
+		if srv, err = s.cfg.RaftTLS.ServerConfig(); err != nil {
+			return nil, err
+		}
+		if cli, err = s.cfg.RaftTLS.ClientConfig(); err != nil {
+			return nil, err
+		}
+		if len(cli.Certificates) == 0 {
+			cli.Certificates = srv.Certificates
+		}
+	case s.cfg.Trust != nil:
+		srv, cli = s.cfg.Trust.TLSConfig(), s.cfg.Trust.TLSConfig()
+	default:
 		layer, err := newTCPStreamLayer(s.cfg.RaftBindAddr, adv)
 		if err != nil {
 			return nil, fmt.Errorf("config: raft transport: %w", err)
@@ -201,18 +218,7 @@ func (s *Store) newNetworkTransport(hlog hclog.Logger) (*raft.NetworkTransport, 
 		tc.Stream = countingLayer{StreamLayer: layer, errs: s.metrics.raftTransportErrors}
 		return raft.NewNetworkTransportWithConfig(tc), nil
 	}
-	srv, err := s.cfg.RaftTLS.ServerConfig()
-	if err != nil {
-		return nil, err
-	}
-	cli, err := s.cfg.RaftTLS.ClientConfig()
-	if err != nil {
-		return nil, err
-	}
-	if len(cli.Certificates) == 0 {
-		cli.Certificates = srv.Certificates
-	}
-	layer, err := newTLSStreamLayer(s.cfg.RaftBindAddr, adv, srv, cli)
+	layer, err := newTLSStreamLayer(s.cfg.RaftBindAddr, adv, srv, cli, unauthenticated)
 	if err != nil {
 		return nil, fmt.Errorf("config: raft transport: %w", err)
 	}
@@ -563,10 +569,10 @@ func (s *Store) forward(ctx context.Context, data []byte) (uint64, error) {
 		return 0, errNoLeader
 	}
 	m, ok := lookup(s.cfg.Membership, lid)
-	if !ok || m.AdminAddr == "" {
+	if !ok || m.forwardAddr() == "" {
 		return 0, fmt.Errorf("%w: leader %s has no admin address in membership", errNoLeader, lid)
 	}
-	c, err := s.client(m.AdminAddr)
+	c, err := s.client(m.forwardAddr())
 	if err != nil {
 		return 0, err
 	}
@@ -604,7 +610,7 @@ func (s *Store) client(addr string) (*Client, error) {
 func (s *Store) pruneClients() {
 	live := map[string]bool{}
 	for _, m := range s.cfg.Membership.Members() {
-		live[m.AdminAddr] = true
+		live[m.forwardAddr()] = true
 	}
 	s.clientsMu.Lock()
 	defer s.clientsMu.Unlock()
@@ -759,10 +765,10 @@ func (s *Store) tryBootstrap(now time.Time) (done bool, wait time.Duration) {
 func (s *Store) formedPeer(members []Member) string {
 	timeout := min(s.cfg.ApplyTimeout/4, time.Second)
 	for _, m := range members {
-		if m.ID == s.cfg.NodeID || m.AdminAddr == "" {
+		if m.ID == s.cfg.NodeID || m.forwardAddr() == "" {
 			continue
 		}
-		c, err := s.client(m.AdminAddr)
+		c, err := s.client(m.forwardAddr())
 		if err != nil {
 			continue
 		}

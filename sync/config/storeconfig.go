@@ -7,6 +7,8 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // StoreConfig configures a Store. Start from DefaultStoreConfig
@@ -27,9 +29,19 @@ type StoreConfig struct {
 	// RaftAdvertiseAddr is the address peers dial, when it differs from
 	// the bind address (NAT, containers). Default "" (the bound address).
 	RaftAdvertiseAddr string
-	// RaftTLS, when enabled, runs raft over mutual TLS: every node needs
-	// CertFile and KeyFile, and CAFile to verify its peers. Default off.
+	// RaftTLS, when enabled, runs raft over mutual TLS with the
+	// operator's certificates: every node needs CertFile and KeyFile, and
+	// CAFile to verify its peers. It takes precedence over Trust. Default
+	// off.
 	RaftTLS TLSFiles
+	// Trust, when set (and RaftTLS is not), runs raft over mutual TLS
+	// under the cluster CA derived from the cluster key: a connection
+	// that does not prove the key is closed before raft reads a command
+	// and counted as kvmesh_config_raft_transport_errors_total{kind=
+	// "unauthenticated"}. Neither: plaintext raft, which anyone who
+	// reaches RaftBindAddr can drive (node allows it only with
+	// --insecure). Default nil.
+	Trust *trust.Ring
 	// Transport replaces the TCP transport, e.g. with raft's
 	// InmemTransport to simulate partitions in tests. The caller owns it
 	// (Shutdown does not close it). Default nil.

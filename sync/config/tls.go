@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // TLSFiles names PEM files for a TLS endpoint. The zero value means no TLS.
@@ -86,7 +88,10 @@ func loadPool(file string) (*x509.CertPool, error) {
 }
 
 // tlsStreamLayer is a raft.StreamLayer over TLS: raft's network transport
-// with a TLS listener and dialer.
+// with a TLS listener and dialer. The listener (trust.Listener) completes
+// each handshake before raft sees the connection: a peer without a valid
+// certificate is closed before raft reads a command, and counted by
+// reject.
 type tlsStreamLayer struct {
 	net.Listener
 	advertise net.Addr
@@ -95,7 +100,7 @@ type tlsStreamLayer struct {
 
 var _ raft.StreamLayer = (*tlsStreamLayer)(nil)
 
-func newTLSStreamLayer(bind string, advertise net.Addr, server, client *tls.Config) (*tlsStreamLayer, error) {
+func newTLSStreamLayer(bind string, advertise net.Addr, server, client *tls.Config, reject func(error)) (*tlsStreamLayer, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
 		return nil, err
@@ -103,7 +108,11 @@ func newTLSStreamLayer(bind string, advertise net.Addr, server, client *tls.Conf
 	if advertise == nil {
 		advertise = ln.Addr()
 	}
-	return &tlsStreamLayer{Listener: tls.NewListener(ln, server), advertise: advertise, client: client}, nil
+	if a, ok := advertise.(*net.TCPAddr); !ok || a.IP == nil || a.IP.IsUnspecified() {
+		_ = ln.Close()
+		return nil, fmt.Errorf("%w: raft address %v is not advertisable (set RaftAdvertiseAddr)", ErrInvalidStoreConfig, advertise)
+	}
+	return &tlsStreamLayer{Listener: trust.NewListener(ln, server, 0, reject), advertise: advertise, client: client}, nil
 }
 
 func (l *tlsStreamLayer) Addr() net.Addr { return l.advertise }

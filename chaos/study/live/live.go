@@ -44,6 +44,7 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/chaos/study/httpenv"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // ErrInvalidConfig is returned by Config.Validate.
@@ -217,7 +218,7 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 		endpoints = append(endpoints, httpenv.Endpoint{Name: name, URL: s.URL()})
 	}
 	var gateways []string
-	var clusterName, token string
+	var clusterName, token, clusterKey string
 	if cfg.Clustered() {
 		dir, err := os.MkdirTemp("", "kvbench-cluster-")
 		if err != nil {
@@ -228,6 +229,9 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 		_, _ = rand.Read(b[:])
 		clusterName = "kvbench-" + hex.EncodeToString(b[:4])
 		token = hex.EncodeToString(b[4:])
+		if clusterKey, err = trust.Generate(); err != nil {
+			return fail(fmt.Errorf("live: cluster key: %w", err))
+		}
 	}
 	for g := range cfg.Gateways {
 		nc := node.LocalConfig()
@@ -238,6 +242,7 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 			nc.Cluster.DataDir = filepath.Join(w.dataDir, nc.Cluster.NodeID)
 			nc.Cluster.BootstrapExpect = cfg.Gateways
 			nc.Cluster.AdminToken = token
+			nc.Cluster.ClusterKey = clusterKey
 			nc.Cluster.StartTimeout = cfg.ClusterTimeout
 			if g > 0 {
 				nc.Cluster.Join = []string{w.nodes[0].Cluster().GossipAddr()}

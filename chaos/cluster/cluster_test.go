@@ -190,7 +190,7 @@ func TestClusterModeSharesTheIndex(t *testing.T) {
 		defer cancel()
 		require.NoError(t, c.Shutdown(sctx))
 	}()
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, deadlineScale*30*time.Second)
 	defer cancel()
 	require.NoError(t, c.WarmUp(wctx))
 	t.Logf("3 gateways ready and warm in %v", time.Since(start).Round(time.Millisecond))

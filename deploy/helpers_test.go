@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -63,7 +62,12 @@ func goTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
+	// Not on PATH: $GOROOT (go test sets it for the test binary), else
+	// the usual install location.
+	if root := os.Getenv("GOROOT"); root != "" {
+		return filepath.Join(root, "bin", "go")
+	}
+	return "/usr/local/go/bin/go"
 }
 
 // binaries builds kvmesh, vllmsim and kvbench (CGO_ENABLED=0, as the

@@ -380,18 +380,6 @@ func (x *Index) clearLedger(idx uint32, l Ledger) int {
 	return c
 }
 
-// count returns the number of entries of node idx over all ledgers.
-func (x *Index) count(idx uint32) int {
-	n := &x.nodes[idx]
-	c := bits.OnesCount64(n.masks[0]) + bits.OnesCount64(n.masks[1]) + bits.OnesCount64(n.masks[2])
-	if n.flags.Load()&flagOvf != 0 {
-		for _, e := range x.ovf[n.key] {
-			c += bits.OnesCount8(e.ledgers)
-		}
-	}
-	return c
-}
-
 func (x *Index) freeIfEmpty(idx uint32) bool {
 	n := &x.nodes[idx]
 	if n.masks[0]|n.masks[1]|n.masks[2] != 0 || n.flags.Load()&flagOvf != 0 {

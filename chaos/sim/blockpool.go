@@ -159,10 +159,8 @@ func (p *blockPool) usage() float64 {
 	return float64(p.numUsed()) / float64(len(p.blocks))
 }
 
-// lookup returns the cached block with hash h, or nil.
-func (p *blockPool) lookup(h kvevents.EngineHash) *block { return p.cache[h] }
-
-// lookupAfter is lookup for the block that follows prev (nil for a
+// lookupAfter returns the cached block with hash h (nil if none) that
+// follows prev (nil for a
 // sequence's first block) in a chain. Requests of one prefix walk the same
 // chain, so prev's child hint usually answers without the map: only one
 // block is cached per hash, so a cached block holding h is p.cache[h].

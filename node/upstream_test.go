@@ -151,14 +151,26 @@ func TestEachChunkReachesClientBeforeEngineSendsNext(t *testing.T) {
 // TestUpstreamConnectionsAreReused: sequential streams to one replica
 // share one keep-alive connection.
 func TestUpstreamConnectionsAreReused(t *testing.T) {
-	e := newFakeEngine(t, "a")
 	var conns atomic.Int64
-	e.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/completions" { // health checks and scrapes
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, ev := range strings.SplitAfter(streamBody("a", 5), "\n\n") {
+			_, _ = io.WriteString(w, ev)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateNew {
 			conns.Add(1)
 		}
 	}
-	n := startNode(t, func(c *Config) { c.HealthInterval, c.ScrapeInterval = 0, 0 }, rc("a", e.url()))
+	srv.Start()
+	t.Cleanup(srv.Close)
+	n := startNode(t, func(c *Config) { c.HealthInterval, c.ScrapeInterval = 0, 0 }, rc("a", srv.URL))
 	for i := 0; i < 5; i++ {
 		resp := post(t, n, "/v1/completions", streamReq, nil)
 		require.Equal(t, http.StatusOK, resp.StatusCode)

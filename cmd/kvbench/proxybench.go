@@ -320,6 +320,32 @@ func readStat(pid int) (procStat, error) {
 // clkTck is USER_HZ: 100 on every Linux architecture Go runs on.
 const clkTck = 100
 
+// ctxSwitches sums the voluntary and involuntary context switches of every
+// thread of pids (/proc/pid/task/*/status): each is a thread going to
+// sleep or being put off the CPU, the cost a busy small machine pays most.
+func ctxSwitches(pids []int) int64 {
+	var n int64
+	for _, p := range pids {
+		tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", p, t.Name()))
+			if err != nil {
+				continue
+			}
+			for _, l := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(l, "voluntary_ctxt_switches:"); ok {
+					x, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					n += x
+				} else if v, ok := strings.CutPrefix(l, "nonvoluntary_ctxt_switches:"); ok {
+					x, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					n += x
+				}
+			}
+		}
+	}
+	return n
+}
+
 func cpuTicks(pids []int) int64 {
 	var t int64
 	for _, p := range pids {
@@ -359,7 +385,34 @@ type target struct {
 	name   string
 	urls   []string // round-robin
 	client *http.Client
-	proc   *proc // nil for direct
+	proc   *proc  // nil for direct
+	gcURL  string // kvmesh's /metrics, read for its GC cycle count
+}
+
+// gcCycles reads go_gc_duration_seconds_count from a Go process's
+// Prometheus /metrics; -1 when it cannot.
+func gcCycles(url string) int64 {
+	if url == "" {
+		return -1
+	}
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_gc_duration_seconds_count "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				return -1
+			}
+			return int64(n)
+		}
+	}
+	return -1
 }
 
 // sample is what one block measured for one target.
@@ -367,6 +420,8 @@ type sample struct {
 	ttfb, gaps []time.Duration
 	requests   int
 	ticks      int64
+	switches   int64 // context switches of the target's threads
+	gcs        int64 // GC cycles (kvmesh only; -1 unknown)
 	failures   int
 	firstErr   error
 }
@@ -384,7 +439,8 @@ func runBlock(ctx context.Context, t *target, bodies func(int) []byte, want []by
 	if t.proc != nil {
 		pids = t.proc.pids()
 	}
-	t0 := cpuTicks(pids)
+	gc0 := gcCycles(t.gcURL)
+	t0, sw0 := cpuTicks(pids), ctxSwitches(pids)
 	for i := 0; i < conc; i++ {
 		wg.Add(1)
 		go func() {
@@ -426,6 +482,11 @@ func runBlock(ctx context.Context, t *target, bodies func(int) []byte, want []by
 	}
 	wg.Wait()
 	s.ticks = cpuTicks(pids) - t0
+	s.switches = ctxSwitches(pids) - sw0
+	s.gcs = -1
+	if gc1 := gcCycles(t.gcURL); gc0 >= 0 && gc1 >= 0 {
+		s.gcs = gc1 - gc0
+	}
 	return s
 }
 
@@ -523,6 +584,8 @@ type proxyRow struct {
 	GapP99ms     float64 `json:"gap_p99_ms"`
 	AddedGapP99  float64 `json:"added_gap_p99_ms"`
 	CPUPer1000s  float64 `json:"cpu_s_per_1000"` // -1 for direct
+	Switches1000 float64 `json:"context_switches_per_1000"`
+	GC1000       float64 `json:"gc_cycles_per_1000,omitempty"` // kvmesh only
 	Syscalls1000 float64 `json:"syscalls_per_1000,omitempty"`
 	FirstError   string  `json:"first_error,omitempty"`
 }
@@ -683,6 +746,10 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 				a.requests += s.requests
 				a.failures += s.failures
 				a.ticks += s.ticks
+				a.switches += s.switches
+				if s.gcs >= 0 {
+					a.gcs += s.gcs
+				}
 				if a.firstErr == nil {
 					a.firstErr = s.firstErr
 				}
@@ -703,6 +770,10 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 			row.AddedGapP99 = row.GapP99ms - ms(pct(d.gaps, .99))
 			if t.proc != nil && a.requests > 0 {
 				row.CPUPer1000s = float64(a.ticks) / clkTck / float64(a.requests) * 1000
+				row.Switches1000 = float64(a.switches) / float64(a.requests) * 1000
+				if t.gcURL != "" {
+					row.GC1000 = float64(a.gcs) / float64(a.requests) * 1000
+				}
 			}
 			if a.firstErr != nil {
 				row.FirstError = a.firstErr.Error()
@@ -754,7 +825,7 @@ func startKvmesh(ctx context.Context, name, bin string, o proxyOpts, engines []s
 	}
 	kp := &proc{name: name, cmd: kc}
 	kp.pids = func() []int { return []int{kc.Process.Pid} }
-	t := &target{name: name, urls: []string{"http://" + kvAddr + "/v1/completions"}, proc: kp}
+	t := &target{name: name, urls: []string{"http://" + kvAddr + "/v1/completions"}, proc: kp, gcURL: "http://" + kvAddr + "/metrics"}
 	if err := waitHTTP(ctx, "http://"+kvAddr+"/ready", http.StatusOK); err != nil {
 		return t, fmt.Errorf("%s: %w", name, err)
 	}
@@ -812,19 +883,25 @@ func (r *proxyReport) write(w io.Writer) {
 		fmt.Fprintf(w, "nginx left out: %s\n", r.NginxMissing)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| streams | target | requests | fail | TTFB p50 / p99 ms | added p50 / p99 ms | gap p50 / p99 ms | added gap p99 ms | CPU s / 1000 req | syscalls / 1000 req |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| streams | target | requests | fail | TTFB p50 / p99 ms | added p50 / p99 ms | gap p50 / p99 ms | added gap p99 ms | CPU s / 1000 req | ctx switches / 1000 req | syscalls / 1000 req |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, x := range r.Rows {
-		cpu, sc := "-", "-"
+		cpu, cs, sc := "-", "-", "-"
 		if x.CPUPer1000s >= 0 {
 			cpu = fmt.Sprintf("%.3f", x.CPUPer1000s)
+			cs = fmt.Sprintf("%.0f", x.Switches1000)
 		}
 		if x.Syscalls1000 > 0 {
 			sc = fmt.Sprintf("%.0f", x.Syscalls1000)
 		}
-		fmt.Fprintf(w, "| %d | %s | %d | %d | %.2f / %.2f | %+.2f / %+.2f | %.2f / %.2f | %+.2f | %s | %s |\n",
+		fmt.Fprintf(w, "| %d | %s | %d | %d | %.2f / %.2f | %+.2f / %+.2f | %.2f / %.2f | %+.2f | %s | %s | %s |\n",
 			x.Streams, x.Target, x.Requests, x.Failures, x.TTFBp50ms, x.TTFBp99ms, x.AddedP50ms, x.AddedP99ms,
-			x.GapP50ms, x.GapP99ms, x.AddedGapP99, cpu, sc)
+			x.GapP50ms, x.GapP99ms, x.AddedGapP99, cpu, cs, sc)
+	}
+	for _, x := range r.Rows {
+		if strings.HasPrefix(x.Target, targetKvmesh) {
+			fmt.Fprintf(w, "%s at %d streams: %.1f GC cycles per 1,000 requests\n", x.Target, x.Streams, x.GC1000)
+		}
 	}
 	for _, x := range r.Rows {
 		if x.FirstError != "" {

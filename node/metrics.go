@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Upstream error reasons, the `reason` label of
@@ -115,7 +116,7 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(m.decisions, m.matchFraction, m.decisionTime, m.inflight,
 		m.upstreamErrors, m.ttft, m.healthy, m.ejections, m.retries, m.requests,
 		m.clientErrors, m.tokenizeCache, m.kvApplyErrors, m.restartRequired,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registerSelfCheck()
 	m.registerAgreement()
 	return m

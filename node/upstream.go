@@ -135,6 +135,17 @@ func (uc *upConn) close() {
 	}
 }
 
+// dropIdle closes the idle connections to addr.
+func (c *upstreamClient) dropIdle(addr string) {
+	c.mu.Lock()
+	s := c.idle[addr]
+	delete(c.idle, addr)
+	c.mu.Unlock()
+	for _, uc := range s {
+		uc.close()
+	}
+}
+
 // closeIdle closes every idle connection; when stop is set the client
 // keeps none from then on (connections in use are closed when released).
 func (c *upstreamClient) closeIdle(stop bool) {
@@ -250,7 +261,17 @@ func (c *upstreamClient) roundTrip(ctx context.Context, r *upstreamReq) (*http.R
 		}
 	}()
 	for try := 0; ; try++ {
-		uc, err := c.get(ctx, r.addr)
+		var uc *upConn
+		var err error
+		if try == 0 {
+			uc, err = c.get(ctx, r.addr)
+		} else {
+			// The replica closed an idle connection: it most likely
+			// restarted or timed its keep-alives out, so the other idle
+			// ones are stale too. The retry dials.
+			c.dropIdle(r.addr)
+			uc, err = c.dial(ctx, r.addr)
+		}
 		if err != nil {
 			return nil, nil, err
 		}

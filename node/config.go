@@ -132,7 +132,8 @@ type Config struct {
 	// but a non-streaming response arrives only when generation ends.
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 
-	// IdleTimeout bounds the silence between two chunks of a response body.
+	// IdleTimeout bounds the silence between two chunks of a response body
+	// (a relay from an http:// replica ends after IdleTimeout to 9/8 of it).
 	// Default 60s: a long prefill under load can delay the first token by
 	// tens of seconds, but a minute of silence means a stuck engine.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`

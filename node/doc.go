@@ -9,8 +9,11 @@
 // (index.Hasher) → index.Match per available replica (one read lock) → a
 // route.Strategy picks using the load view (this gateway's exact in-flight
 // counts, peers' counts through PeerLoad, and vllm:* figures scraped from
-// each replica's /metrics) → the body is forwarded unchanged and the
-// response relayed byte for byte, flushed per upstream read → the decision
+// each replica's /metrics) → the body is forwarded unchanged (to http://
+// replicas by the proxy's own HTTP/1.1 client on the handler's goroutine,
+// upstream.go; https:// and UpstreamHTTP2 through net/http's Transport) and
+// the response relayed byte for byte, flushed per upstream read, the head
+// together with the first chunk when they arrived together → the decision
 // is recorded in the index (history or speculative ledger) and the cost
 // model learns from the observed TTFT and TPOT.
 //

@@ -140,7 +140,7 @@ func (s pinStrategy) Pick(_ *route.Request, cands []route.Candidate, _ *route.Ra
 
 // pinFor resolves a request's HeaderPinReplica: (nil, nil) without one.
 func (n *Node) pinFor(r *http.Request, p *pool) (route.Strategy, *apiError) {
-	name := r.Header.Get(HeaderPinReplica)
+	name := headerValue(r.Header, canonPin)
 	if name == "" {
 		return nil, nil
 	}

@@ -1,7 +1,10 @@
 package node
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Upstream error reasons, the `reason` label of
@@ -45,6 +48,8 @@ type metrics struct {
 	suspect          *prometheus.GaugeVec     // replica, reason
 	agreement        *prometheus.GaugeVec     // model, replica
 	engineTokenizes  *prometheus.GaugeVec     // model
+
+	cache seriesCache // resolved children for the per-request path
 }
 
 func newMetrics() *metrics {
@@ -111,8 +116,73 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(m.decisions, m.matchFraction, m.decisionTime, m.inflight,
 		m.upstreamErrors, m.ttft, m.healthy, m.ejections, m.retries, m.requests,
 		m.clientErrors, m.tokenizeCache, m.kvApplyErrors, m.restartRequired,
-		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registerSelfCheck()
 	m.registerAgreement()
 	return m
+}
+
+// decisionKey names the series one routing decision updates.
+type decisionKey struct{ model, strategy, selection string }
+
+// decisionSeries are those series, resolved once: label lookups hash every
+// label value under a lock, which the per-request path need not repeat.
+type decisionSeries struct {
+	decisions prometheus.Counter
+	took      prometheus.Observer
+	match     prometheus.Observer
+}
+
+// requestKey names one kvmesh_proxy_requests_total series.
+type requestKey struct{ model, code string }
+
+// seriesCache holds the hot path's resolved metric children. Series of
+// these vectors are never deleted, so a cached child stays the registered
+// one.
+type seriesCache struct {
+	mu        sync.RWMutex
+	decisions map[decisionKey]*decisionSeries
+	requests  map[requestKey]prometheus.Counter
+}
+
+func (m *metrics) decisionSeries(k decisionKey) *decisionSeries {
+	c := &m.cache
+	c.mu.RLock()
+	s := c.decisions[k]
+	c.mu.RUnlock()
+	if s != nil {
+		return s
+	}
+	s = &decisionSeries{
+		decisions: m.decisions.WithLabelValues(k.model, k.strategy, k.selection),
+		took:      m.decisionTime.WithLabelValues(k.strategy),
+		match:     m.matchFraction.WithLabelValues(k.model),
+	}
+	c.mu.Lock()
+	if c.decisions == nil {
+		c.decisions = map[decisionKey]*decisionSeries{}
+	}
+	c.decisions[k] = s
+	c.mu.Unlock()
+	return s
+}
+
+// request returns the kvmesh_proxy_requests_total child for model and code.
+func (m *metrics) request(model, code string) prometheus.Counter {
+	k := requestKey{model, code}
+	c := &m.cache
+	c.mu.RLock()
+	s := c.requests[k]
+	c.mu.RUnlock()
+	if s != nil {
+		return s
+	}
+	s = m.requests.WithLabelValues(model, code)
+	c.mu.Lock()
+	if c.requests == nil {
+		c.requests = map[requestKey]prometheus.Counter{}
+	}
+	c.requests[k] = s
+	c.mu.Unlock()
+	return s
 }

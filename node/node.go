@@ -61,7 +61,8 @@ type Node struct {
 	cl *clusterParts
 
 	transport *http.Transport
-	client    *http.Client // probes and remote tokenize
+	up        *upstreamClient // the proxy's client for http:// replicas; nil with UpstreamHTTP2
+	client    *http.Client    // probes and remote tokenize
 	m         *metrics
 	kvMetrics *kvevents.Metrics
 	handler   http.Handler
@@ -152,6 +153,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 
 	n.m = newMetrics()
 	n.transport = newTransport(cfg)
+	if !cfg.UpstreamHTTP2 {
+		n.up = newUpstreamClient(cfg)
+	}
 	n.client = &http.Client{Transport: n.transport, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse
 	}}
@@ -198,6 +202,13 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	}
 	n.handler = n.routes()
 	return n, nil
+}
+
+// closeUpstreamIdle closes the proxy client's idle connections for good.
+func (n *Node) closeUpstreamIdle() {
+	if n.up != nil {
+		n.up.closeIdle(true)
+	}
 }
 
 // newTransport builds the one upstream transport: keep-alives sized for
@@ -415,6 +426,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		if !started {
 			n.stopKVEvents()
 			n.transport.CloseIdleConnections()
+			n.closeUpstreamIdle()
 			return
 		}
 		t0 := time.Now()
@@ -477,6 +489,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			n.stopKVEvents()
 		})
 		n.transport.CloseIdleConnections()
+		n.closeUpstreamIdle()
 		n.shutErr = err
 		n.log.Info("gateway stopped", "took", time.Since(t0).Round(time.Millisecond))
 	})

@@ -56,14 +56,33 @@ func isHopHeader(h http.Header, k string) bool {
 	return false
 }
 
-// copyHeaders copies src to dst without hop-by-hop headers.
+// copyHeaders copies src to dst without hop-by-hop headers. The value
+// slices are shared, not copied: src is a request or response the caller
+// owns and no longer changes.
 func copyHeaders(dst, src http.Header) {
 	for k, vs := range src {
 		if isHopHeader(src, k) {
 			continue
 		}
-		dst[k] = append(dst[k][:0:0], vs...)
+		dst[k] = vs
 	}
+}
+
+// The gateway's request headers in net/http's canonical form: looking them
+// up directly spares Header.Get canonicalising (and allocating) the
+// lower-case constants on every request.
+var (
+	canonStrategy = http.CanonicalHeaderKey(HeaderStrategy)
+	canonSession  = http.CanonicalHeaderKey(HeaderSession)
+	canonPin      = http.CanonicalHeaderKey(HeaderPinReplica)
+)
+
+// headerValue is h.Get for a key already in canonical form.
+func headerValue(h http.Header, canonical string) string {
+	if v := h[canonical]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // bufPool holds the relay buffers: 32 KiB is a few dozen SSE events, and
@@ -98,7 +117,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			n.refuse(w, aerr)
 			return
 		}
-		if sid := r.Header.Get(HeaderSession); sid != "" {
+		if sid := headerValue(r.Header, canonSession); sid != "" {
 			req.user = sid
 		}
 		t := n.tbl.Load()
@@ -107,7 +126,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			n.refuse(w, aerr)
 			return
 		}
-		strat, aerr := t.strategyFor(p, r.Header.Get(HeaderStrategy))
+		strat, aerr := t.strategyFor(p, headerValue(r.Header, canonStrategy))
 		if aerr != nil {
 			n.refuse(w, aerr)
 			return
@@ -130,7 +149,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			s.rng = n.newRand()
 			t0 := time.Now()
 			dec, earliest, err := n.routeOnce(p, strat, keys, &rr, s, exclude, nil)
-			if err == nil && pin != nil && dec.rep.name != r.Header.Get(HeaderPinReplica) {
+			if err == nil && pin != nil && dec.rep.name != headerValue(r.Header, canonPin) {
 				err = ErrNoHealthyReplica
 			}
 			if err != nil {
@@ -177,14 +196,14 @@ func (n *Node) refuse(w http.ResponseWriter, e *apiError) {
 }
 
 func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
-	name := dec.strategy.Name()
-	n.m.decisionTime.WithLabelValues(name).Observe(took.Seconds())
-	n.m.decisions.WithLabelValues(p.model, name, dec.d.Selection.String()).Inc()
+	s := n.m.decisionSeries(decisionKey{p.model, dec.strategy.Name(), dec.d.Selection.String()})
+	s.took.Observe(took.Seconds())
+	s.decisions.Inc()
 	frac := 0.0
 	if dec.req.TotalBlocks > 0 {
 		frac = float64(dec.matched) / float64(dec.req.TotalBlocks)
 	}
-	n.m.matchFraction.WithLabelValues(p.model).Observe(frac)
+	s.match.Observe(frac)
 }
 
 // proxy forwards one attempt to dec.rep and relays the response. When
@@ -193,23 +212,35 @@ func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
 func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceRequest, body []byte,
 	dec decision, keys []index.BlockKey, canRetry bool) attemptResult {
 	rep := dec.rep
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	target := rep.endpoint(req.kind.path())
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
+	// A plain-http replica goes through the proxy's own client
+	// (upstream.go), which needs no context of its own: the client's
+	// leaving and the idle timeout act on the connection's deadlines.
+	direct := n.up != nil && rep.dialAddr != ""
+	ctx := r.Context()
+	var (
+		cancel context.CancelCauseFunc
+		up     *http.Request
+	)
+	if !direct {
+		ctx, cancel = context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		target := rep.endpoint(req.kind.path())
+		if r.URL.RawQuery != "" {
+			target += "?" + r.URL.RawQuery
+		}
+		var err error
+		up, err = http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+		if err != nil {
+			n.refuse(w, &apiError{status: http.StatusInternalServerError, code: CodeInternal, message: "cannot build upstream request"})
+			return attemptDone
+		}
+		copyHeaders(up.Header, r.Header)
+		up.Header.Del(HeaderStrategy)
+		up.Header.Del(HeaderPinReplica)
+		up.Header.Del(HeaderAdminToken)
+		up.ContentLength = int64(len(body))
+		up.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
-	if err != nil {
-		n.refuse(w, &apiError{status: http.StatusInternalServerError, code: CodeInternal, message: "cannot build upstream request"})
-		return attemptDone
-	}
-	copyHeaders(up.Header, r.Header)
-	up.Header.Del(HeaderStrategy)
-	up.Header.Del(HeaderPinReplica)
-	up.Header.Del(HeaderAdminToken)
-	up.ContentLength = int64(len(body))
-	up.Header.Set("Content-Length", strconv.Itoa(len(body)))
 
 	// The self-check's prediction is read before the request is sent, so
 	// that the request's own KV events cannot be part of it.
@@ -232,11 +263,21 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	}()
 
 	start := time.Now()
-	resp, err := n.transport.RoundTrip(up)
+	var (
+		resp *http.Response
+		uc   *upConn
+		err  error
+	)
+	if direct {
+		resp, uc, err = n.up.roundTrip(ctx, &upstreamReq{addr: rep.dialAddr, host: rep.base.Host,
+			path: rep.pathPrefix + req.kind.path(), rawQuery: r.URL.RawQuery, hdr: r.Header, body: body})
+	} else {
+		resp, err = n.transport.RoundTrip(up)
+	}
 	if err != nil {
 		releaseQueued()
 		if shutdownCut(r) {
-			n.m.requests.WithLabelValues(rep.model, "error").Inc()
+			n.m.request(rep.model, "error").Inc()
 			writeError(w, &apiError{status: http.StatusServiceUnavailable, code: CodeGatewayShutdown,
 				message: "gateway shutting down: request cut before the replica answered", retryAfter: 1})
 			return attemptDone
@@ -257,11 +298,16 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		if reason == reasonFirstByte {
 			e.status, e.code = http.StatusGatewayTimeout, CodeUpstreamTimeout
 		}
-		n.m.requests.WithLabelValues(rep.model, "error").Inc()
+		n.m.request(rep.model, "error").Inc()
 		writeError(w, e)
 		return attemptDone
 	}
-	defer resp.Body.Close()
+	clean := false // the body was read to its end: the connection may be reused
+	if direct {
+		defer func() { n.up.release(uc, clean && !resp.Close) }()
+	} else {
+		defer resp.Body.Close()
+	}
 
 	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
 	if ok {
@@ -273,15 +319,18 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	h.Set(HeaderTargetPod, rep.targetPod)
 	w.WriteHeader(resp.StatusCode)
 	flusher, _ := w.(http.Flusher)
-	if flusher != nil {
+	// The head is flushed at once unless body bytes came with it: then it
+	// leaves with the first chunk, in one write (as nginx does).
+	if flusher != nil && (uc == nil || uc.br.Buffered() == 0) {
 		flusher.Flush()
 	}
 
 	streaming := isEventStream(resp.Header)
 	// The queued prefill is released at the first body byte: for a stream
 	// that is the first token, so the prefill is done.
-	res := n.relay(ctx, r.Context(), cancel, w, flusher, resp.Body, streaming, releaseQueued)
-	n.m.requests.WithLabelValues(rep.model, statusClass(resp.StatusCode)).Inc()
+	res := n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, releaseQueued)
+	clean = !res.clientGone && res.err == nil
+	n.m.request(rep.model, statusClass(resp.StatusCode)).Inc()
 
 	switch {
 	case res.clientGone && shutdownCut(r):
@@ -298,7 +347,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		return attemptDone
 	case res.err != nil:
 		reason := reasonMidStream
-		if errors.Is(context.Cause(ctx), errIdleTimeout) {
+		if res.idle || errors.Is(context.Cause(ctx), errIdleTimeout) {
 			reason = reasonIdle
 		}
 		n.upstreamFailure(rep, reason)
@@ -342,31 +391,60 @@ type relayResult struct {
 	tail        [2]byte
 	clientGone  bool
 	writeFailed bool // clientGone because a write to the client failed
+	idle        bool // err is the idle timeout (the proxy's own client)
 	err         error
 }
 
 // relay copies body to w, flushing after every read so that each upstream
 // chunk reaches the client as soon as it arrives; the bytes are never
-// modified or held back. Silence longer than IdleTimeout cancels ctx with
-// errIdleTimeout. onFirst runs when the first body byte arrives.
-func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseFunc, w io.Writer, flusher http.Flusher,
+// modified or held back. A read returns every complete chunk the upstream
+// connection has buffered (net/http's chunked reader stops only where the
+// next chunk is not all there yet), so there is one write and one flush per
+// burst of upstream chunks, not per chunk or line. Silence longer than
+// IdleTimeout ends the relay: with uc (the proxy's own client) through the
+// connection's read deadline (res.idle; see below), else by cancelling ctx
+// with errIdleTimeout. onFirst runs when the first body byte arrives.
+func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseFunc, uc *upConn, w io.Writer, flusher http.Flusher,
 	body io.Reader, streaming bool, onFirst func()) relayResult {
 	var res relayResult
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
-	idle := time.AfterFunc(n.cfg.IdleTimeout, func() { cancel(errIdleTimeout) })
-	defer idle.Stop()
+	var idle *time.Timer
+	if uc == nil {
+		idle = time.AfterFunc(n.cfg.IdleTimeout, func() { cancel(errIdleTimeout) })
+		defer idle.Stop()
+	}
+	// With uc the read deadline is moved only when it is less than
+	// IdleTimeout after the last byte, and then to 9/8 of it: the relay
+	// ends after a silence of IdleTimeout to 1.125·IdleTimeout, and a
+	// stream of many chunks re-arms the deadline once in a while instead
+	// of per chunk.
+	last := time.Now()
+	var deadline time.Time
 	for {
+		if uc != nil && deadline.Sub(last) < n.cfg.IdleTimeout {
+			deadline = last.Add(n.cfg.IdleTimeout + n.cfg.IdleTimeout/8)
+			_ = uc.SetReadDeadline(deadline)
+			// Had the client left before the deadline was set, the past
+			// deadline its leaving set would be overwritten.
+			if clientCtx.Err() != nil {
+				res.clientGone = true
+				return res
+			}
+		}
 		nr, rerr := body.Read(buf)
 		if nr > 0 {
-			now := time.Now().UnixNano()
+			last = time.Now()
+			now := last.UnixNano()
 			if res.firstAt == 0 {
 				res.firstAt = now
 				onFirst()
 			}
 			res.lastAt = now
-			idle.Reset(n.cfg.IdleTimeout)
+			if idle != nil {
+				idle.Reset(n.cfg.IdleTimeout)
+			}
 			chunk := buf[:nr]
 			if streaming {
 				res.sse.feed(chunk, now)
@@ -396,6 +474,8 @@ func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseF
 				res.clientGone = true
 				return res
 			}
+			var ne net.Error
+			res.idle = uc != nil && errors.As(rerr, &ne) && ne.Timeout()
 			res.err = rerr
 			return res
 		}

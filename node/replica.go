@@ -2,7 +2,9 @@ package node
 
 import (
 	"math"
+	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +59,11 @@ type replica struct {
 	model     string // the pool's model; a replica moved to another pool is a new *replica
 	base      *url.URL
 	targetPod string // host:port, AIBrix's target-pod header value
+	// dialAddr (host:port) and pathPrefix (the URL's path without a
+	// trailing slash) address a plain-http replica for the proxy's own
+	// client (upstream.go); dialAddr is "" when the Transport serves it.
+	dialAddr   string
+	pathPrefix string
 
 	inflight      atomic.Int64 // requests this gateway has open to the replica
 	queuedPrefill atomic.Int64 // uncached prompt tokens sent, first byte not yet seen
@@ -112,6 +119,14 @@ func newReplica(id index.ReplicaID, cfg ReplicaConfig, model string) (*replica, 
 		return nil, err
 	}
 	r := &replica{id: id, name: cfg.Name, cfg: cfg, model: model, base: u, targetPod: u.Host}
+	if u.Scheme == "http" && u.User == nil && u.RawQuery == "" && u.Fragment == "" && u.Hostname() != "" {
+		port := u.Port()
+		if port == "" {
+			port = "80"
+		}
+		r.dialAddr = net.JoinHostPort(u.Hostname(), port)
+		r.pathPrefix = strings.TrimRight(u.EscapedPath(), "/")
+	}
 	r.running.Store(-1)
 	r.waiting.Store(-1)
 	r.kvUsage.Store(math.Float64bits(math.NaN()))

@@ -209,8 +209,12 @@ func parsePrompt(req *inferenceRequest, raw json.RawMessage) *apiError {
 	if isNull(raw) {
 		return errBadRequest(CodeMissingPrompt, `"prompt" is required`)
 	}
-	bad := errBadRequest(CodeInvalidPrompt, `"prompt" must be a string, an array of token ids, or an array of one string or one token array`)
-	empty := errBadRequest(CodeEmptyPrompt, `"prompt" is empty`)
+	// The errors are built only when returned: a prompt that parses costs
+	// no allocation for them.
+	bad := func() *apiError {
+		return errBadRequest(CodeInvalidPrompt, `"prompt" must be a string, an array of token ids, or an array of one string or one token array`)
+	}
+	empty := func() *apiError { return errBadRequest(CodeEmptyPrompt, `"prompt" is empty`) }
 	batch := func(n int) *apiError {
 		return errBadRequest(CodeBatchUnsupported, fmt.Sprintf("a batch of %d prompts cannot be routed as one request; send one prompt per request", n))
 	}
@@ -218,21 +222,21 @@ func parsePrompt(req *inferenceRequest, raw json.RawMessage) *apiError {
 	case '"':
 		req.text = unquote(raw)
 		if req.text == "" {
-			return empty
+			return empty()
 		}
 		return nil
 	case '[':
 	default:
-		return bad
+		return bad()
 	}
 	inner := bytes.TrimLeft(raw[1:], " \t\r\n")
 	switch c := inner[0]; {
 	case c == ']':
-		return empty
+		return empty()
 	case c >= '0' && c <= '9':
 		toks, ok := tokenIDs(make([]uint32, 0, len(raw)/4), raw)
 		if !ok {
-			return bad
+			return bad()
 		}
 		req.tokens = toks
 		return nil
@@ -241,7 +245,7 @@ func parsePrompt(req *inferenceRequest, raw json.RawMessage) *apiError {
 		if len(elems) > 1 {
 			for _, e := range elems {
 				if e[0] != c {
-					return bad
+					return bad()
 				}
 			}
 			return batch(len(elems))
@@ -249,25 +253,25 @@ func parsePrompt(req *inferenceRequest, raw json.RawMessage) *apiError {
 		e := elems[0]
 		if c == '"' {
 			if e[0] != '"' {
-				return bad
+				return bad()
 			}
 			req.text = unquote(e)
 			if req.text == "" {
-				return empty
+				return empty()
 			}
 			return nil
 		}
 		toks, ok := tokenIDs(nil, e)
 		if !ok {
-			return bad
+			return bad()
 		}
 		if len(toks) == 0 {
-			return empty
+			return empty()
 		}
 		req.tokens = toks
 		return nil
 	default:
-		return bad
+		return bad()
 	}
 }
 

@@ -180,7 +180,8 @@ it.`,
 	f := root.Flags()
 	addStudyFlags(f, &cfg, &opt, false)
 	f.StringVar(&opt.engine, "engine", engineLive, "engine: live (simulators and gateways on loopback) or des (discrete-event, virtual time)")
-	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout), newSweepCmd(stdout, stderr))
+	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout), newSweepCmd(stdout, stderr),
+		newProxybenchCmd(stdout, stderr), newProxybenchEngineCmd())
 	return root
 }
 

@@ -1,10 +1,8 @@
 package node
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -22,20 +20,10 @@ import (
 // the named tokenizer ("bytes" or "tiktoken").
 func startSimTok(t testing.TB, tok string) *sim.Server {
 	t.Helper()
-	cfg := sim.LocalConfig()
-	cfg.ServedModelName = "m"
-	cfg.KVEvents.EnableKVCacheEvents = true
-	cfg.Tokenizer = tok
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := sim.NewServer(cfg)
-	require.NoError(t, err)
-	require.NoError(t, s.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Shutdown(ctx)
+	return startSimWith(t, func(c *sim.Config) {
+		c.KVEvents.EnableKVCacheEvents = true
+		c.Tokenizer = tok
 	})
-	return s
 }
 
 // sharedPrefix is a system prompt every test request starts with.

@@ -22,10 +22,17 @@ import (
 // on loopback.
 func startSim(t testing.TB, events bool) *sim.Server {
 	t.Helper()
+	return startSimWith(t, func(c *sim.Config) { c.KVEvents.EnableKVCacheEvents = events })
+}
+
+// startSimWith starts a simulated replica of model "m" on loopback with
+// the test's settings applied to sim.LocalConfig.
+func startSimWith(t testing.TB, tune func(*sim.Config)) *sim.Server {
+	t.Helper()
 	cfg := sim.LocalConfig()
 	cfg.ServedModelName = "m"
-	cfg.KVEvents.EnableKVCacheEvents = events
 	cfg.Logger = slog.New(slog.DiscardHandler)
+	tune(&cfg)
 	s, err := sim.NewServer(cfg)
 	require.NoError(t, err)
 	require.NoError(t, s.Start(context.Background()))

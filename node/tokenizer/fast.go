@@ -131,8 +131,16 @@ func nextPiece(s string, i int) int {
 		}
 		return j
 	}
-	// Only whitespace is left: cl is clSpace or clNewline. Find the run,
-	// its last newline and the start of its last rune.
+	// Only whitespace is left: cl is clSpace or clNewline.
+	return spaceRunEnd(s, i)
+}
+
+// spaceRunEnd is the end of the whitespace piece starting at s[i], by the
+// last three alternatives that cl100k's pattern and the Qwen2/Llama 3
+// split patterns share: \s*[\r\n]+, \s+(?!\S) and \s+. It finds the run,
+// its last newline and the start of its last rune.
+func spaceRunEnd(s string, i int) int {
+	n := len(s)
 	end, last, lastNL := i, i, -1
 	for end < n {
 		cl2, size2 := classAt(s, end)

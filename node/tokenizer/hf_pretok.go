@@ -89,31 +89,6 @@ func hfNextPiece(s string, i, maxDigits int) int {
 		}
 		return j
 	}
-	// Whitespace: find the run, its last newline and its last rune.
-	end, last, lastNL := i, i, -1
-	for end < n {
-		cl2, size2 := classAt(s, end)
-		if cl2 != clSpace && cl2 != clNewline {
-			break
-		}
-		if cl2 == clNewline {
-			lastNL = end
-		}
-		last = end
-		end += size2
-	}
-	// (5) \s*[\r\n]+ : \s* backs off to the run's last newline.
-	if lastNL >= 0 {
-		return lastNL + 1
-	}
-	// (6) \s+(?!\S) : the whole run at the end of text, else all but its
-	// last rune.
-	if end == n {
-		return end
-	}
-	if last > i {
-		return last
-	}
-	// (7) \s+
-	return end
+	// Whitespace.
+	return spaceRunEnd(s, i)
 }

@@ -45,6 +45,9 @@ type metrics struct {
 	suspect          *prometheus.GaugeVec     // replica, reason
 	agreement        *prometheus.GaugeVec     // model, replica
 	engineTokenizes  *prometheus.GaugeVec     // model
+
+	// Responses API affinity (responses.go).
+	responseAffinity *prometheus.CounterVec // result
 }
 
 func newMetrics() *metrics {
@@ -114,5 +117,10 @@ func newMetrics() *metrics {
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	m.registerSelfCheck()
 	m.registerAgreement()
+	m.responseAffinity = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_proxy_response_affinity_total",
+		Help: "Requests naming a stored response (previous_response_id, /v1/responses/{id}) by how its owning replica was found: known, discovered (asked the engines), unknown, owner_gone (its replica left the pool), owner_unavailable (ejected or failing health), shared_store (affinity off).",
+	}, []string{"result"})
+	m.reg.MustRegister(m.responseAffinity)
 	return m
 }

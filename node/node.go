@@ -26,6 +26,8 @@ import (
 // process; each has its own metrics registry.
 type Node struct {
 	cfg  Config
+	// owners maps Responses API ids to the replica that stored them.
+	owners *responseOwners
 	log  *slog.Logger
 	mode index.Mode // default; pools may override
 
@@ -151,6 +153,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	}
 
 	n.m = newMetrics()
+	n.owners = newResponseOwners(cfg.MaxResponseOwners, cfg.ResponseTTL)
 	n.transport = newTransport(cfg)
 	n.client = &http.Client{Transport: n.transport, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse

@@ -195,11 +195,12 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	rep := dec.rep
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
-	target := rep.endpoint(req.kind.path())
+	target := rep.endpoint(req.upstreamPath())
 	if r.URL.RawQuery != "" {
 		target += "?" + r.URL.RawQuery
 	}
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+	upBody, upLen := upstreamBody(req, body)
+	up, err := http.NewRequestWithContext(ctx, req.upstreamMethod(), target, upBody)
 	if err != nil {
 		n.refuse(w, &apiError{status: http.StatusInternalServerError, code: CodeInternal, message: "cannot build upstream request"})
 		return attemptDone
@@ -208,8 +209,8 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	up.Header.Del(HeaderStrategy)
 	up.Header.Del(HeaderPinReplica)
 	up.Header.Del(HeaderAdminToken)
-	up.ContentLength = int64(len(body))
-	up.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	up.ContentLength = upLen
+	up.Header.Set("Content-Length", strconv.FormatInt(upLen, 10))
 
 	// The self-check's prediction is read before the request is sent, so
 	// that the request's own KV events cannot be part of it.

@@ -1,0 +1,481 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// The Responses API (/v1/responses). vLLM keeps stored responses in the
+// process that made them (VLLM_ENABLE_RESPONSES_API_STORE), so a follow-up
+// naming previous_response_id, and GET, DELETE and cancel of
+// /v1/responses/{id}, must reach that replica. The gateway learns
+// id → replica from the responses it relays (the first "id" of the body,
+// or of the stream's response.created event), remembers it for
+// Config.ResponseTTL, and when it does not know an id (another gateway of
+// the cluster relayed it, or this one restarted) asks the pool's replicas
+// (GET /v1/responses/{id}) which one has it. A pool whose engines share a
+// store (ModelConfig.SharedResponseStore) has no affinity.
+
+// parseResponses reads a Responses API create request. The input is keyed
+// as the chat vLLM renders from it (instructions as a system message, then
+// the input items) up to its first item or part that is not text; a
+// follow-up (previous_response_id) is not keyed, since the engine prepends
+// the stored conversation the gateway cannot see, and it goes to the
+// owner anyway.
+func parseResponses(body []byte) (*inferenceRequest, *apiError) {
+	f, isObject, err := scanBody(body)
+	if err != nil || !isObject {
+		return nil, errBadRequest(CodeInvalidJSON, "request body must be a JSON object")
+	}
+	req := &inferenceRequest{kind: kindChat}
+	model, ok, err := f.model.string()
+	if err != nil {
+		return nil, errBadRequest(CodeInvalidField, `field "model" must be a string`)
+	}
+	if ok && model == "" {
+		return nil, errBadRequest(CodeMissingModel, `"model" must not be empty`)
+	}
+	req.model = model
+	if req.stream, err = f.stream.bool(); err != nil {
+		return nil, errBadRequest(CodeInvalidField, `field "stream" must be a boolean`)
+	}
+	if req.user, _, err = f.user.string(); err != nil {
+		return nil, errBadRequest(CodeInvalidField, `field "user" must be a string`)
+	}
+	var rb struct {
+		Input              json.RawMessage `json:"input"`
+		Instructions       json.RawMessage `json:"instructions"`
+		PreviousResponseID json.RawMessage `json:"previous_response_id"`
+		MaxOutputTokens    json.RawMessage `json:"max_output_tokens"`
+		CacheSalt          json.RawMessage `json:"cache_salt"`
+	}
+	if json.Unmarshal(body, &rb) != nil {
+		return nil, errBadRequest(CodeInvalidJSON, "request body must be a JSON object")
+	}
+	if !isNull(rb.PreviousResponseID) {
+		if json.Unmarshal(rb.PreviousResponseID, &req.previousResponseID) != nil {
+			return nil, errBadRequest(CodeInvalidField, `field "previous_response_id" must be a string`)
+		}
+	}
+	if !isNull(rb.MaxOutputTokens) {
+		if json.Unmarshal(rb.MaxOutputTokens, &req.maxTokens) != nil {
+			return nil, errBadRequest(CodeInvalidField, `field "max_output_tokens" must be an integer`)
+		}
+	}
+	if !isNull(rb.CacheSalt) {
+		if json.Unmarshal(rb.CacheSalt, &req.cacheSalt) != nil {
+			return nil, errBadRequest(CodeInvalidField, `field "cache_salt" must be a string`)
+		}
+	}
+	req.tmpl = templateOptions{addGenerationPrompt: true}
+	if req.previousResponseID != "" {
+		req.partial = true
+		return req, nil
+	}
+	msgs, cut, aerr := responsesMessages(rb.Instructions, rb.Input)
+	if aerr != nil {
+		return nil, aerr
+	}
+	req.partial = cut
+	if string(msgs) == "[]" {
+		req.partial = true
+		return req, nil
+	}
+	if e := parseMessages(req, msgs); e != nil {
+		return nil, e
+	}
+	req.partial = req.partial || cut
+	return req, nil
+}
+
+// chatPart and chatMsg are the chat form a Responses input is keyed as.
+type chatPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+type chatMsg struct {
+	Role    string     `json:"role"`
+	Content []chatPart `json:"content"`
+}
+
+// responsesMessages converts instructions and input to chat messages,
+// stopping at the first item or content part that is not text (cut).
+func responsesMessages(instructions, input json.RawMessage) (json.RawMessage, bool, *apiError) {
+	var msgs []chatMsg
+	if !isNull(instructions) {
+		var s string
+		if json.Unmarshal(instructions, &s) != nil {
+			return nil, false, errBadRequest(CodeInvalidField, `field "instructions" must be a string`)
+		}
+		msgs = append(msgs, chatMsg{Role: "system", Content: []chatPart{{Type: "text", Text: s}}})
+	}
+	input = bytes.TrimSpace(input)
+	cut := false
+	switch {
+	case isNull(input):
+		return nil, false, errBadRequest(CodeMissingPrompt, `"input" is required`)
+	case input[0] == '"':
+		var s string
+		if json.Unmarshal(input, &s) != nil {
+			return nil, false, errBadRequest(CodeInvalidPrompt, `"input" must be a string or an array of input items`)
+		}
+		msgs = append(msgs, chatMsg{Role: "user", Content: []chatPart{{Type: "text", Text: s}}})
+	case input[0] == '[':
+		var items []struct {
+			Type    string          `json:"type"`
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		}
+		if json.Unmarshal(input, &items) != nil {
+			return nil, false, errBadRequest(CodeInvalidPrompt, `"input" must be a string or an array of input items`)
+		}
+	items:
+		for _, it := range items {
+			if (it.Type != "" && it.Type != "message") || it.Role == "" {
+				cut = true // function calls, their outputs, reasoning: rendered by the engine's own rules
+				break
+			}
+			m := chatMsg{Role: it.Role}
+			c := bytes.TrimSpace(it.Content)
+			switch {
+			case len(c) > 0 && c[0] == '"':
+				var s string
+				if json.Unmarshal(c, &s) != nil {
+					return nil, false, errBadRequest(CodeInvalidPrompt, "an input message's content must be a string or a list of parts")
+				}
+				m.Content = []chatPart{{Type: "text", Text: s}}
+			case len(c) > 0 && c[0] == '[':
+				var parts []chatPart
+				if json.Unmarshal(c, &parts) != nil {
+					return nil, false, errBadRequest(CodeInvalidPrompt, "an input message's content must be a string or a list of parts")
+				}
+				for _, p := range parts {
+					switch p.Type {
+					case "input_text", "output_text", "text":
+						m.Content = append(m.Content, chatPart{Type: "text", Text: p.Text})
+					default: // input_image, input_file, input_audio, refusal, ...
+						if len(m.Content) > 0 {
+							msgs = append(msgs, m)
+						}
+						cut = true
+						break items
+					}
+				}
+			default:
+				return nil, false, errBadRequest(CodeInvalidPrompt, "an input message's content must be a string or a list of parts")
+			}
+			msgs = append(msgs, m)
+		}
+	default:
+		return nil, false, errBadRequest(CodeInvalidPrompt, `"input" must be a string or an array of input items`)
+	}
+	if msgs == nil {
+		return json.RawMessage("[]"), cut, nil
+	}
+	out, err := json.Marshal(msgs)
+	if err != nil {
+		return nil, false, errBadRequest(CodeInvalidPrompt, "cannot convert the input")
+	}
+	return out, cut, nil
+}
+
+// responseOwners maps response ids to the replica name that stored them.
+// Safe for concurrent use.
+type responseOwners struct {
+	mu    sync.Mutex
+	ttl   time.Duration
+	max   int
+	m     map[string]ownerEntry
+	order []ownerID // insertion order, for expiry and the size bound
+}
+
+type ownerEntry struct {
+	replica string
+	at      int64
+}
+
+type ownerID struct {
+	id string
+	at int64
+}
+
+func newResponseOwners(max int, ttl time.Duration) *responseOwners {
+	return &responseOwners{ttl: ttl, max: max, m: map[string]ownerEntry{}}
+}
+
+// put remembers that replica stored id at now (unix nanos).
+func (o *responseOwners) put(id, replica string, now int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.m[id] = ownerEntry{replica: replica, at: now}
+	o.order = append(o.order, ownerID{id: id, at: now})
+	o.trim(now)
+}
+
+// get returns id's replica, if known and not expired.
+func (o *responseOwners) get(id string, now int64) (string, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.trim(now)
+	e, ok := o.m[id]
+	return e.replica, ok
+}
+
+func (o *responseOwners) forget(id string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.m, id)
+}
+
+func (o *responseOwners) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.m)
+}
+
+// trim drops expired entries and the oldest beyond max. Called with mu.
+func (o *responseOwners) trim(now int64) {
+	cutoff := now - int64(o.ttl)
+	i := 0
+	for ; i < len(o.order); i++ {
+		oi := o.order[i]
+		if oi.at > cutoff && len(o.m) <= o.max {
+			break
+		}
+		if e, ok := o.m[oi.id]; ok && e.at == oi.at {
+			delete(o.m, oi.id)
+		}
+	}
+	if i > 0 {
+		o.order = append(o.order[:0], o.order[i:]...)
+	}
+}
+
+// replicaByName finds a replica of table t.
+func (t *table) replicaByName(name string) (*pool, *replica) {
+	for _, p := range t.pools {
+		for _, r := range p.replicas {
+			if r.name == name {
+				return p, r
+			}
+		}
+	}
+	return nil, nil
+}
+
+// errOwnerGone is the answer for an id whose replica left the table.
+func (n *Node) errOwnerGone(id, replica string) *apiError {
+	n.m.responseAffinity.WithLabelValues("owner_gone").Inc()
+	return &apiError{status: http.StatusNotFound, code: CodeResponseOwnerGone,
+		message: fmt.Sprintf("response %q was stored by replica %s, which no longer serves: the response is lost", truncatePath(id), replica)}
+}
+
+// responseOwnerIn resolves previous_response_id for a request to pool p:
+// the owning replica, nil to route as usual (shared store, or no replica
+// knows the id: the engine then answers its own 404), or an error when the
+// owner is gone.
+func (n *Node) responseOwnerIn(ctx context.Context, t *table, p *pool, id string) (*replica, *apiError) {
+	if p.sharedStore {
+		n.m.responseAffinity.WithLabelValues("shared_store").Inc()
+		return nil, nil
+	}
+	if name, ok := n.owners.get(id, nowNanos()); ok {
+		op, rep := t.replicaByName(name)
+		if rep == nil {
+			n.owners.forget(id)
+			return nil, n.errOwnerGone(id, name)
+		}
+		if op == p {
+			n.m.responseAffinity.WithLabelValues("known").Inc()
+			return rep, nil
+		}
+	}
+	if rep := n.discoverOwner(ctx, []*pool{p}, id); rep != nil {
+		n.m.responseAffinity.WithLabelValues("discovered").Inc()
+		return rep, nil
+	}
+	n.m.responseAffinity.WithLabelValues("unknown").Inc()
+	return nil, nil
+}
+
+// responseTarget resolves /v1/responses/{id}: the pool and the owning
+// replica (nil: route by load within the pool).
+func (n *Node) responseTarget(ctx context.Context, t *table, id string) (*pool, *replica, *apiError) {
+	if name, ok := n.owners.get(id, nowNanos()); ok {
+		p, rep := t.replicaByName(name)
+		if rep == nil {
+			n.owners.forget(id)
+			return nil, nil, n.errOwnerGone(id, name)
+		}
+		if p.sharedStore {
+			n.m.responseAffinity.WithLabelValues("shared_store").Inc()
+			return p, nil, nil
+		}
+		n.m.responseAffinity.WithLabelValues("known").Inc()
+		return p, rep, nil
+	}
+	var own []*pool
+	var shared *pool
+	for _, p := range t.pools {
+		if p.sharedStore {
+			shared = p
+		} else {
+			own = append(own, p)
+		}
+	}
+	if rep := n.discoverOwner(ctx, own, id); rep != nil {
+		n.m.responseAffinity.WithLabelValues("discovered").Inc()
+		p, _ := t.replicaByName(rep.name)
+		return p, rep, nil
+	}
+	switch {
+	case shared != nil && len(t.pools) == 1:
+		n.m.responseAffinity.WithLabelValues("shared_store").Inc()
+		return shared, nil, nil
+	case len(t.pools) == 1:
+		// One pool: let an engine answer (its own 404 for an unknown id).
+		n.m.responseAffinity.WithLabelValues("unknown").Inc()
+		return t.pools[0], nil, nil
+	}
+	n.m.responseAffinity.WithLabelValues("unknown").Inc()
+	return nil, nil, &apiError{status: http.StatusNotFound, code: CodeResponseNotFound,
+		message: fmt.Sprintf("no replica has response %q", truncatePath(id))}
+}
+
+// discoverOwner asks every available replica of pools, concurrently and
+// within HealthTimeout, for GET /v1/responses/{id}; the first that answers
+// 200 owns it (and is remembered).
+func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) *replica {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.HealthTimeout)
+	defer cancel()
+	now := nowNanos()
+	found := make(chan *replica, 1)
+	var wg sync.WaitGroup
+	for _, p := range pools {
+		for _, rep := range p.replicas {
+			if !rep.available(now) {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, rep.endpoint("/v1/responses/"+url.PathEscape(id)), nil)
+				if err != nil {
+					return
+				}
+				resp, err := n.client.Do(req)
+				if err != nil {
+					return
+				}
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					select {
+					case found <- rep:
+						cancel()
+					default:
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	select {
+	case rep := <-found:
+		n.owners.put(id, rep.name, nowNanos())
+		return rep
+	default:
+		return nil
+	}
+}
+
+// learnResponse updates the owners from a relayed Responses API answer.
+func (n *Node) learnResponse(p *pool, rep *replica, req *inferenceRequest, cw *headCapture) {
+	if p.sharedStore || cw.status < 200 || cw.status > 299 {
+		return
+	}
+	if req.method == http.MethodDelete {
+		n.owners.forget(req.responseID)
+		return
+	}
+	if id := firstID(cw.head); id != "" {
+		n.owners.put(id, rep.name, nowNanos())
+	}
+}
+
+// firstID returns the value of the first "id" key in b (a JSON object or
+// an SSE stream, possibly truncated): vLLM's response object and its
+// response.created event carry the response's id before any other "id".
+func firstID(b []byte) string {
+	for {
+		i := bytes.Index(b, []byte(`"id"`))
+		if i < 0 {
+			return ""
+		}
+		b = b[i+4:]
+		j := 0
+		for j < len(b) && (b[j] == ' ' || b[j] == '\t' || b[j] == '\n' || b[j] == '\r') {
+			j++
+		}
+		if j >= len(b) || b[j] != ':' {
+			continue
+		}
+		j++
+		for j < len(b) && (b[j] == ' ' || b[j] == '\t' || b[j] == '\n' || b[j] == '\r') {
+			j++
+		}
+		if j >= len(b) || b[j] != '"' {
+			continue
+		}
+		end := bytes.IndexByte(b[j+1:], '"')
+		if end <= 0 || end > 256 || bytes.IndexByte(b[j+1:j+1+end], '\\') >= 0 {
+			return ""
+		}
+		return string(b[j+1 : j+1+end])
+	}
+}
+
+// headCapture is a ResponseWriter that keeps the status and the first
+// bytes of the body it passes through.
+type headCapture struct {
+	http.ResponseWriter
+	status int
+	head   []byte
+}
+
+const headCaptureBytes = 4 << 10
+
+func newHeadCapture(w http.ResponseWriter) *headCapture {
+	return &headCapture{ResponseWriter: w}
+}
+
+func (c *headCapture) WriteHeader(code int) {
+	if c.status == 0 {
+		c.status = code
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *headCapture) Write(b []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	if room := headCaptureBytes - len(c.head); room > 0 {
+		c.head = append(c.head, b[:min(room, len(b))]...)
+	}
+	return c.ResponseWriter.Write(b)
+}
+
+func (c *headCapture) Flush() {
+	if f, ok := c.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (c *headCapture) Unwrap() http.ResponseWriter { return c.ResponseWriter }

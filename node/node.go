@@ -25,11 +25,11 @@ import (
 // health checks and KV-event subscribers. Several Nodes may run in one
 // process; each has its own metrics registry.
 type Node struct {
-	cfg  Config
+	cfg Config
 	// owners maps Responses API ids to the replica that stored them.
 	owners *responseOwners
-	log  *slog.Logger
-	mode index.Mode // default; pools may override
+	log    *slog.Logger
+	mode   index.Mode // default; pools may override
 
 	index    *index.Index
 	hasher   index.Hasher

@@ -326,3 +326,60 @@ func truncatePath(p string) string {
 	}
 	return p
 }
+
+// debugEndpoint explains the routing of a request to path (POST
+// /debug/route?path=...): body is the request body the endpoint would get
+// (for multipart endpoints, the model comes from the model query
+// parameter; /v1/responses/{id} needs none).
+func (n *Node) debugEndpoint(w http.ResponseWriter, r *http.Request, path string, body []byte) {
+	ep := findEndpoint(path)
+	if ep == nil {
+		n.notFound(w, r)
+		return
+	}
+	var req *inferenceRequest
+	var aerr *apiError
+	switch ep.shape {
+	case shapeMultipart:
+		req = &inferenceRequest{kind: kindCompletions, partial: true, path: path, model: r.URL.Query().Get("model")}
+	case shapeResponseByID:
+		id, _ := strings.CutPrefix(path, "/v1/responses/")
+		id, _ = strings.CutSuffix(id, "/cancel")
+		req = &inferenceRequest{kind: kindCompletions, partial: true, path: path, responseID: id}
+	default:
+		req, aerr = parseEndpoint(ep, path, body)
+	}
+	if aerr != nil {
+		n.refuse(w, aerr)
+		return
+	}
+	if sid := r.Header.Get(HeaderSession); sid != "" {
+		req.user = sid
+	}
+	t := n.tbl.Load()
+	var p *pool
+	var lora string
+	var owner *replica
+	if ep.shape == shapeResponseByID {
+		p, owner, aerr = n.responseTarget(r.Context(), t, req.responseID)
+	} else if p, lora, aerr = t.poolOf(req.model); aerr == nil && req.previousResponseID != "" {
+		owner, aerr = n.responseOwnerIn(r.Context(), t, p, req.previousResponseID)
+	}
+	if aerr != nil {
+		n.refuse(w, aerr)
+		return
+	}
+	strat, aerr := n.endpointStrategy(r, t, p, ep)
+	if q := r.URL.Query().Get("strategy"); q != "" && aerr == nil {
+		strat, aerr = t.strategyFor(p, q)
+	}
+	if aerr != nil {
+		n.refuse(w, aerr)
+		return
+	}
+	rep := RouteReport{Path: path}
+	if owner != nil {
+		strat, rep.ResponseOwner = pinStrategy{name: owner.name}, owner.name
+	}
+	n.explainRoute(w, r, p, lora, req, strat, body, rep)
+}

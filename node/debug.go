@@ -26,7 +26,7 @@ type RouteReport struct {
 	// source) without revealing it.
 	PromptHash string `json:"prompt_hash"`
 	// Pick is the replica the strategy chose ("" when none is available).
-	Pick      string `json:"pick"`
+	Pick string `json:"pick"`
 	// Path is the endpoint explained (absent: completions or chat).
 	Path string `json:"path,omitempty"`
 	// ResponseOwner is the replica holding the stored response the
@@ -36,9 +36,9 @@ type RouteReport struct {
 	// Batch is the number of prompts of a prompt list (keyed by its
 	// longest); KeyedInPart says only a prefix of the prompt is keyed
 	// (a batch, media parts, non-text Responses input, or no prompt).
-	Batch       int  `json:"batch,omitempty"`
-	KeyedInPart bool `json:"keyed_in_part,omitempty"`
-	Selection string `json:"selection"`
+	Batch       int    `json:"batch,omitempty"`
+	KeyedInPart bool   `json:"keyed_in_part,omitempty"`
+	Selection   string `json:"selection"`
 	// EstimatedTTFT is cost's estimate for the pick, in seconds.
 	EstimatedTTFT float64 `json:"estimated_ttft_seconds,omitempty"`
 	// Explanation is the strategy's per-candidate reasoning: match, load,

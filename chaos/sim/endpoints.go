@@ -2,8 +2,10 @@ package sim
 
 import (
 	"bytes"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -722,8 +724,8 @@ func (s *Server) handleResponsesCreate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer s.abort(rid)
-	id := "resp_" + strings.TrimPrefix(string(rid), "resp-")
-	msgID := "msg_" + strings.TrimPrefix(string(rid), "resp-")
+	// Random like vLLM's (resp_<uuid hex>): ids are unique across replicas.
+	id, msgID := "resp_"+randomHex(), "msg_"+randomHex()
 	obj := map[string]any{
 		"id": id, "object": "response", "created_at": time.Now().Unix(), "model": s.cfg.ServedModelName,
 		"status": "in_progress", "output": []any{}, "instructions": p.Instructions,
@@ -814,6 +816,12 @@ func (s *Server) handleResponsesCreate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+func randomHex() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func (s *Server) notFoundResponse(w http.ResponseWriter, id string) {

@@ -285,18 +285,15 @@ func (n *Node) forward(w http.ResponseWriter, r *http.Request, ep *endpoint, req
 		}
 		canRetry := attempt == 0 && n.cfg.RetryConnectFailures && s.available > 1 && req.upstream == nil && pinned == ""
 		out := http.ResponseWriter(w)
-		var cw *headCapture
 		if ep.shape == shapeResponses || (ep.shape == shapeResponseByID && r.Method == http.MethodDelete) {
-			cw = newHeadCapture(w)
+			cw := n.responseLearner(p, dec.rep, req)
+			cw.ResponseWriter = w
 			out = cw
 		}
 		if n.proxy(out, r, req, body, dec, keys, canRetry) == attemptRetry {
 			n.m.retries.Inc()
 			exclude = dec.rep
 			continue
-		}
-		if cw != nil {
-			n.learnResponse(p, dec.rep, req, cw)
 		}
 		return
 	}

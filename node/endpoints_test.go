@@ -441,3 +441,35 @@ func TestSimEndpointsThroughGateway(t *testing.T) {
 		assert.Equal(t, "a", resp.Header.Get(HeaderReplica), "the engine's own error: "+out)
 	}
 }
+
+// A response id's owner learned by one gateway reaches the other through
+// the cluster's decision stream (no engine is asked), and a follow-up there
+// goes to the owner.
+func TestResponseOwnerSharedAcrossCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two-gateway cluster: skipped with -short")
+	}
+	e1, e2, e3 := startSimM(t), startSimM(t), startSimM(t)
+	reps := []ReplicaConfig{simReplica("e1", e1), simReplica("e2", e2), simReplica("e3", e3)}
+	g1, _ := startGateway(t, gwConfig("gw-a", t.TempDir(), nil, 2, reps...))
+	g2, _ := startGateway(t, gwConfig("gw-b", t.TempDir(), []string{g1.Cluster().GossipAddr()}, 2, reps...))
+	waitReady(t, g1, g2)
+	resp := post(t, g1, "/v1/responses", `{"model":"m","input":"shared owner","max_output_tokens":2}`, nil)
+	out := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, out)
+	owner, id := resp.Header.Get(HeaderReplica), firstID([]byte(out))
+	require.Eventually(t, func() bool {
+		p := g2.tbl.Load().pools
+		r := g2.sharedOwner(p, id)
+		return r != nil && r.name == owner
+	}, 10*time.Second, 5*time.Millisecond, "g2 never learned the owner from g1's decision")
+	_, known := g2.owners.get(id, nowNanos())
+	assert.False(t, known, "g2 did not relay it")
+	fu := fmt.Sprintf(`{"model":"m","input":"more","previous_response_id":%q,"max_output_tokens":2}`, id)
+	resp = post(t, g2, "/v1/responses", fu, map[string]string{HeaderStrategy: "random"})
+	out = readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, out)
+	assert.Equal(t, owner, resp.Header.Get(HeaderReplica))
+	assert.Equal(t, 1.0, counterValue(t, g2, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "shared"}))
+	assert.Zero(t, counterValue(t, g2, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "discovered"}))
+}

@@ -9,6 +9,10 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvmesh/kvmesh/index"
 )
 
 // The Responses API (/v1/responses). vLLM keeps stored responses in the
@@ -17,10 +21,14 @@ import (
 // /v1/responses/{id}, must reach that replica. The gateway learns
 // id → replica from the responses it relays (the first "id" of the body,
 // or of the stream's response.created event), remembers it for
-// Config.ResponseTTL, and when it does not know an id (another gateway of
-// the cluster relayed it, or this one restarted) asks the pool's replicas
-// (GET /v1/responses/{id}) which one has it. A pool whose engines share a
-// store (ModelConfig.SharedResponseStore) has no affinity.
+// Config.ResponseTTL, and shares it with the cluster through the decision
+// path: the owner is recorded as a history entry of one synthetic block
+// key per id (responseKey), which the peers apply and a joining gateway's
+// index snapshot carries, so any gateway finds the owner by matching that
+// key (within HistoryTTL). When neither knows an id (expired, or learned by
+// a gateway whose decision did not arrive yet) the gateway asks the pool's
+// replicas (GET /v1/responses/{id}) which one has it. A pool whose engines
+// share a store (ModelConfig.SharedResponseStore) has no affinity.
 
 // parseResponses reads a Responses API create request. The input is keyed
 // as the chat vLLM renders from it (instructions as a system message, then
@@ -297,6 +305,10 @@ func (n *Node) responseOwnerIn(ctx context.Context, t *table, p *pool, id string
 			return rep, nil
 		}
 	}
+	if rep := n.sharedOwner([]*pool{p}, id); rep != nil {
+		n.m.responseAffinity.WithLabelValues("shared").Inc()
+		return rep, nil
+	}
 	if rep := n.discoverOwner(ctx, []*pool{p}, id); rep != nil {
 		n.m.responseAffinity.WithLabelValues("discovered").Inc()
 		return rep, nil
@@ -329,6 +341,11 @@ func (n *Node) responseTarget(ctx context.Context, t *table, id string) (*pool, 
 		} else {
 			own = append(own, p)
 		}
+	}
+	if rep := n.sharedOwner(own, id); rep != nil {
+		n.m.responseAffinity.WithLabelValues("shared").Inc()
+		p, _ := t.replicaByName(rep.name)
+		return p, rep, nil
 	}
 	if rep := n.discoverOwner(ctx, own, id); rep != nil {
 		n.m.responseAffinity.WithLabelValues("discovered").Inc()
@@ -395,18 +412,66 @@ func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) *rep
 	}
 }
 
-// learnResponse updates the owners from a relayed Responses API answer.
-func (n *Node) learnResponse(p *pool, rep *replica, req *inferenceRequest, cw *headCapture) {
-	if p.sharedStore || cw.status < 200 || cw.status > 299 {
-		return
+// responseLearner returns the capture's callbacks that update the owners
+// from a relayed Responses API answer. They run before the bytes reach the
+// client, so a client that has read a response id can use it at once on
+// any gateway.
+func (n *Node) responseLearner(p *pool, rep *replica, req *inferenceRequest) *headCapture {
+	c := &headCapture{}
+	if p.sharedStore {
+		return c
 	}
 	if req.method == http.MethodDelete {
-		n.owners.forget(req.responseID)
+		c.onStatus = func(code int) {
+			if code >= 200 && code <= 299 {
+				n.owners.forget(req.responseID)
+			}
+		}
+		return c
+	}
+	c.onID = func(id string) {
+		now := nowNanos()
+		n.owners.put(id, rep.name, now)
+		n.shareOwner(rep, id, now)
+	}
+	return c
+}
+
+// responseKey is the synthetic block key under which a response id's
+// owner is recorded in the index (and so shared with the cluster). It is
+// not a chain key of any prompt (those are seeded with the model root).
+func responseKey(id string) index.BlockKey {
+	return index.BlockKey(xxh3.HashString("kvmesh/response-owner\x00" + id))
+}
+
+// shareOwner records rep as id's owner in the index and publishes it to
+// the cluster like a routing decision.
+func (n *Node) shareOwner(rep *replica, id string, now int64) {
+	keys := []index.BlockKey{responseKey(id)}
+	if err := n.index.Record(keys, rep.id, index.History, now); err != nil {
+		n.log.Warn("recording a response owner failed", "replica", rep.name, "err", err)
 		return
 	}
-	if id := firstID(cw.head); id != "" {
-		n.owners.put(id, rep.name, nowNanos())
+	if h := n.recorder.Load(); h != nil {
+		h.l.Recorded(rep.model, rep.name, index.History, keys, now)
 	}
+}
+
+// sharedOwner finds id's owner among pools' replicas in the index (an
+// owner this or another gateway recorded), or nil.
+func (n *Node) sharedOwner(pools []*pool, id string) *replica {
+	keys := []index.BlockKey{responseKey(id)}
+	now := nowNanos()
+	var out [1]int32
+	for _, p := range pools {
+		for _, r := range p.replicas {
+			n.index.Match(keys, []index.ReplicaID{r.id}, index.ModeHistory, now, out[:])
+			if out[0] > 0 {
+				return r
+			}
+		}
+	}
+	return nil
 }
 
 // firstID returns the value of the first "id" key in b (a JSON object or
@@ -441,33 +506,43 @@ func firstID(b []byte) string {
 	}
 }
 
-// headCapture is a ResponseWriter that keeps the status and the first
-// bytes of the body it passes through.
+// headCapture is a ResponseWriter that watches the status and the first
+// bytes of a 2xx body: onStatus sees the status, onID the body's first
+// "id" (firstID), each before the bytes are passed on.
 type headCapture struct {
 	http.ResponseWriter
-	status int
-	head   []byte
+	status   int
+	head     []byte
+	done     bool
+	onStatus func(int)
+	onID     func(string)
 }
 
 const headCaptureBytes = 4 << 10
 
-func newHeadCapture(w http.ResponseWriter) *headCapture {
-	return &headCapture{ResponseWriter: w}
-}
-
 func (c *headCapture) WriteHeader(code int) {
 	if c.status == 0 {
 		c.status = code
+		if c.onStatus != nil {
+			c.onStatus(code)
+		}
 	}
 	c.ResponseWriter.WriteHeader(code)
 }
 
 func (c *headCapture) Write(b []byte) (int, error) {
 	if c.status == 0 {
-		c.status = http.StatusOK
+		c.WriteHeader(http.StatusOK)
 	}
-	if room := headCaptureBytes - len(c.head); room > 0 {
+	if !c.done && c.onID != nil && c.status >= 200 && c.status <= 299 {
+		room := headCaptureBytes - len(c.head)
 		c.head = append(c.head, b[:min(room, len(b))]...)
+		if id := firstID(c.head); id != "" {
+			c.done = true
+			c.onID(id)
+		} else if len(c.head) >= headCaptureBytes {
+			c.done = true
+		}
 	}
 	return c.ResponseWriter.Write(b)
 }

@@ -473,3 +473,39 @@ func TestResponseOwnerSharedAcrossCluster(t *testing.T) {
 	assert.Equal(t, 1.0, counterValue(t, g2, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "shared"}))
 	assert.Zero(t, counterValue(t, g2, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "discovered"}))
 }
+
+// A form that never reaches its model field in time is a clear 408, not
+// a hang; an owner that is ejected is a 503 naming it.
+func TestMultipartSlowBodyAndOwnerUnavailable(t *testing.T) {
+	e := newEchoEngine(t, "a")
+	n := startNode(t, func(c *Config) { c.BodyReadTimeout = 200 * time.Millisecond }, rc("a", e.srv.URL), rc("b", e.srv.URL))
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { _ = pw.Close() })
+	mw := multipart.NewWriter(pw)
+	go func() {
+		fw, _ := mw.CreateFormFile("file", "a.wav")
+		_, _ = fw.Write([]byte("RIFF")) // then nothing: no model field
+	}()
+	resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/audio/transcriptions", mw.FormDataContentType(), pr)
+	require.NoError(t, err)
+	er := decodeErr(t, readAll(t, resp))
+	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+	assert.Equal(t, CodeBodyTimeout, er.Error.Code)
+	assert.Zero(t, e.count())
+
+	_, rep := n.tbl.Load().replicaByName("b")
+	n.owners.put("resp_b", "b", nowNanos())
+	rep.ejectedUntil.Store(time.Now().Add(time.Minute).UnixNano())
+	resp = post(t, n, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_b"}`, nil)
+	er = decodeErr(t, readAll(t, resp))
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, CodeResponseOwnerUnavailable, er.Error.Code)
+	assert.Contains(t, er.Error.Message, "replica b")
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+	req, _ := http.NewRequest(http.MethodGet, "http://"+n.HTTPAddr()+"/v1/responses/resp_b", nil)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	er = decodeErr(t, readAll(t, resp))
+	assert.Equal(t, CodeResponseOwnerUnavailable, er.Error.Code)
+	assert.Zero(t, e.count())
+}

@@ -7,8 +7,10 @@ import (
 	"io"
 	"mime"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // maxModelFieldBytes bounds the "model" form value.
@@ -29,6 +31,12 @@ func (n *Node) readMultipart(w http.ResponseWriter, r *http.Request) (*inference
 	if err != nil || mt != "multipart/form-data" || params["boundary"] == "" {
 		return nil, errBadRequest(CodeInvalidMultipart, "the body must be multipart/form-data with a boundary")
 	}
+	// The search for the model field is bounded in time like readBody;
+	// the deadline is lifted before the rest streams to the engine.
+	rc := http.NewResponseController(w)
+	if n.cfg.BodyReadTimeout > 0 && rc.SetReadDeadline(time.Now().Add(n.cfg.BodyReadTimeout)) == nil {
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
 	body := http.MaxBytesReader(w, r.Body, n.cfg.MaxBodyBytes)
 	var seen bytes.Buffer
 	mr := multipart.NewReader(io.TeeReader(body, &seen), params["boundary"])
@@ -40,6 +48,11 @@ func (n *Node) readMultipart(w http.ResponseWriter, r *http.Request) (*inference
 		if errors.As(err, &mbe) {
 			return &apiError{status: http.StatusRequestEntityTooLarge, code: CodeBodyTooLarge,
 				message: fmt.Sprintf("request body exceeds the %d-byte limit before its \"model\" field", n.cfg.MaxBodyBytes)}
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return &apiError{status: http.StatusRequestTimeout, code: CodeBodyTimeout,
+				message: "the request body did not reach its \"model\" field in time"}
 		}
 		return errBadRequest(CodeInvalidMultipart, "cannot read the multipart body: "+err.Error())
 	}

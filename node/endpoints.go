@@ -299,6 +299,11 @@ func (n *Node) forward(w http.ResponseWriter, r *http.Request, ep *endpoint, req
 	}
 }
 
+// firstByteIsToken reports whether a stream's first body byte is its first
+// token (completions and chat), so that its arrival is the TTFT. A
+// Responses API stream opens with response.created before any prefill.
+func (r *inferenceRequest) firstByteIsToken() bool { return r.path == "" }
+
 // upstreamBody is the body proxy sends: the streamed one of a multipart
 // request, else the buffered bytes (none for GET and DELETE).
 func upstreamBody(req *inferenceRequest, body []byte) (io.Reader, int64) {

@@ -325,7 +325,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		}
 		n.checkPrediction(dec, confirmed, u)
 	}
-	if ok && streaming && res.firstAt != 0 {
+	if ok && streaming && res.firstAt != 0 && req.firstByteIsToken() {
 		ttft := time.Duration(res.firstAt - start.UnixNano())
 		rep.mTTFT.Observe(ttft.Seconds())
 		n.observeCost(rep, dec, ttft, res)

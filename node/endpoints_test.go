@@ -91,6 +91,9 @@ func TestEndpointsPassThroughByteForByte(t *testing.T) {
 			assert.Equal(t, ep.pattern, got.path)
 			assert.Equal(t, "trace=1", got.query)
 			assert.Equal(t, body, string(got.body), "body forwarded byte for byte")
+			rep := debugEndpointReport(t, n, ep.pattern, body, "")
+			assert.Equal(t, "a", rep.Pick, "explain has a decision for %s", ep.pattern)
+			assert.Equal(t, ep.pattern, rep.Path)
 		})
 	}
 }

@@ -512,3 +512,19 @@ func TestMultipartSlowBodyAndOwnerUnavailable(t *testing.T) {
 	assert.Equal(t, CodeResponseOwnerUnavailable, er.Error.Code)
 	assert.Zero(t, e.count())
 }
+
+// A pool whose engines share a store routes stored-response requests like
+// any other: no pinning to the replica that made the response.
+func TestSharedResponseStoreTurnsAffinityOff(t *testing.T) {
+	a, b := newEchoEngine(t, "a"), newEchoEngine(t, "b")
+	n := startNode(t, func(c *Config) { c.Models[0].SharedResponseStore = true }, rc("a", a.srv.URL), rc("b", b.srv.URL))
+	n.owners.put("resp_x", "b", nowNanos())
+	for i := 0; i < 20; i++ {
+		resp := post(t, n, "/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_x"}`, map[string]string{HeaderStrategy: "random"})
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	assert.Positive(t, a.count(), "not pinned to b")
+	assert.Positive(t, b.count())
+	assert.Equal(t, 20.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "shared_store"}))
+}

@@ -528,3 +528,34 @@ func TestSharedResponseStoreTurnsAffinityOff(t *testing.T) {
 	assert.Positive(t, b.count())
 	assert.Equal(t, 20.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "shared_store"}))
 }
+
+// BenchmarkParseEndpoints measures reading the new request shapes: a
+// Responses request (converted to chat), a chat cut at an image, and an
+// embeddings request (model only).
+func BenchmarkParseEndpoints(b *testing.B) {
+	long := strings.Repeat("You are a careful assistant. ", 200)
+	resp := []byte(`{"model":"m","instructions":` + jsonString(long) + `,"input":[{"role":"user","content":[{"type":"input_text","text":"hello"},{"type":"input_image","image_url":"data:image/png;base64,AAAA"}]}],"max_output_tokens":8}`)
+	chat := []byte(`{"model":"m","messages":[{"role":"system","content":` + jsonString(long) + `},{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`)
+	emb := []byte(`{"model":"m","input":` + jsonString(long) + `}`)
+	plain := []byte(`{"model":"m","messages":[{"role":"system","content":` + jsonString(long) + `},{"role":"user","content":[{"type":"text","text":"look"}]}]}`)
+	for _, c := range []struct {
+		name string
+		ep   *endpoint
+		body []byte
+	}{
+		{"responses", findEndpoint("/v1/responses"), resp},
+		{"chat-media", findEndpoint("/v1/chat/completions"), chat},
+		{"chat-text (reference)", findEndpoint("/v1/chat/completions"), plain},
+		{"embeddings", findEndpoint("/v1/embeddings"), emb},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(c.body)))
+			for b.Loop() {
+				if _, aerr := parseEndpoint(c.ep, c.ep.pattern, c.body); aerr != nil {
+					b.Fatal(aerr)
+				}
+			}
+		})
+	}
+}

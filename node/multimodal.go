@@ -7,16 +7,16 @@ import (
 
 // Multimodal chat. vLLM puts a media item into its prompt as placeholder
 // tokens whose number depends on the model's processor (an image's size
-// after resizing, an audio clip's length), and mixes a hash of the
-// processed item into the extra_keys of every block the placeholders
-// cover (vllm/v1/core/kv_cache_utils.py, generate_block_hash_extra_keys
-// with the request's mm_features: identifier = the multimodal hash of the
-// processed data). Neither the placeholder count nor that hash can be
-// derived from the request without running the model's processor, so the
-// gateway keys a chat only up to its first media part: every block before
-// it is keyed exactly, no block from it on is keyed at all. Requests with
-// a shared system prompt and history before the media still stick to the
-// replica that caches them.
+// after resizing, an audio clip's length), and every block the
+// placeholders overlap gets an extra key (the item's identifier, a hash of
+// the model id and the item's data, and its offset in the block: vLLM's
+// _gen_mm_extra_hash_keys in vllm/v1/core/kv_cache_utils.py). The gateway
+// could hash the item, but it cannot know how many placeholder tokens the
+// processor makes of it, so neither the media blocks nor any block after
+// them can be keyed from the request. The gateway therefore keys a chat up
+// to its first media part: every block before it exactly, none from it on.
+// Requests sharing a system prompt and history before the media still go
+// to the replica that caches them.
 
 // mediaCut returns the messages of raw up to the first content part that
 // is not text: the messages before it whole (their raw JSON), and that

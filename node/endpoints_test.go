@@ -559,3 +559,31 @@ func BenchmarkParseEndpoints(b *testing.B) {
 		})
 	}
 }
+
+// Owner discovery asks the engines, but never more than maxDiscoveries at
+// once: beyond, the id is treated as unknown.
+func TestDiscoveryIsBounded(t *testing.T) {
+	a := newEchoEngine(t, "a")
+	n := startNode(t, nil, rc("a", a.srv.URL))
+	for i := 0; i < maxDiscoveries; i++ {
+		n.owners.discover <- struct{}{}
+	}
+	get := func() int {
+		resp, err := http.Get("http://" + n.HTTPAddr() + "/v1/responses/resp_z")
+		require.NoError(t, err)
+		readAll(t, resp)
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, get())
+	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "discovery_busy"}))
+	assert.Equal(t, 1, a.count(), "no discovery GET, only the request")
+	for i := 0; i < maxDiscoveries; i++ {
+		<-n.owners.discover
+	}
+	require.Equal(t, http.StatusOK, get())
+	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "discovered"}))
+	assert.Equal(t, 3, a.count(), "a discovery GET, then the request")
+	owner, ok := n.owners.get("resp_z", nowNanos())
+	assert.True(t, ok)
+	assert.Equal(t, "a", owner)
+}

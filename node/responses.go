@@ -202,7 +202,12 @@ type responseOwners struct {
 	max   int
 	m     map[string]ownerEntry
 	order []ownerID // insertion order, for expiry and the size bound
+	// discover bounds the concurrent owner discoveries (a semaphore).
+	discover chan struct{}
 }
+
+// maxDiscoveries bounds concurrent owner discoveries per gateway.
+const maxDiscoveries = 16
 
 type ownerEntry struct {
 	replica string
@@ -215,7 +220,7 @@ type ownerID struct {
 }
 
 func newResponseOwners(max int, ttl time.Duration) *responseOwners {
-	return &responseOwners{ttl: ttl, max: max, m: map[string]ownerEntry{}}
+	return &responseOwners{ttl: ttl, max: max, m: map[string]ownerEntry{}, discover: make(chan struct{}, maxDiscoveries)}
 }
 
 // put remembers that replica stored id at now (unix nanos).
@@ -369,7 +374,18 @@ func (n *Node) responseTarget(ctx context.Context, t *table, id string) (*pool, 
 // discoverOwner asks every available replica of pools, concurrently and
 // within HealthTimeout, for GET /v1/responses/{id}; the first that answers
 // 200 owns it (and is remembered).
+//
+// At most maxDiscoveries run at once: beyond, the id is treated as
+// unknown, so requests naming made-up ids cannot multiply into a GET per
+// replica each without bound.
 func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) *replica {
+	select {
+	case n.owners.discover <- struct{}{}:
+		defer func() { <-n.owners.discover }()
+	default:
+		n.m.responseAffinity.WithLabelValues("discovery_busy").Inc()
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HealthTimeout)
 	defer cancel()
 	now := nowNanos()

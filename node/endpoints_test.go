@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/node/tokenizer"
 )
 
 // echoEngine records what reaches it (method, path, query, body) and
@@ -537,6 +538,8 @@ func BenchmarkParseEndpoints(b *testing.B) {
 	resp := []byte(`{"model":"m","instructions":` + jsonString(long) + `,"input":[{"role":"user","content":[{"type":"input_text","text":"hello"},{"type":"input_image","image_url":"data:image/png;base64,AAAA"}]}],"max_output_tokens":8}`)
 	chat := []byte(`{"model":"m","messages":[{"role":"system","content":` + jsonString(long) + `},{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}}]}]}`)
 	emb := []byte(`{"model":"m","input":` + jsonString(long) + `}`)
+	img := strings.Repeat("QUJD", 256<<10) // 1 MiB of base64
+	bigImage := []byte(`{"model":"m","messages":[{"role":"system","content":` + jsonString(long) + `},{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:image/png;base64,` + img + `"}}]}]}`)
 	plain := []byte(`{"model":"m","messages":[{"role":"system","content":` + jsonString(long) + `},{"role":"user","content":[{"type":"text","text":"look"}]}]}`)
 	for _, c := range []struct {
 		name string
@@ -545,6 +548,7 @@ func BenchmarkParseEndpoints(b *testing.B) {
 	}{
 		{"responses", findEndpoint("/v1/responses"), resp},
 		{"chat-media", findEndpoint("/v1/chat/completions"), chat},
+		{"chat-1MiB-image", findEndpoint("/v1/chat/completions"), bigImage},
 		{"chat-text (reference)", findEndpoint("/v1/chat/completions"), plain},
 		{"embeddings", findEndpoint("/v1/embeddings"), emb},
 	} {
@@ -586,4 +590,67 @@ func TestDiscoveryIsBounded(t *testing.T) {
 	owner, ok := n.owners.get("resp_z", nowNanos())
 	assert.True(t, ok)
 	assert.Equal(t, "a", owner)
+}
+
+// mediaScan (one pass of the fast scanner) cuts where mediaCut (the
+// encoding/json reference) does.
+func TestMediaScanMatchesMediaCut(t *testing.T) {
+	img := `{"type":"image_url","image_url":{"url":"data:image/png;base64,QUJD"}}`
+	cases := []string{
+		`[{"role":"user","content":[{"type":"text","text":"a"},` + img + `,{"type":"text","text":"b"}]}]`,
+		`[{"role":"system","content":"sys"},{"role":"user","content":[` + img + `]}]`,
+		`[{"content":[{"type":"text","text":"a"},` + img + `],"role":"user"}]`,
+		`[{"role":"user","content":[{"text":"first key is not type","type":"text"},{"image_url":{"url":"x"},"type":"image_url"}]}]`,
+		`[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"user","content":[{"type":"text","text":"q"},{"type":"input_audio","input_audio":{"data":"AA","format":"wav"}}]}]`,
+		`[ { "role" : "user" , "content" : [ { "type" : "text" , "text" : "spaced" } , { "type" : "video_url" , "video_url" : { "url" : "v" } } ] } ]`,
+		`[{"role":"user","content":"plain \"type\": \"image\" in text"}]`,
+	}
+	for i, c := range cases {
+		want, ok := mediaCut(json.RawMessage(c))
+		require.True(t, ok, i)
+		got, media, ok := mediaScan([]byte(c))
+		require.True(t, ok, i)
+		wantMsgs, werr := tokenizerParse(want)
+		gotMsgs, gerr := tokenizerParse(got)
+		require.Equal(t, werr == nil, gerr == nil, "case %d: %s vs %s", i, want, got)
+		assert.Equal(t, wantMsgs, gotMsgs, "case %d", i)
+		hasMedia := strings.Contains(c, "image_url\"") || strings.Contains(c, "input_audio\"") || strings.Contains(c, "video_url\"")
+		assert.Equal(t, hasMedia, media, "case %d", i)
+	}
+	assert.False(t, maybeMedia([]byte(`[{"role":"user","content":"say \"type\":\"image\""}]`)))
+	assert.True(t, maybeMedia([]byte(`[{"role":"user","content":[{"type" : "image_url"}]}]`)))
+}
+
+func tokenizerParse(raw json.RawMessage) (any, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	return tokenizer.ParseMessages(raw)
+}
+
+// FuzzMediaScan: on any valid JSON, mediaScan never panics, and when it
+// reads the messages it agrees with mediaCut.
+func FuzzMediaScan(f *testing.F) {
+	f.Add(`[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]`)
+	f.Add(`[{"content":[{"type":"input_audio"}],"role":"user"}]`)
+	f.Add(`[{"role":"user","content":"x"},{"role":"user","content":[]}]`)
+	f.Add(`[1,{"role":"u"}]`)
+	f.Fuzz(func(t *testing.T, s string) {
+		if !json.Valid([]byte(s)) {
+			return
+		}
+		got, media, ok := mediaScan([]byte(s))
+		if !ok || !media {
+			return
+		}
+		want, wok := mediaCut(json.RawMessage(s))
+		if !wok {
+			return // mediaCut's stricter shapes; the caller would fall back
+		}
+		gm, gerr := tokenizerParse(got)
+		wm, werr := tokenizerParse(want)
+		if (gerr == nil) != (werr == nil) || (gerr == nil && !assert.ObjectsAreEqual(gm, wm)) {
+			t.Fatalf("input %s: mediaScan %s, mediaCut %s", s, got, want)
+		}
+	})
 }

@@ -319,6 +319,20 @@ func parseMessages(req *inferenceRequest, raw json.RawMessage) *apiError {
 	if isNull(raw) {
 		return errBadRequest(CodeMissingMessages, `"messages" is required`)
 	}
+	if maybeMedia(raw) {
+		// Media parts (image, audio, video, ...): key the chat up to the
+		// first one (multimodal.go), without decoding the media bytes
+		// more than once.
+		if cut, media, ok := mediaScan(raw); ok && media {
+			req.partial = true
+			if len(cut) == 0 {
+				req.messages = []tokenizer.Message{}
+				req.rawMessages = json.RawMessage("[]")
+				return nil
+			}
+			raw = cut
+		}
+	}
 	msgs, err := tokenizer.ParseMessages(raw)
 	if errors.Is(err, tokenizer.ErrUnsupportedContent) {
 		// Media parts (image, audio, video, ...): key the chat up to the

@@ -540,6 +540,7 @@ func BenchmarkParseEndpoints(b *testing.B) {
 	emb := []byte(`{"model":"m","input":` + jsonString(long) + `}`)
 	img := strings.Repeat("QUJD", 256<<10) // 1 MiB of base64
 	bigImage := []byte(`{"model":"m","messages":[{"role":"system","content":` + jsonString(long) + `},{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"data:image/png;base64,` + img + `"}}]}]}`)
+	bigResp := []byte(`{"model":"m","instructions":` + jsonString(long) + `,"input":[{"role":"user","content":[{"type":"input_text","text":"hello"},{"type":"input_image","image_url":"data:image/png;base64,` + img + `"}]}]}`)
 	plain := []byte(`{"model":"m","messages":[{"role":"system","content":` + jsonString(long) + `},{"role":"user","content":[{"type":"text","text":"look"}]}]}`)
 	for _, c := range []struct {
 		name string
@@ -549,6 +550,7 @@ func BenchmarkParseEndpoints(b *testing.B) {
 		{"responses", findEndpoint("/v1/responses"), resp},
 		{"chat-media", findEndpoint("/v1/chat/completions"), chat},
 		{"chat-1MiB-image", findEndpoint("/v1/chat/completions"), bigImage},
+		{"responses-1MiB-image", findEndpoint("/v1/responses"), bigResp},
 		{"chat-text (reference)", findEndpoint("/v1/chat/completions"), plain},
 		{"embeddings", findEndpoint("/v1/embeddings"), emb},
 	} {
@@ -653,4 +655,29 @@ func FuzzMediaScan(f *testing.F) {
 			t.Fatalf("input %s: mediaScan %s, mediaCut %s", s, got, want)
 		}
 	})
+}
+
+// A Responses input is keyed as the chat vLLM renders from it, up to its
+// first item or part that is not text.
+func TestResponsesInputKeyedAsChat(t *testing.T) {
+	asChat := func(body string) (*inferenceRequest, []tokenizer.Message) {
+		req, aerr := parseResponses([]byte(body))
+		require.Nil(t, aerr, body)
+		return req, req.messages
+	}
+	req, msgs := asChat(`{"model":"m","instructions":"sys","input":"hi"}`)
+	assert.False(t, req.partial)
+	assert.Equal(t, []tokenizer.Message{{Role: "system", Content: "sys"}, {Role: "user", Content: "hi"}}, msgs)
+	req, msgs = asChat(`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"data:x"},{"type":"input_text","text":"b"}]}]}`)
+	assert.True(t, req.partial)
+	assert.Equal(t, []tokenizer.Message{{Role: "user", Content: "a"}}, msgs)
+	req, msgs = asChat(`{"model":"m","input":[{"type":"message","role":"user","content":"q"},{"type":"function_call_output","call_id":"c","output":"o"}]}`)
+	assert.True(t, req.partial)
+	assert.Equal(t, []tokenizer.Message{{Role: "user", Content: "q"}}, msgs)
+	req, _ = asChat(`{"model":"m","input":"x","previous_response_id":"resp_1"}`)
+	assert.Equal(t, "resp_1", req.previousResponseID)
+	assert.Empty(t, req.messages, "a follow-up is not keyed")
+	_, aerr := parseResponses([]byte(`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":5}]}]}`))
+	require.NotNil(t, aerr)
+	assert.Equal(t, CodeInvalidPrompt, aerr.code)
 }

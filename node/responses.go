@@ -56,14 +56,25 @@ func parseResponses(body []byte) (*inferenceRequest, *apiError) {
 	if req.user, _, err = f.user.string(); err != nil {
 		return nil, errBadRequest(CodeInvalidField, `field "user" must be a string`)
 	}
+	// The other fields in one pass of the fast scanner (the body is valid
+	// JSON: scanBody said so): an input image is skipped, never decoded.
 	var rb struct {
-		Input              json.RawMessage `json:"input"`
-		Instructions       json.RawMessage `json:"instructions"`
-		PreviousResponseID json.RawMessage `json:"previous_response_id"`
-		MaxOutputTokens    json.RawMessage `json:"max_output_tokens"`
-		CacheSalt          json.RawMessage `json:"cache_salt"`
+		Input, Instructions, PreviousResponseID, MaxOutputTokens, CacheSalt json.RawMessage
 	}
-	if json.Unmarshal(body, &rb) != nil {
+	if !scanObject(body, func(key string, v []byte) {
+		switch key {
+		case "input":
+			rb.Input = v
+		case "instructions":
+			rb.Instructions = v
+		case "previous_response_id":
+			rb.PreviousResponseID = v
+		case "max_output_tokens":
+			rb.MaxOutputTokens = v
+		case "cache_salt":
+			rb.CacheSalt = v
+		}
+	}) {
 		return nil, errBadRequest(CodeInvalidJSON, "request body must be a JSON object")
 	}
 	if !isNull(rb.PreviousResponseID) {
@@ -102,6 +113,51 @@ func parseResponses(body []byte) (*inferenceRequest, *apiError) {
 	return req, nil
 }
 
+// scanObject calls fn with each key and raw value of the JSON object b
+// (already validated), in one pass of the fast scanner; false when b is
+// not an object.
+func scanObject(b []byte, fn func(key string, v []byte)) bool {
+	s := jscan{b: b}
+	s.ws()
+	if s.i >= len(b) || b[s.i] != '{' {
+		return false
+	}
+	s.i++
+	for {
+		s.ws()
+		if s.i >= len(b) {
+			return false
+		}
+		switch b[s.i] {
+		case '}':
+			return true
+		case ',':
+			s.i++
+			continue
+		}
+		ks := s.i
+		esc, err := s.str()
+		if err != nil {
+			return false
+		}
+		key := string(b[ks+1 : s.i-1])
+		if esc && json.Unmarshal(b[ks:s.i], &key) != nil {
+			return false
+		}
+		s.ws()
+		if s.i >= len(b) || b[s.i] != ':' {
+			return false
+		}
+		s.i++
+		s.ws()
+		vs := s.i
+		if s.value(1) != nil {
+			return false
+		}
+		fn(key, b[vs:s.i])
+	}
+}
+
 // chatPart and chatMsg are the chat form a Responses input is keyed as.
 type chatPart struct {
 	Type string `json:"type"`
@@ -136,13 +192,27 @@ func responsesMessages(instructions, input json.RawMessage) (json.RawMessage, bo
 		}
 		msgs = append(msgs, chatMsg{Role: "user", Content: []chatPart{{Type: "text", Text: s}}})
 	case input[0] == '[':
-		var items []struct {
-			Type    string          `json:"type"`
-			Role    string          `json:"role"`
-			Content json.RawMessage `json:"content"`
+		type item struct {
+			Type, Role string
+			Content    json.RawMessage
 		}
-		if json.Unmarshal(input, &items) != nil {
-			return nil, false, errBadRequest(CodeInvalidPrompt, `"input" must be a string or an array of input items`)
+		var items []item
+		for _, e := range arrayElems(input) {
+			var it item
+			good := e[0] == '{' && scanObject(e, func(key string, v []byte) {
+				switch key {
+				case "type":
+					_ = json.Unmarshal(v, &it.Type)
+				case "role":
+					_ = json.Unmarshal(v, &it.Role)
+				case "content":
+					it.Content = v
+				}
+			})
+			if !good {
+				return nil, false, errBadRequest(CodeInvalidPrompt, `"input" must be a string or an array of input items`)
+			}
+			items = append(items, it)
 		}
 	items:
 		for _, it := range items {
@@ -160,11 +230,25 @@ func responsesMessages(instructions, input json.RawMessage) (json.RawMessage, bo
 				}
 				m.Content = []chatPart{{Type: "text", Text: s}}
 			case len(c) > 0 && c[0] == '[':
-				var parts []chatPart
-				if json.Unmarshal(c, &parts) != nil {
-					return nil, false, errBadRequest(CodeInvalidPrompt, "an input message's content must be a string or a list of parts")
-				}
-				for _, p := range parts {
+				for _, raw := range arrayElems(c) {
+					// A part's type first (cheaply: an image part is not
+					// decoded), then a text part whole.
+					var p chatPart
+					typ, ok := partType(raw)
+					if !ok && (raw[0] != '{' || !scanObject(raw, func(key string, v []byte) {
+						if key == "type" {
+							_ = json.Unmarshal(v, &typ)
+						}
+					})) {
+						return nil, false, errBadRequest(CodeInvalidPrompt, "an input message's content must be a string or a list of parts")
+					}
+					p.Type = typ
+					switch typ {
+					case "input_text", "output_text", "text":
+						if json.Unmarshal(raw, &p) != nil {
+							return nil, false, errBadRequest(CodeInvalidPrompt, "a text part must be an object with a string \"text\"")
+						}
+					}
 					switch p.Type {
 					case "input_text", "output_text", "text":
 						m.Content = append(m.Content, chatPart{Type: "text", Text: p.Text})

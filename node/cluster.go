@@ -419,7 +419,7 @@ func routingDocument(c *Config) (config.RoutingConfig, error) {
 	d.Models = make(map[string]config.ModelConfig, len(c.Models))
 	for _, m := range c.Models {
 		mc := config.ModelConfig{Strategy: m.Strategy, IndexMode: m.IndexMode,
-			Adapters: append([]string(nil), m.Adapters...)}
+			Adapters: append([]string(nil), m.Adapters...), SharedResponseStore: m.SharedResponseStore}
 		for _, r := range m.Replicas {
 			mc.Replicas = append(mc.Replicas, config.ReplicaConfig{Name: r.Name, URL: r.URL,
 				KV: r.KVEndpoint, KVBind: r.KVBind, Replay: r.ReplayEndpoint})
@@ -446,7 +446,7 @@ func specFromDocument(version uint64, d *config.RoutingConfig) routingSpec {
 	for _, name := range d.ModelNames() {
 		m := d.Models[name]
 		mc := ModelConfig{Name: name, Strategy: m.Strategy, IndexMode: m.IndexMode,
-			Adapters: append([]string(nil), m.Adapters...)}
+			Adapters: append([]string(nil), m.Adapters...), SharedResponseStore: m.SharedResponseStore}
 		for _, r := range m.Replicas {
 			mc.Replicas = append(mc.Replicas, ReplicaConfig{Name: r.Name, URL: r.URL,
 				KVEndpoint: r.KV, KVBind: r.KVBind, ReplayEndpoint: r.Replay})

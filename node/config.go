@@ -87,6 +87,15 @@ type Config struct {
 	// prompt's first keys, so a longer prompt only loses affinity beyond
 	// the limit. Default DefaultMaxKeyTokens.
 	MaxKeyTokens int `yaml:"max_key_tokens"`
+	// ResponseTTL is how long the gateway remembers which replica stored a
+	// Responses API response (previous_response_id and /v1/responses/{id}
+	// go there). vLLM's in-process store keeps a response until the engine
+	// restarts; a restart is seen as the id's owner no longer having it.
+	// Default 24h: longer than an agent session.
+	ResponseTTL time.Duration `yaml:"response_ttl"`
+	// MaxResponseOwners bounds the remembered response ids; the oldest go
+	// first. Default 1<<20 (about 100 MB at most).
+	MaxResponseOwners int `yaml:"max_response_owners"`
 
 	// BlockSize is the number of tokens per index block. Default 0 = auto:
 	// 128 with the character tokenizer (AIBrix's chunk size) and 16
@@ -271,6 +280,11 @@ type ModelConfig struct {
 	// bytes). Models that come only from the replicated cluster config use
 	// the global tokenizer.
 	Tokenizer string `yaml:"tokenizer"`
+	// SharedResponseStore says the pool's engines share one Responses API
+	// store backend, so a stored response is readable on every replica:
+	// the gateway then routes previous_response_id and /v1/responses/{id}
+	// like any request instead of to the replica that made the response.
+	SharedResponseStore bool `yaml:"shared_response_store"`
 	// Replicas are the engines serving the model.
 	Replicas []ReplicaConfig `yaml:"replicas"`
 }
@@ -305,6 +319,8 @@ func DefaultConfig() Config {
 		IndexMode:               "history",
 		Tokenizer:               TokenizerAuto,
 		MaxKeyTokens:            DefaultMaxKeyTokens,
+		ResponseTTL:             24 * time.Hour,
+		MaxResponseOwners:       1 << 20,
 		IndexCapacity:           1 << 20,
 		HistoryTTL:              2 * time.Hour,
 		SpeculativeTTL:          10 * time.Second,
@@ -464,6 +480,12 @@ func (c *Config) Validate() error {
 	case strings.HasPrefix(c.Tokenizer, TokenizerHFPrefix) && len(c.Tokenizer) > len(TokenizerHFPrefix):
 	default:
 		bad("tokenizer %q unknown (want auto, character, tiktoken, remote or hf:<dir>)", c.Tokenizer)
+	}
+	if c.ResponseTTL <= 0 {
+		bad("response_ttl %v must be positive", c.ResponseTTL)
+	}
+	if c.MaxResponseOwners < 1 {
+		bad("max_response_owners %d must be positive", c.MaxResponseOwners)
 	}
 	if c.MaxKeyTokens < 1 {
 		bad("max_key_tokens %d must be positive", c.MaxKeyTokens)

@@ -26,8 +26,19 @@ type RouteReport struct {
 	// source) without revealing it.
 	PromptHash string `json:"prompt_hash"`
 	// Pick is the replica the strategy chose ("" when none is available).
-	Pick      string `json:"pick"`
-	Selection string `json:"selection"`
+	Pick string `json:"pick"`
+	// Path is the endpoint explained (absent: completions or chat).
+	Path string `json:"path,omitempty"`
+	// ResponseOwner is the replica holding the stored response the
+	// request names (previous_response_id, /v1/responses/{id}); the
+	// request goes there.
+	ResponseOwner string `json:"response_owner,omitempty"`
+	// Batch is the number of prompts of a prompt list (keyed by its
+	// longest); KeyedInPart says only a prefix of the prompt is keyed
+	// (a batch, media parts, non-text Responses input, or no prompt).
+	Batch       int    `json:"batch,omitempty"`
+	KeyedInPart bool   `json:"keyed_in_part,omitempty"`
+	Selection   string `json:"selection"`
 	// EstimatedTTFT is cost's estimate for the pick, in seconds.
 	EstimatedTTFT float64 `json:"estimated_ttft_seconds,omitempty"`
 	// Explanation is the strategy's per-candidate reasoning: match, load,
@@ -89,6 +100,10 @@ func (n *Node) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 			n.refuse(w, aerr)
 			return
 		}
+		if path := r.URL.Query().Get("path"); path != "" && path != "/v1/completions" && path != "/v1/chat/completions" {
+			n.debugEndpoint(w, r, path, body)
+			return
+		}
 		var probe struct {
 			Messages json.RawMessage `json:"messages"`
 		}
@@ -124,16 +139,25 @@ func (n *Node) serveDebugRoute(w http.ResponseWriter, r *http.Request) {
 		n.refuse(w, aerr)
 		return
 	}
+	n.explainRoute(w, r, p, lora, req, strat, src, RouteReport{})
+}
+
+// explainRoute answers /debug/route for req on pool p with strat; rep
+// holds what the caller already knows (path, owner).
+func (n *Node) explainRoute(w http.ResponseWriter, r *http.Request, p *pool, lora string, req *inferenceRequest,
+	strat route.Strategy, src []byte, rep RouteReport) {
 	s := getScratch()
 	defer putScratch(s)
 	rr, keys := n.prepare(r.Context(), p, lora, req, s)
 	rr.Now = nowNanos()
 	s.rng = n.newRand()
-	rep := RouteReport{
-		Model: req.model, Strategy: strat.Name(), Tokenizer: n.tokName, IndexMode: p.mode.String(),
-		BlockSize: rr.BlockTokens, PromptTokens: rr.PromptTokens, TotalBlocks: rr.TotalBlocks,
-		PromptHash: fmt.Sprintf("%016x", xxh3.Hash(src)),
+	rep.Model, rep.Strategy, rep.Tokenizer, rep.IndexMode = req.model, strat.Name(), n.tokName, p.mode.String()
+	if rep.Model == "" {
+		rep.Model = p.model
 	}
+	rep.BlockSize, rep.PromptTokens, rep.TotalBlocks = rr.BlockTokens, rr.PromptTokens, rr.TotalBlocks
+	rep.PromptHash = fmt.Sprintf("%016x", xxh3.Hash(src))
+	rep.Batch, rep.KeyedInPart = req.batch, req.partial
 	for _, r := range p.replicas {
 		if !r.available(rr.Now) {
 			u := UnavailableReplica{Name: r.name, Down: r.activeDown.Load()}

@@ -17,6 +17,14 @@
 // is recorded in the index (history or speculative ledger) and the cost
 // model learns from the observed TTFT and TPOT.
 //
+// Every other endpoint vLLM serves passes through too (endpoints.go): the
+// route table maps each path to how its request is read (a prompt to key,
+// only a model, a multipart form read up to its model field, or a stored
+// response's id), endpoints without a prompt prefix are routed by load, and
+// Responses API ids are pinned to the replica that stored them
+// (responses.go). A prompt list is keyed by its longest prompt, a chat up to
+// its first media part (multimodal.go).
+//
 // Failure handling: a connect failure before any byte is sent is retried
 // once on the next-best replica; a body that breaks mid-stream ends with an
 // SSE error event (`data: {"error":{...}}`); consecutive failures eject a

@@ -18,6 +18,11 @@ func (n *Node) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/v1/completions", n.limit(n.serveInference(kindCompletions)))
 	mux.Handle("/v1/chat/completions", n.limit(n.serveInference(kindChat)))
+	for i := range endpoints {
+		if ep := &endpoints[i]; ep.shape != shapeCompletions && ep.shape != shapeChat {
+			mux.Handle(ep.pattern, n.limit(n.serveEndpoint(ep)))
+		}
+	}
 	mux.HandleFunc("/v1/models", n.serveModels)
 	mux.HandleFunc("/health", n.serveHealth)
 	mux.HandleFunc("/ready", n.serveReady)
@@ -25,9 +30,7 @@ func (n *Node) routes() http.Handler {
 	mux.Handle("/debug/route", n.limit(n.debugGate(n.serveDebugRoute)))
 	mux.HandleFunc("/debug/replicas", n.debugGate(n.serveDebugReplicas))
 	mux.Handle("/metrics", promhttp.HandlerFor(n.m.reg, promhttp.HandlerOpts{Registry: n.m.reg}))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		n.refuse(w, &apiError{status: http.StatusNotFound, code: CodeNotFound, message: "no such endpoint"})
-	})
+	mux.HandleFunc("/", n.notFound)
 	return n.recoverer(mux)
 }
 

@@ -9,19 +9,20 @@ import (
 // Stable error codes of the HTTP API ("code" in the OpenAI-style error
 // body). Clients may match on them; they never change meaning.
 const (
-	CodeInvalidJSON        = "invalid_json"
-	CodeBodyTooLarge       = "body_too_large"
-	CodeBodyTimeout        = "body_timeout"
-	CodeMissingModel       = "missing_model"
-	CodeModelNotFound      = "model_not_found"
-	CodeMissingPrompt      = "missing_prompt"
-	CodeEmptyPrompt        = "empty_prompt"
-	CodeInvalidPrompt      = "invalid_prompt"
-	CodeBatchUnsupported   = "batch_prompt_unsupported"
+	CodeInvalidJSON      = "invalid_json"
+	CodeBodyTooLarge     = "body_too_large"
+	CodeBodyTimeout      = "body_timeout"
+	CodeMissingModel     = "missing_model"
+	CodeModelNotFound    = "model_not_found"
+	CodeMissingPrompt    = "missing_prompt"
+	CodeEmptyPrompt      = "empty_prompt"
+	CodeInvalidPrompt    = "invalid_prompt"
+	CodeBatchUnsupported = "batch_prompt_unsupported" // no longer returned: batches are routed
+
 	CodeMissingMessages    = "missing_messages"
 	CodeEmptyMessages      = "empty_messages"
 	CodeInvalidMessages    = "invalid_messages"
-	CodeUnsupportedContent = "unsupported_content"
+	CodeUnsupportedContent = "unsupported_content" // no longer returned: media parts are routed
 	CodeInvalidField       = "invalid_field_type"
 	CodeUnknownStrategy    = "unknown_strategy"
 	CodeNoHealthyReplica   = "no_healthy_replica"
@@ -34,6 +35,17 @@ const (
 	CodeShuttingDown       = "shutting_down"
 	CodeGatewayShutdown    = "gateway_shutdown"
 	CodeNotReady           = "not_ready"
+	// CodeResponseOwnerGone: the replica that stored a Responses API
+	// response (previous_response_id, /v1/responses/{id}) left the pool;
+	// the response is lost with its in-process store.
+	CodeResponseOwnerGone = "response_owner_gone"
+	// CodeResponseOwnerUnavailable: that replica is ejected or failing
+	// its health check; retry later.
+	CodeResponseOwnerUnavailable = "response_owner_unavailable"
+	// CodeResponseNotFound: no replica of any pool has the response.
+	CodeResponseNotFound = "response_not_found"
+	// CodeInvalidMultipart: a multipart body without a readable "model".
+	CodeInvalidMultipart = "invalid_multipart"
 )
 
 // apiError is an error answered to the client.

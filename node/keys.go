@@ -23,9 +23,12 @@ import (
 func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inferenceRequest, s *scratch) (route.Request, []index.BlockKey) {
 	root := n.hasher.Root(p.model, lora, req.cacheSalt)
 	s.keys = s.keys[:0]
-	s.keyCut = false
+	s.keyCut = req.partial
 	promptTokens := 0
 	switch {
+	case req.tokens == nil && req.text == "" && len(req.messages) == 0:
+		// No prompt to key (an endpoint routed by load, or a chat whose
+		// first part is media): the strategies see zero blocks.
 	case req.tokens != nil:
 		// The client tokenized: use its tokens as they are.
 		s.keys = n.hasher.AppendKeys(s.keys, root, req.tokens)
@@ -48,7 +51,7 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 	default:
 		toks, cut := n.tokenize(ctx, p, req, s.tokens[:0])
 		s.tokens = toks
-		s.keyCut = cut
+		s.keyCut = s.keyCut || cut
 		s.keys = n.hasher.AppendKeys(s.keys, root, toks)
 		promptTokens = len(toks)
 	}

@@ -50,6 +50,8 @@ type metrics struct {
 	engineTokenizes  *prometheus.GaugeVec     // model
 
 	cache seriesCache // resolved children for the per-request path
+	// Responses API affinity (responses.go).
+	responseAffinity *prometheus.CounterVec // result
 }
 
 func newMetrics() *metrics {
@@ -119,6 +121,11 @@ func newMetrics() *metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registerSelfCheck()
 	m.registerAgreement()
+	m.responseAffinity = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_proxy_response_affinity_total",
+		Help: "Requests naming a stored response (previous_response_id, /v1/responses/{id}) by how its owning replica was found: known (relayed here), shared (recorded by a peer), discovered (asked the engines), unknown, owner_gone (its replica left the pool), owner_unavailable (ejected or failing health), shared_store (affinity off), discovery_busy (too many discoveries at once: treated as unknown).",
+	}, []string{"result"})
+	m.reg.MustRegister(m.responseAffinity)
 	return m
 }
 

@@ -25,9 +25,11 @@ import (
 // health checks and KV-event subscribers. Several Nodes may run in one
 // process; each has its own metrics registry.
 type Node struct {
-	cfg  Config
-	log  *slog.Logger
-	mode index.Mode // default; pools may override
+	cfg Config
+	// owners maps Responses API ids to the replica that stored them.
+	owners *responseOwners
+	log    *slog.Logger
+	mode   index.Mode // default; pools may override
 
 	index    *index.Index
 	hasher   index.Hasher
@@ -152,6 +154,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	}
 
 	n.m = newMetrics()
+	n.owners = newResponseOwners(cfg.MaxResponseOwners, cfg.ResponseTTL)
 	n.transport = newTransport(cfg)
 	if !cfg.UpstreamHTTP2 {
 		n.up = newUpstreamClient(cfg)

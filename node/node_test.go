@@ -317,8 +317,6 @@ func TestBadInput(t *testing.T) {
 		{"null prompt", "/v1/completions", `{"model":"m","prompt":null}`, nil, 400, CodeMissingPrompt},
 		{"empty prompt", "/v1/completions", `{"model":"m","prompt":""}`, nil, 400, CodeEmptyPrompt},
 		{"empty token list", "/v1/completions", `{"model":"m","prompt":[]}`, nil, 400, CodeEmptyPrompt},
-		{"batch of strings", "/v1/completions", `{"model":"m","prompt":["a","b"]}`, nil, 400, CodeBatchUnsupported},
-		{"batch of token lists", "/v1/completions", `{"model":"m","prompt":[[1],[2]]}`, nil, 400, CodeBatchUnsupported},
 		{"prompt object", "/v1/completions", `{"model":"m","prompt":{"a":1}}`, nil, 400, CodeInvalidPrompt},
 		{"prompt number", "/v1/completions", `{"model":"m","prompt":7}`, nil, 400, CodeInvalidPrompt},
 		{"negative token", "/v1/completions", `{"model":"m","prompt":[1,-2]}`, nil, 400, CodeInvalidPrompt},
@@ -329,10 +327,16 @@ func TestBadInput(t *testing.T) {
 		{"empty messages", "/v1/chat/completions", `{"model":"m","messages":[]}`, nil, 400, CodeEmptyMessages},
 		{"messages not array", "/v1/chat/completions", `{"model":"m","messages":"hi"}`, nil, 400, CodeInvalidMessages},
 		{"message without role", "/v1/chat/completions", `{"model":"m","messages":[{"content":"hi"}]}`, nil, 400, CodeInvalidMessages},
-		{"image content", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, nil, 400, CodeUnsupportedContent},
 		{"oversized body", "/v1/completions", big, nil, 413, CodeBodyTooLarge},
 		{"unknown strategy", "/v1/completions", `{"model":"m","prompt":"hi"}`, map[string]string{HeaderStrategy: "fastest"}, 400, CodeUnknownStrategy},
-		{"unknown path", "/v1/embeddings", `{}`, nil, 404, CodeNotFound},
+		{"unknown path", "/v1/nope", `{}`, nil, 404, CodeNotFound},
+		{"batch mixing strings and token lists", "/v1/completions", `{"model":"m","prompt":["a",[1]]}`, nil, 400, CodeInvalidPrompt},
+		{"embeddings model not string", "/v1/embeddings", `{"model":5,"input":"hi"}`, nil, 400, CodeInvalidField},
+		{"embeddings not json", "/v1/embeddings", `{"model":`, nil, 400, CodeInvalidJSON},
+		{"responses without input", "/v1/responses", `{"model":"m"}`, nil, 400, CodeMissingPrompt},
+		{"responses input number", "/v1/responses", `{"model":"m","input":5}`, nil, 400, CodeInvalidPrompt},
+		{"responses unknown model", "/v1/responses", `{"model":"x","input":"hi"}`, nil, 404, CodeModelNotFound},
+		{"transcription not multipart", "/v1/audio/transcriptions", `{"model":"m"}`, nil, 400, CodeInvalidMultipart},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -214,8 +214,11 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	rep := dec.rep
 	// A plain-http replica goes through the proxy's own client
 	// (upstream.go), which needs no context of its own: the client's
-	// leaving and the idle timeout act on the connection's deadlines.
-	direct := n.up != nil && rep.dialAddr != ""
+	// leaving and the idle timeout act on the connection's deadlines. It
+	// sends buffered POST bodies only; other methods and streamed bodies
+	// (multipart forms read only as far as their model field) take the
+	// Transport.
+	direct := n.up != nil && rep.dialAddr != "" && req.upstream == nil && req.upstreamMethod() == http.MethodPost
 	ctx := r.Context()
 	var (
 		cancel context.CancelCauseFunc
@@ -224,12 +227,13 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	if !direct {
 		ctx, cancel = context.WithCancelCause(r.Context())
 		defer cancel(nil)
-		target := rep.endpoint(req.kind.path())
+		target := rep.endpoint(req.upstreamPath())
 		if r.URL.RawQuery != "" {
 			target += "?" + r.URL.RawQuery
 		}
+		upBody, upLen := upstreamBody(req, body)
 		var err error
-		up, err = http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+		up, err = http.NewRequestWithContext(ctx, req.upstreamMethod(), target, upBody)
 		if err != nil {
 			n.refuse(w, &apiError{status: http.StatusInternalServerError, code: CodeInternal, message: "cannot build upstream request"})
 			return attemptDone
@@ -238,8 +242,8 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		up.Header.Del(HeaderStrategy)
 		up.Header.Del(HeaderPinReplica)
 		up.Header.Del(HeaderAdminToken)
-		up.ContentLength = int64(len(body))
-		up.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		up.ContentLength = upLen
+		up.Header.Set("Content-Length", strconv.FormatInt(upLen, 10))
 	}
 
 	// The self-check's prediction is read before the request is sent, so
@@ -270,7 +274,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	)
 	if direct {
 		resp, uc, err = n.up.roundTrip(ctx, &upstreamReq{addr: rep.dialAddr, host: rep.base.Host,
-			path: rep.pathPrefix + req.kind.path(), rawQuery: r.URL.RawQuery, hdr: r.Header, body: body})
+			path: rep.pathPrefix + req.upstreamPath(), rawQuery: r.URL.RawQuery, hdr: r.Header, body: body})
 	} else {
 		resp, err = n.transport.RoundTrip(up)
 	}
@@ -373,7 +377,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		}
 		n.checkPrediction(dec, confirmed, u)
 	}
-	if ok && streaming && res.firstAt != 0 {
+	if ok && streaming && res.firstAt != 0 && req.firstByteIsToken() {
 		ttft := time.Duration(res.firstAt - start.UnixNano())
 		rep.mTTFT.Observe(ttft.Seconds())
 		n.observeCost(rep, dec, ttft, res)

@@ -111,6 +111,8 @@ type pool struct {
 	mode     index.Mode
 	set      *route.Set
 	replicas []*replica
+	// sharedStore: ModelConfig.SharedResponseStore.
+	sharedStore bool
 }
 
 func newReplica(id index.ReplicaID, cfg ReplicaConfig, model string) (*replica, error) {

@@ -28,10 +28,29 @@ func (k apiKind) path() string {
 	return "/v1/completions"
 }
 
+// upstreamPath is the engine path the request goes to: its endpoint's
+// (endpoints.go), else its kind's.
+func (r *inferenceRequest) upstreamPath() string {
+	if r.path != "" {
+		return r.path
+	}
+	return r.kind.path()
+}
+
+// upstreamMethod is the request's HTTP method towards the engine.
+func (r *inferenceRequest) upstreamMethod() string {
+	if r.method != "" {
+		return r.method
+	}
+	return http.MethodPost
+}
+
 // inferenceRequest is what the gateway reads from a request body; the body
 // itself is forwarded unchanged. Exactly one of text, tokens and messages
 // holds the prompt.
 type inferenceRequest struct {
+	// kind is how the prompt is keyed: as a completions prompt or as chat
+	// messages (a Responses API input is keyed as chat).
 	kind      apiKind
 	model     string
 	stream    bool
@@ -44,6 +63,27 @@ type inferenceRequest struct {
 	messages    []tokenizer.Message
 	rawMessages json.RawMessage // for the engine's /tokenize
 	tmpl        templateOptions // for the hf: tokenizer
+
+	// partial is set when only a prefix of the prompt is keyed (a chat cut
+	// at its first media part, a Responses input with non-text items): the
+	// keyed token count is then not the prompt's length.
+	partial bool
+	// batch is the number of prompts of a completions prompt list (0 for
+	// a single prompt); the request is keyed by its longest prompt.
+	batch int
+
+	// path and method, when set, are the engine path and HTTP method
+	// (endpoints other than completions and chat); upstream, when set, is
+	// the body to send instead of the buffered one (a multipart form
+	// streamed through), upstreamLen its length (-1 unknown).
+	path        string
+	method      string
+	upstream    io.Reader
+	upstreamLen int64
+	// previousResponseID is a Responses API request's
+	// previous_response_id; responseID the {id} of /v1/responses/{id}.
+	previousResponseID string
+	responseID         string
 }
 
 // templateOptions are vLLM's tokenization options of a request, with its
@@ -203,8 +243,11 @@ func isNull(raw json.RawMessage) bool {
 }
 
 // parsePrompt reads a completions "prompt" (already validated JSON): a
-// string, a token list, or a batch of exactly one string or token list. A
-// batch of several prompts cannot be routed as one prompt and is refused.
+// string, a token list, or a batch of strings or token lists. vLLM serves a
+// batch as one request on one engine, so a batch is routed as a whole: it
+// is keyed by its longest prompt (most bytes of text, most token ids), the
+// one whose cached prefix saves the most prefill; prompts sharing that
+// prefix ride along, and the others are prefilled wherever the batch goes.
 func parsePrompt(req *inferenceRequest, raw json.RawMessage) *apiError {
 	if isNull(raw) {
 		return errBadRequest(CodeMissingPrompt, `"prompt" is required`)
@@ -212,12 +255,9 @@ func parsePrompt(req *inferenceRequest, raw json.RawMessage) *apiError {
 	// The errors are built only when returned: a prompt that parses costs
 	// no allocation for them.
 	bad := func() *apiError {
-		return errBadRequest(CodeInvalidPrompt, `"prompt" must be a string, an array of token ids, or an array of one string or one token array`)
+		return errBadRequest(CodeInvalidPrompt, `"prompt" must be a string, an array of token ids, or an array of strings or of token arrays`)
 	}
 	empty := func() *apiError { return errBadRequest(CodeEmptyPrompt, `"prompt" is empty`) }
-	batch := func(n int) *apiError {
-		return errBadRequest(CodeBatchUnsupported, fmt.Sprintf("a batch of %d prompts cannot be routed as one request; send one prompt per request", n))
-	}
 	switch raw[0] {
 	case '"':
 		req.text = unquote(raw)
@@ -242,26 +282,28 @@ func parsePrompt(req *inferenceRequest, raw json.RawMessage) *apiError {
 		return nil
 	case c == '"' || c == '[':
 		elems := arrayElems(raw)
-		if len(elems) > 1 {
-			for _, e := range elems {
-				if e[0] != c {
-					return bad()
-				}
-			}
-			return batch(len(elems))
-		}
-		e := elems[0]
-		if c == '"' {
-			if e[0] != '"' {
+		longest := elems[0]
+		for _, e := range elems {
+			if e[0] != c {
 				return bad()
 			}
-			req.text = unquote(e)
+			if len(e) > len(longest) {
+				longest = e
+			}
+		}
+		if len(elems) > 1 {
+			// The engine's usage counts every prompt: the keyed one is
+			// only part of it.
+			req.batch, req.partial = len(elems), true
+		}
+		if c == '"' {
+			req.text = unquote(longest)
 			if req.text == "" {
 				return empty()
 			}
 			return nil
 		}
-		toks, ok := tokenIDs(nil, e)
+		toks, ok := tokenIDs(nil, longest)
 		if !ok {
 			return bad()
 		}
@@ -281,14 +323,43 @@ func parseMessages(req *inferenceRequest, raw json.RawMessage) *apiError {
 	if isNull(raw) {
 		return errBadRequest(CodeMissingMessages, `"messages" is required`)
 	}
-	msgs, err := tokenizer.ParseMessages(raw)
-	if err != nil {
-		if errors.Is(err, tokenizer.ErrUnsupportedContent) {
-			return errBadRequest(CodeUnsupportedContent, err.Error())
+	if maybeMedia(raw) {
+		// Media parts (image, audio, video, ...): key the chat up to the
+		// first one (multimodal.go), without decoding the media bytes
+		// more than once.
+		if cut, media, ok := mediaScan(raw); ok && media {
+			req.partial = true
+			if len(cut) == 0 {
+				req.messages = []tokenizer.Message{}
+				req.rawMessages = json.RawMessage("[]")
+				return nil
+			}
+			raw = cut
 		}
+	}
+	msgs, err := tokenizer.ParseMessages(raw)
+	if errors.Is(err, tokenizer.ErrUnsupportedContent) {
+		// Media parts (image, audio, video, ...): key the chat up to the
+		// first one (see mediaCut); the engine validates the rest.
+		cut, ok := mediaCut(raw)
+		if !ok {
+			return errBadRequest(CodeInvalidMessages, err.Error())
+		}
+		if len(cut) == 0 {
+			// Media first: nothing to key, route by load.
+			req.partial = true
+			req.messages = []tokenizer.Message{}
+			req.rawMessages = json.RawMessage("[]")
+			return nil
+		}
+		raw = cut
+		req.partial = true
+		msgs, err = tokenizer.ParseMessages(raw)
+	}
+	if err != nil {
 		return errBadRequest(CodeInvalidMessages, err.Error())
 	}
-	if len(msgs) == 0 {
+	if len(msgs) == 0 && !req.partial {
 		return errBadRequest(CodeEmptyMessages, `"messages" is empty`)
 	}
 	req.messages = msgs

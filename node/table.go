@@ -159,7 +159,7 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 		} else if set, err = route.NewSet(spec.route); err != nil {
 			return nil, ch, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: defMode}
+		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: defMode, sharedStore: mc.SharedResponseStore}
 		if mc.IndexMode != "" {
 			if p.mode, err = index.ParseMode(mc.IndexMode); err != nil {
 				return nil, ch, fmt.Errorf("%w: model %q: %w", ErrInvalidConfig, mc.Name, err)

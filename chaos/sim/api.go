@@ -26,6 +26,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
+	s.routeEndpoints(mux)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	if s.cfg.EnableResetEndpoint {
@@ -213,7 +214,7 @@ func (s *Server) parseMessages(raw json.RawMessage) ([]uint32, error) {
 // the model's chat template and p's options, as vLLM does; otherwise with
 // the ChatML-like tokenizer.RenderChat.
 func (s *Server) parseChat(p *genParams) ([]uint32, error) {
-	raw := p.Messages
+	raw := flattenMedia(p.Messages)
 	if len(bytes.TrimSpace(raw)) == 0 || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
 		return nil, fmt.Errorf("%w: messages is required", ErrBadRequest)
 	}
@@ -320,6 +321,10 @@ type response struct {
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	var p genParams
 	if !decodeBody(w, r, &p) || !s.checkModel(w, p.Model) {
+		return
+	}
+	if batch := s.promptBatch(p.Prompt, p.AddSpecialTokens == nil || *p.AddSpecialTokens); len(batch) > 1 {
+		s.generateBatch(w, r, &p, batch)
 		return
 	}
 	prompt, err := s.parsePromptSpecial(p.Prompt, p.AddSpecialTokens == nil || *p.AddSpecialTokens)

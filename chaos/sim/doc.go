@@ -24,6 +24,15 @@
 // metrics on a private registry and an EventPublisher for KV events. Several
 // Servers can run in one process.
 //
+// Beyond completions and chat, Server serves vLLM's other endpoints in its
+// shapes (endpoints.go): embeddings, pooling, classify, score and rerank
+// with deterministic vectors derived from the input's tokens, /detokenize,
+// the Responses API with an in-process store (create streamed or not,
+// previous_response_id, retrieve, delete, cancel), and audio transcription
+// and translation whose text states the upload's duration. A prompt list is
+// one request with a choice per prompt; a chat's media part is a text
+// placeholder naming a hash of the part, so equal media share cache blocks.
+//
 // Fidelity choices, where vLLM leaves room or where the simulator differs:
 //   - Generation always produces exactly max_tokens tokens (as if ignore_eos
 //     were set); finish_reason is "length". Output tokens are a fixed

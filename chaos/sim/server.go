@@ -64,6 +64,9 @@ type Server struct {
 
 	epoch time.Time // wall time at model time epoch
 	wake  chan struct{}
+	// responses is the Responses API store (endpoints.go), in process as
+	// vLLM's default store.
+	responses responseStore
 	// afterWake, if set (tests only), runs in the driver goroutine each
 	// time it wakes from a wait: it stands for a late wake-up.
 	afterWake func()

@@ -277,7 +277,7 @@ func TestBadInput(t *testing.T) {
 		{"missing prompt", "/v1/completions", `{"model":"sim-model","max_tokens":3}`, 400},
 		{"empty prompt", "/v1/completions", `{"prompt":"","max_tokens":3}`, 400},
 		{"prompt wrong type", "/v1/completions", `{"prompt":{"a":1},"max_tokens":3}`, 400},
-		{"batched prompt", "/v1/completions", `{"prompt":["a","b"],"max_tokens":3}`, 400},
+		{"mixed prompt list", "/v1/completions", `{"prompt":["a",[1]],"max_tokens":3}`, 400},
 		{"prompt over max model len", "/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1}`, strings.Repeat("x", 100)), 400},
 		{"max_tokens zero", "/v1/completions", `{"prompt":"hi","max_tokens":0}`, 400},
 		{"max_tokens negative", "/v1/completions", `{"prompt":"hi","max_tokens":-5}`, 400},

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -104,6 +105,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.StringVar(&d.IndexMode, "index-mode", d.IndexMode, "index mode: history, kv-events or hybrid")
 	fl.StringVar(&d.Tokenizer, "tokenizer", d.Tokenizer, "auto, character, tiktoken, remote, or hf:<dir> (the model's own tokenizer.json and tokenizer_config.json, as vLLM applies them)")
 	fl.IntVar(&d.MaxKeyTokens, "max-key-tokens", d.MaxKeyTokens, "key at most a prompt's first N tokens (bounds tokenizing work per request; longer prompts keep exact keys for their first N tokens)")
+	fl.DurationVar(&d.ResponseTTL, "response-ttl", d.ResponseTTL, "how long a gateway remembers which replica stored a Responses API response (previous_response_id and /v1/responses/{id} go there)")
 	fl.IntVar(&d.BlockSize, "block-size", d.BlockSize, "tokens per index block (0: 128 for character, else 16)")
 	fl.Uint64Var(&d.HashSeed, "hash-seed", d.HashSeed, "block-key seed; equal on every gateway of a cluster")
 	fl.IntVar(&d.IndexCapacity, "index-capacity", d.IndexCapacity, "index capacity in (block, replica) entries")
@@ -179,6 +181,7 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("index-mode", func() { cfg.IndexMode = d.IndexMode })
 	set("tokenizer", func() { cfg.Tokenizer = d.Tokenizer })
 	set("max-key-tokens", func() { cfg.MaxKeyTokens = d.MaxKeyTokens })
+	set("response-ttl", func() { cfg.ResponseTTL = d.ResponseTTL })
 	set("block-size", func() { cfg.BlockSize = d.BlockSize })
 	set("hash-seed", func() { cfg.HashSeed = d.HashSeed })
 	set("index-capacity", func() { cfg.IndexCapacity = d.IndexCapacity })
@@ -311,13 +314,33 @@ func serve(ctx context.Context, cfg node.Config, logger *slog.Logger) error {
 }
 
 func newExplainCmd() *cobra.Command {
-	var addr, model, prompt, promptFile, strategy, session, token, tokenFile string
+	var addr, model, prompt, promptFile, strategy, session, token, tokenFile, path, bodyFile string
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "explain",
 		Short: "Show how a gateway would route a prompt (per-replica match, load, score and the pick)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if path != "" {
+				// Any routable path, with the request body it would get.
+				var body []byte
+				if bodyFile != "" {
+					b, err := os.ReadFile(bodyFile)
+					if err != nil {
+						return err
+					}
+					body = b
+				}
+				tok, err := config.LoadToken(token, tokenFile)
+				if err != nil {
+					return err
+				}
+				q := "?path=" + url.QueryEscape(path)
+				if model != "" {
+					q += "&model=" + url.QueryEscape(model) // multipart endpoints
+				}
+				return explainRequest(cmd.Context(), cmd.OutOrStdout(), addr, q, body, strategy, session, tok, asJSON)
+			}
 			if promptFile != "" {
 				b, err := os.ReadFile(promptFile)
 				if err != nil {
@@ -345,10 +368,22 @@ func newExplainCmd() *cobra.Command {
 	fl.BoolVar(&asJSON, "json", false, "print the gateway's JSON report")
 	fl.StringVar(&token, "token", "", "admin token for /debug/route (default $KVMESH_ADMIN_TOKEN, then --token-file)")
 	fl.StringVar(&tokenFile, "token-file", "", "file holding the admin token")
+	fl.StringVar(&path, "path", "", "explain a request to this endpoint (e.g. /v1/embeddings, /v1/responses/<id>) instead of a completions prompt")
+	fl.StringVar(&bodyFile, "body-file", "", "with --path: the request body (JSON) the endpoint would get")
 	return cmd
 }
 
 func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, session, token string, asJSON bool) error {
+	body, err := json.Marshal(map[string]string{"model": model, "prompt": prompt})
+	if err != nil {
+		return err
+	}
+	return explainRequest(ctx, out, addr, "", body, strategy, session, token, asJSON)
+}
+
+// explainRequest posts body to /debug/route with query and prints the
+// report.
+func explainRequest(ctx context.Context, out io.Writer, addr, query string, body []byte, strategy, session, token string, asJSON bool) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -356,13 +391,9 @@ func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, 
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	body, err := json.Marshal(map[string]string{"model": model, "prompt": prompt})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/debug/route", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/debug/route"+query, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -417,8 +448,18 @@ func explain(ctx context.Context, out io.Writer, addr, model, prompt, strategy, 
 	if err := json.Unmarshal(data, &rep); err != nil {
 		return fmt.Errorf("cannot read the gateway's report: %w", err)
 	}
+	if rep.Path != "" {
+		fmt.Fprintf(out, "path %s", rep.Path)
+		if rep.ResponseOwner != "" {
+			fmt.Fprintf(out, "  stored response on %s", rep.ResponseOwner)
+		}
+		fmt.Fprintln(out)
+	}
 	fmt.Fprintf(out, "model %s  strategy %s  index %s  tokenizer %s  prompt %d tokens = %d blocks of %d  (hash %s)\n",
 		rep.Model, rep.Strategy, rep.IndexMode, rep.Tokenizer, rep.PromptTokens, rep.TotalBlocks, rep.BlockSize, rep.PromptHash)
+	if rep.Batch > 0 || rep.KeyedInPart {
+		fmt.Fprintf(out, "keyed in part (batch of %d prompts keyed by the longest, media parts, or no prompt prefix)\n", rep.Batch)
+	}
 	if rep.Pick == "" {
 		fmt.Fprintln(out, "no replica available")
 	} else {

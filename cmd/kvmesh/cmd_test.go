@@ -115,6 +115,20 @@ func TestExplainAgainstAGateway(t *testing.T) {
 
 	err = explain(context.Background(), &out, n.HTTPAddr(), "nope", "hi", "", "", tok, false)
 	assert.ErrorContains(t, err, "model_not_found")
+
+	// Any routable path: an embeddings request is routed by load.
+	out.Reset()
+	require.NoError(t, explainRequest(context.Background(), &out, n.HTTPAddr(), "?path=/v1/embeddings",
+		[]byte(`{"model":"M","input":"hi"}`), "", "", tok, false))
+	assert.Contains(t, out.String(), "path /v1/embeddings")
+	assert.Contains(t, out.String(), "strategy least-request")
+	assert.Regexp(t, `pick [ab] `, out.String())
+	cmd := newRootCmd()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"explain", "--addr", n.HTTPAddr(), "--token", tok, "--path", "/v1/audio/transcriptions", "--model", "M"})
+	out.Reset()
+	require.NoError(t, cmd.Execute())
+	assert.Contains(t, out.String(), "path /v1/audio/transcriptions")
 }
 
 func TestVersion(t *testing.T) {

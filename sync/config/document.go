@@ -69,6 +69,10 @@ type ModelConfig struct {
 	IndexMode string `json:"index_mode,omitempty"`
 	// Adapters are LoRA adapter names served by this pool.
 	Adapters []string `json:"adapters,omitempty"`
+	// SharedResponseStore: the pool's engines share one Responses API
+	// store, so gateways need not pin stored-response requests to the
+	// replica that made the response.
+	SharedResponseStore bool `json:"shared_response_store,omitempty"`
 	// Replicas are the engines serving the model; names are unique across
 	// all models.
 	Replicas []ReplicaConfig `json:"replicas"`

@@ -2,6 +2,7 @@ package suite
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -30,7 +31,38 @@ type Result struct {
 	Passed   bool          `json:"passed"`
 	Failures []string      `json:"failures,omitempty"`
 	Elapsed  time.Duration `json:"elapsed_ns"`
-	Rows     []cluster.Row `json:"rows"`
+	Rows     []cluster.Row `json:"-"`
+}
+
+// jsonRow is a row in the JSON report: the figures without the
+// per-request results.
+type jsonRow struct {
+	Scenario       string         `json:"scenario"`
+	Sent           int            `json:"sent"`
+	OK             int            `json:"ok"`
+	Failed         int            `json:"failed"`
+	Lost           int            `json:"lost"`
+	Reasons        map[string]int `json:"reasons,omitempty"`
+	Precision      float64        `json:"precision"`
+	Recall         float64        `json:"recall"`
+	ConvergeMS     float64        `json:"converge_ms"`
+	ConfigVersions string         `json:"config_versions,omitempty"`
+	Note           string         `json:"note,omitempty"`
+}
+
+// MarshalJSON writes the result with its rows' figures.
+func (r Result) MarshalJSON() ([]byte, error) {
+	type plain Result
+	rows := make([]jsonRow, 0, len(r.Rows))
+	for _, x := range r.Rows {
+		rows = append(rows, jsonRow{Scenario: x.Scenario, Sent: x.Load.Sent, OK: x.Load.OK, Failed: x.Load.Failed,
+			Lost: x.Load.Lost, Reasons: x.Load.Reasons, Precision: x.Precision, Recall: x.Recall,
+			ConvergeMS: float64(x.Converge) / float64(time.Millisecond), ConfigVersions: x.ConfigVersions, Note: x.Note})
+	}
+	return json.Marshal(struct {
+		plain
+		Rows []jsonRow `json:"rows"`
+	}{plain(r), rows})
 }
 
 // Run runs each scenario in turn, in process, and returns their results.

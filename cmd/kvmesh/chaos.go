@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -111,9 +110,6 @@ func runChaos(cmd *cobra.Command, f *chaosFlags, names []string) error {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	started := time.Now()
 	results := suite.Run(ctx, scs, suite.Options{Size: size, Progress: cmd.ErrOrStderr(), Verbose: f.verbose})
 	rep := suite.NewReport(size, started, results)

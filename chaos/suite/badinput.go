@@ -242,7 +242,7 @@ func badInput(t *R) {
 	// Non-ZMTP bytes and wrong-shaped messages to a bound Subscriber.
 	notes = append(notes, boundSubscriberGarbage(t, rng))
 
-	t.row(cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "8 bad-input", Load: total, Precision: final.MinPrecision, Recall: final.MinRecall, Converge: took,
 		Note: strings.Join(notes, "; "),
 	})
@@ -424,7 +424,7 @@ func badInputClusterPorts(t *R) {
 	}
 	notes = append(notes, fmt.Sprintf("goroutines (keep-alive connections aside) %d before, %d after", goroutines, countGoroutines()))
 
-	t.row(cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "8 bad-input cluster ports", Load: total, Precision: last.MinPrecision, Recall: last.MinRecall,
 		Converge: converge, ConfigVersions: c.ConfigVersions(), Note: strings.Join(notes, "; "),
 	})

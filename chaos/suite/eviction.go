@@ -65,7 +65,7 @@ func evictionPressure(t *R) {
 	removed := c.GatewayCounter("kvmesh_kvevents_events_total", map[string]string{"type": "BlockRemoved"})
 	require.Positive(t, removed, "the engines evicted (BlockRemoved events reached the gateways)")
 	require.Equal(t, n, res.OK, res.String())
-	t.row(cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "1 eviction-pressure", Load: res, Precision: s.MinPrecision, Recall: s.MinRecall, Converge: worst,
 		Note: fmt.Sprintf("%d checks under load (lowest instantaneous precision %.4f), %.0f BlockRemoved events, 3 engines x 64 blocks, 2 gateways",
 			checks+1, instant, removed),

@@ -246,7 +246,7 @@ func intruder(t *R) {
 	require.False(t, sink.token.Load(), "the intruder never saw the admin token")
 	notes = append(notes, forgery, fmt.Sprintf("intruder listener: %d connections, %d bytes; config %s before and after; %d rounds",
 		sink.conns.Load(), sink.bytes.Load(), before, rounds))
-	t.row(cluster.Row{Scenario: "9 intruder", Load: res, Precision: s.MinPrecision, Recall: s.MinRecall, Converge: took,
+	t.Row(cluster.Row{Scenario: "9 intruder", Load: res, Precision: s.MinPrecision, Recall: s.MinRecall, Converge: took,
 		ConfigVersions: c.ConfigVersions(), Note: strings.Join(notes, "; ")})
 }
 

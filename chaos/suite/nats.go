@@ -127,6 +127,6 @@ func natsOutage(t *R) {
 	}
 	require.Eventually(t, c.ConfigConverged, 10*time.Second, 5*time.Millisecond, c.ConfigVersions())
 	res.ConfigVersions = c.ConfigVersions()
-	t.row(res)
+	t.Row(res)
 	require.NoError(t, failed, "gateways did not converge to the engines' true block sets after the heal")
 }

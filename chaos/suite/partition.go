@@ -106,7 +106,7 @@ func partition(t *R) {
 	if failed != nil {
 		res.Note = "NOT CONVERGED after a heal; " + res.Note
 	}
-	t.row(res)
+	t.Row(res)
 	require.NoError(t, failed, "the cluster did not converge after a heal")
 }
 

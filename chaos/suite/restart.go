@@ -147,7 +147,7 @@ func engineRestartAndReset(t *R) {
 	require.Equal(t, total.Sent, total.OK, total.String())
 	resets := c.GatewayCounter("kvmesh_kvevents_resets_total", map[string]string{"reason": "rewind"})
 	require.GreaterOrEqual(t, resets, float64(rounds*len(c.Gateways())), "every gateway heard every rewind")
-	t.row(cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "2 engine-restart+reset", Load: total, Precision: lastSummary.MinPrecision, Recall: lastSummary.MinRecall,
 		Converge: worst, Note: fmt.Sprintf("%d rounds of reset+restart of e0, %.0f rewind resets heard; stale speculative affinity: up to %d gateway-prompt pairs, cleared after %v (TTL %v)",
 			rounds, resets, staleMax, staleClear.Round(time.Millisecond), specTTL),

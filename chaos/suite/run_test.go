@@ -24,7 +24,7 @@ func TestRunFailsAScenarioAsTestingWould(t *testing.T) {
 		dir = r.TempDir()
 		r.Cleanup(func() { order = append(order, "first registered"); ctxErr = r.Context().Err() })
 		r.Cleanup(func() { order = append(order, "second registered") })
-		r.row(cluster.Row{Scenario: "99 fails", Load: cluster.LoadResult{Sent: 3, OK: 3}})
+		r.Row(cluster.Row{Scenario: "99 fails", Load: cluster.LoadResult{Sent: 3, OK: 3}})
 		require.Equal(r, 1, 2, "an invariant")
 		order = append(order, "after the failed require")
 	}}
@@ -43,7 +43,7 @@ func TestRunFailsAScenarioAsTestingWould(t *testing.T) {
 	require.Contains(t, res.Failures[0], "panic: boom")
 
 	res = RunOne(context.Background(), Scenario{Name: "lost", Run: func(r *R) {
-		r.row(cluster.Row{Scenario: "lost", Load: cluster.LoadResult{Sent: 2, OK: 1, Lost: 1}})
+		r.Row(cluster.Row{Scenario: "lost", Load: cluster.LoadResult{Sent: 2, OK: 1, Lost: 1}})
 	}}, Options{})
 	require.False(t, res.Passed, "a lost request fails the scenario")
 

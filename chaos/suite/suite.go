@@ -70,9 +70,9 @@ func (t *R) Scale(short, long int) int {
 	return n
 }
 
-// row logs and records a scenario's line. No request may be lost, and in
+// Row logs and records a scenario's line. No request may be lost, and in
 // a scenario that kills no gateway no connection may break either.
-func (t *R) row(r cluster.Row) {
+func (t *R) Row(r cluster.Row) {
 	t.Helper()
 	t.report.Add(r)
 	t.Log(r.Line())

@@ -141,7 +141,7 @@ func zmqBatchFaults(t *R) {
 	rewinds := c.GatewayCounter("kvmesh_kvevents_resets_total", map[string]string{"reason": "rewind"})
 	require.Positive(t, replays, "lost batches were replayed")
 	require.Equal(t, total.Sent, total.OK, total.String())
-	t.row(cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "3 zmq-lost/dup/reorder", Load: total, Precision: last.MinPrecision, Recall: last.MinRecall, Converge: worst,
 		Note: fmt.Sprintf("relay dropped %d duplicated %d swapped %d of %d; gateways saw %.0f gaps, %.0f complete replays, %.0f duplicates, %.0f rewind resets",
 			rs.Dropped, rs.Duplicated, rs.Swapped, rs.Received, gaps, replays, dups, rewinds),
@@ -214,7 +214,7 @@ func zmqGapBeyondReplay(t *R) {
 	unrecoverable := c.GatewayCounter("kvmesh_kvevents_resets_total", map[string]string{"reason": "gap_unrecoverable"})
 	require.Positive(t, unrecoverable, "the gateways reset on a gap replay could not cover")
 	require.Equal(t, total.Sent, total.OK, total.String())
-	t.row(cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "3 zmq-gap>replay-buffer", Load: total, Precision: afterGap.MinPrecision, Recall: afterGap.MinRecall, Converge: worst,
 		Note: fmt.Sprintf("30-batch bursts lost with a 4-batch replay buffer: %.0f gap_unrecoverable resets; recall shown right after the gap, exact after engine reset", unrecoverable),
 	})

@@ -63,7 +63,7 @@ func (r Report) Markdown() string {
 			status = "**FAIL**"
 		}
 		if len(res.Rows) == 0 {
-			fmt.Fprintf(&b, "| %d %s | %s | | | | | | | | | no row recorded |\n", res.Number, res.Name, status)
+			fmt.Fprintf(&b, "| %s | %s | | | | | | | | | no row recorded |\n", res.Name, status)
 			continue
 		}
 		for _, row := range res.Rows {

@@ -76,7 +76,11 @@ func Run(ctx context.Context, scs []Scenario, o Options) []Result {
 		if ctx.Err() != nil {
 			break
 		}
-		progress(o.Progress, "chaos: [%d/%d] %s (scenario %d) ...", i+1, len(scs), sc.Name, sc.Number)
+		if sc.Number > 0 {
+			progress(o.Progress, "chaos: [%d/%d] %s (scenario %d) ...", i+1, len(scs), sc.Name, sc.Number)
+		} else {
+			progress(o.Progress, "chaos: [%d/%d] %s ...", i+1, len(scs), sc.Name)
+		}
 		res := RunOne(ctx, sc, o)
 		status := "ok"
 		if !res.Passed {

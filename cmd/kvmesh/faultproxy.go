@@ -20,7 +20,6 @@ import (
 // faultproxyFlags are kvmesh faultproxy's flags.
 type faultproxyFlags struct {
 	control   string
-	token     string
 	tokenFile string
 	tcp, zmq  []string
 	logLevel  string

@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvmesh/kvmesh/chaos/cluster"
 	"github.com/kvmesh/kvmesh/chaos/faultctl"
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/chaos/suite"
@@ -110,4 +112,58 @@ func TestTargetKVEventsFailsWhenTheProxyIsNotInThePath(t *testing.T) {
 	res := suite.RunOne(t.Context(), scs[0], suite.Options{})
 	require.False(t, res.Passed)
 	require.Contains(t, res.Failures[0], "the fault acted on 0 of 3 batches")
+}
+
+// nats-outage against a three-gateway cluster whose NATS is behind a tcp
+// relay of kvmesh faultproxy (NATS outside the gateways, as --nats-url).
+func TestTargetNATSOutage(t *testing.T) {
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: 8 << 20})
+	require.NoError(t, err)
+	ns.Start()
+	t.Cleanup(ns.Shutdown)
+	require.True(t, ns.ReadyForConnections(10*time.Second))
+
+	m := faultctl.NewManager(nil)
+	h, err := faultctl.Handler(m, "fp-token")
+	require.NoError(t, err)
+	ctl := httptest.NewServer(h)
+	t.Cleanup(func() { ctl.Close(); _ = m.Close() })
+	fp := &faultctl.Client{Base: ctl.URL, Token: "fp-token"}
+	relay, err := fp.CreateProxy(t.Context(), faultctl.ProxySpec{Name: "nats", Kind: faultctl.KindTCP, Listen: "127.0.0.1:0", Upstream: ns.Addr().String()})
+	require.NoError(t, err)
+
+	cfg := cluster.DefaultConfig()
+	cfg.Gateways, cfg.Engines = 3, 2
+	cfg.ClusterMode = true
+	cfg.NATSURL = "nats://" + relay.Addr
+	// Pools that hold every probe: the scenario checks the views follow
+	// the engines, not eviction (scenario 1's business).
+	cfg.NumGPUBlocks = 8192
+	cfg.DataDir = t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		require.NoError(t, c.Shutdown(sctx))
+	})
+	require.NoError(t, c.WarmUp(ctx))
+
+	tc := &target.Config{AdminToken: cluster.AdminToken, Model: c.Config().Model, FaultProxy: fp, NATSProxy: "nats",
+		Requests: 8, Outage: 500 * time.Millisecond}
+	for _, g := range c.Gateways() {
+		tc.Gateways = append(tc.Gateways, g.URL())
+	}
+	scs, _, err := target.Suite(tc, []string{"nats-outage"})
+	require.NoError(t, err)
+	res := suite.RunOne(t.Context(), scs[0], suite.Options{})
+	require.True(t, res.Passed, "%v", res.Failures)
+	require.Len(t, res.Rows, 1)
+	t.Log(res.Rows[0].Line())
+	p, err := fp.Proxy(t.Context(), "nats")
+	require.NoError(t, err)
+	require.Positive(t, p.TCP.Cut, "the outage cut the gateways' NATS connections")
+	require.Empty(t, p.Faults, "healed")
 }

@@ -297,3 +297,26 @@ func TestPartitionIsolateAndHeal(t *testing.T) {
 	plain.Partitionable = true
 	require.ErrorIs(t, plain.Validate(), cluster.ErrInvalidConfig, "partitions need cluster mode")
 }
+
+// Each result carries how long its request took: the scenarios' allowance
+// for a request that ended after a gateway's stop began reads it.
+func TestLoadResultsCarryTheirDuration(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(20 * time.Millisecond): // the request's own duration, measured below
+		case <-r.Context().Done():
+		}
+		_, _ = w.Write([]byte(`{"choices":[{"text":"x"}]}`))
+	}))
+	defer srv.Close()
+	lc := cluster.DefaultLoadConfig()
+	lc.Requests, lc.Stream, lc.Model = 3, false, "M"
+	lc.Prompt = func(int) string { return "p" }
+	lc.Target = func(int) string { return srv.URL }
+	res, err := cluster.RunLoad(t.Context(), lc)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.OK, res.String())
+	for _, r := range res.Results {
+		require.GreaterOrEqual(t, r.Duration, 20*time.Millisecond, "request %d", r.I)
+	}
+}

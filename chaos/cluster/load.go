@@ -268,8 +268,11 @@ func (l *Load) sum() LoadResult {
 
 // one sends request i and classifies it. The request's own deadline (not
 // the load's) decides "hung": stopping the load never cuts a request.
-func (l *Load) one(i int) Result {
-	res := Result{I: i, Start: time.Now()}
+// one sends request i. res is named so that the deferred Duration lands in
+// the value returned (set on a local copy, it was always 0, and the
+// scenarios' "ended after the gateway's stop began" allowance never held).
+func (l *Load) one(i int) (res Result) {
+	res = Result{I: i, Start: time.Now()}
 	defer func() { res.Duration = time.Since(res.Start) }()
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.RequestTimeout)
 	defer cancel()

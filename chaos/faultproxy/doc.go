@@ -5,6 +5,8 @@
 // Faults, per direction (Up: client to target, Down: target to client):
 //   - Delay: each chunk of bytes is held for the delay before it is written
 //     (a delay line, so throughput is kept and only latency grows).
+//   - Jitter: a uniform random extra delay per chunk, order kept.
+//   - Bandwidth: each connection's bytes paced at a rate.
 //   - Drop: bytes read in that direction are discarded (a blackhole; on a
 //     framed protocol such as ZMTP or HTTP the stream is corrupted from
 //     there on, as with a middlebox that loses data). Drop on one direction
@@ -18,6 +20,9 @@
 //     the same address again.
 //   - Hold makes new connections wait, neither forwarded nor closed, until
 //     the hold is lifted (a partition that blackholes connection set-up).
+//   - HalfOpen closes the target side of every connection open now and
+//     keeps the client's, swallowing what it sends (a peer that vanished
+//     without a FIN).
 //
 // The proxy works on any TCP protocol: HTTP, ZMQ, NATS, raft, gRPC,
 // memberlist's TCP stream (not its UDP gossip). Every goroutine it starts is
@@ -29,4 +34,6 @@
 // Fault chosen per message drops, duplicates, swaps (reorders) or garbles
 // it, with ZMTP framing intact, so consumers see exactly lost, repeated,
 // reordered or corrupt batches. Stats count both.
+//
+// chaos/faultctl serves both behind an HTTP control API (kvmesh faultproxy).
 package faultproxy

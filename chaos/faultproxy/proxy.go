@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -85,6 +86,7 @@ type Stats struct {
 	Accepted  uint64 // connections accepted
 	DialFails uint64 // connections whose dial to the target failed
 	Cut       uint64 // connections closed by Cut
+	HalfOpen  uint64 // connections made half-open by HalfOpen
 	Active    int    // connections open now
 	// Forwarded and Dropped count bytes per direction.
 	Forwarded [numDirections]uint64
@@ -98,6 +100,8 @@ type Proxy struct {
 	log *slog.Logger
 
 	delay   [numDirections]atomic.Int64 // nanoseconds
+	jitter  [numDirections]atomic.Int64 // nanoseconds
+	rate    [numDirections]atomic.Int64 // bytes per second, 0 unlimited
 	drop    [numDirections]atomic.Bool
 	mu      sync.Mutex
 	ln      net.Listener // nil while refusing
@@ -111,8 +115,8 @@ type Proxy struct {
 	done chan struct{}
 	wg   sync.WaitGroup
 
-	accepted, dialFails, cut atomic.Uint64
-	forwarded, dropped       [numDirections]atomic.Uint64
+	accepted, dialFails, cut, halfOpened atomic.Uint64
+	forwarded, dropped                   [numDirections]atomic.Uint64
 }
 
 // New validates cfg; nothing listens before Start.
@@ -165,6 +169,45 @@ func (p *Proxy) SetDelay(d time.Duration, dirs ...Direction) {
 	for _, dir := range dirs {
 		p.delay[dir].Store(int64(d))
 	}
+}
+
+// SetJitter adds to each chunk's delay a uniformly random extra in [0, d)
+// in the given directions; 0 removes it. Chunks keep their order (a chunk
+// due earlier than the one before it waits for that one), as on one TCP
+// connection.
+func (p *Proxy) SetJitter(d time.Duration, dirs ...Direction) {
+	for _, dir := range dirs {
+		p.jitter[dir].Store(int64(d))
+	}
+}
+
+// SetBandwidth limits each connection's throughput in the given directions
+// to bytesPerSec (0 removes the limit): chunks are written in slices paced
+// at that rate, each connection on its own.
+func (p *Proxy) SetBandwidth(bytesPerSec int64, dirs ...Direction) {
+	for _, dir := range dirs {
+		p.rate[dir].Store(max(0, bytesPerSec))
+	}
+}
+
+// HalfOpen turns every connection open now into a half-open one and
+// returns how many: the proxy closes its connection to the target (the
+// target sees the peer go away) but keeps the client's open, swallowing
+// what the client sends and sending nothing back, as a peer that vanished
+// without a FIN (a crashed host, an expired NAT entry) looks to the client.
+// The client notices only by its own timeouts. Cut or Close ends them.
+func (p *Proxy) HalfOpen() int {
+	p.mu.Lock()
+	ls := make([]*link, 0, len(p.conns))
+	for l := range p.conns {
+		ls = append(ls, l)
+	}
+	p.mu.Unlock()
+	for _, l := range ls {
+		l.halfOpen()
+	}
+	p.halfOpened.Add(uint64(len(ls)))
+	return len(ls)
 }
 
 // SetDrop turns the blackhole on or off in the given directions.
@@ -240,9 +283,12 @@ func (p *Proxy) Cut() int {
 	return len(ls)
 }
 
-// Heal removes every fault: no delay, no drop, no refusal, no hold.
+// Heal removes every fault: no delay, jitter, bandwidth limit or drop, no
+// refusal, no hold. Half-open connections stay as they are (Cut them).
 func (p *Proxy) Heal() error {
 	p.SetDelay(0, Both...)
+	p.SetJitter(0, Both...)
+	p.SetBandwidth(0, Both...)
 	p.SetDrop(false, Both...)
 	p.Release()
 	return p.SetRefuse(false)
@@ -253,7 +299,7 @@ func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	active := len(p.conns)
 	p.mu.Unlock()
-	s := Stats{Accepted: p.accepted.Load(), DialFails: p.dialFails.Load(), Cut: p.cut.Load(), Active: active}
+	s := Stats{Accepted: p.accepted.Load(), DialFails: p.dialFails.Load(), Cut: p.cut.Load(), HalfOpen: p.halfOpened.Load(), Active: active}
 	for d := range numDirections {
 		s.Forwarded[d] = p.forwarded[d].Load()
 		s.Dropped[d] = p.dropped[d].Load()
@@ -389,7 +435,11 @@ func (p *Proxy) pump(l *link, dir Direction, src, dst net.Conn) {
 					p.dropped[dir].Add(uint64(n))
 				} else {
 					c := chunk{b: buf[:n]}
-					if d := time.Duration(p.delay[dir].Load()); d > 0 {
+					d := time.Duration(p.delay[dir].Load())
+					if j := p.jitter[dir].Load(); j > 0 {
+						d += time.Duration(rand.Int64N(j))
+					}
+					if d > 0 {
 						c.due = time.Now().Add(d)
 					}
 					select {
@@ -405,9 +455,14 @@ func (p *Proxy) pump(l *link, dir Direction, src, dst net.Conn) {
 		}
 	}()
 	defer func() {
-		l.close() // unblocks the reader's Read
+		// A half-open link's target side ended: keep the client's side
+		// (the Up pump swallows what it sends until it or Cut closes it).
+		if dir != Down || !l.half.Load() {
+			l.close() // unblocks the reader's Read
+		}
 		rwg.Wait()
 	}()
+	var paced time.Time // when the bandwidth limit lets the next byte out
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -424,11 +479,50 @@ func (p *Proxy) pump(l *link, dir Direction, src, dst net.Conn) {
 			p.dropped[dir].Add(uint64(len(c.b)))
 			continue
 		}
-		if _, err := dst.Write(c.b); err != nil {
+		if l.half.Load() {
+			p.dropped[dir].Add(uint64(len(c.b)))
+			continue
+		}
+		if !p.write(l, dir, dst, c.b, &paced, timer) {
+			if l.half.Load() {
+				p.dropped[dir].Add(uint64(len(c.b)))
+				continue
+			}
 			return
 		}
-		p.forwarded[dir].Add(uint64(len(c.b)))
 	}
+}
+
+// write writes b to dst, in slices paced at the direction's bandwidth limit
+// if one is set; false if the write failed or the link closed meanwhile.
+func (p *Proxy) write(l *link, dir Direction, dst net.Conn, b []byte, paced *time.Time, timer *time.Timer) bool {
+	for len(b) > 0 {
+		rate := p.rate[dir].Load()
+		n := len(b)
+		if rate > 0 {
+			// Slices of about 10 ms at the rate keep the pace smooth.
+			n = min(n, int(max(1, rate/100)))
+			now := time.Now()
+			if paced.Before(now) {
+				*paced = now
+			}
+			if wait := paced.Sub(now); wait > 0 {
+				timer.Reset(wait)
+				select {
+				case <-timer.C:
+				case <-l.closed:
+					return false
+				}
+			}
+			*paced = paced.Add(time.Duration(int64(n) * int64(time.Second) / rate))
+		}
+		if _, err := dst.Write(b[:n]); err != nil {
+			return false
+		}
+		p.forwarded[dir].Add(uint64(n))
+		b = b[n:]
+	}
+	return true
 }
 
 // link is one proxied connection.
@@ -440,6 +534,7 @@ type link struct {
 	mu     sync.Mutex
 	up     net.Conn
 	once   sync.Once
+	half   atomic.Bool // target side closed by HalfOpen, client side kept
 }
 
 func newLink(c net.Conn) *link {
@@ -458,6 +553,16 @@ func (l *link) setUpstream(c net.Conn) bool {
 	}
 	l.up = c
 	return true
+}
+
+// halfOpen closes the target side only (see Proxy.HalfOpen).
+func (l *link) halfOpen() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.half.Store(true)
+	if l.up != nil {
+		_ = l.up.Close()
+	}
 }
 
 func (l *link) close() {

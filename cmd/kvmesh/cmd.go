@@ -37,6 +37,7 @@ func newRootCmd() *cobra.Command {
 	// kvmesh config get|set|patch|edit and kvmesh members, over the admin
 	// gRPC API (--admin-addr, --token).
 	root.AddCommand(admincli.Commands()...)
+	root.AddCommand(newChaosCmd(), newFaultproxyCmd()) // chaos.go, faultproxy.go
 	return root
 }
 

@@ -1,9 +1,8 @@
-package scenarios
+package suite
 
 import (
 	"context"
 	"fmt"
-	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -47,7 +46,7 @@ const specTTL = 1500 * time.Millisecond
 // and how long clearing took. It fails the test if that takes longer than
 // 1 s (issue 8: no routing on stale affinity 1 s after a reset or restart),
 // well inside the speculative TTL, so entries merely expiring cannot pass it.
-func awaitNoStaleAffinity(t *testing.T, c *cluster.Cluster, e *cluster.Engine, prompts []string) (int, time.Duration) {
+func awaitNoStaleAffinity(t *R, c *cluster.Cluster, e *cluster.Engine, prompts []string) (int, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	first := staleAffinity(c, e, prompts)
@@ -56,7 +55,7 @@ func awaitNoStaleAffinity(t *testing.T, c *cluster.Cluster, e *cluster.Engine, p
 	return first, time.Since(start)
 }
 
-// TestEngineRestartAndReset (scenario 2): an engine's cache reset
+// EngineRestartAndReset (scenario 2): an engine's cache reset
 // (AllBlocksCleared) and its restart (sequence rewind, new hash seed) must
 // drop that engine's confirmed entries on every gateway within 1 s, and
 // requests keep succeeding.
@@ -67,7 +66,7 @@ func awaitNoStaleAffinity(t *testing.T, c *cluster.Cluster, e *cluster.Engine, p
 // emptied engine until their TTL). The scenario measures the window (stale
 // pairs and time to clear, in the report line) and bounds it by 1 s, well
 // under the speculative TTL.
-func TestEngineRestartAndReset(t *testing.T) {
+func engineRestartAndReset(t *R) {
 	cfg := cluster.DefaultConfig()
 	cfg.Gateways, cfg.Engines = 2, 2
 	cfg.NumGPUBlocks = 512
@@ -77,7 +76,7 @@ func TestEngineRestartAndReset(t *testing.T) {
 	ctx := context.Background()
 	var total cluster.LoadResult
 	var worst time.Duration
-	rounds := scale(2, 6)
+	rounds := t.Scale(2, 6)
 	var lastSummary cluster.Summary
 	var staleMax int
 	var staleClear time.Duration
@@ -85,7 +84,7 @@ func TestEngineRestartAndReset(t *testing.T) {
 	for round := range rounds {
 		// Load with affinity: tenants' system prompts stick to a replica.
 		tag := fmt.Sprintf("affinity-%d", round)
-		lc := loadConfig(c, tag, scale(60, 200))
+		lc := loadConfig(c, tag, t.Scale(60, 200))
 		res, err := cluster.RunLoad(ctx, lc)
 		require.NoError(t, err)
 		total.Add(res)
@@ -116,7 +115,7 @@ func TestEngineRestartAndReset(t *testing.T) {
 
 		// Requests after the reset succeed; the ones the index would have
 		// sent to e0 on stale affinity are now decided on load alone.
-		res, err = cluster.RunLoad(ctx, loadConfig(c, tag, scale(30, 100)))
+		res, err = cluster.RunLoad(ctx, loadConfig(c, tag, t.Scale(30, 100)))
 		require.NoError(t, err)
 		total.Add(res)
 
@@ -140,7 +139,7 @@ func TestEngineRestartAndReset(t *testing.T) {
 		worst = max(worst, heard)
 		require.LessOrEqual(t, heard, time.Second+200*time.Millisecond, "restart noticed and entries replaced within ~1 s (redial backoff 100 ms)")
 
-		res, err = cluster.RunLoad(ctx, loadConfig(c, tag+"-after", scale(30, 100)))
+		res, err = cluster.RunLoad(ctx, loadConfig(c, tag+"-after", t.Scale(30, 100)))
 		require.NoError(t, err)
 		total.Add(res)
 		lastSummary, _ = awaitWithin(t, c, "after restart load", time.Second, c.Exact)
@@ -148,7 +147,7 @@ func TestEngineRestartAndReset(t *testing.T) {
 	require.Equal(t, total.Sent, total.OK, total.String())
 	resets := c.GatewayCounter("kvmesh_kvevents_resets_total", map[string]string{"reason": "rewind"})
 	require.GreaterOrEqual(t, resets, float64(rounds*len(c.Gateways())), "every gateway heard every rewind")
-	row(t, cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "2 engine-restart+reset", Load: total, Precision: lastSummary.MinPrecision, Recall: lastSummary.MinRecall,
 		Converge: worst, Note: fmt.Sprintf("%d rounds of reset+restart of e0, %.0f rewind resets heard; stale speculative affinity: up to %d gateway-prompt pairs, cleared after %v (TTL %v)",
 			rounds, resets, staleMax, staleClear.Round(time.Millisecond), specTTL),

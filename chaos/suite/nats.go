@@ -1,9 +1,8 @@
-package scenarios
+package suite
 
 import (
 	"context"
 	"fmt"
-	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -22,14 +21,14 @@ func natsConnected(c *cluster.Cluster) int {
 	return n
 }
 
-// TestNATSOutage (scenario 7): three clustered gateways share one NATS
+// NATSOutage (scenario 7): three clustered gateways share one NATS
 // server behind a fault proxy. NATS goes away (connections cut, new ones
 // refused) while clients keep sending: every request still gets a
 // complete answer (gateways route on their own view; each engine's owner
 // keeps ingesting its events). Without NATS the non-owners' views of the
 // engines go stale. When NATS comes back, every gateway reconnects and
 // every gateway's index converges to exactly each engine's cached set.
-func TestNATSOutage(t *testing.T) {
+func natsOutage(t *R) {
 	cfg := cluster.DefaultConfig()
 	cfg.Gateways, cfg.Engines = 3, 2
 	cfg.ClusterMode = true
@@ -43,9 +42,9 @@ func TestNATSOutage(t *testing.T) {
 	var worst time.Duration
 	var during, last cluster.Summary
 	var failed error
-	rounds := scale(1, 3)
+	rounds := t.Scale(1, 3)
 	for round := range rounds {
-		res, err := cluster.RunLoad(ctx, loadConfig(c, fmt.Sprintf("nats-before-%d", round), scale(60, 300)))
+		res, err := cluster.RunLoad(ctx, loadConfig(c, fmt.Sprintf("nats-before-%d", round), t.Scale(60, 300)))
 		require.NoError(t, err)
 		total.Add(res)
 		settle(t, c, "before the outage")
@@ -55,7 +54,7 @@ func TestNATSOutage(t *testing.T) {
 		c.NATS.Cut()
 		require.Eventually(t, func() bool { return natsConnected(c) == 0 }, 10*time.Second, 5*time.Millisecond,
 			"gateways notice the outage")
-		res, err = cluster.RunLoad(ctx, loadConfig(c, fmt.Sprintf("nats-during-%d", round), scale(120, 600)))
+		res, err = cluster.RunLoad(ctx, loadConfig(c, fmt.Sprintf("nats-during-%d", round), t.Scale(120, 600)))
 		require.NoError(t, err)
 		total.Add(res)
 		require.Equal(t, res.Sent, res.OK, "gateways serve through a NATS outage: %s", res)
@@ -128,6 +127,6 @@ func TestNATSOutage(t *testing.T) {
 	}
 	require.Eventually(t, c.ConfigConverged, 10*time.Second, 5*time.Millisecond, c.ConfigVersions())
 	res.ConfigVersions = c.ConfigVersions()
-	row(t, res)
+	t.Row(res)
 	require.NoError(t, failed, "gateways did not converge to the engines' true block sets after the heal")
 }

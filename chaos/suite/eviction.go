@@ -1,10 +1,9 @@
-package scenarios
+package suite
 
 import (
 	"context"
 	"fmt"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -12,18 +11,18 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/cluster"
 )
 
-// TestEvictionPressure (scenario 1): small KV pools and many distinct
+// EvictionPressure (scenario 1): small KV pools and many distinct
 // prompts keep every engine evicting. While the load runs, the suite checks
 // at regular steps that every gateway's confirmed entries are true
 // (precision >= 0.99) within 1 s; after the load, every gateway holds
 // exactly each engine's cached set.
-func TestEvictionPressure(t *testing.T) {
+func evictionPressure(t *R) {
 	cfg := cluster.DefaultConfig()
 	cfg.Gateways, cfg.Engines = 2, 3
 	cfg.NumGPUBlocks = 64 // 1,024 tokens: a handful of prompts fill it
 	c := startCluster(t, cfg)
 
-	n := scale(240, 2400)
+	n := t.Scale(240, 2400)
 	lc := loadConfig(c, "evict", n)
 	var (
 		mu       sync.Mutex
@@ -66,7 +65,7 @@ func TestEvictionPressure(t *testing.T) {
 	removed := c.GatewayCounter("kvmesh_kvevents_events_total", map[string]string{"type": "BlockRemoved"})
 	require.Positive(t, removed, "the engines evicted (BlockRemoved events reached the gateways)")
 	require.Equal(t, n, res.OK, res.String())
-	row(t, cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "1 eviction-pressure", Load: res, Precision: s.MinPrecision, Recall: s.MinRecall, Converge: worst,
 		Note: fmt.Sprintf("%d checks under load (lowest instantaneous precision %.4f), %.0f BlockRemoved events, 3 engines x 64 blocks, 2 gateways",
 			checks+1, instant, removed),

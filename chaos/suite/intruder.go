@@ -1,4 +1,4 @@
-package scenarios
+package suite
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"strings"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -41,7 +40,7 @@ type intruderSink struct {
 	done  chan struct{}
 }
 
-func newIntruderSink(t *testing.T) *intruderSink {
+func newIntruderSink(t *R) *intruderSink {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -78,7 +77,7 @@ func (intruderDelegate) MergeRemoteState([]byte, bool)        {}
 func (intruderDelegate) String() string                       { return "intruder" }
 func (d intruderDelegate) withMeta(m []byte) intruderDelegate { d.meta = m; return d }
 
-// TestIntruder (scenario 9): a process without the cluster key replays
+// Intruder (scenario 9): a process without the cluster key replays
 // the attacks of issue 14 against a three-gateway cluster under load: raft
 // heartbeats and AppendEntries (carrying a config of its own) to a
 // follower and to the leader, a gossip join advertising its own peer,
@@ -92,7 +91,7 @@ func (d intruderDelegate) withMeta(m []byte) intruderDelegate { d.meta = m; retu
 // nothing) and still follows the engines afterwards (the 2^40 seq stalled
 // nothing); the intruder's listener received no connection, so no token
 // and no config.
-func TestIntruder(t *testing.T) {
+func intruder(t *R) {
 	c := startClusterMode(t, 3, 2, nil)
 	ctx := context.Background()
 	sink := newIntruderSink(t)
@@ -107,9 +106,9 @@ func TestIntruder(t *testing.T) {
 		}
 	}
 	require.NotNil(t, leader, "a raft leader")
-	rounds := scale(1, 5)
+	rounds := t.Scale(1, 5)
 
-	lc := loadConfig(c, "intruder", scale(120, 900))
+	lc := loadConfig(c, "intruder", t.Scale(120, 900))
 	load, err := cluster.StartLoad(ctx, lc)
 	require.NoError(t, err)
 	defer load.Stop()
@@ -233,7 +232,7 @@ func TestIntruder(t *testing.T) {
 		require.Equal(t, 1.0, p.Recall(), "%s/%s after the forged reset: %s", p.Gateway, p.Engine, p.Comparison)
 	}
 	// The engines' real streams still flow into every view.
-	res2, err := cluster.RunLoad(ctx, loadConfig(c, "intruder-after", scale(40, 200)))
+	res2, err := cluster.RunLoad(ctx, loadConfig(c, "intruder-after", t.Scale(40, 200)))
 	require.NoError(t, err)
 	require.Equal(t, res2.Sent, res2.OK, "%s", res2)
 	res.Add(res2)
@@ -247,12 +246,12 @@ func TestIntruder(t *testing.T) {
 	require.False(t, sink.token.Load(), "the intruder never saw the admin token")
 	notes = append(notes, forgery, fmt.Sprintf("intruder listener: %d connections, %d bytes; config %s before and after; %d rounds",
 		sink.conns.Load(), sink.bytes.Load(), before, rounds))
-	row(t, cluster.Row{Scenario: "9 intruder", Load: res, Precision: s.MinPrecision, Recall: s.MinRecall, Converge: took,
+	t.Row(cluster.Row{Scenario: "9 intruder", Load: res, Precision: s.MinPrecision, Recall: s.MinRecall, Converge: took,
 		ConfigVersions: c.ConfigVersions(), Note: strings.Join(notes, "; ")})
 }
 
 // selfMeta is gateway g's own gossip metadata.
-func selfMeta(t *testing.T, g *cluster.Gateway) kvsync.NodeMeta {
+func selfMeta(t *R, g *cluster.Gateway) kvsync.NodeMeta {
 	t.Helper()
 	for _, m := range g.Node.Cluster().Members() {
 		if m.Self {
@@ -264,7 +263,7 @@ func selfMeta(t *testing.T, g *cluster.Gateway) kvsync.NodeMeta {
 }
 
 // otherRing is credentials from a key that is not the cluster's.
-func otherRing(t *testing.T) *trust.Ring {
+func otherRing(t *R) *trust.Ring {
 	t.Helper()
 	k, err := trust.Generate()
 	require.NoError(t, err)
@@ -276,7 +275,7 @@ func otherRing(t *testing.T) *trust.Ring {
 }
 
 // dialTLS dials addr with ring's mutual-TLS credentials.
-func dialTLS(t *testing.T, addr string, ring *trust.Ring) *grpc.ClientConn {
+func dialTLS(t *R, addr string, ring *trust.Ring) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(ring.TLSConfig())))
 	require.NoError(t, err)
@@ -287,7 +286,7 @@ func dialTLS(t *testing.T, addr string, ring *trust.Ring) *grpc.ClientConn {
 // cluster key) that does not own engine, a reset and a batch with seq
 // 2^40 for it under that member's origin, and waits until the gateways
 // that received them refused both as not_owner. It returns a note.
-func forgeFromNonOwner(t *testing.T, c *cluster.Cluster, engine string) string {
+func forgeFromNonOwner(t *R, c *cluster.Cluster, engine string) string {
 	t.Helper()
 	gs := c.Gateways()
 	names := make([]string, len(gs))

@@ -1,10 +1,9 @@
-package scenarios
+package suite
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -20,12 +19,12 @@ func pct(seq uint64) uint64 { return (seq * 2654435761) % 100 }
 // settle keeps each engine publishing until every gateway agrees with it
 // exactly (a fault on the last batch of a burst is only noticed when the
 // next one arrives), then checks the whole cluster within 1 s.
-func settle(t *testing.T, c *cluster.Cluster, step string) (cluster.Summary, time.Duration) {
+func settle(t *R, c *cluster.Cluster, step string) (cluster.Summary, time.Duration) {
 	return settleWithin(t, c, step, 10*time.Second)
 }
 
 // settleWithin is settle with a deadline d; on failure it logs every pair.
-func settleWithin(t *testing.T, c *cluster.Cluster, step string, d time.Duration) (cluster.Summary, time.Duration) {
+func settleWithin(t *R, c *cluster.Cluster, step string, d time.Duration) (cluster.Summary, time.Duration) {
 	t.Helper()
 	s, took, err := trySettle(t, c, d)
 	require.NoError(t, err, step)
@@ -35,7 +34,7 @@ func settleWithin(t *testing.T, c *cluster.Cluster, step string, d time.Duration
 // trySettle keeps every engine publishing until every gateway agrees with
 // it exactly, for at most d. On failure it logs every pair and returns the
 // last summary with the error.
-func trySettle(t *testing.T, c *cluster.Cluster, d time.Duration) (cluster.Summary, time.Duration, error) {
+func trySettle(t *R, c *cluster.Cluster, d time.Duration) (cluster.Summary, time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
@@ -66,13 +65,13 @@ func relayTotals(c *cluster.Cluster) faultproxy.RelayStats {
 	return t
 }
 
-// TestZMQBatchFaults (scenario 3): KV-event batches lost, duplicated and
+// ZMQBatchFaults (scenario 3): KV-event batches lost, duplicated and
 // reordered on the wire (a ZMQ relay between each engine's PUB and the
 // gateways; replay goes to the engine directly). Lost batches are replayed,
 // duplicates dropped, a reorder is taken for a rewind and resynchronised
 // by the join replay; after each phase every gateway holds exactly each
 // engine's cached set.
-func TestZMQBatchFaults(t *testing.T) {
+func zmqBatchFaults(t *R) {
 	cfg := cluster.DefaultConfig()
 	cfg.Gateways, cfg.Engines = 2, 2
 	cfg.NumGPUBlocks = 128
@@ -117,12 +116,12 @@ func TestZMQBatchFaults(t *testing.T) {
 	var total cluster.LoadResult
 	var worst time.Duration
 	var last cluster.Summary
-	for round := range scale(1, 4) {
+	for round := range t.Scale(1, 4) {
 		for _, ph := range phases {
 			for _, e := range c.Engines() {
 				e.Relay.SetFault(ph.fault)
 			}
-			res, err := cluster.RunLoad(ctx, loadConfig(c, fmt.Sprintf("zmq-%d-%s", round, ph.name), scale(60, 250)))
+			res, err := cluster.RunLoad(ctx, loadConfig(c, fmt.Sprintf("zmq-%d-%s", round, ph.name), t.Scale(60, 250)))
 			require.NoError(t, err)
 			total.Add(res)
 			for _, e := range c.Engines() {
@@ -142,19 +141,19 @@ func TestZMQBatchFaults(t *testing.T) {
 	rewinds := c.GatewayCounter("kvmesh_kvevents_resets_total", map[string]string{"reason": "rewind"})
 	require.Positive(t, replays, "lost batches were replayed")
 	require.Equal(t, total.Sent, total.OK, total.String())
-	row(t, cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "3 zmq-lost/dup/reorder", Load: total, Precision: last.MinPrecision, Recall: last.MinRecall, Converge: worst,
 		Note: fmt.Sprintf("relay dropped %d duplicated %d swapped %d of %d; gateways saw %.0f gaps, %.0f complete replays, %.0f duplicates, %.0f rewind resets",
 			rs.Dropped, rs.Duplicated, rs.Swapped, rs.Received, gaps, replays, dups, rewinds),
 	})
 }
 
-// TestZMQGapBeyondReplay (scenario 3, second half): a burst of lost batches
+// ZMQGapBeyondReplay (scenario 3, second half): a burst of lost batches
 // longer than the engine's replay buffer cannot be replayed, so the
 // gateways reset that engine's entries. They must then hold nothing false
 // (precision 1; what they missed lowers recall), and converge exactly again
 // once the engine's cache is reset.
-func TestZMQGapBeyondReplay(t *testing.T) {
+func zmqGapBeyondReplay(t *R) {
 	cfg := cluster.DefaultConfig()
 	cfg.Gateways, cfg.Engines = 2, 2
 	cfg.NumGPUBlocks = 128
@@ -166,7 +165,7 @@ func TestZMQGapBeyondReplay(t *testing.T) {
 	var total cluster.LoadResult
 	var worst time.Duration
 	var afterGap cluster.Summary
-	for round := range scale(1, 3) {
+	for round := range t.Scale(1, 3) {
 		// Lose 30 consecutive batches of every engine.
 		for _, e := range c.Engines() {
 			start := e.Relay.Stats().Received
@@ -177,7 +176,7 @@ func TestZMQGapBeyondReplay(t *testing.T) {
 				return faultproxy.Forward
 			})
 		}
-		res, err := cluster.RunLoad(ctx, loadConfig(c, fmt.Sprintf("gap-%d", round), scale(60, 200)))
+		res, err := cluster.RunLoad(ctx, loadConfig(c, fmt.Sprintf("gap-%d", round), t.Scale(60, 200)))
 		require.NoError(t, err)
 		total.Add(res)
 		for _, e := range c.Engines() {
@@ -215,7 +214,7 @@ func TestZMQGapBeyondReplay(t *testing.T) {
 	unrecoverable := c.GatewayCounter("kvmesh_kvevents_resets_total", map[string]string{"reason": "gap_unrecoverable"})
 	require.Positive(t, unrecoverable, "the gateways reset on a gap replay could not cover")
 	require.Equal(t, total.Sent, total.OK, total.String())
-	row(t, cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "3 zmq-gap>replay-buffer", Load: total, Precision: afterGap.MinPrecision, Recall: afterGap.MinRecall, Converge: worst,
 		Note: fmt.Sprintf("30-batch bursts lost with a 4-batch replay buffer: %.0f gap_unrecoverable resets; recall shown right after the gap, exact after engine reset", unrecoverable),
 	})

@@ -1,9 +1,8 @@
-package scenarios
+package suite
 
 import (
 	"context"
 	"fmt"
-	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -24,7 +23,7 @@ func liveTarget(c *cluster.Cluster) func(int) string {
 }
 
 // startClusterMode starts a cluster-mode cluster (gossip, NATS, raft).
-func startClusterMode(t *testing.T, gateways, engines int, tune func(*cluster.Config)) *cluster.Cluster {
+func startClusterMode(t *R, gateways, engines int, tune func(*cluster.Config)) *cluster.Cluster {
 	t.Helper()
 	cfg := cluster.DefaultConfig()
 	cfg.Gateways, cfg.Engines = gateways, engines
@@ -70,7 +69,7 @@ func within1pct(c *cluster.Cluster, name string) (bool, string) {
 
 // awaitWithin1pct polls within1pct until it holds or deadline passes, and
 // fails the test with every pair's figures if it does not.
-func awaitWithin1pct(t *testing.T, c *cluster.Cluster, name string, deadline time.Time) {
+func awaitWithin1pct(t *R, c *cluster.Cluster, name string, deadline time.Time) {
 	t.Helper()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
@@ -97,7 +96,7 @@ func valueOr(v float64, ok bool, def float64) float64 {
 	return def
 }
 
-// TestGatewayKillAndRestart (scenario 4): under a steady streaming load
+// GatewayKillAndRestart (scenario 4): under a steady streaming load
 // spread over three clustered gateways, one gateway at a time is killed
 // (clients' connections cut as by a process death, then the node stopped
 // without a drain) or stopped gracefully,
@@ -107,11 +106,11 @@ func valueOr(v float64, ok bool, def float64) float64 {
 // the restarted gateway's index is within 1 % of its peers' (precision and
 // recall against the engines) within 5 s; afterwards every gateway is exact
 // and applies the same config version.
-func TestGatewayKillAndRestart(t *testing.T) {
+func gatewayKillAndRestart(t *R) {
 	c := startClusterMode(t, 3, 2, func(cfg *cluster.Config) { cfg.FrontProxies = true })
 	ctx := context.Background()
-	rounds := scale(2, 6)
-	n := scale(240, 1500)
+	rounds := t.Scale(2, 6)
+	n := t.Scale(240, 1500)
 	every := n / (rounds + 1)
 
 	type event struct {
@@ -208,20 +207,20 @@ func TestGatewayKillAndRestart(t *testing.T) {
 	if settleErr != nil {
 		r.Note = "NOT CONVERGED after the kills; " + r.Note
 	}
-	report.Add(r)
+	t.report.Add(r)
 	t.Log(r.Line())
 	require.NoError(t, settleErr, "gateways did not converge to the engines' true block sets after the kills")
 }
 
-// TestGatewayShutdownGraceExpired (part of scenario 4): a gateway whose
+// GatewayShutdownGraceExpired (part of scenario 4): a gateway whose
 // shutdown grace runs out (SIGTERM, then ShutdownGrace) cuts its in-flight
 // streams. Each client must then see an error: an SSE error event, or a
 // broken connection; never a stream that ends cleanly without [DONE].
-func TestGatewayShutdownGraceExpired(t *testing.T) {
+func gatewayShutdownGraceExpired(t *R) {
 	c := startClusterMode(t, 3, 2, nil)
 	ctx := context.Background()
 	var total cluster.LoadResult
-	for round := range scale(3, 10) {
+	for round := range t.Scale(3, 10) {
 		g := c.Gateways()[1]
 		lc := loadConfig(c, fmt.Sprintf("grace-%d", round), 12)
 		lc.Target = func(int) string { return g.URL() }

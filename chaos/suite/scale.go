@@ -1,4 +1,4 @@
-package scenarios
+package suite
 
 import (
 	"bufio"
@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -21,7 +20,7 @@ import (
 
 // awaitVersion waits until every live gateway applies config version v
 // and returns when that happened.
-func awaitVersion(t *testing.T, c *cluster.Cluster, v uint64) time.Time {
+func awaitVersion(t *R, c *cluster.Cluster, v uint64) time.Time {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		for _, g := range c.Gateways() {
@@ -34,7 +33,7 @@ func awaitVersion(t *testing.T, c *cluster.Cluster, v uint64) time.Time {
 	return time.Now()
 }
 
-// TestScaleOutAndIn (scenario 5): under a steady streaming load over the
+// ScaleOutAndIn (scenario 5): under a steady streaming load over the
 // live gateways, the gateway tier grows 3 → 5 and shrinks back to 3
 // (graceful stops), an engine is added through the raft config (it gets
 // traffic and every gateway's index of it fills) and an original engine is
@@ -42,7 +41,7 @@ func awaitVersion(t *testing.T, c *cluster.Cluster, v uint64) time.Time {
 // running: they finish with every token, [DONE] and usage, and nothing is
 // routed to it once the removal is applied. No request fails or is lost; the cluster ends exact
 // with one config version.
-func TestScaleOutAndIn(t *testing.T) {
+func scaleOutAndIn(t *R) {
 	c := startClusterMode(t, 3, 2, func(cfg *cluster.Config) {
 		// e0, the engine removed at the end, runs at a fifth of the fast
 		// profile's speed, so that its long streams are still running
@@ -54,7 +53,7 @@ func TestScaleOutAndIn(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	n := scale(300, 2000)
+	n := t.Scale(300, 2000)
 	lc := loadConfig(c, "scale", n)
 	lc.Target = liveTarget(c)
 	lc.MaxTokens = 100
@@ -198,7 +197,7 @@ func TestScaleOutAndIn(t *testing.T) {
 		Note: fmt.Sprintf("gateways 3->5->3 (%d requests refused by a stopping gateway's idle-close race), engine %s added (%d load requests; every gateway routes to it), %s removed while serving %d long streams (each %d tokens, in flight %v past the removal, all complete with [DONE] and usage) and %d load requests (finished ok), 0 routed after; new gateways within 1%% of peers after <= %v",
 			idleClose, ne.Name, toNew, gone.Name, drained.onGone, drainTokens, drained.minAfter.Round(time.Millisecond), drained.load, catch.Round(time.Millisecond)),
 	}
-	report.Add(r)
+	t.report.Add(r)
 	t.Log(r.Line())
 	require.Zero(t, r.Load.Lost, "lost requests: %s", r.Load)
 }
@@ -209,7 +208,7 @@ const drainTokens = 1500
 
 // sessionOn finds a consistent-hash session key that every gateway routes
 // to e (the ring is the same on every gateway) and returns it.
-func sessionOn(t *testing.T, c *cluster.Cluster, e *cluster.Engine) string {
+func sessionOn(t *R, c *cluster.Cluster, e *cluster.Engine) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -269,7 +268,7 @@ type drained struct {
 // once the previous one has received its first chunk. Consistent-hash
 // bounds a replica's load, so a stream may land elsewhere; it starts up to
 // 12 streams until two are served by e, and fails the test otherwise.
-func startDrainStreams(t *testing.T, c *cluster.Cluster, e *cluster.Engine, session string) *drainStreams {
+func startDrainStreams(t *R, c *cluster.Cluster, e *cluster.Engine, session string) *drainStreams {
 	t.Helper()
 	d := &drainStreams{e: e, tr: &http.Transport{}}
 	onE := 0
@@ -304,7 +303,7 @@ func startDrainStreams(t *testing.T, c *cluster.Cluster, e *cluster.Engine, sess
 // wait waits for every stream, checks each is complete (every token, a
 // usage chunk, [DONE]) and that those served by the removed engine were
 // still running when its removal applied at removedAt.
-func (d *drainStreams) wait(t *testing.T, removedAt time.Time) drained {
+func (d *drainStreams) wait(t *R, removedAt time.Time) drained {
 	t.Helper()
 	d.wg.Wait()
 	d.tr.CloseIdleConnections()

@@ -1,4 +1,4 @@
-package scenarios
+package suite
 
 import (
 	"bytes"
@@ -15,7 +15,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -102,13 +101,13 @@ func postRaw(hc *http.Client, url, path, ctype string, body []byte) (int, string
 	return resp.StatusCode, code, nil
 }
 
-// TestBadInput (scenario 8): malformed input on every port kvmesh and the
+// BadInput (scenario 8): malformed input on every port kvmesh and the
 // engine simulator expose: HTTP bodies and raw bytes to the gateway,
 // garbled KV-event payloads to the gateway's subscribers, raw bytes and
 // malformed requests on the engine's replay ROUTER, and non-ZMTP bytes and
 // wrong-shaped messages to a bound Subscriber. Everything is rejected and
 // counted; nothing crashes; the cluster keeps serving and converges.
-func TestBadInput(t *testing.T) {
+func badInput(t *R) {
 	cfg := cluster.DefaultConfig()
 	cfg.Gateways, cfg.Engines = 1, 2
 	cfg.KVLink = cluster.KVRelay
@@ -143,7 +142,7 @@ func TestBadInput(t *testing.T) {
 		send(name, "/v1/completions", "application/json", []byte(body))
 		send(name, "/v1/chat/completions", "application/json", []byte(body))
 	}
-	for i := range scale(200, 3000) {
+	for i := range t.Scale(200, 3000) {
 		b := make([]byte, rng.IntN(2048))
 		for j := range b {
 			b[j] = byte(rng.Uint32())
@@ -159,7 +158,7 @@ func TestBadInput(t *testing.T) {
 
 	// Raw bytes on the gateway's HTTP port: the connection is answered or
 	// closed once the client ends its side; the gateway keeps serving.
-	for i := range scale(20, 200) {
+	for i := range t.Scale(20, 200) {
 		conn, err := net.Dial("tcp", g.Node.HTTPAddr())
 		require.NoError(t, err)
 		b := make([]byte, 1+rng.IntN(4096))
@@ -185,7 +184,7 @@ func TestBadInput(t *testing.T) {
 	for _, e := range c.Engines() {
 		e.Relay.SetFault(func(uint64, uint64) faultproxy.Action { return faultproxy.Garble })
 	}
-	res, err := cluster.RunLoad(context.Background(), loadConfig(c, "garbled", scale(40, 300)))
+	res, err := cluster.RunLoad(context.Background(), loadConfig(c, "garbled", t.Scale(40, 300)))
 	require.NoError(t, err)
 	total.Add(res)
 	for _, e := range c.Engines() {
@@ -203,7 +202,7 @@ func TestBadInput(t *testing.T) {
 	// ZMQ requests. Replay must still work afterwards.
 	for _, e := range c.Engines() {
 		addr := strings.TrimPrefix(e.Server().KVReplayAddr(), "tcp://")
-		for range scale(5, 50) {
+		for range t.Scale(5, 50) {
 			conn, err := net.Dial("tcp", addr)
 			require.NoError(t, err)
 			b := make([]byte, 1+rng.IntN(1024))
@@ -229,7 +228,7 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 	replaysBefore := cluster.CounterSum(g.Node.Registry(), "kvmesh_kvevents_replays_total", map[string]string{"result": "complete"})
-	res, err = cluster.RunLoad(context.Background(), loadConfig(c, "after-garbage", scale(40, 300)))
+	res, err = cluster.RunLoad(context.Background(), loadConfig(c, "after-garbage", t.Scale(40, 300)))
 	require.NoError(t, err)
 	total.Add(res)
 	for _, e := range c.Engines() {
@@ -243,14 +242,14 @@ func TestBadInput(t *testing.T) {
 	// Non-ZMTP bytes and wrong-shaped messages to a bound Subscriber.
 	notes = append(notes, boundSubscriberGarbage(t, rng))
 
-	row(t, cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "8 bad-input", Load: total, Precision: final.MinPrecision, Recall: final.MinRecall, Converge: took,
 		Note: strings.Join(notes, "; "),
 	})
 }
 
 // badReplayRequests sends a DEALER's worth of malformed replay requests.
-func badReplayRequests(t *testing.T, endpoint string) {
+func badReplayRequests(t *R, endpoint string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -271,7 +270,7 @@ func badReplayRequests(t *testing.T, endpoint string) {
 // boundSubscriberGarbage aims raw bytes and wrong-shaped ZMQ messages at a
 // Subscriber listening in bind mode (kv_bind), then checks a real
 // publisher's batch still gets through and the malformed ones were counted.
-func boundSubscriberGarbage(t *testing.T, rng *rand.Rand) string {
+func boundSubscriberGarbage(t *R, rng *rand.Rand) string {
 	t.Helper()
 	ix, err := index.New(index.DefaultConfig())
 	require.NoError(t, err)
@@ -295,7 +294,7 @@ func boundSubscriberGarbage(t *testing.T, rng *rand.Rand) string {
 	}()
 	addr := strings.TrimPrefix(sub.Addr(), "tcp://")
 
-	for range scale(10, 100) {
+	for range t.Scale(10, 100) {
 		conn, err := net.Dial("tcp", addr)
 		require.NoError(t, err)
 		b := make([]byte, 1+rng.IntN(2048))
@@ -346,7 +345,7 @@ func boundSubscriberGarbage(t *testing.T, rng *rand.Rand) string {
 	return fmt.Sprintf("bound SUB: raw bytes + %.0f malformed messages counted, valid batch applied after", malformed)
 }
 
-// TestBadInputClusterPorts (scenario 8, the cluster's ports): three
+// BadInputClusterPorts (scenario 8, the cluster's ports): three
 // clustered gateways take a barrage on every port a gateway opens besides
 // the OpenAI API and the KV subscribers (TestBadInput): the peer-sync gRPC
 // port, the admin gRPC port, the admin HTTP API, the raft port, and the
@@ -354,7 +353,7 @@ func boundSubscriberGarbage(t *testing.T, rng *rand.Rand) string {
 // in a metric, and after each barrage every gateway still serves, raft has
 // a leader and commits a valid config write, and the index still matches
 // the engines, and the goroutines of the junk connections are gone.
-func TestBadInputClusterPorts(t *testing.T) {
+func badInputClusterPorts(t *R) {
 	cfg := cluster.DefaultConfig()
 	cfg.Gateways, cfg.Engines = 3, 2
 	cfg.ClusterMode, cfg.ExternalNATS = true, true
@@ -371,7 +370,7 @@ func TestBadInputClusterPorts(t *testing.T) {
 	// every gateway's index matches every engine.
 	healthy := func(step string) {
 		t.Helper()
-		res, err := cluster.RunLoad(context.Background(), loadConfig(c, "bad-"+step, scale(30, 300)))
+		res, err := cluster.RunLoad(context.Background(), loadConfig(c, "bad-"+step, t.Scale(30, 300)))
 		require.NoError(t, err)
 		total.Add(res)
 		require.Equal(t, res.Sent, res.OK, "%s: every gateway serves: %s", step, res)
@@ -425,7 +424,7 @@ func TestBadInputClusterPorts(t *testing.T) {
 	}
 	notes = append(notes, fmt.Sprintf("goroutines (keep-alive connections aside) %d before, %d after", goroutines, countGoroutines()))
 
-	row(t, cluster.Row{
+	t.Row(cluster.Row{
 		Scenario: "8 bad-input cluster ports", Load: total, Precision: last.MinPrecision, Recall: last.MinRecall,
 		Converge: converge, ConfigVersions: c.ConfigVersions(), Note: strings.Join(notes, "; "),
 	})
@@ -465,7 +464,7 @@ func junk(rng *rand.Rand, n int) []byte {
 // sendAndClose writes b to addr, ends the write side and waits until the
 // server closes the connection (bounded): a server that keeps a junk
 // connection open fails the test.
-func sendAndClose(t *testing.T, addr string, b []byte) {
+func sendAndClose(t *R, addr string, b []byte) {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
@@ -487,7 +486,7 @@ const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // bad_preface), and n of a valid preface and SETTINGS followed by junk
 // frames (refused by gRPC's framer; not counted). It returns how many
 // should be counted.
-func grpcJunkConns(t *testing.T, addr string, rng *rand.Rand, n int) int {
+func grpcJunkConns(t *R, addr string, rng *rand.Rand, n int) int {
 	t.Helper()
 	for range n {
 		b := junk(rng, 1+rng.IntN(2048))
@@ -533,7 +532,7 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 func (bearer) RequireTransportSecurity() bool { return false }
 
 // grpcConn dials addr in plaintext, with token when non-empty.
-func grpcConn(t *testing.T, addr, token string) *grpc.ClientConn {
+func grpcConn(t *R, addr, token string) *grpc.ClientConn {
 	t.Helper()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if token != "" {
@@ -546,7 +545,7 @@ func grpcConn(t *testing.T, addr, token string) *grpc.ClientConn {
 
 // awaitCounter waits until the gateways' sum of name{match} reaches want
 // and returns it.
-func awaitCounter(t *testing.T, c *cluster.Cluster, name string, match map[string]string, want float64) float64 {
+func awaitCounter(t *R, c *cluster.Cluster, name string, match map[string]string, want float64) float64 {
 	t.Helper()
 	require.Eventually(t, func() bool { return c.GatewayCounter(name, match) >= want }, 10*time.Second, 5*time.Millisecond,
 		"%s%v: %.0f, want >= %.0f", name, match, c.GatewayCounter(name, match), want)
@@ -557,13 +556,13 @@ func awaitCounter(t *testing.T, c *cluster.Cluster, name string, match map[strin
 // (plaintext, with or without a token) on every gateway's peer-sync port,
 // all refused in the mutual-TLS handshake, and undecodable snapshot
 // requests from a holder of the key.
-func peerPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+func peerPortBarrage(t *R, c *cluster.Cluster, rng *rand.Rand) string {
 	t.Helper()
 	const metric = "kvmesh_sync_peer_rejected_total"
 	reason := func(r string) map[string]string { return map[string]string{"reason": r} }
 	hs, unauth, bad := c.GatewayCounter(metric, reason(config.RejectHandshake)),
 		c.GatewayCounter("kvmesh_sync_peer_unauthenticated_total", nil), c.GatewayCounter(metric, reason(config.RejectMalformed))
-	n := scale(4, 40)
+	n := t.Scale(4, 40)
 	wantHS, wantBad := 0, 0
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -604,7 +603,7 @@ func peerPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 }
 
 // memberConn dials addr's peer port as a holder of the cluster key would.
-func memberConn(t *testing.T, c *cluster.Cluster, addr string) *grpc.ClientConn {
+func memberConn(t *R, c *cluster.Cluster, addr string) *grpc.ClientConn {
 	t.Helper()
 	keys, err := trust.ParseKeys(c.ClusterKey())
 	require.NoError(t, err)
@@ -626,7 +625,7 @@ func versions(c *cluster.Cluster) []uint64 {
 
 // invalidDoc is the current config with one replica URL no gateway can
 // use: it fails validation, naming the field.
-func invalidDoc(t *testing.T, c *cluster.Cluster) []byte {
+func invalidDoc(t *R, c *cluster.Cluster) []byte {
 	t.Helper()
 	cur := c.Gateways()[0].Node.ConfigStore().Current()
 	raw, err := json.Marshal(cur.Config)
@@ -644,13 +643,13 @@ func invalidDoc(t *testing.T, c *cluster.Cluster) []byte {
 
 // adminGRPCBarrage: junk connections, bad tokens, undecodable requests
 // and refused writes on every gateway's admin gRPC port.
-func adminGRPCBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+func adminGRPCBarrage(t *R, c *cluster.Cluster, rng *rand.Rand) string {
 	t.Helper()
 	const metric = "kvmesh_config_admin_rejected_total"
 	grpcAPI := map[string]string{"api": "grpc"}
 	before := c.GatewayCounter(metric, grpcAPI)
 	v0 := versions(c)
-	n := scale(4, 40)
+	n := t.Scale(4, 40)
 	want := 0
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -702,7 +701,7 @@ func adminGRPCBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 }
 
 // adminHTTPBarrage: the admin HTTP API on every gateway's HTTP port.
-func adminHTTPBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+func adminHTTPBarrage(t *R, c *cluster.Cluster, rng *rand.Rand) string {
 	t.Helper()
 	const metric = "kvmesh_config_admin_rejected_total"
 	httpAPI := map[string]string{"api": "http"}
@@ -767,12 +766,12 @@ func adminHTTPBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 // and counted "unauthenticated", and raft's decoder never sees a byte of
 // it. The legitimate raft traffic before it must not have counted any
 // transport error.
-func raftPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+func raftPortBarrage(t *R, c *cluster.Cluster, rng *rand.Rand) string {
 	t.Helper()
 	const metric = "kvmesh_config_raft_transport_errors_total"
 	kind := func(k string) map[string]string { return map[string]string{"kind": k} }
 	require.Zero(t, c.GatewayCounter(metric, nil), "elections, heartbeats and config writes count no transport error")
-	n := scale(5, 50)
+	n := t.Scale(5, 50)
 	for _, g := range c.Gateways() {
 		addr := g.Node.ConfigStore().RaftAddr()
 		for range n {
@@ -794,7 +793,7 @@ func raftPortBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 
 // natsBarrage publishes undecodable and forged messages on every subject
 // the gateways subscribe to.
-func natsBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
+func natsBarrage(t *R, c *cluster.Cluster, rng *rand.Rand) string {
 	t.Helper()
 	nc, err := nats.Connect("nats://"+c.NATS.Addr(), nats.Name("intruder"))
 	require.NoError(t, err)
@@ -805,7 +804,7 @@ func natsBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 	before := c.GatewayCounter("kvmesh_sync_messages_malformed_total", malformed)
 	notOwner := map[string]string{"source": "nats", "reason": "not_owner"}
 	notOwnerBefore := c.GatewayCounter("kvmesh_sync_kv_rejected_total", notOwner)
-	n := scale(20, 200)
+	n := t.Scale(20, 200)
 	sent := 0
 	for _, s := range subjects {
 		for i := range n {
@@ -843,7 +842,7 @@ func natsBarrage(t *testing.T, c *cluster.Cluster, rng *rand.Rand) string {
 // rewriteConfig writes the current config again (compare-and-set on its
 // version) through gateway g0's admin API, retrying while raft has no
 // leader, and returns the new version: raft has a leader and commits.
-func rewriteConfig(t *testing.T, c *cluster.Cluster) uint64 {
+func rewriteConfig(t *R, c *cluster.Cluster) uint64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -1,4 +1,4 @@
-package scenarios
+package suite
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -31,7 +30,7 @@ func (r partitionRound) String() string {
 	return who + " cut from " + r.links.String()
 }
 
-// TestPartition (scenario 6): three clustered gateways whose gossip and
+// Partition (scenario 6): three clustered gateways whose gossip and
 // raft links run in memory and whose NATS connections each pass a fault
 // proxy (cluster.Config.Partitionable), two engines, streaming client load
 // spread over every gateway, clients and engines reachable from both sides.
@@ -60,7 +59,7 @@ func (r partitionRound) String() string {
 // the refused one), and every gateway's confirmed index equals each
 // engine's cached block set. The time from the heal to the last of these
 // is the row's convergence figure.
-func TestPartition(t *testing.T) {
+func partition(t *R) {
 	cfg := cluster.DefaultConfig()
 	cfg.Gateways, cfg.Engines = 3, 2
 	cfg.ClusterMode, cfg.ExternalNATS, cfg.Partitionable = true, true, true
@@ -68,7 +67,7 @@ func TestPartition(t *testing.T) {
 	c := startCluster(t, cfg)
 
 	rounds := []partitionRound{{leader: true, links: cluster.LinkAll}, {links: cluster.LinkNATS}}
-	if long() {
+	if t.Long {
 		rounds = append(rounds,
 			partitionRound{links: cluster.LinkAll},
 			partitionRound{leader: true, links: cluster.LinkGossip | cluster.LinkRaft},
@@ -107,7 +106,7 @@ func TestPartition(t *testing.T) {
 	if failed != nil {
 		res.Note = "NOT CONVERGED after a heal; " + res.Note
 	}
-	row(t, res)
+	t.Row(res)
 	require.NoError(t, failed, "the cluster did not converge after a heal")
 }
 
@@ -119,7 +118,7 @@ type partitionOutcome struct {
 	err      error // the heal did not converge
 }
 
-func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound) partitionOutcome {
+func partitionOnce(t *R, c *cluster.Cluster, round int, r partitionRound) partitionOutcome {
 	t.Helper()
 	ctx := context.Background()
 	gws := c.Gateways()
@@ -164,7 +163,7 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 
 	// Client load over every gateway for the whole cut, paced so that it
 	// outlasts the checks below; stopped once they are done.
-	lc := loadConfig(c, fmt.Sprintf("partition-%d", round), scale(2000, 6000))
+	lc := loadConfig(c, fmt.Sprintf("partition-%d", round), t.Scale(2000, 6000))
 	lc.MaxDuration = 45 * time.Second
 	lc.Pace = pace(15 * time.Millisecond)
 	load, err := cluster.StartLoad(ctx, lc)
@@ -253,7 +252,7 @@ func partitionOnce(t *testing.T, c *cluster.Cluster, round int, r partitionRound
 	// The load goes round robin over the three gateways: a third of it
 	// reaches the cut one.
 	servedBefore := load.Completed()
-	require.Eventually(t, func() bool { return load.Completed() >= servedBefore+3*scale(40, 200) }, 30*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return load.Completed() >= servedBefore+3*t.Scale(40, 200) }, 30*time.Second, 5*time.Millisecond)
 	res := load.Stop()
 	onCut := 0
 	for _, x := range res.Results {
@@ -351,7 +350,7 @@ func pollUntil(d time.Duration, cond func() bool) error {
 // awaitHealthy waits until every gateway sees every member, is connected
 // to NATS and applies one config version, and the leader counts every
 // gateway as a voter.
-func awaitHealthy(t *testing.T, c *cluster.Cluster, step string) {
+func awaitHealthy(t *R, c *cluster.Cluster, step string) {
 	t.Helper()
 	n := len(c.Gateways())
 	require.Eventually(t, func() bool {
@@ -366,7 +365,7 @@ func awaitHealthy(t *testing.T, c *cluster.Cluster, step string) {
 
 // pickGateway returns the raft leader, or a follower (which one turns
 // with round).
-func pickGateway(t *testing.T, c *cluster.Cluster, leader bool, round int) *cluster.Gateway {
+func pickGateway(t *R, c *cluster.Cluster, leader bool, round int) *cluster.Gateway {
 	t.Helper()
 	var l *cluster.Gateway
 	require.Eventually(t, func() bool { l = leaderOf(c.Gateways()); return l != nil }, 10*time.Second, 5*time.Millisecond)
@@ -430,7 +429,7 @@ func appliedValue(g *cluster.Gateway, v uint64) int {
 
 // awaitOwnersExact waits until each engine's owner holds exactly its
 // cached blocks (every gateway agrees on the owner: gossip is intact).
-func awaitOwnersExact(t *testing.T, c *cluster.Cluster) {
+func awaitOwnersExact(t *R, c *cluster.Cluster) {
 	t.Helper()
 	owners := map[string]string{}
 	for _, e := range c.Engines() {
@@ -483,7 +482,7 @@ func adminPatch(g *cluster.Gateway, body string) (status int, code string, versi
 // adminPatchRetry sends the patch through g until it commits, retrying a
 // 503 no_quorum (an election in progress) until d passes. The patch sets
 // a value, so a retry of a write that did apply changes nothing.
-func adminPatchRetry(t *testing.T, g *cluster.Gateway, body string, d time.Duration) uint64 {
+func adminPatchRetry(t *R, g *cluster.Gateway, body string, d time.Duration) uint64 {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	tick := time.NewTicker(20 * time.Millisecond)

@@ -1,0 +1,169 @@
+package target_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/chaos/faultctl"
+	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/chaos/suite"
+	"github.com/kvmesh/kvmesh/chaos/target"
+	"github.com/kvmesh/kvmesh/node"
+)
+
+const adminToken = "target-test-admin"
+
+// deployment is what an operator runs, in process: two vllmsim engines,
+// kvmesh faultproxy with a zmq relay in front of e0's event port, and a
+// standalone gateway that reads e0's events through it.
+func deployment(t *testing.T) *target.Config {
+	t.Helper()
+	engine := func() *sim.Server {
+		cfg := sim.LocalConfig()
+		cfg.ServedModelName = "M"
+		cfg.KVEvents.EnableKVCacheEvents = true
+		cfg.Logger = slog.New(slog.DiscardHandler)
+		s, err := sim.NewServer(cfg)
+		require.NoError(t, err)
+		require.NoError(t, s.Start(context.Background()))
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = s.Shutdown(ctx)
+		})
+		return s
+	}
+	e0, e1 := engine(), engine()
+
+	m := faultctl.NewManager(nil)
+	h, err := faultctl.Handler(m, "fp-token")
+	require.NoError(t, err)
+	ctl := httptest.NewServer(h)
+	t.Cleanup(func() { ctl.Close(); _ = m.Close() })
+	fp := &faultctl.Client{Base: ctl.URL, Token: "fp-token"}
+	relay, err := fp.CreateProxy(t.Context(), faultctl.ProxySpec{Name: "e0-events", Kind: faultctl.KindZMQ, Listen: "tcp://127.0.0.1:0", Upstream: e0.KVEventsAddr()})
+	require.NoError(t, err)
+
+	cfg := node.LocalConfig()
+	cfg.DebugPublic = false
+	cfg.AdminToken = adminToken
+	cfg.IndexMode = "kv-events"
+	cfg.BlockSize = 16
+	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{
+		{Name: "e0", URL: e0.URL(), KVEndpoint: relay.Addr, ReplayEndpoint: e0.KVReplayAddr()},
+		{Name: "e1", URL: e1.URL(), KVEndpoint: e1.KVEventsAddr(), ReplayEndpoint: e1.KVReplayAddr()},
+	}}}
+	n, err := node.New(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = n.Shutdown(ctx)
+	})
+	return &target.Config{
+		Gateways: []string{"http://" + n.HTTPAddr()}, AdminToken: adminToken, Model: "M",
+		Replica: "e0", EngineURL: e0.URL(), FaultProxy: fp, KVProxy: "e0-events", Requests: 8,
+	}
+}
+
+func TestTargetScenariosAgainstADeployment(t *testing.T) {
+	cfg := deployment(t)
+	scs, skipped, err := target.Suite(cfg, nil)
+	require.NoError(t, err)
+	names := make([]string, 0, len(scs))
+	for _, s := range scs {
+		names = append(names, s.Name)
+	}
+	require.Equal(t, []string{"kv-events", "engine-reset"}, names)
+	require.Len(t, skipped, 2, "nats-outage and gateway-restart need what this deployment lacks: %v", skipped)
+
+	rs := suite.Run(t.Context(), scs, suite.Options{})
+	for _, r := range rs {
+		require.True(t, r.Passed, "%s: %v", r.Name, r.Failures)
+		require.Len(t, r.Rows, 1)
+		require.Zero(t, r.Rows[0].Load.Lost)
+		require.Equal(t, 1.0, r.Rows[0].Precision, r.Rows[0].Line())
+		t.Log(r.Rows[0].Line())
+	}
+	require.Contains(t, rs[0].Rows[0].Note, "drop x3")
+
+	_, _, err = target.Suite(cfg, []string{"nats-outage"})
+	require.ErrorIs(t, err, target.ErrNotApplicable, "a scenario named but not applicable is an error")
+}
+
+// A fault proxy that does not carry the replica's events is caught: the
+// fault never fires, and the scenario fails instead of passing vacuously.
+func TestTargetKVEventsFailsWhenTheProxyIsNotInThePath(t *testing.T) {
+	cfg := deployment(t)
+	_, err := cfg.FaultProxy.CreateProxy(t.Context(), faultctl.ProxySpec{Name: "elsewhere", Kind: faultctl.KindZMQ, Listen: "tcp://127.0.0.1:0", Upstream: "tcp://127.0.0.1:1"})
+	require.NoError(t, err)
+	cfg.KVProxy = "elsewhere"
+	cfg.Requests = 2
+	scs, _, err := target.Suite(cfg, []string{"kv-events"})
+	require.NoError(t, err)
+	res := suite.RunOne(t.Context(), scs[0], suite.Options{})
+	require.False(t, res.Passed)
+	require.Contains(t, res.Failures[0], "the fault acted on 0 of 3 batches")
+}
+
+// nats-outage against a three-gateway cluster whose NATS is behind a tcp
+// relay of kvmesh faultproxy (NATS outside the gateways, as --nats-url).
+func TestTargetNATSOutage(t *testing.T) {
+	ns, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, MaxPayload: 8 << 20})
+	require.NoError(t, err)
+	ns.Start()
+	t.Cleanup(ns.Shutdown)
+	require.True(t, ns.ReadyForConnections(10*time.Second))
+
+	m := faultctl.NewManager(nil)
+	h, err := faultctl.Handler(m, "fp-token")
+	require.NoError(t, err)
+	ctl := httptest.NewServer(h)
+	t.Cleanup(func() { ctl.Close(); _ = m.Close() })
+	fp := &faultctl.Client{Base: ctl.URL, Token: "fp-token"}
+	relay, err := fp.CreateProxy(t.Context(), faultctl.ProxySpec{Name: "nats", Kind: faultctl.KindTCP, Listen: "127.0.0.1:0", Upstream: ns.Addr().String()})
+	require.NoError(t, err)
+
+	cfg := cluster.DefaultConfig()
+	cfg.Gateways, cfg.Engines = 3, 2
+	cfg.ClusterMode = true
+	cfg.NATSURL = "nats://" + relay.Addr
+	// Pools that hold every probe: the scenario checks the views follow
+	// the engines, not eviction (scenario 1's business).
+	cfg.NumGPUBlocks = 8192
+	cfg.DataDir = t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		require.NoError(t, c.Shutdown(sctx))
+	})
+	require.NoError(t, c.WarmUp(ctx))
+
+	tc := &target.Config{AdminToken: cluster.AdminToken, Model: c.Config().Model, FaultProxy: fp, NATSProxy: "nats",
+		Requests: 8, Outage: 500 * time.Millisecond}
+	for _, g := range c.Gateways() {
+		tc.Gateways = append(tc.Gateways, g.URL())
+	}
+	scs, _, err := target.Suite(tc, []string{"nats-outage"})
+	require.NoError(t, err)
+	res := suite.RunOne(t.Context(), scs[0], suite.Options{})
+	require.True(t, res.Passed, "%v", res.Failures)
+	require.Len(t, res.Rows, 1)
+	t.Log(res.Rows[0].Line())
+	p, err := fp.Proxy(t.Context(), "nats")
+	require.NoError(t, err)
+	require.Positive(t, p.TCP.Cut, "the outage cut the gateways' NATS connections")
+	require.Empty(t, p.Faults, "healed")
+}

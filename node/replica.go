@@ -111,6 +111,9 @@ type pool struct {
 	mode     index.Mode
 	set      *route.Set
 	replicas []*replica
+	// tok is the model's own tokenizer (ModelConfig.Tokenizer), resolved
+	// when the table was built; nil: the Node's global one.
+	tok *keyTokenizer
 }
 
 func newReplica(id index.ReplicaID, cfg ReplicaConfig, model string) (*replica, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -160,6 +161,9 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 			return nil, ch, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: defMode}
+		if p.tok, err = n.modelTokenizer(mc.Tokenizer); err != nil {
+			return nil, ch, fmt.Errorf("%w: model %q: tokenizer: %w", ErrInvalidConfig, mc.Name, err)
+		}
 		if mc.IndexMode != "" {
 			if p.mode, err = index.ParseMode(mc.IndexMode); err != nil {
 				return nil, ch, fmt.Errorf("%w: model %q: %w", ErrInvalidConfig, mc.Name, err)
@@ -225,6 +229,37 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 	return t, ch, nil
 }
 
+// modelTokenizer resolves a model's Tokenizer field: nil for "" or the
+// gateway's own local tokenizer (the pool keys with the global one), else
+// the tokenizer called name, loaded at its first use and cached by name
+// in n.modelToks (an HF tokenizer takes a second or two to load). Only
+// tiktoken and hf:<dir> are accepted, and only when the global tokenizer
+// keys in token space: with character the block size counts bytes. Called
+// under reloadMu.
+func (n *Node) modelTokenizer(name string) (*keyTokenizer, error) {
+	local := n.tokName
+	if local == TokenizerRemote {
+		local = TokenizerTiktoken
+	}
+	switch {
+	case name == "" || name == local:
+		return nil, nil
+	case name != TokenizerTiktoken && !(strings.HasPrefix(name, TokenizerHFPrefix) && len(name) > len(TokenizerHFPrefix)):
+		return nil, fmt.Errorf("%q unknown (want tiktoken or hf:<dir>)", name)
+	case n.tokName == TokenizerCharacter:
+		return nil, fmt.Errorf("%q needs a token-space global tokenizer (tiktoken, remote or hf:<dir>); this gateway keys with character", name)
+	}
+	if kt := n.modelToks[name]; kt != nil {
+		return kt, nil
+	}
+	kt, _, err := newKeyTokenizer(name, n.cfg.TokenizerCacheBytes)
+	if err != nil {
+		return nil, err
+	}
+	n.modelToks[name] = &kt
+	return &kt, nil
+}
+
 // applySpec rebuilds the routing table from spec and swaps it in: new
 // replicas get KV-event subscribers (unless the cluster ingests them) and
 // probes, removed ones stop being probed and subscribed, and their index
@@ -245,6 +280,15 @@ func (n *Node) applySpec(spec routingSpec) error {
 		}
 	}
 	n.tbl.Store(t)
+	inUse := map[*keyTokenizer]bool{}
+	for _, p := range t.pools {
+		inUse[p.tok] = true
+	}
+	for name, kt := range n.modelToks {
+		if !inUse[kt] {
+			delete(n.modelToks, name) // requests still holding the old table keep their pointer
+		}
+	}
 	for _, r := range ch.removed {
 		r.stopBackground(n.log)
 	}
@@ -261,6 +305,16 @@ func (n *Node) applySpec(spec routingSpec) error {
 	}
 	n.tableVersion.Store(t.version)
 	if prev != nil {
+		was := map[string]string{}
+		for _, p := range prev.pools {
+			was[p.model] = p.tok.nameOrGlobal()
+		}
+		for _, p := range t.pools {
+			if old, ok := was[p.model]; ok && old != p.tok.nameOrGlobal() {
+				n.log.Info("model's tokenizer changed: its prompts are keyed with the new one from now on",
+					"model", p.model, "from", old, "to", p.tok.nameOrGlobal())
+			}
+		}
 		n.log.Info("routing config applied", "version", t.version, "models", len(t.pools),
 			"replicas", len(t.replicas), "added", len(ch.added), "removed", len(ch.removed),
 			"strategy", t.strategy)

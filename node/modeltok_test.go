@@ -162,3 +162,37 @@ func TestApplySpecModelTokenizer(t *testing.T) {
 	require.NoError(t, r.applySpec(spec))
 	assert.Nil(t, r.tbl.Load().pools[0].tok, "tiktoken is the remote global's local tokenizer")
 }
+
+// BenchmarkModelTokenizerKeys measures prompt → block keys for a model
+// whose own tokenizer (Qwen3) came from a routing-config apply, warm
+// (same document, new question): the pool's tokenizer is read from the
+// pool the request holds, so the warm path stays allocation-free.
+func BenchmarkModelTokenizerKeys(b *testing.B) {
+	dir := qwen3Dir(b)
+	cfg := LocalConfig()
+	cfg.Tokenizer = TokenizerTiktoken
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
+	n, err := New(cfg, nil)
+	require.NoError(b, err)
+	spec := specFromConfig(&cfg)
+	spec.version = 2
+	spec.models = []ModelConfig{{Name: "m", Tokenizer: TokenizerHFPrefix + dir, Replicas: cfg.Models[0].Replicas}}
+	require.NoError(b, n.applySpec(spec))
+	p := n.tbl.Load().pools[0]
+	require.NotNil(b, p.tok)
+	s := getScratch()
+	defer putScratch(s)
+	prompts := make([]*inferenceRequest, 64)
+	for i := range prompts {
+		prompts[i] = &inferenceRequest{kind: kindCompletions, model: "m", text: seedPrompt(1, i), tmpl: templateOptions{addSpecialTokens: true}}
+	}
+	n.prepare(b.Context(), p, "", prompts[0], s)
+	b.SetBytes(int64(len(prompts[0].text)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if rr, _ := n.prepare(b.Context(), p, "", prompts[i%len(prompts)], s); rr.TotalBlocks == 0 {
+			b.Fatal("no blocks")
+		}
+	}
+}

@@ -196,3 +196,38 @@ func BenchmarkModelTokenizerKeys(b *testing.B) {
 		}
 	}
 }
+
+// TestModelTokenizerReprobesAgreement checks that a model's tokenizer
+// changed by a config apply is probed again against its engines: with the
+// global tiktoken, a Qwen3 engine disagrees and the model is switched to
+// the engine's /tokenize; setting the model's tokenizer to Qwen3 makes the
+// carried-over replica agree and switches back to local keying; removing
+// it brings the disagreement back.
+func TestModelTokenizerReprobesAgreement(t *testing.T) {
+	dir := qwen3Dir(t)
+	e := startSimTok(t, TokenizerHFPrefix+dir)
+	n := startNode(t, func(c *Config) {
+		c.IndexMode, c.Tokenizer, c.BlockSize = "kv-events", TokenizerTiktoken, 16
+	}, simReplica("e", e))
+	verdict := func(want string, switched bool) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			ag := n.Agreement()
+			return len(ag) == 1 && ag[0].Verdict == want && n.agree.engine.has("m") == switched
+		}, 20*time.Second, 5*time.Millisecond, "want %s, switched %v; have %+v", want, switched, n.Agreement())
+	}
+	verdict(AgreementDisagree, true)
+	before := n.tbl.Load().byName["e"]
+
+	spec := specFromConfig(&n.cfg)
+	spec.version = 2
+	spec.models = []ModelConfig{{Name: "m", Tokenizer: TokenizerHFPrefix + dir, Replicas: []ReplicaConfig{simReplica("e", e)}}}
+	require.NoError(t, n.applySpec(spec))
+	assert.Same(t, before, n.tbl.Load().byName["e"], "the replica is carried over, not re-added")
+	verdict(AgreementAgree, false)
+
+	spec.version = 3
+	spec.models[0].Tokenizer = ""
+	require.NoError(t, n.applySpec(spec))
+	verdict(AgreementDisagree, true)
+}

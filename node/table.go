@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 
@@ -313,6 +314,9 @@ func (n *Node) applySpec(spec routingSpec) error {
 			if old, ok := was[p.model]; ok && old != p.tok.nameOrGlobal() {
 				n.log.Info("model's tokenizer changed: its prompts are keyed with the new one from now on",
 					"model", p.model, "from", old, "to", p.tok.nameOrGlobal())
+				if running {
+					n.reprobe(p, ch.added)
+				}
 			}
 		}
 		n.log.Info("routing config applied", "version", t.version, "models", len(t.pools),
@@ -320,6 +324,23 @@ func (n *Node) applySpec(spec routingSpec) error {
 			"strategy", t.strategy)
 	}
 	return nil
+}
+
+// reprobe restarts the probe loops of p's carried-over replicas after
+// p's tokenizer changed, so their tokenizer agreement verdicts (and the
+// model's switch to the engine's /tokenize) are those of the new
+// tokenizer, not of the one they were probed with. added replicas have a
+// fresh loop already. Called under reloadMu with the Node running.
+func (n *Node) reprobe(p *pool, added []*replica) {
+	for _, r := range p.replicas {
+		if r.cancel == nil || slices.Contains(added, r) {
+			continue
+		}
+		r.cancel()
+		ctx, cancel := context.WithCancel(n.bgCtx)
+		r.cancel = cancel
+		n.goFunc(func() { n.probeLoop(ctx, r) })
+	}
 }
 
 // startReplica starts r's probe loop and KV-event subscriber; they stop

@@ -52,9 +52,12 @@ type Node struct {
 
 	// tbl is the current routing table (pools, models, replicas), swapped
 	// atomically on a config apply; ids names replicas for the index.
-	tbl          atomic.Pointer[table]
-	ids          *replicaIDs
-	reloadMu     sync.Mutex // serialises table rebuilds
+	tbl      atomic.Pointer[table]
+	ids      *replicaIDs
+	reloadMu sync.Mutex // serialises table rebuilds
+	// probeDone closes when a replica's current probe loop has returned
+	// (runProbeLoop); guarded by reloadMu.
+	probeDone    map[*replica]chan struct{}
 	tableVersion atomic.Uint64
 	running      atomic.Bool // background work runs; changed under reloadMu
 
@@ -136,6 +139,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	}
 	n.tok, n.hf, n.tokCache = kt.tok, kt.hf, cached
 	n.modelToks = map[string]*keyTokenizer{} // filled by applySpec
+	n.probeDone = map[*replica]chan struct{}{}
 
 	n.m = newMetrics()
 	n.transport = newTransport(cfg)
@@ -348,7 +352,7 @@ func (n *Node) Start(ctx context.Context) error {
 	for _, r := range t.replicas {
 		ctx, cancel := context.WithCancel(n.bgCtx)
 		r.cancel = cancel
-		n.goFunc(func() { n.probeLoop(ctx, r) })
+		n.runProbeLoop(ctx, r)
 	}
 	n.running.Store(true)
 	n.reloadMu.Unlock()

@@ -292,6 +292,7 @@ func (n *Node) applySpec(spec routingSpec) error {
 	}
 	for _, r := range ch.removed {
 		r.stopBackground(n.log)
+		delete(n.probeDone, r)
 	}
 	for _, r := range ch.dropped {
 		n.index.DropReplica(r.id)
@@ -339,8 +340,27 @@ func (n *Node) reprobe(p *pool, added []*replica) {
 		r.cancel()
 		ctx, cancel := context.WithCancel(n.bgCtx)
 		r.cancel = cancel
-		n.goFunc(func() { n.probeLoop(ctx, r) })
+		n.runProbeLoop(ctx, r)
 	}
+}
+
+// runProbeLoop runs r's probe loop on ctx once the loop it replaces (if
+// any) has returned: a replica's loop is the only writer of its health
+// and agreement state, so two must never overlap. Called under reloadMu.
+func (n *Node) runProbeLoop(ctx context.Context, r *replica) {
+	after := n.probeDone[r]
+	done := make(chan struct{})
+	n.probeDone[r] = done
+	n.goFunc(func() {
+		defer close(done)
+		if after != nil {
+			<-after
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		n.probeLoop(ctx, r)
+	})
 }
 
 // startReplica starts r's probe loop and KV-event subscriber; they stop
@@ -348,7 +368,7 @@ func (n *Node) reprobe(p *pool, added []*replica) {
 func (n *Node) startReplica(r *replica) {
 	ctx, cancel := context.WithCancel(n.bgCtx)
 	r.cancel = cancel
-	n.goFunc(func() { n.probeLoop(ctx, r) })
+	n.runProbeLoop(ctx, r)
 	if r.sub != nil {
 		if err := r.sub.Start(n.bgCtx); err != nil {
 			n.log.Error("replica's KV-event subscriber did not start", "replica", r.name, "err", err)

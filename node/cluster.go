@@ -418,7 +418,7 @@ func routingDocument(c *Config) (config.RoutingConfig, error) {
 	d.HashSeed = c.HashSeed
 	d.Models = make(map[string]config.ModelConfig, len(c.Models))
 	for _, m := range c.Models {
-		mc := config.ModelConfig{Strategy: m.Strategy, IndexMode: m.IndexMode,
+		mc := config.ModelConfig{Strategy: m.Strategy, IndexMode: m.IndexMode, Tokenizer: m.Tokenizer,
 			Adapters: append([]string(nil), m.Adapters...), SharedResponseStore: m.SharedResponseStore}
 		for _, r := range m.Replicas {
 			mc.Replicas = append(mc.Replicas, config.ReplicaConfig{Name: r.Name, URL: r.URL,
@@ -445,7 +445,7 @@ func specFromDocument(version uint64, d *config.RoutingConfig) routingSpec {
 	spec := routingSpec{version: version, strategy: d.Strategy, mode: d.IndexMode, route: d.Route()}
 	for _, name := range d.ModelNames() {
 		m := d.Models[name]
-		mc := ModelConfig{Name: name, Strategy: m.Strategy, IndexMode: m.IndexMode,
+		mc := ModelConfig{Name: name, Strategy: m.Strategy, IndexMode: m.IndexMode, Tokenizer: m.Tokenizer,
 			Adapters: append([]string(nil), m.Adapters...), SharedResponseStore: m.SharedResponseStore}
 		for _, r := range m.Replicas {
 			mc.Replicas = append(mc.Replicas, ReplicaConfig{Name: r.Name, URL: r.URL,

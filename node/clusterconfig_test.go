@@ -110,7 +110,7 @@ func TestRoutingDocumentRoundTrip(t *testing.T) {
 	cfg.IndexMode = "hybrid"
 	cfg.Models = []ModelConfig{
 		{Name: "m2", IndexMode: "history", Replicas: []ReplicaConfig{rc("z", "http://127.0.0.1:2")}},
-		{Name: "m1", Strategy: "random", Adapters: []string{"lora1"}, Replicas: []ReplicaConfig{
+		{Name: "m1", Strategy: "random", Adapters: []string{"lora1"}, Tokenizer: "hf:/models/m1", Replicas: []ReplicaConfig{
 			{Name: "a", URL: "http://127.0.0.1:1", KVEndpoint: "tcp://127.0.0.1:5557", ReplayEndpoint: "tcp://127.0.0.1:5558"}}},
 	}
 	doc, err := routingDocument(&cfg)

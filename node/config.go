@@ -277,8 +277,8 @@ type ModelConfig struct {
 	// tiktoken or hf:<dir> (the model's own tokenizer), so several models
 	// behind one gateway each key with their engine's ids. It needs a
 	// token-space global tokenizer (not character: its block size is
-	// bytes). Models that come only from the replicated cluster config use
-	// the global tokenizer.
+	// bytes). In cluster mode it is carried in the raft config
+	// (models[].tokenizer) and resolved at every apply.
 	Tokenizer string `yaml:"tokenizer"`
 	// SharedResponseStore says the pool's engines share one Responses API
 	// store backend, so a stored response is readable on every replica:

@@ -86,7 +86,7 @@ func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst
 	}
 	lim := tokenizer.Limit{MaxTokens: n.cfg.MaxKeyTokens, MaxPieceBytes: MaxKeyPieceBytes}
 	tok, hf := n.tok, n.hf
-	if mt, ok := n.modelTok[p.model]; ok {
+	if mt := p.tok; mt != nil {
 		tok, hf = mt.tok, mt.hf
 	}
 	if hf != nil {
@@ -101,9 +101,19 @@ func (n *Node) tokenize(ctx context.Context, p *pool, req *inferenceRequest, dst
 
 // keyTokenizer is a model's own tokenizer (ModelConfig.Tokenizer): tok,
 // possibly prefix-cached, and the HF tokenizer it wraps (nil for others).
+// name is the Tokenizer value it was loaded from.
 type keyTokenizer struct {
-	tok tokenizer.Tokenizer
-	hf  *tokenizer.HF
+	name string
+	tok  tokenizer.Tokenizer
+	hf   *tokenizer.HF
+}
+
+// nameOrGlobal is kt's name, or "global" for nil (the Node's own).
+func (kt *keyTokenizer) nameOrGlobal() string {
+	if kt == nil {
+		return "global"
+	}
+	return kt.name
 }
 
 // newKeyTokenizer loads the tokenizer called name (a local one: not auto
@@ -113,7 +123,7 @@ func newKeyTokenizer(name string, cacheBytes int64) (keyTokenizer, *tokenizer.Ca
 	if err != nil {
 		return keyTokenizer{}, nil, err
 	}
-	kt := keyTokenizer{tok: tok}
+	kt := keyTokenizer{name: name, tok: tok}
 	kt.hf, _ = tok.(*tokenizer.HF)
 	var c *tokenizer.Cached
 	if (name == TokenizerTiktoken || kt.hf != nil) && cacheBytes > 0 {

@@ -37,10 +37,11 @@ type Node struct {
 	tok      tokenizer.Tokenizer
 	tokCache *tokenizer.Cached // nil unless tok is a prefix-cached tiktoken or hf
 	hf       *tokenizer.HF     // the hf:<dir> tokenizer (also wrapped in tok), or nil
-	// modelTok holds the models' own tokenizers (ModelConfig.Tokenizer)
-	// by model and adapter name; read-only after New.
-	modelTok map[string]keyTokenizer
-	remote   *remoteTokenizer
+	// modelToks caches the models' own tokenizers (ModelConfig.Tokenizer)
+	// by name, so a config apply loads each at most once; guarded by
+	// reloadMu. Each pool points at its own (pool.tok).
+	modelToks map[string]*keyTokenizer
+	remote    *remoteTokenizer
 	// engineRemote tokenizes the prompts of models whose replicas disagree
 	// with tok (agreement.go); agree holds the verdicts.
 	engineRemote *remoteTokenizer
@@ -53,9 +54,12 @@ type Node struct {
 
 	// tbl is the current routing table (pools, models, replicas), swapped
 	// atomically on a config apply; ids names replicas for the index.
-	tbl          atomic.Pointer[table]
-	ids          *replicaIDs
-	reloadMu     sync.Mutex // serialises table rebuilds
+	tbl      atomic.Pointer[table]
+	ids      *replicaIDs
+	reloadMu sync.Mutex // serialises table rebuilds
+	// probeDone closes when a replica's current probe loop has returned
+	// (runProbeLoop); guarded by reloadMu.
+	probeDone    map[*replica]chan struct{}
 	tableVersion atomic.Uint64
 	running      atomic.Bool // background work runs; changed under reloadMu
 
@@ -136,22 +140,8 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	n.tok, n.hf, n.tokCache = kt.tok, kt.hf, cached
-	for _, m := range cfg.Models {
-		if m.Tokenizer == "" || m.Tokenizer == local {
-			continue
-		}
-		if n.modelTok == nil {
-			n.modelTok = make(map[string]keyTokenizer)
-		}
-		mt, _, err := newKeyTokenizer(m.Tokenizer, cfg.TokenizerCacheBytes)
-		if err != nil {
-			return nil, fmt.Errorf("%w: model %q: %w", ErrInvalidConfig, m.Name, err)
-		}
-		n.modelTok[m.Name] = mt
-		for _, a := range m.Adapters {
-			n.modelTok[a] = mt
-		}
-	}
+	n.modelToks = map[string]*keyTokenizer{} // filled by applySpec
+	n.probeDone = map[*replica]chan struct{}{}
 
 	n.m = newMetrics()
 	n.owners = newResponseOwners(cfg.MaxResponseOwners, cfg.ResponseTTL)
@@ -365,7 +355,7 @@ func (n *Node) Start(ctx context.Context) error {
 	for _, r := range t.replicas {
 		ctx, cancel := context.WithCancel(n.bgCtx)
 		r.cancel = cancel
-		n.goFunc(func() { n.probeLoop(ctx, r) })
+		n.runProbeLoop(ctx, r)
 	}
 	n.running.Store(true)
 	n.reloadMu.Unlock()

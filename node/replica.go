@@ -113,6 +113,9 @@ type pool struct {
 	replicas []*replica
 	// sharedStore: ModelConfig.SharedResponseStore.
 	sharedStore bool
+	// tok is the model's own tokenizer (ModelConfig.Tokenizer), resolved
+	// when the table was built; nil: the Node's global one.
+	tok *keyTokenizer
 }
 
 func newReplica(id index.ReplicaID, cfg ReplicaConfig, model string) (*replica, error) {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -160,6 +162,9 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 			return nil, ch, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: defMode, sharedStore: mc.SharedResponseStore}
+		if p.tok, err = n.modelTokenizer(mc.Tokenizer); err != nil {
+			return nil, ch, fmt.Errorf("%w: model %q: tokenizer: %w", ErrInvalidConfig, mc.Name, err)
+		}
 		if mc.IndexMode != "" {
 			if p.mode, err = index.ParseMode(mc.IndexMode); err != nil {
 				return nil, ch, fmt.Errorf("%w: model %q: %w", ErrInvalidConfig, mc.Name, err)
@@ -225,6 +230,37 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 	return t, ch, nil
 }
 
+// modelTokenizer resolves a model's Tokenizer field: nil for "" or the
+// gateway's own local tokenizer (the pool keys with the global one), else
+// the tokenizer called name, loaded at its first use and cached by name
+// in n.modelToks (an HF tokenizer takes a second or two to load). Only
+// tiktoken and hf:<dir> are accepted, and only when the global tokenizer
+// keys in token space: with character the block size counts bytes. Called
+// under reloadMu.
+func (n *Node) modelTokenizer(name string) (*keyTokenizer, error) {
+	local := n.tokName
+	if local == TokenizerRemote {
+		local = TokenizerTiktoken
+	}
+	switch {
+	case name == "" || name == local:
+		return nil, nil
+	case name != TokenizerTiktoken && !(strings.HasPrefix(name, TokenizerHFPrefix) && len(name) > len(TokenizerHFPrefix)):
+		return nil, fmt.Errorf("%q unknown (want tiktoken or hf:<dir>)", name)
+	case n.tokName == TokenizerCharacter:
+		return nil, fmt.Errorf("%q needs a token-space global tokenizer (tiktoken, remote or hf:<dir>); this gateway keys with character", name)
+	}
+	if kt := n.modelToks[name]; kt != nil {
+		return kt, nil
+	}
+	kt, _, err := newKeyTokenizer(name, n.cfg.TokenizerCacheBytes)
+	if err != nil {
+		return nil, err
+	}
+	n.modelToks[name] = &kt
+	return &kt, nil
+}
+
 // applySpec rebuilds the routing table from spec and swaps it in: new
 // replicas get KV-event subscribers (unless the cluster ingests them) and
 // probes, removed ones stop being probed and subscribed, and their index
@@ -245,8 +281,18 @@ func (n *Node) applySpec(spec routingSpec) error {
 		}
 	}
 	n.tbl.Store(t)
+	inUse := map[*keyTokenizer]bool{}
+	for _, p := range t.pools {
+		inUse[p.tok] = true
+	}
+	for name, kt := range n.modelToks {
+		if !inUse[kt] {
+			delete(n.modelToks, name) // requests still holding the old table keep their pointer
+		}
+	}
 	for _, r := range ch.removed {
 		r.stopBackground(n.log)
+		delete(n.probeDone, r)
 	}
 	for _, r := range ch.dropped {
 		n.index.DropReplica(r.id)
@@ -261,6 +307,19 @@ func (n *Node) applySpec(spec routingSpec) error {
 	}
 	n.tableVersion.Store(t.version)
 	if prev != nil {
+		was := map[string]string{}
+		for _, p := range prev.pools {
+			was[p.model] = p.tok.nameOrGlobal()
+		}
+		for _, p := range t.pools {
+			if old, ok := was[p.model]; ok && old != p.tok.nameOrGlobal() {
+				n.log.Info("model's tokenizer changed: its prompts are keyed with the new one from now on",
+					"model", p.model, "from", old, "to", p.tok.nameOrGlobal())
+				if running {
+					n.reprobe(p, ch.added)
+				}
+			}
+		}
 		n.log.Info("routing config applied", "version", t.version, "models", len(t.pools),
 			"replicas", len(t.replicas), "added", len(ch.added), "removed", len(ch.removed),
 			"strategy", t.strategy)
@@ -268,12 +327,48 @@ func (n *Node) applySpec(spec routingSpec) error {
 	return nil
 }
 
+// reprobe restarts the probe loops of p's carried-over replicas after
+// p's tokenizer changed, so their tokenizer agreement verdicts (and the
+// model's switch to the engine's /tokenize) are those of the new
+// tokenizer, not of the one they were probed with. added replicas have a
+// fresh loop already. Called under reloadMu with the Node running.
+func (n *Node) reprobe(p *pool, added []*replica) {
+	for _, r := range p.replicas {
+		if r.cancel == nil || slices.Contains(added, r) {
+			continue
+		}
+		r.cancel()
+		ctx, cancel := context.WithCancel(n.bgCtx)
+		r.cancel = cancel
+		n.runProbeLoop(ctx, r)
+	}
+}
+
+// runProbeLoop runs r's probe loop on ctx once the loop it replaces (if
+// any) has returned: a replica's loop is the only writer of its health
+// and agreement state, so two must never overlap. Called under reloadMu.
+func (n *Node) runProbeLoop(ctx context.Context, r *replica) {
+	after := n.probeDone[r]
+	done := make(chan struct{})
+	n.probeDone[r] = done
+	n.goFunc(func() {
+		defer close(done)
+		if after != nil {
+			<-after
+			if ctx.Err() != nil {
+				return
+			}
+		}
+		n.probeLoop(ctx, r)
+	})
+}
+
 // startReplica starts r's probe loop and KV-event subscriber; they stop
 // with stopBackground or at Shutdown. Called with the Node running.
 func (n *Node) startReplica(r *replica) {
 	ctx, cancel := context.WithCancel(n.bgCtx)
 	r.cancel = cancel
-	n.goFunc(func() { n.probeLoop(ctx, r) })
+	n.runProbeLoop(ctx, r)
 	if r.sub != nil {
 		if err := r.sub.Start(n.bgCtx); err != nil {
 			n.log.Error("replica's KV-event subscriber did not start", "replica", r.name, "err", err)

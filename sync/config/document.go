@@ -22,6 +22,9 @@ const (
 	TokenizerCharacter = "character"
 	TokenizerTiktoken  = "tiktoken"
 	TokenizerRemote    = "remote"
+	// TokenizerHFPrefix starts a model's own Hugging Face tokenizer,
+	// "hf:<dir>" (ModelConfig.Tokenizer only).
+	TokenizerHFPrefix = "hf:"
 )
 
 // RoutingConfig is the cluster-wide routing document held in the raft FSM:
@@ -73,6 +76,18 @@ type ModelConfig struct {
 	// store, so gateways need not pin stored-response requests to the
 	// replica that made the response.
 	SharedResponseStore bool `json:"shared_response_store,omitempty"`
+	// Tokenizer is the model's own tokenizer when non-empty: tiktoken or
+	// hf:<dir>, a directory holding tokenizer.json and
+	// tokenizer_config.json on every gateway's filesystem. Empty: the
+	// gateway's global tokenizer. Validate checks only the syntax (the FSM
+	// reads no files); a gateway that cannot load it refuses the whole
+	// version and keeps routing with the previous one (its apply error is
+	// logged and counted). It needs a token-space global tokenizer: a
+	// gateway keying with character (block size in bytes) refuses it too.
+	// Changing it takes effect at the next apply, without a restart; the
+	// model's older speculative and history entries stop matching and age
+	// out.
+	Tokenizer string `json:"tokenizer,omitempty"`
 	// Replicas are the engines serving the model; names are unique across
 	// all models.
 	Replicas []ReplicaConfig `json:"replicas"`
@@ -106,7 +121,9 @@ type PrefixCacheConfig struct {
 	// with the character tokenizer, 16 otherwise, as the gateway resolves
 	// it). Otherwise validated by index.Config. Default 0.
 	BlockSize int `json:"block_size"`
-	// Tokenizer is auto, character, tiktoken or remote. Default "auto".
+	// Tokenizer is auto, character, tiktoken, remote or hf:<dir>: the
+	// gateways' global tokenizer (it takes effect at restart). Default
+	// "auto".
 	Tokenizer string `json:"tokenizer"`
 }
 
@@ -320,6 +337,15 @@ func (c *RoutingConfig) Validate() error {
 				bad(p+".index_mode", err)
 			}
 		}
+		if m.Tokenizer != "" {
+			hf := strings.HasPrefix(m.Tokenizer, TokenizerHFPrefix) && len(m.Tokenizer) > len(TokenizerHFPrefix)
+			switch {
+			case m.Tokenizer != TokenizerTiktoken && !hf:
+				badf(p+".tokenizer", "%q unknown (want tiktoken or hf:<dir>)", m.Tokenizer)
+			case c.PrefixCache.Tokenizer == TokenizerCharacter:
+				badf(p+".tokenizer", "a per-model tokenizer needs a token-space prefix_cache.tokenizer, not character (its block size is bytes)")
+			}
+		}
 		for i, a := range m.Adapters {
 			if a == "" {
 				badf(fmt.Sprintf("%s.adapters[%d]", p, i), "adapter name is empty")
@@ -354,10 +380,11 @@ func (c *RoutingConfig) Validate() error {
 	if err := rc.Cost.Validate(); err != nil {
 		bad("cost", err)
 	}
-	switch c.PrefixCache.Tokenizer {
-	case TokenizerAuto, TokenizerCharacter, TokenizerTiktoken, TokenizerRemote:
+	switch tok := c.PrefixCache.Tokenizer; {
+	case tok == TokenizerAuto, tok == TokenizerCharacter, tok == TokenizerTiktoken, tok == TokenizerRemote:
+	case strings.HasPrefix(tok, TokenizerHFPrefix) && len(tok) > len(TokenizerHFPrefix):
 	default:
-		badf("prefix_cache.tokenizer", "%q unknown (want auto, character, tiktoken or remote)", c.PrefixCache.Tokenizer)
+		badf("prefix_cache.tokenizer", "%q unknown (want auto, character, tiktoken, remote or hf:<dir>)", tok)
 	}
 	bs := c.PrefixCache.BlockSize
 	if bs < 0 {

@@ -170,3 +170,54 @@ func TestKeysCompatible(t *testing.T) {
 		require.False(t, a.KeysCompatible(&c))
 	}
 }
+
+// TestModelTokenizer checks a model's own tokenizer: tiktoken and hf:<dir>
+// validate (syntax only: the directory need not exist), survive a JSON
+// round trip and a merge patch, and anything else, or a per-model
+// tokenizer under a character global one, is refused naming the field.
+func TestModelTokenizer(t *testing.T) {
+	c := testConfig()
+	m := c.Models["chat"]
+	m.Tokenizer = "hf:/nonexistent/qwen3"
+	c.Models["chat"] = m
+	require.NoError(t, c.Validate())
+	doc, err := MarshalDocument(&c)
+	require.NoError(t, err)
+	require.Contains(t, string(doc), `"tokenizer": "hf:/nonexistent/qwen3"`)
+	got, err := ParseDocument(doc)
+	require.NoError(t, err)
+	require.Equal(t, c, got)
+
+	doc, err = MergePatch(doc, []byte(`{"models":{"chat":{"tokenizer":null}}}`))
+	require.NoError(t, err)
+	patched, err := ParseDocument(doc)
+	require.NoError(t, err)
+	require.Empty(t, patched.Models["chat"].Tokenizer)
+	doc, err = MarshalDocument(&patched)
+	require.NoError(t, err)
+	require.NotContains(t, string(doc), `"tokenizer": "hf:`, "an empty per-model tokenizer is omitted")
+
+	for _, tc := range []struct{ global, model, want string }{
+		{TokenizerAuto, TokenizerTiktoken, ""},
+		{TokenizerTiktoken, "hf:", `models["chat"].tokenizer`},
+		{TokenizerTiktoken, "sentencepiece", `models["chat"].tokenizer`},
+		{TokenizerTiktoken, TokenizerAuto, `models["chat"].tokenizer`},
+		{TokenizerTiktoken, TokenizerCharacter, `models["chat"].tokenizer`},
+		{TokenizerCharacter, "hf:/m", `models["chat"].tokenizer`},
+		{"hf:/global", "hf:/m", ""},
+		{"hf:", "", `prefix_cache.tokenizer`},
+	} {
+		c := testConfig()
+		c.PrefixCache.Tokenizer = tc.global
+		m := c.Models["chat"]
+		m.Tokenizer = tc.model
+		c.Models["chat"] = m
+		err := c.Validate()
+		if tc.want == "" {
+			require.NoError(t, err, "%+v", tc)
+			continue
+		}
+		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", tc)
+		require.Contains(t, err.Error(), tc.want, "%+v", tc)
+	}
+}

@@ -63,38 +63,83 @@ func (x *Index) SetReplicaRoot(r ReplicaID, root BlockKey) {
 // fine): otherwise ErrBlockSize, and nothing changes. (Engine blocks smaller than
 // index blocks would need partial-token carry state; kvmesh runs the index
 // at the engine's block size or a divisor of it instead.) If the parent is
-// unknown, the blocks are skipped, counted, and ErrUnknownParent returned.
+// unknown, the blocks are skipped, counted, and ErrUnknownParent returned,
+// except for parent 0 (see ApplyStoredReport).
 // ApplyStored keeps nothing of s.
 func (x *Index) ApplyStored(r ReplicaID, s StoredBlocks) error {
+	_, err := x.ApplyStoredReport(r, s)
+	return err
+}
+
+// Tolerance names a publisher quirk ApplyStoredReport accepted instead of
+// rejecting, so that callers can count it per replica.
+type Tolerance uint8
+
+const (
+	// TolNone: the event was read as sent.
+	TolNone Tolerance = iota
+	// TolParentZero: a BlockStored with parent_block_hash 0 where 0 names
+	// no block r has stored was taken as a chain start (parentless).
+	// llm-d-inference-sim's legacy array format sends 0 instead of nil for
+	// a chain's first block. When r does have a block whose engine hash is
+	// 0, the parent keeps its meaning.
+	TolParentZero
+)
+
+// String is the tolerance's metric label ("" for TolNone).
+func (t Tolerance) String() string {
+	if t == TolParentZero {
+		return "parent_zero"
+	}
+	return ""
+}
+
+// ApplyStoredReport is ApplyStored, also reporting the tolerance applied
+// (TolNone or TolParentZero, counted in Stats.ParentZeroStarts). This is
+// the one place the parent-0 rule lives: every apply path (node, sync,
+// des, chaos/truth) goes through it.
+func (x *Index) ApplyStoredReport(r ReplicaID, s StoredBlocks) (Tolerance, error) {
+	tol := TolNone
 	bs := x.h.tokens
 	if s.BlockTokens <= 0 || s.BlockTokens > MaxEngineBlockTokens || s.BlockTokens%bs != 0 {
-		return fmt.Errorf("%w: engine %d tokens, index %d", ErrBlockSize, s.BlockTokens, bs)
+		return tol, fmt.Errorf("%w: engine %d tokens, index %d", ErrBlockSize, s.BlockTokens, bs)
 	}
 	if len(s.Tokens) != len(s.Hashes)*s.BlockTokens {
-		return fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrMalformedStored, len(s.Tokens), len(s.Hashes), s.BlockTokens)
+		return tol, fmt.Errorf("%w: %d tokens for %d blocks of %d", ErrMalformedStored, len(s.Tokens), len(s.Hashes), s.BlockTokens)
 	}
 	if len(s.Hashes) == 0 {
-		return nil
+		return tol, nil
 	}
 	per := s.BlockTokens / bs
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	rs := x.replica(r)
 	var k BlockKey
-	switch {
-	case s.HasParent:
+	hasParent := s.HasParent
+	if hasParent {
 		pk, ok := x.engLookup(r, rs, s.ParentHash)
-		if !ok {
+		switch {
+		case ok:
+			k = pk
+		case s.ParentHash == 0:
+			// Parent 0 naming no stored block: a chain start sent as 0.
+			hasParent, tol = false, TolParentZero
+		default:
 			x.st.unknownParent += uint64(len(s.Hashes))
-			return fmt.Errorf("%w: replica %d parent %#x (%d blocks skipped)", ErrUnknownParent, r, s.ParentHash, len(s.Hashes))
+			return tol, fmt.Errorf("%w: replica %d parent %#x (%d blocks skipped)", ErrUnknownParent, r, s.ParentHash, len(s.Hashes))
 		}
-		k = pk
+	}
+	switch {
+	case hasParent:
 	case s.HasRoot:
 		k = s.Root
 	case rs.hasRoot:
 		k = rs.root
 	default:
-		return fmt.Errorf("%w: replica %d", ErrNoRoot, r)
+		return TolNone, fmt.Errorf("%w: replica %d", ErrNoRoot, r)
+	}
+	if tol == TolParentZero {
+		x.st.parentZero++
 	}
 	// Engine blocks are consecutive, so the whole event is one chain.
 	x.scratch = x.h.AppendKeys(x.scratch[:0], k, s.Tokens)
@@ -126,7 +171,7 @@ func (x *Index) ApplyStored(r ReplicaID, s StoredBlocks) error {
 		}
 	}
 	x.enforceCapacity()
-	return nil
+	return tol, nil
 }
 
 // ApplyRemoved applies a BlockRemoved event of replica r: for each engine

@@ -86,6 +86,7 @@ type counters struct {
 	promoted       uint64
 	unknownParent  uint64
 	unknownRemoved uint64
+	parentZero     uint64
 }
 
 // New returns an empty Index for cfg.
@@ -692,6 +693,9 @@ type Stats struct {
 	// UnknownParentBlocks counts stored engine blocks skipped because their
 	// parent engine hash was unknown.
 	UnknownParentBlocks uint64
+	// ParentZeroStarts counts BlockStored events whose parent hash 0 named
+	// no stored block and was taken as a chain start (TolParentZero).
+	ParentZeroStarts uint64
 	// UnknownRemoved counts removed engine hashes the replica's map lacked.
 	UnknownRemoved uint64
 	// ApproxBytes estimates the memory held: arena, table, overflow and
@@ -714,6 +718,7 @@ func (x *Index) Stats() Stats {
 		Promoted:            x.st.promoted,
 		UnknownParentBlocks: x.st.unknownParent,
 		UnknownRemoved:      x.st.unknownRemoved,
+		ParentZeroStarts:    x.st.parentZero,
 	}
 	b := int64(cap(x.nodes))*48 + int64(cap(x.table))*8 + int64(cap(x.free))*4
 	b += int64(len(x.ovf)) * 64

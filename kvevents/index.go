@@ -10,7 +10,9 @@ import "github.com/kvmesh/kvmesh/index"
 //     tiers; see GPUMedium): the confirmed ledger tracks the GPU cache.
 //   - A parentless event whose first block mixed in a LoRA name or a cache
 //     salt gets Root = h.Root(model, lora, salt) (HasRoot); otherwise the
-//     replica's root (index.SetReplicaRoot) applies.
+//     replica's root (index.SetReplicaRoot) applies. An event with parent
+//     0 gets that Root too: the index takes it as a chain start when 0
+//     names no stored block (index.TolParentZero).
 //   - Only IndexableBlocks are passed on: from the first block with opaque
 //     extra keys (multimodal, prompt embeddings) on, keys computed from
 //     token ids would not identify what the engine cached. ok is false when
@@ -42,7 +44,7 @@ func StoredForIndex(h index.Hasher, model string, st *BlockStored, hashes []uint
 		Tokens:      tokens,
 		BlockTokens: st.BlockSize,
 	}
-	if lora, salt := st.RootInputs(); !st.HasParent && (lora != "" || salt != "") {
+	if lora, salt := st.RootInputs(); (!st.HasParent || st.ParentBlockHash == 0) && (lora != "" || salt != "") {
 		sb.Root, sb.HasRoot = h.Root(model, lora, salt), true
 	}
 	return sb, true

@@ -22,7 +22,19 @@ type Metrics struct {
 	Duplicates     *prometheus.CounterVec // {replica}: batches already delivered
 	Dropped        *prometheus.CounterVec // {replica}: dropped on a full queue
 	Reconnects     *prometheus.CounterVec // {replica}: SUB connections re-established
+	// Tolerated counts foreign publishers' quirks accepted rather than
+	// treated as loss or rejected, by kind: parent_zero (a chain start sent
+	// with parent_block_hash 0, index.TolParentZero; counted by the
+	// consumer applying the event) and replay_from_one (a join replay from
+	// seq 0 answered from seq 1 by a publisher numbering from 1).
+	Tolerated *prometheus.CounterVec // {replica,kind}
 }
+
+// Tolerance kinds, the kind label of Metrics.Tolerated.
+const (
+	TolParentZero    = "parent_zero"
+	TolReplayFromOne = "replay_from_one"
+)
 
 // NewMetrics creates unregistered counters.
 func NewMetrics() *Metrics {
@@ -43,12 +55,13 @@ func NewMetrics() *Metrics {
 		Duplicates:     c("duplicates_total", "Batches dropped because their seq was already delivered.", "replica"),
 		Dropped:        c("dropped_total", "Batches dropped because the delivery queue was full.", "replica"),
 		Reconnects:     c("reconnects_total", "SUB connections (re)established to a replica's publisher.", "replica"),
+		Tolerated:      c("tolerated_total", "Publisher quirks accepted instead of counted as loss or rejected, by kind (parent_zero, replay_from_one).", "replica", "kind"),
 	}
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Batches, m.Events, m.IgnoredEvents, m.Malformed, m.NoEventBatches, m.Gaps,
-		m.Replays, m.Resets, m.Duplicates, m.Dropped, m.Reconnects}
+		m.Replays, m.Resets, m.Duplicates, m.Dropped, m.Reconnects, m.Tolerated}
 }
 
 // Register registers every counter on r.

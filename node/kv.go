@@ -102,9 +102,13 @@ func (h kvHandler) HandleBatch(_ string, _ kvevents.Seq, b *kvevents.Batch) {
 				continue
 			}
 			r.kvHashes = sb.Hashes
-			if err := n.index.ApplyStored(r.id, sb); err != nil {
+			tol, err := n.index.ApplyStoredReport(r.id, sb)
+			if err != nil {
 				n.m.kvApplyErrors.WithLabelValues(r.name, applyErrorReason(err)).Inc()
 				n.log.Debug("KV event not applied", "replica", r.name, "err", err)
+			}
+			if tol != index.TolNone {
+				n.kvMetrics.Tolerated.WithLabelValues(r.name, tol.String()).Inc()
 			}
 		case kvevents.KindBlockRemoved:
 			hs, ok := kvevents.RemovedForIndex(ev.Removed, r.kvHashes)

@@ -305,3 +305,48 @@ func TestKVEventsOpaqueBlocksNotIndexed(t *testing.T) {
 	assert.Equal(t, 1, matchedOf(debugRoute(t, n, "prefix-cache", text), "a"))
 	assert.Equal(t, 1, n.Index().Stats().Entries[index.Confirmed])
 }
+
+// A legacy-format publisher (llm-d-inference-sim's array encoding, seqs
+// from 1) sends a chain's first block with parent_block_hash 0: the gateway
+// confirms the chain, routes by it, and counts the tolerance, not an
+// unknown_parent.
+func TestKVEventsLegacyParentZeroConfirmed(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, func(c *Config) {
+		c.IndexMode = "kv-events"
+		c.Tokenizer = TokenizerCharacter
+		c.BlockSize = 4
+		c.TokenizerAgreement = AgreementOff // see TestKVBindReceivesEventsFromAConnectingPublisher
+	}, ReplicaConfig{Name: "a", URL: e.url(), KVBind: "tcp://127.0.0.1:0"})
+	pc := kvevents.DefaultPublisherConfig()
+	pc.Endpoint = n.KVBindAddr("a")
+	pc.RedialInterval = 50 * time.Millisecond
+	pc.Encoding = kvevents.EncodingArray
+	pc.FirstSeq = 1
+	pub, err := kvevents.NewPublisher(pc, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	defer pub.Close()
+
+	text := "abcdefghijkl"
+	toks := make([]uint32, len(text))
+	for i := range text {
+		toks[i] = uint32(text[i])
+	}
+	batch := kvevents.Batch{Events: []kvevents.Event{
+		{Kind: kvevents.KindBlockStored, Stored: &kvevents.BlockStored{
+			BlockHashes: []kvevents.EngineHash{11, 12}, ParentBlockHash: 0, HasParent: true,
+			TokenIDs: toks[:8], BlockSize: 4}},
+		{Kind: kvevents.KindBlockStored, Stored: &kvevents.BlockStored{
+			BlockHashes: []kvevents.EngineHash{13}, ParentBlockHash: 12, HasParent: true,
+			TokenIDs: toks[8:], BlockSize: 4}},
+	}}
+	require.Eventually(t, func() bool {
+		_, err := pub.Publish(batch)
+		require.NoError(t, err)
+		return matchedOf(debugRoute(t, n, "prefix-cache", text), "a") == 3
+	}, 10*time.Second, 20*time.Millisecond)
+	assert.GreaterOrEqual(t, counterValue(t, n, "kvmesh_kvevents_tolerated_total",
+		map[string]string{"replica": "a", "kind": index.TolParentZero.String()}), 1.0)
+	assert.Zero(t, counterValue(t, n, "kvmesh_index_kv_apply_errors_total",
+		map[string]string{"replica": "a", "reason": "unknown_parent"}))
+}

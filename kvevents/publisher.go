@@ -83,6 +83,9 @@ type PublisherConfig struct {
 	// consumer is still connected and subscribed, and redials if not
 	// (0 = 500ms; about a second to notice a restarted consumer).
 	RedialInterval time.Duration
+	// FirstSeq is the first batch's sequence number: 0 as in vLLM;
+	// llm-d-inference-sim numbers from 1. Not a vLLM option.
+	FirstSeq Seq
 }
 
 // DefaultPublisherConfig returns vLLM's defaults: bind tcp://*:5557, no
@@ -178,6 +181,7 @@ func NewPublisher(cfg PublisherConfig, logger *slog.Logger) (*Publisher, error) 
 		binds:  cfg.AlwaysBind || endpointBinds(cfg.Endpoint),
 		cancel: cancel,
 		enc:    NewEncoder(cfg.Encoding),
+		next:   cfg.FirstSeq,
 	}
 	p.pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(discardStdLogger))
 	if cfg.HWM > 0 {
@@ -218,7 +222,7 @@ func NewPublisher(cfg PublisherConfig, logger *slog.Logger) (*Publisher, error) 
 	return p, nil
 }
 
-// Publish encodes b, assigns it the next sequence number (0, 1, 2, ...),
+// Publish encodes b, assigns it the next sequence number (FirstSeq, +1, ...),
 // keeps it for replay and queues it for sending. It never blocks on slow
 // subscribers (beyond HWM queued messages are dropped, to be replayed). Safe
 // for concurrent use; batches go out in seq order.
@@ -363,8 +367,8 @@ func (p *Publisher) replayFrom(start Seq) []replayEntry {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := Seq(len(p.ring))
-	oldest := Seq(0)
-	if p.next > n {
+	oldest := p.cfg.FirstSeq
+	if p.next-p.cfg.FirstSeq > n {
 		oldest = p.next - n
 	}
 	start = max(start, oldest)

@@ -188,6 +188,7 @@ type Subscriber struct {
 	mEvents                                                                       [4]prometheus.Counter
 	mResets                                                                       [5]prometheus.Counter
 	mReplays                                                                      map[string]prometheus.Counter
+	mTolFromOne                                                                   prometheus.Counter
 }
 
 // NewSubscriber validates cfg; nothing is opened before Start. m may be
@@ -223,6 +224,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler, m *Metrics, logger *slog.Log
 		mDropped:    m.Dropped.WithLabelValues(r),
 		mReconnects: m.Reconnects.WithLabelValues(r),
 		mReplays:    map[string]prometheus.Counter{},
+		mTolFromOne: m.Tolerated.WithLabelValues(r, TolReplayFromOne),
 	}
 	for _, k := range []Kind{KindBlockStored, KindBlockRemoved, KindAllBlocksCleared} {
 		s.mEvents[k] = m.Events.WithLabelValues(r, k.String())
@@ -603,12 +605,16 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 	defer cancel()
 	result, count := replayFailed, true
+	fromOne := false
 	defer func() {
 		if catchUp && answered && delivered == 0 {
 			count = false // nothing new: a poll, not a replay
 		}
 		if ctx.Err() == nil && count {
 			s.mReplays[result].Inc()
+			if fromOne && result == replayComplete {
+				s.mTolFromOne.Inc()
+			}
 		}
 	}()
 	d := zmq4.NewDealer(rctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(discardStdLogger))
@@ -629,6 +635,12 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 		return false, 0
 	}
 	contiguous := true
+	// fromOne (declared above): a replay from 0 before anything was delivered whose first
+	// answer is seq 1. A publisher that numbers from 1 (llm-d-inference-
+	// sim) never published seq 0, so nothing is missing: counted as
+	// replay_from_one, not as a failed or partial replay. (A vLLM ring that
+	// dropped exactly seq 0 and no more reads the same; one batch at most.)
+	first, joining := true, from == 0 && !s.hasLast
 	for {
 		msg, err := d.Recv()
 		if err != nil {
@@ -646,6 +658,9 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 			answered = true
 			break
 		}
+		if first {
+			first, fromOne = false, joining && seq == 1
+		}
 		if seq >= until {
 			// The live queue has these. Read on to the end marker anyway:
 			// closing a zmq4 socket with unread messages strands its
@@ -661,7 +676,7 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 			s.reset(ResetGapUnrecoverable)
 			contiguous = false
 		}
-		if delivered == 0 && seq != from {
+		if delivered == 0 && seq != from && !(fromOne && seq == 1) {
 			contiguous = false
 		}
 		if s.mangle != nil {
@@ -674,7 +689,8 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 	}
 	switch {
 	case until == ReplayEnd && answered && contiguous,
-		until != ReplayEnd && contiguous && s.hasLast && s.last+1 == until:
+		until != ReplayEnd && contiguous && s.hasLast && s.last+1 == until,
+		fromOne && until == 1 && answered && delivered == 0:
 		result = replayComplete
 	case delivered > 0, until == ReplayEnd && answered:
 		result = replayPartial

@@ -57,7 +57,8 @@
 //
 // Publisher is vLLM's ZmqEventPublisher: the PUB binds when its endpoint
 // has "*" or "::" (or is ipc/inproc) and otherwise connects, redialling a
-// consumer that restarts; Publish assigns seq 0, 1, 2, ..., keeps the last
+// consumer that restarts; Publish assigns seq 0, 1, 2, ... (from FirstSeq,
+// 1 to act as llm-d-inference-sim), keeps the last
 // BufferSteps payloads for replay and never blocks on subscribers.
 //
 // # Subscriber
@@ -81,6 +82,12 @@
 //     seq > 0, JoinReplay is on and a replay endpoint is configured, it first
 //     replays from 0 to learn what the engine already cached (as far as its
 //     buffer reaches; a partial join is not a reset: there was no state).
+//   - Numbering from 1 (llm-d-inference-sim): a replay from 0 before
+//     anything was delivered whose first answer is seq 1 lost nothing. It
+//     counts as complete and in kvmesh_kvevents_tolerated_total{kind=
+//     "replay_from_one"}, not as failed or partial. A first answer above 1
+//     is still a partial replay. (A vLLM ring that dropped exactly seq 0
+//     reads the same: at most one batch is missed unnoticed.)
 //   - seq == last+1: delivered.
 //   - Gap (seq > last+1): replay from last+1 through a DEALER; replayed
 //     batches are delivered in order, live ones that queued meanwhile and
@@ -116,6 +123,13 @@
 // When the publisher goes away the reader redials with exponential backoff
 // (a bound SUB just waits for the publisher to reconnect). Handler must not
 // keep a *Batch after HandleBatch returns: batches are recycled.
+//
+// Parent 0: llm-d-inference-sim's legacy array format sends a chain's
+// first block with parent_block_hash 0 instead of nil. index.ApplyStored
+// (the one place every apply path reaches) takes it as a chain start when
+// 0 names no block the replica's stream stored, and keeps the parent
+// meaning when it does (an engine hash can be 0); the node counts it in
+// kvmesh_kvevents_tolerated_total{kind="parent_zero"}.
 //
 // Known limits: without a replay endpoint, batches an engine published
 // before the subscription reached it are lost to the subscriber, and if the

@@ -367,12 +367,16 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 		ev := &b.Events[i]
 		switch ev.Kind {
 		case kvevents.KindBlockStored:
-			err := ix.ApplyStored(id, index.StoredBlocks{
+			tol, err := ix.ApplyStoredReport(id, index.StoredBlocks{
 				Hashes: ev.Hashes, ParentHash: ev.ParentHash, HasParent: ev.HasParent,
 				Tokens: ev.Tokens, BlockTokens: ev.BlockTokens, Root: ev.Root, HasRoot: ev.HasRoot,
 			})
 			if err != nil {
 				a.c.m.dropped.WithLabelValues("kv", "apply_error").Inc()
+			}
+			if tol != index.TolNone && a.c.deps.KVMetrics != nil {
+				// Every gateway applies the batch, so each counts it once.
+				a.c.deps.KVMetrics.Tolerated.WithLabelValues(b.Replica, tol.String()).Inc()
 			}
 		case kvevents.KindBlockRemoved:
 			ix.ApplyRemoved(id, ev.Hashes)

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -159,4 +160,28 @@ func TestKVGapWatermark(t *testing.T) {
 	a.setWatermarksLocked(wm(30, 50), false, map[string]bool{"r1": true})
 	require.Equal(t, uint64(31), a.watermarksLocked()[srcKV+"r1"])
 	require.Equal(t, uint64(4), a.watermarksLocked()[srcKV+"r2"])
+}
+
+// TestKVParentZeroChainStart: an owner republishes a legacy-format
+// engine's chain start with parent 0 (llm-d-inference-sim); every gateway
+// confirms it through the index's rule and counts the tolerance.
+func TestKVParentZeroChainStart(t *testing.T) {
+	g := newGW(t, "x", nil, nil)
+	m := kvevents.NewMetrics()
+	g.c.deps.KVMetrics = m
+	a := g.c.ap
+	bt := g.ix.Hasher().BlockTokens()
+	toks := make([]uint32, 2*bt)
+	for i := range toks {
+		toks[i] = uint32(7 + i)
+	}
+	a.applyLocal(&KVBatch{Origin: "o", Replica: "r1", Seq: 1, EngineTS: 1, Events: []KVEvent{
+		{Kind: kvevents.KindBlockStored, Hashes: []uint64{41}, ParentHash: 0, HasParent: true, BlockTokens: bt, Tokens: toks[:bt]},
+		{Kind: kvevents.KindBlockStored, Hashes: []uint64{42}, ParentHash: 41, HasParent: true, BlockTokens: bt, Tokens: toks[bt:]},
+	}})
+	require.Equal(t, 2, confirmed(g))
+	require.Zero(t, metricValue(t, g.reg, "kvmesh_sync_deltas_dropped_total", map[string]string{"reason": "apply_error"}))
+	var d dto.Metric
+	require.NoError(t, m.Tolerated.WithLabelValues("r1", "parent_zero").Write(&d))
+	require.Equal(t, 1.0, d.GetCounter().GetValue())
 }

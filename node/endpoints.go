@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -202,17 +203,7 @@ func (n *Node) serveEndpoint(ep *endpoint) http.HandlerFunc {
 			req.user = sid
 		}
 		t := n.tbl.Load()
-		var p *pool
-		var lora string
-		var owner *replica
-		if ep.shape == shapeResponseByID {
-			p, owner, aerr = n.responseTarget(r.Context(), t, req.responseID)
-		} else {
-			p, lora, aerr = t.poolOf(req.model)
-			if aerr == nil && req.previousResponseID != "" {
-				owner, aerr = n.responseOwnerIn(r.Context(), t, p, req.previousResponseID)
-			}
-		}
+		p, lora, owner, aerr := n.endpointTarget(r.Context(), t, ep, req)
 		if aerr != nil {
 			n.refuse(w, aerr)
 			return
@@ -359,14 +350,7 @@ func (n *Node) debugEndpoint(w http.ResponseWriter, r *http.Request, path string
 		req.user = sid
 	}
 	t := n.tbl.Load()
-	var p *pool
-	var lora string
-	var owner *replica
-	if ep.shape == shapeResponseByID {
-		p, owner, aerr = n.responseTarget(r.Context(), t, req.responseID)
-	} else if p, lora, aerr = t.poolOf(req.model); aerr == nil && req.previousResponseID != "" {
-		owner, aerr = n.responseOwnerIn(r.Context(), t, p, req.previousResponseID)
-	}
+	p, lora, owner, aerr := n.endpointTarget(r.Context(), t, ep, req)
 	if aerr != nil {
 		n.refuse(w, aerr)
 		return
@@ -384,4 +368,19 @@ func (n *Node) debugEndpoint(w http.ResponseWriter, r *http.Request, path string
 		strat, rep.ResponseOwner = pinStrategy{name: owner.name}, owner.name
 	}
 	n.explainRoute(w, r, p, lora, req, strat, body, rep)
+}
+
+// endpointTarget resolves where req goes: the pool of its model (and the
+// LoRA adapter), and the replica that owns the stored response it names,
+// for a request by response id or with previous_response_id (nil owner
+// otherwise).
+func (n *Node) endpointTarget(ctx context.Context, t *table, ep *endpoint, req *inferenceRequest) (p *pool, lora string, owner *replica, aerr *apiError) {
+	if ep.shape == shapeResponseByID {
+		p, owner, aerr = n.responseTarget(ctx, t, req.responseID)
+		return p, "", owner, aerr
+	}
+	if p, lora, aerr = t.poolOf(req.model); aerr == nil && req.previousResponseID != "" {
+		owner, aerr = n.responseOwnerIn(ctx, t, p, req.previousResponseID)
+	}
+	return p, lora, owner, aerr
 }

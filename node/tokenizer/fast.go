@@ -68,9 +68,18 @@ func classAt(s string, i int) (uint8, int) {
 }
 
 // nextPiece returns the end of the pre-tokenizer piece that starts at
-// i < len(s) in valid UTF-8 text s. It tries the pattern's alternatives in
-// order, as the regex engine does; the comments name each one.
-func nextPiece(s string, i int) int {
+// i < len(s) in valid UTF-8 text s, by cl100k_base's pattern.
+func nextPiece(s string, i int) int { return pieceEnd(s, i, 3, false) }
+
+// pieceEnd returns the end of the piece that starts at i < len(s) in valid
+// UTF-8 text s, by the pattern cl100k_base shares with the Qwen2 and
+// Llama 3 split patterns; they differ only in the longest digit run
+// (maxDigits) and in whether the contraction alternative folds case the
+// Oniguruma way, where 's also matches U+017F LATIN SMALL LETTER LONG S
+// (foldLongS: what the Hugging Face tokenizers' regex does; tiktoken's
+// does not). It tries the alternatives in order, as the regex engine does;
+// the comments name each one.
+func pieceEnd(s string, i, maxDigits int, foldLongS bool) int {
 	n := len(s)
 	c := s[i]
 	cl, size := classAt(s, i)
@@ -88,6 +97,10 @@ func nextPiece(s string, i int) int {
 			if i+2 < n && s[i+2]|0x20 == 'l' {
 				return i + 3
 			}
+		case 0xc5 | 0x20: // U+017F is C5 BF; 0xc5|0x20 == 0xe5 is no ASCII letter
+			if foldLongS && s[i+1] == 0xc5 && i+2 < n && s[i+2] == 0xbf {
+				return i + 3
+			}
 		}
 	}
 	// (2) [^\r\n\p{L}\p{N}]?\p{L}+
@@ -99,10 +112,10 @@ func nextPiece(s string, i int) int {
 			return letterRun(s, i+size+size2)
 		}
 	}
-	// (3) \p{N}{1,3}
+	// (3) \p{N}{1,maxDigits}
 	if cl == clDigit {
 		j := i + size
-		for k := 1; k < 3 && j < n; k++ {
+		for k := 1; k < maxDigits && j < n; k++ {
 			cl2, size2 := classAt(s, j)
 			if cl2 != clDigit {
 				break
@@ -120,6 +133,13 @@ func nextPiece(s string, i int) int {
 	}
 	if cl2, _ := classAt(s, j); cl2 == clOther {
 		for j < n {
+			if c := s[j]; c < utf8.RuneSelf {
+				if asciiClass[c] != clOther {
+					break
+				}
+				j++
+				continue
+			}
 			cl2, size2 := classAt(s, j)
 			if cl2 != clOther {
 				break

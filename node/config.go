@@ -231,6 +231,10 @@ type Config struct {
 	// 0 disables the limit.
 	MaxInFlight int `yaml:"max_in_flight"`
 
+	// EPP serves the gateway as a Gateway API Inference Extension endpoint
+	// picker (Envoy ext_proc) besides its own proxy; see EPPConfig.
+	EPP EPPConfig `yaml:"epp"`
+
 	// DebugPublic serves /debug/route and /debug/replicas without the admin
 	// token. Default false: a debug view tells whoever asks whether a
 	// prompt (another client's) is cached and where. LocalConfig sets it,
@@ -344,6 +348,7 @@ func DefaultConfig() Config {
 		RemoteTokenizeCacheSize: 1024,
 		TokenizerAgreement:      AgreementSwitch,
 		MaxInFlight:             4096,
+		EPP:                     EPPConfig{Fallbacks: 2},
 		ShutdownGrace:           30 * time.Second,
 		Route:                   route.DefaultConfig(),
 		Cluster:                 DefaultClusterConfig(),
@@ -536,6 +541,7 @@ func (c *Config) Validate() error {
 	default:
 		bad("tokenizer_agreement %q unknown (want switch, probe or off)", c.TokenizerAgreement)
 	}
+	c.EPP.validate(bad)
 	if c.MaxInFlight < 0 {
 		bad("max_in_flight %d is negative", c.MaxInFlight)
 	}

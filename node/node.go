@@ -65,6 +65,8 @@ type Node struct {
 
 	// Cluster mode (nil/zero standalone): see cluster.go.
 	cl *clusterParts
+	// epp is the endpoint picker (epp.go); nil when Config.EPP.Addr is "".
+	epp *eppParts
 
 	transport *http.Transport
 	up        *upstreamClient // the proxy's client for http:// replicas; nil with UpstreamHTTP2
@@ -317,6 +319,11 @@ func (n *Node) Start(ctx context.Context) error {
 		return fmt.Errorf("node: listen %s: %w", n.cfg.HTTPAddr, err)
 	}
 	n.ln = ln
+	epp, err := n.listenEPP(ctx)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
 	n.bgCtx, n.bgCancel = context.WithCancel(context.Background())
 	n.reqBase, n.reqAbort = context.WithCancelCause(context.Background())
 	n.srv = &http.Server{
@@ -332,6 +339,7 @@ func (n *Node) Start(ctx context.Context) error {
 			n.bgCancel()
 			n.reqAbort(nil)
 			_ = ln.Close()
+			epp.close()
 			n.wg.Wait()
 			return err
 		}
@@ -348,6 +356,7 @@ func (n *Node) Start(ctx context.Context) error {
 		n.bgCancel()
 		n.reqAbort(nil)
 		_ = ln.Close()
+		epp.close()
 		n.wg.Wait()
 		return err
 	}
@@ -365,6 +374,7 @@ func (n *Node) Start(ctx context.Context) error {
 			n.log.Error("http server stopped", "err", err)
 		}
 	})
+	n.serveEPP(epp)
 	n.goFunc(n.expireLoop)
 	n.log.Info("gateway listening", "addr", ln.Addr().String(), "models", len(t.pools),
 		"replicas", len(t.replicas), "index_mode", n.cfg.IndexMode, "tokenizer", n.tokName,
@@ -440,6 +450,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 					n.log.Warn("raft leave", "leader", leader, "err", err)
 				}
 			})
+		}
+		if n.epp != nil {
+			step("drained endpoint-picker streams", func() { n.stopEPP(ctx) })
 		}
 		var err error
 		step("drained HTTP requests and streams", func() {

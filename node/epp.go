@@ -342,6 +342,9 @@ type eppExchange struct {
 	// The pick and its accounting (held from the decision to the end of
 	// the response).
 	pool      *pool
+	req       *inferenceRequest
+	dec       decision
+	confirmed int        // the self-check's prediction (confirmedPrediction)
 	picks     []*replica // primary first, then fallbacks
 	served    *replica   // the one holding the in-flight count
 	keys      []index.BlockKey
@@ -350,6 +353,12 @@ type eppExchange struct {
 	limited   bool
 	finished  bool
 	firstByte bool
+
+	// What the response showed, for passive health, the self-check and
+	// the cost model, as the proxy's relay reads it.
+	status    int
+	streaming bool
+	res       relayResult
 }
 
 func (x *eppExchange) handle(msg *extprocv3.ProcessingRequest) (done bool, err error) {
@@ -390,12 +399,14 @@ func (x *eppExchange) handle(msg *extprocv3.ProcessingRequest) (done bool, err e
 				HeaderMutation: x.responseHeaderMutation()}}}}); err != nil {
 			return false, err
 		}
-		if v.ResponseHeaders.GetEndOfStream() {
+		if v.ResponseHeaders.GetEndOfStream() && x.served != nil {
+			x.complete()
 			x.finish()
 		}
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		b := v.ResponseBody
 		x.releaseQueued()
+		x.observeBody(b.GetBody())
 		var r *extprocv3.BodyResponse
 		if x.respStreamed {
 			r = &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
@@ -407,11 +418,15 @@ func (x *eppExchange) handle(msg *extprocv3.ProcessingRequest) (done bool, err e
 		if err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: r}}); err != nil {
 			return false, err
 		}
-		if b.GetEndOfStream() {
+		if b.GetEndOfStream() && x.served != nil && !x.finished {
+			x.complete()
 			x.finish()
 		}
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		x.finish()
+		if x.served != nil && !x.finished {
+			x.complete()
+			x.finish()
+		}
 		return false, x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
 			ResponseTrailers: &extprocv3.TrailersResponse{}}})
 	}
@@ -627,7 +642,9 @@ func (x *eppExchange) pick() *apiError {
 			x.picks = append(x.picks, fb.rep)
 		}
 	}
-	x.pool, x.keys, x.start = p, slices.Clone(keys), time.Now()
+	x.pool, x.req, x.dec, x.keys = p, req, dec, slices.Clone(keys)
+	x.confirmed = n.confirmedPrediction(dec, keys)
+	x.start = time.Now()
 	x.queued = int64(dec.uncached)
 	x.hold(dec.rep)
 	return nil
@@ -670,14 +687,18 @@ func (x *eppExchange) responseHeaders(msg *extprocv3.ProcessingRequest, h *extpr
 	}
 	code := 0
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		if hv.GetKey() == ":status" {
-			v := string(hv.GetRawValue())
-			if v == "" {
-				v = hv.GetValue()
-			}
+		v := string(hv.GetRawValue())
+		if v == "" {
+			v = hv.GetValue()
+		}
+		switch strings.ToLower(hv.GetKey()) {
+		case ":status":
 			code, _ = strconv.Atoi(v)
+		case "content-type":
+			x.streaming = strings.HasPrefix(v, "text/event-stream")
 		}
 	}
+	x.status = code
 	by := "unreported"
 	if ns, ok := msg.GetMetadataContext().GetFilterMetadata()[EPPPickNamespace]; ok {
 		if v, ok := ns.GetFields()[EPPServedKey]; ok {
@@ -717,8 +738,53 @@ func (x *eppExchange) responseHeaderMutation() *extprocv3.HeaderMutation {
 	}}}
 }
 
+// observeBody tallies a response chunk as the proxy's relay does.
+func (x *eppExchange) observeBody(b []byte) {
+	if len(b) == 0 || x.served == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	if x.res.firstAt == 0 {
+		x.res.firstAt = now
+	}
+	x.res.lastAt = now
+	x.res.bytes += int64(len(b))
+	if x.streaming {
+		x.res.sse.feed(b, now)
+	} else {
+		x.res.body.feed(b)
+	}
+}
+
+// complete takes what a response that reached its end showed: the
+// replica's passive health, the self-check against the engine's cached
+// tokens, and the cost model's observation (streams only, as in the
+// proxy).
+func (x *eppExchange) complete() {
+	n, rep := x.n, x.served
+	if x.status >= 500 {
+		n.upstreamFailure(rep, reasonStatus5xx)
+		return
+	}
+	rep.onSuccess()
+	if x.status < 200 || x.status >= 300 {
+		return
+	}
+	u := x.res.sse.usage
+	if !x.streaming {
+		u = parseUsage(x.res.body.bytes())
+	}
+	n.checkPrediction(x.dec, x.confirmed, u)
+	if x.streaming && x.res.firstAt != 0 && x.req.firstByteIsToken() {
+		ttft := time.Duration(x.res.firstAt - x.start.UnixNano())
+		rep.mTTFT.Observe(ttft.Seconds())
+		n.observeCost(rep, x.dec, ttft, x.res)
+	}
+}
+
 // finish releases the request's accounting once; it runs at the end of
-// the response or when the stream ends, whichever is first.
+// the response (complete says it reached its end) or when the stream
+// ends, whichever is first.
 func (x *eppExchange) finish() {
 	if x.finished {
 		return

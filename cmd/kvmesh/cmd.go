@@ -124,6 +124,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.StringVar(&d.TokenizerAgreement, "tokenizer-agreement", d.TokenizerAgreement, "probe each KV-event replica's /tokenize against the gateway's tokenizer: switch (use the engine's on disagreement), probe (report only) or off")
 	fl.IntVar(&d.MaxInFlight, "max-in-flight", d.MaxInFlight, "requests this gateway handles at once before answering 429 with Retry-After (0: no limit); the default covers ~16 busy vLLM replicas")
 	fl.BoolVar(&d.DebugPublic, "debug-public", d.DebugPublic, "serve /debug/route and /debug/replicas without the admin token (they reveal which prompts are cached)")
+	addEPPFlags(fl, &d.EPP)
 
 	c := &d.Cluster
 	fl.BoolVar(&c.Enabled, "cluster", c.Enabled, "run as a cluster member (implied by --join and --bootstrap-expect)")
@@ -200,6 +201,7 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("tokenizer-agreement", func() { cfg.TokenizerAgreement = d.TokenizerAgreement })
 	set("max-in-flight", func() { cfg.MaxInFlight = d.MaxInFlight })
 	set("debug-public", func() { cfg.DebugPublic = d.DebugPublic })
+	applyEPPFlags(set, &cfg.EPP, &d.EPP)
 
 	c, fc := &cfg.Cluster, &d.Cluster
 	set("cluster", func() { c.Enabled = fc.Enabled })

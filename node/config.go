@@ -235,6 +235,10 @@ type Config struct {
 	// picker (Envoy ext_proc) besides its own proxy; see EPPConfig.
 	EPP EPPConfig `yaml:"epp"`
 
+	// Discovery follows one model's replicas from a changing source
+	// instead of a fixed list; see DiscoveryConfig.
+	Discovery DiscoveryConfig `yaml:"discovery"`
+
 	// DebugPublic serves /debug/route and /debug/replicas without the admin
 	// token. Default false: a debug view tells whoever asks whether a
 	// prompt (another client's) is cached and where. LocalConfig sets it,
@@ -551,7 +555,8 @@ func (c *Config) Validate() error {
 	if err := c.Route.Validate(); err != nil {
 		bad("route: %v", err)
 	}
-	if len(c.Models) == 0 {
+	c.Discovery.validate(bad)
+	if len(c.Models) == 0 && c.Discovery.Source == "" {
 		bad("no models: give at least one model with replicas")
 	}
 	models := map[string]bool{}
@@ -587,7 +592,7 @@ func (c *Config) Validate() error {
 				bad("model %q: a per-model tokenizer needs a token-space global tokenizer (tokenizer: tiktoken, remote or hf:<dir>), not character", m.Name)
 			}
 		}
-		if len(m.Replicas) == 0 {
+		if len(m.Replicas) == 0 && !c.Discovery.owns(m.Name) {
 			bad("model %q has no replicas", m.Name)
 		}
 		for _, r := range m.Replicas {

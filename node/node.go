@@ -67,6 +67,11 @@ type Node struct {
 	cl *clusterParts
 	// epp is the endpoint picker (epp.go); nil when Config.EPP.Addr is "".
 	epp *eppParts
+	// disc holds the discovered replicas (discovery.go); baseSpec is the
+	// last spec applied from config, before they were merged in. Both
+	// guarded by reloadMu.
+	disc     discoveryState
+	baseSpec routingSpec
 
 	transport *http.Transport
 	up        *upstreamClient // the proxy's client for http:// replicas; nil with UpstreamHTTP2
@@ -182,6 +187,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		}
 	}
 	n.registerTrustMetrics()
+	if err := n.initDiscovery(); err != nil {
+		return nil, err
+	}
 	if err := n.applySpec(specFromConfig(&cfg)); err != nil {
 		return nil, err
 	}
@@ -313,6 +321,9 @@ func (n *Node) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := n.checkDiscovery(); err != nil {
+		return err
+	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", n.cfg.HTTPAddr)
 	if err != nil {
@@ -375,6 +386,7 @@ func (n *Node) Start(ctx context.Context) error {
 		}
 	})
 	n.serveEPP(epp)
+	n.startDiscovery()
 	n.goFunc(n.expireLoop)
 	n.log.Info("gateway listening", "addr", ln.Addr().String(), "models", len(t.pools),
 		"replicas", len(t.replicas), "index_mode", n.cfg.IndexMode, "tokenizer", n.tokName,

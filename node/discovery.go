@@ -103,7 +103,9 @@ func (n *Node) initDiscovery() error {
 			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		d.Interval, d.Server = c.Interval, c.DNSServer
-		d.OnError = func(err error) { n.log.Warn("discovery lookup failed; keeping the last endpoints", "source", d.String(), "err", err) }
+		d.OnError = func(err error) {
+			n.log.Warn("discovery lookup failed; keeping the last endpoints", "source", d.String(), "err", err)
+		}
 		n.disc.src = d
 	}
 	n.disc.updates = prometheus.NewCounter(prometheus.CounterOpts{

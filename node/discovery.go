@@ -44,6 +44,25 @@ type DiscoveryConfig struct {
 	Interval time.Duration `yaml:"interval"`
 	// DNSServer (host:port) is asked instead of the system's resolver.
 	DNSServer string `yaml:"dns_server"`
+	// Kubernetes says which pods are the engines for source "kubernetes".
+	Kubernetes KubernetesDiscovery `yaml:"kubernetes"`
+}
+
+// KubernetesDiscovery selects engine pods (discovery/kube): an
+// InferencePool's, or a label selector's with the engines' port.
+type KubernetesDiscovery struct {
+	// Namespace of the pods; default: the gateway's own (in a cluster),
+	// else "default".
+	Namespace string `yaml:"namespace"`
+	// InferencePool names a pool (inference.networking.k8s.io/v1) whose
+	// selector and first target port define the engines.
+	InferencePool string `yaml:"inference_pool"`
+	// Selector and Port, instead of a pool.
+	Selector string `yaml:"selector"`
+	Port     int    `yaml:"port"`
+	// Kubeconfig is a kubeconfig path for a gateway outside the cluster;
+	// "" uses the in-cluster service account.
+	Kubeconfig string `yaml:"kubeconfig"`
 }
 
 func (c *DiscoveryConfig) template() discovery.Template {
@@ -63,6 +82,10 @@ func (c *DiscoveryConfig) validate(bad func(string, ...any)) {
 		if _, err := discovery.ParseDNS(c.Source); err != nil {
 			bad("discovery.source %q: want dns:<name>:<port> or kubernetes", c.Source)
 		}
+	} else if k := &c.Kubernetes; (k.InferencePool == "") == (k.Selector == "") {
+		bad("discovery.kubernetes: give an inference_pool or a selector (with port), not both or neither")
+	} else if k.Selector != "" && (k.Port < 1 || k.Port > 65535) {
+		bad("discovery.kubernetes.port %d: a selector needs the engines' port", k.Port)
 	}
 	if err := c.template().Validate(); err != nil {
 		bad("discovery: %v", err)

@@ -125,6 +125,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.IntVar(&d.MaxInFlight, "max-in-flight", d.MaxInFlight, "requests this gateway handles at once before answering 429 with Retry-After (0: no limit); the default covers ~16 busy vLLM replicas")
 	fl.BoolVar(&d.DebugPublic, "debug-public", d.DebugPublic, "serve /debug/route and /debug/replicas without the admin token (they reveal which prompts are cached)")
 	addEPPFlags(fl, &d.EPP)
+	addDiscoveryFlags(fl, &d.Discovery)
 
 	c := &d.Cluster
 	fl.BoolVar(&c.Enabled, "cluster", c.Enabled, "run as a cluster member (implied by --join and --bootstrap-expect)")
@@ -202,6 +203,7 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("max-in-flight", func() { cfg.MaxInFlight = d.MaxInFlight })
 	set("debug-public", func() { cfg.DebugPublic = d.DebugPublic })
 	applyEPPFlags(set, &cfg.EPP, &d.EPP)
+	applyDiscoveryFlags(set, &cfg.Discovery, &d.Discovery)
 
 	c, fc := &cfg.Cluster, &d.Cluster
 	set("cluster", func() { c.Enabled = fc.Enabled })
@@ -250,6 +252,7 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 		}
 		addReplica(&cfg, model, r)
 	}
+	discoveredModel(&cfg, f.model)
 	if f.model != "" && len(f.replicas) == 0 && !hasModel(&cfg, f.model) {
 		return cfg, fmt.Errorf("%w: --model %q has no --replica", node.ErrInvalidConfig, f.model)
 	}
@@ -301,6 +304,11 @@ func serve(ctx context.Context, cfg node.Config, logger *slog.Logger) error {
 	n, err := node.New(cfg, logger)
 	if err != nil {
 		return err
+	}
+	if src, err := kubeSource(&cfg, logger); err != nil {
+		return err
+	} else if src != nil {
+		n.SetDiscoverySource(src)
 	}
 	if err := n.Start(ctx); err != nil {
 		return err

@@ -256,7 +256,6 @@ func TestCheckArgvCatchesMistakes(t *testing.T) {
 		{"/usr/local/bin/kvmesh", "serve", "--config=/etc/kvmesh/kvmesh.yaml", "--log-format", "json"},
 		{"/usr/local/bin/kvmesh", "serve", "--retry-connect-failures", "--strategy=cost"},
 		{"/usr/local/bin/vllmsim", "qwen", "--port=8000", "--enable-reset-endpoint", "--kv-events-config", "{}"},
-		{"/usr/local/bin/vllmsim", "-port", "8000"},
 		{"/usr/local/bin/kvmesh", "config", "get", "--token-file", "/t"},
 	}
 	for _, argv := range good {
@@ -272,6 +271,7 @@ func TestCheckArgvCatchesMistakes(t *testing.T) {
 		{"/usr/local/bin/kvmesh", "launch"},
 		{"kvmesh", "serve"},
 		{"/usr/local/bin/vllmsim", "--kv-events", "{}"},
+		{"/usr/local/bin/vllmsim", "-port", "8000"},
 		{"/usr/local/bin/vllmsim", "model", "other"},
 		{"/usr/local/bin/nats-server", "-js"},
 		{"/usr/local/bin/kvmesh", "config", "get", "--no-such-flag"},

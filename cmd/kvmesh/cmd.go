@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -21,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvmesh/kvmesh/internal/buildinfo"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/sync/config"
 	"github.com/kvmesh/kvmesh/sync/config/admincli"
@@ -30,9 +30,11 @@ func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kvmesh",
 		Short:         "Prefix-cache-aware gateway for vLLM replicas",
+		Version:       buildinfo.String("kvmesh"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate("{{.Version}}\n") // kvmesh --version = kvmesh version
 	root.AddCommand(newServeCmd(), newExplainCmd(), newDoctorCmd(), newVersionCmd(), newKeygenCmd())
 	// kvmesh config get|set|patch|edit and kvmesh members, over the admin
 	// gRPC API (--admin-addr, --token).
@@ -523,11 +525,7 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			goVersion := "unknown"
-			if bi, ok := debug.ReadBuildInfo(); ok {
-				goVersion = bi.GoVersion
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "kvmesh %s (%s)\n", version, goVersion)
+			fmt.Fprintln(cmd.OutOrStdout(), buildinfo.String("kvmesh"))
 		},
 	}
 }

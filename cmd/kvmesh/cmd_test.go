@@ -137,7 +137,13 @@ func TestVersion(t *testing.T) {
 	cmd.SetOut(&out)
 	cmd.SetArgs([]string{"version"})
 	require.NoError(t, cmd.Execute())
-	assert.True(t, strings.HasPrefix(out.String(), "kvmesh dev ("), out.String())
+	assert.True(t, strings.HasPrefix(out.String(), "kvmesh dev (revision "), out.String())
+	var flagOut bytes.Buffer
+	cmd = newRootCmd()
+	cmd.SetOut(&flagOut)
+	cmd.SetArgs([]string{"--version"})
+	require.NoError(t, cmd.Execute())
+	assert.Equal(t, out.String(), flagOut.String(), "kvmesh --version = kvmesh version")
 }
 
 func TestServeRunsUntilCancelled(t *testing.T) {

@@ -111,6 +111,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.IndexMode = cfg.EffectiveIndexMode() // auto, resolved once
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}

@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 // LocalConfig, mutated by tune, and shuts it down at cleanup.
 func startNode(t testing.TB, tune func(*Config), reps ...ReplicaConfig) *Node {
 	t.Helper()
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: reps}}
 	if tune != nil {
 		tune(&cfg)
@@ -517,7 +517,7 @@ func TestShutdownDrainsAndIsIdempotent(t *testing.T) {
 	e := newFakeEngine(t, "a")
 	e.chunks.Store(4)
 	e.chunkDelay.Store(int64(50 * time.Millisecond))
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url())}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)
@@ -550,7 +550,7 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	e := newFakeEngine(t, "a")
 	e.chunks.Store(3)
 	e.chunkDelay.Store(int64(time.Hour))
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url())}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)
@@ -573,7 +573,7 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 }
 
 func TestShutdownBeforeStart(t *testing.T) {
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)
@@ -611,7 +611,7 @@ garbage line
 }
 
 func TestRecoverTurnsPanicInto500(t *testing.T) {
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)
@@ -767,7 +767,7 @@ func TestLogsNeverContainPrompts(t *testing.T) {
 	e := newFakeEngine(t, "a")
 	e.breakAfter.Store(2)
 	var logs syncBuffer
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url()), rc("dead", closedURL(t))}}}
 	n, err := New(cfg, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(t, err)
@@ -835,4 +835,14 @@ func TestCostObservationCountsContentEventsOnly(t *testing.T) {
 	assert.InDelta(t, 5, outSample, 1e-6, "completion_tokens of the usage event, not the event count")
 	stepSample := prior.DecodeStepSeconds + (got.DecodeStepSeconds-prior.DecodeStepSeconds)/alpha
 	assert.Less(t, stepSample, 0.05, "TPOT spans the content events (2 ms apart), not the 2×150 ms tail")
+}
+
+// testConfig is LocalConfig with the strategy and index mode these tests
+// were written against (prefix-cache, history), set explicitly now that
+// the defaults are cost and auto; tests of a default use LocalConfig.
+func testConfig() Config {
+	c := LocalConfig()
+	c.Strategy = route.NamePrefixCache
+	c.IndexMode = index.ModeHistory.String()
+	return c
 }

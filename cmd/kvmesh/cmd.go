@@ -104,8 +104,8 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fl.StringVar(&d.HTTPAddr, "http-addr", d.HTTPAddr, "listen address of the API, /metrics and /debug/*; all interfaces by default because it is the ingress clients reach (debug views and the admin API need the admin token)")
-	fl.StringVar(&d.Strategy, "strategy", d.Strategy, "default routing strategy: random, least-request, prefix-cache, consistent-hash or cost")
-	fl.StringVar(&d.IndexMode, "index-mode", d.IndexMode, "index mode: history, kv-events or hybrid")
+	fl.StringVar(&d.Strategy, "strategy", d.Strategy, "default routing strategy: random, least-request, prefix-cache, consistent-hash or cost (the default: best or tied on every scenario of the kvbench study)")
+	fl.StringVar(&d.IndexMode, "index-mode", d.IndexMode, "index mode: history, kv-events, hybrid, or auto (the default: hybrid when any --replica has kv= or kv-bind=, else history)")
 	fl.StringVar(&d.Tokenizer, "tokenizer", d.Tokenizer, "auto, character, tiktoken, remote, or hf:<dir> (the model's own tokenizer.json and tokenizer_config.json, as vLLM applies them)")
 	fl.IntVar(&d.MaxKeyTokens, "max-key-tokens", d.MaxKeyTokens, "key at most a prompt's first N tokens (bounds tokenizing work per request; longer prompts keep exact keys for their first N tokens)")
 	fl.DurationVar(&d.ResponseTTL, "response-ttl", d.ResponseTTL, "how long a gateway remembers which replica stored a Responses API response (previous_response_id and /v1/responses/{id} go there)")
@@ -412,7 +412,11 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // the URL is in the message below
+		}
+		return fmt.Errorf("no gateway reachable at %s (--addr; default 127.0.0.1:8080): %w", addr, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))

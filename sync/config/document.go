@@ -37,12 +37,14 @@ const (
 type RoutingConfig struct {
 	// Strategy is the default routing strategy of a model that names none:
 	// random, least-request, prefix-cache, consistent-hash or cost.
-	// Default "prefix-cache" (AIBrix v0.7 behaviour, the baseline users
-	// migrate from).
+	// Default "cost" (the kvbench study's best or tied on every scenario);
+	// a gateway seeds an empty cluster config with its own --strategy.
 	Strategy string `json:"strategy"`
 	// IndexMode is the default index mode of a model that names none:
 	// history, kv-events or hybrid. Default "history" (needs no engine
-	// configuration).
+	// configuration); a gateway seeds an empty cluster config with its own
+	// resolved mode (--index-mode auto: hybrid when a replica publishes KV
+	// events).
 	IndexMode string `json:"index_mode"`
 	// HashSeed is mixed into every block key's root; identical on every
 	// gateway because it lives here. Default 0. Changing it invalidates
@@ -205,7 +207,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 func DefaultRoutingConfig() RoutingConfig {
 	rc := route.DefaultConfig()
 	return RoutingConfig{
-		Strategy:  route.NamePrefixCache,
+		Strategy:  route.NameCost,
 		IndexMode: "history",
 		Models:    map[string]ModelConfig{},
 		PrefixCache: PrefixCacheConfig{

@@ -1071,6 +1071,51 @@ func dashboardQueries(t *testing.T) (map[string]string, []string) {
 	return exprs, varMetrics
 }
 
+// TestDashboardVariablesAndTiles: an operator filters by model, gateway and
+// replica and sets the SLO; the first row holds stat tiles; no panel
+// hard-codes the SLO; the series issue 19 added each have a panel.
+func TestDashboardVariablesAndTiles(t *testing.T) {
+	d := readDashboard(t)
+	vars := map[string]string{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v.Type
+	}
+	for name, typ := range map[string]string{"datasource": "datasource", "model": "query", "gateway": "query", "replica": "query", "slo": "custom"} {
+		if vars[name] != typ {
+			t.Errorf("variable %s: type %q, want %q", name, vars[name], typ)
+		}
+	}
+	if len(d.Panels) == 0 || d.Panels[0].Type != "row" || d.Panels[0].GridPos.Y != 0 {
+		t.Fatal("the dashboard does not start with a row")
+	}
+	tiles, width := 0, 0
+	for _, p := range d.Panels[1:] {
+		if p.Type != "stat" || p.GridPos.Y != 1 {
+			break
+		}
+		tiles++
+		width += p.GridPos.W
+	}
+	if tiles < 4 || width != 24 {
+		t.Errorf("first row: %d stat tiles %d columns wide, want at least 4 filling the 24 columns", tiles, width)
+	}
+	all := ""
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			all += tg.Expr + "\n"
+			if strings.Contains(tg.Expr, "ttft_seconds_bucket") && strings.Contains(tg.Expr, `le="2"`) {
+				t.Errorf("panel %q hard-codes a 2 s SLO instead of $slo", p.Title)
+			}
+		}
+	}
+	for _, m := range []string{"kvmesh_route_replica_decisions_total", "kvmesh_http_request_duration_seconds_bucket",
+		"kvmesh_http_added_latency_seconds_bucket", "kvmesh_route_queued_prefill_tokens", "$gateway", "$replica", "$slo"} {
+		if !strings.Contains(all, m) {
+			t.Errorf("no panel reads %s", m)
+		}
+	}
+}
+
 func TestDashboardLayout(t *testing.T) {
 	d := readDashboard(t)
 	if d.UID != "kvmesh" {

@@ -145,6 +145,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	n.probeDone = map[*replica]chan struct{}{}
 
 	n.m = newMetrics()
+	n.m.reg.MustRegister(queuedPrefillCollector{n})
 	n.owners = newResponseOwners(cfg.MaxResponseOwners, cfg.ResponseTTL)
 	n.transport = newTransport(cfg)
 	if !cfg.UpstreamHTTP2 {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -511,6 +512,40 @@ func TestMetricsEndpointIsPerNode(t *testing.T) {
 	for _, name := range []string{"kvmesh_index_entries", "kvmesh_proxy_inflight", "kvmesh_route_decision_seconds", "kvmesh_route_match_fraction", "kvmesh_proxy_ttft_seconds"} {
 		assert.Contains(t, m1, name)
 	}
+	// Issue 19's series: where requests went, what they took end to end
+	// and what the gateway added, the queued prefill, the build.
+	assert.Contains(t, m1, `kvmesh_route_replica_decisions_total{model="m",replica="a"} 1`+"\n")
+	assert.Contains(t, m1, `kvmesh_http_request_duration_seconds_count{model="m"} 1`+"\n")
+	assert.Contains(t, m1, "kvmesh_http_added_latency_seconds_count 1\n")
+	assert.Contains(t, m1, `kvmesh_route_queued_prefill_tokens{model="m",replica="a"} 0`+"\n", "released at the first byte")
+	assert.Regexp(t, `kvmesh_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1\n`, m1)
+	assert.Contains(t, m2, "kvmesh_http_added_latency_seconds_count 0\n")
+}
+
+// TestQueuedPrefillGaugeWhileWaiting: the gauge shows a request's uncached
+// prompt tokens while the engine has not answered, and 0 after.
+func TestQueuedPrefillGaugeWhileWaiting(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.firstDelay.Store(int64(time.Second))
+	n := startNode(t, nil, rc("a", e.url()))
+	get := func() string {
+		resp, err := http.Get("http://" + n.HTTPAddr() + "/metrics")
+		require.NoError(t, err)
+		return readAll(t, resp)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/completions", "application/json", strings.NewReader(streamReq))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	queued := regexp.MustCompile(`kvmesh_route_queued_prefill_tokens\{model="m",replica="a"\} ([1-9][0-9]*)\n`)
+	require.Eventually(t, func() bool { return queued.MatchString(get()) }, 10*time.Second, 5*time.Millisecond)
+	<-done
+	assert.Contains(t, get(), `kvmesh_route_queued_prefill_tokens{model="m",replica="a"} 0`+"\n")
 }
 
 func TestShutdownDrainsAndIsIdempotent(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/internal/buildinfo"
+	"github.com/kvmesh/kvmesh/internal/logx"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/sync/config"
 	"github.com/kvmesh/kvmesh/sync/config/admincli"
@@ -281,11 +282,13 @@ func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: %w", level, err)
 	}
 	opts := &slog.HandlerOptions{Level: l}
+	// Dedup: components add their own context (component, replica) to
+	// the logger they are given; each key appears once per line.
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(logx.Dedup(slog.NewTextHandler(w, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(logx.Dedup(slog.NewJSONHandler(w, opts))), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/internal/buildinfo"
+	"github.com/kvmesh/kvmesh/internal/logx"
 )
 
 func main() {
@@ -52,7 +53,7 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(*sim.Ser
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level}))
+	log := slog.New(logx.Dedup(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level})))
 	cfg.Logger = log
 	s, err := sim.NewServer(cfg)
 	if err != nil {

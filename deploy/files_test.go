@@ -304,6 +304,49 @@ func TestGatewayConfigsValidate(t *testing.T) {
 	}
 }
 
+// TestGatewayConfigKeysInReference: every key the example gateway files
+// use is a row of the generated reference (docs/config.md), so the files'
+// comments can send readers there and a renamed knob fails here.
+func TestGatewayConfigKeysInReference(t *testing.T) {
+	ref, err := os.ReadFile("../docs/config.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for line := range strings.Lines(string(ref)) {
+		if k, ok := strings.CutPrefix(line, "| `"); ok {
+			k, _, _ = strings.Cut(k, "`")
+			keys[k] = true
+		}
+	}
+	if !keys["strategy"] || !keys["models[].replicas[].url"] {
+		t.Fatalf("docs/config.md has no gateway key table (%d keys)", len(keys))
+	}
+	var walk func(path, prefix string, v any)
+	walk = func(path, prefix string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, sub := range x {
+				key := prefix + k
+				if !keys[key] && !keys[key+"[]"] {
+					t.Errorf("%s: key %q is not in docs/config.md", path, key)
+					continue
+				}
+				walk(path, key+".", sub)
+			}
+		case []any:
+			for _, e := range x {
+				walk(path, strings.TrimSuffix(prefix, ".")+"[].", e)
+			}
+		}
+	}
+	for _, path := range gatewayConfigs {
+		for _, doc := range readYAMLFile(t, path) {
+			walk(path, "", doc)
+		}
+	}
+}
+
 // replicaNames lists a gateway config's replica names in order.
 func replicaNames(t *testing.T, path string) []string {
 	t.Helper()

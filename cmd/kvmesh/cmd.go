@@ -39,7 +39,13 @@ func newRootCmd() *cobra.Command {
 	root.AddCommand(newServeCmd(), newExplainCmd(), newDoctorCmd(), newVersionCmd(), newKeygenCmd())
 	// kvmesh config get|set|patch|edit and kvmesh members, over the admin
 	// gRPC API (--admin-addr, --token).
-	root.AddCommand(admincli.Commands()...)
+	admin := admincli.Commands()
+	for _, c := range admin {
+		if c.Name() == "config" {
+			c.AddCommand(newConfigReferenceCmd()) // configref.go
+		}
+	}
+	root.AddCommand(admin...)
 	root.AddCommand(newChaosCmd(), newFaultproxyCmd()) // chaos.go, faultproxy.go
 	return root
 }

@@ -323,3 +323,25 @@ func TestServeClusterNeedsKey(t *testing.T) {
 	assert.Equal(t, "n.creds", cfg.Cluster.NATSCredentialsFile)
 	assert.Equal(t, "ca.pem", cfg.Cluster.NATSTLS.CAFile)
 }
+
+// TestConfigReferenceCurrent fails when docs/config.md is not what
+// `kvmesh config reference` generates from the config types; regenerate
+// with: go run ./cmd/kvmesh config reference -o docs/config.md
+func TestConfigReferenceCurrent(t *testing.T) {
+	var b bytes.Buffer
+	require.NoError(t, writeConfigReference(&b))
+	got, err := os.ReadFile("../../docs/config.md")
+	require.NoError(t, err)
+	if !bytes.Equal(got, b.Bytes()) {
+		t.Fatal("docs/config.md is stale: run go run ./cmd/kvmesh config reference -o docs/config.md")
+	}
+	// Every knob is there, with its default and its flag.
+	for _, row := range []string{
+		"| `strategy` | string | `cost` | `--strategy` |",
+		"| `index_mode` | string | `auto` | `--index-mode` |",
+		"| `cluster.admin_addr` | string | `0.0.0.0:7948` | `--admin-addr` |",
+		"| `cost.alpha` | float64 | `0.2` | `route.cost.alpha` |",
+	} {
+		assert.Contains(t, b.String(), row)
+	}
+}

@@ -166,9 +166,14 @@ type IndexConfig struct {
 // SLOConfig holds the targets a request is judged against (the study's
 // SLO: TTFT ≤ 2 s, TPOT ≤ 150 ms, E2E ≤ 30 s). Zero disables a target.
 type SLOConfig struct {
+	// TTFT is the longest time to first token that meets the SLO.
+	// Default 2s.
 	TTFT Duration `json:"ttft"`
+	// TPOT is the longest mean time per output token after the first.
+	// Default 150ms.
 	TPOT Duration `json:"tpot"`
-	E2E  Duration `json:"e2e"`
+	// E2E is the longest whole-request time. Default 30s.
+	E2E Duration `json:"e2e"`
 }
 
 // Duration is a time.Duration whose JSON form is a Go duration string

@@ -59,6 +59,7 @@ type serveFlags struct {
 	logLevel   string
 	logFormat  string
 	cfg        node.Config // flag targets, copied over the file's values when set
+	route      []routeFlag // --prefix-cache-*, --consistent-hash-*, --cost-* (routeflags.go)
 }
 
 func newServeCmd() *cobra.Command {
@@ -133,6 +134,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.StringVar(&d.TokenizerAgreement, "tokenizer-agreement", d.TokenizerAgreement, "probe each KV-event replica's /tokenize against the gateway's tokenizer: switch (use the engine's on disagreement), probe (report only) or off")
 	fl.IntVar(&d.MaxInFlight, "max-in-flight", d.MaxInFlight, "requests this gateway handles at once before answering 429 with Retry-After (0: no limit); the default covers ~16 busy vLLM replicas")
 	fl.BoolVar(&d.DebugPublic, "debug-public", d.DebugPublic, "serve /debug/route and /debug/replicas without the admin token (they reveal which prompts are cached)")
+	f.route = addRouteFlags(fl, &d.Route)
 
 	c := &d.Cluster
 	fl.BoolVar(&c.Enabled, "cluster", c.Enabled, "run as a cluster member (implied by --join and --bootstrap-expect)")
@@ -209,6 +211,7 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("tokenizer-agreement", func() { cfg.TokenizerAgreement = d.TokenizerAgreement })
 	set("max-in-flight", func() { cfg.MaxInFlight = d.MaxInFlight })
 	set("debug-public", func() { cfg.DebugPublic = d.DebugPublic })
+	applyRouteFlags(fs, f.route, &cfg.Route, d.Route)
 
 	c, fc := &cfg.Cluster, &d.Cluster
 	set("cluster", func() { c.Enabled = fc.Enabled })

@@ -340,8 +340,47 @@ func TestConfigReferenceCurrent(t *testing.T) {
 		"| `strategy` | string | `cost` | `--strategy` |",
 		"| `index_mode` | string | `auto` | `--index-mode` |",
 		"| `cluster.admin_addr` | string | `0.0.0.0:7948` | `--admin-addr` |",
-		"| `cost.alpha` | float64 | `0.2` | `route.cost.alpha` |",
+		"| `cost.alpha` | float64 | `0.2` | `route.cost.alpha`, `--cost-alpha` |",
+		"| `route.cost.alpha` | float64 | `0.2` | `--cost-alpha` |",
+		"| `cluster.admin_tls.cert_file` | string | \"\" | `--admin-tls-cert` |",
 	} {
 		assert.Contains(t, b.String(), row)
+	}
+}
+
+// TestRouteKnobFlags: every strategy parameter has a flag named after its
+// cluster-document key; a flag given wins over the YAML file's route:
+// value, one not given leaves it.
+func TestRouteKnobFlags(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kvmesh.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(`
+route:
+  cost:
+    alpha: 0.4
+    chunktokens: 1024
+models:
+  - name: M
+    replicas: [{name: a, url: "http://127.0.0.1:8001"}]
+`), 0o600))
+	cfg, err := parseServe(t, "--config", path, "--cost-alpha", "0.5", "--prefix-cache-stddev-factor", "3",
+		"--consistent-hash-virtual-nodes", "50", "--prefix-cache-local-load")
+	require.NoError(t, err)
+	assert.Equal(t, 0.5, cfg.Route.Cost.Alpha, "the flag wins over the file")
+	assert.Equal(t, 1024, cfg.Route.Cost.ChunkTokens, "the file's value stays")
+	assert.Equal(t, 3.0, cfg.Route.PrefixCache.StdDevFactor)
+	assert.True(t, cfg.Route.PrefixCache.LocalLoad)
+	assert.Equal(t, 50, cfg.Route.ConsistentHash.VirtualNodes)
+
+	// One flag per field of each section of the cluster document.
+	cmd, f := newServeCmdFlags()
+	n := 0
+	for _, sec := range routeSections {
+		n += sec.mirror.NumField()
+	}
+	n -= 2 // prefix_cache.block_size and .tokenizer: --block-size, --tokenizer
+	assert.Len(t, f.route, n)
+	for _, rf := range f.route {
+		assert.NotNil(t, cmd.Flags().Lookup(rf.name))
 	}
 }

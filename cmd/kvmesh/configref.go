@@ -165,12 +165,28 @@ func defaultText(v reflect.Value) string {
 // the key's last part with dashes (http_addr → --http-addr), or with the
 // cluster- prefix for cluster.* keys whose short name is taken.
 func gatewayFlag(fs *pflag.FlagSet, key string) string {
-	if strings.Contains(key, "[]") || strings.HasPrefix(key, "route.") {
+	if strings.HasPrefix(key, "route.") {
+		for _, rf := range addRouteFlags(pflag.NewFlagSet("", pflag.ContinueOnError), new(route.Config)) {
+			if rf.yamlKey == key {
+				return "`--" + rf.name + "`"
+			}
+		}
+		return ""
+	}
+	if strings.Contains(key, "[]") {
 		return ""
 	}
 	last := key[strings.LastIndex(key, ".")+1:]
 	cands := []string{strings.ReplaceAll(last, "_", "-")}
-	if strings.HasPrefix(key, "cluster.") {
+	if parts := strings.Split(key, "."); len(parts) == 3 && parts[0] == "cluster" {
+		// cluster.admin_tls.cert_file → --admin-tls-cert
+		sec, ok := strings.CutSuffix(parts[1], "_tls")
+		file, ok2 := strings.CutSuffix(parts[2], "_file")
+		if !ok || !ok2 {
+			return ""
+		}
+		cands = []string{strings.ReplaceAll(sec, "_", "-") + "-tls-" + file}
+	} else if strings.HasPrefix(key, "cluster.") {
 		cands = append([]string{"cluster-" + cands[0]}, cands...)
 		switch key {
 		case "cluster.enabled":

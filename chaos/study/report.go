@@ -340,10 +340,14 @@ func CalibrationTable(res *Results) (Table, bool) {
 	t := Table{
 		Title: "Calibration: ours vs the seed study (history mode, 1 gateway)",
 		Header: []string{"scenario / round", "strategy", "TTFT P95 s ours | seed", "TPOT P95 ms ours | seed",
-			"token hit ours | seed", "pass ours | seed (of 96)", "A / B ours | seed"},
-		Notes: []string{"Seed: AIBrix v0.7.0, 2× vLLM Qwen3.8-27B-FP8 on one L20 each, tables in study-zh.txt §4–5. " +
-			"Ours: the simulator profile named in the config, in model time. A/B = the first / second replica; " +
-			"in hot scenarios B (the second) holds the hot group, as in the seed."},
+			"token hit ours | seed", "pass ours | seed", "A / B ours | seed", "calibration"},
+		Notes: []string{"Seed study: the AIBrix v0.7.0 prefix-cache routing experiment (2× vLLM serving Qwen3.8-27B-FP8, " +
+			"one L20 GPU each, one gateway, 96 arrivals per phase at 1.6 RPS; its published tables are reproduced in " +
+			"chaos/study/seed.go, SeedTable). Ours: the simulator profile named in the config, in model time. " +
+			"Counts are like for like: the seed's pass and A / B counts are scaled from its 96 arrivals to ours. " +
+			"A/B = the first / second replica; in hot scenarios B (the second) holds the hot group, as in the seed.",
+			fmt.Sprintf("Calibration flags a miss beyond the tolerance: TTFT and TPOT P95 within ×%.0f of the seed's, "+
+				"passes within %.0f%% of the arrivals of the seed's scaled count.", calTimeFactor, 100*calPassShare)},
 	}
 	for _, sr := range SeedTable {
 		for _, r := range res.Runs {
@@ -351,13 +355,15 @@ func CalibrationTable(res *Results) (Table, bool) {
 				continue
 			}
 			names := replicaNames([]Run{r})
+			scaled := func(n int) int { return (n*r.Arrivals + SeedArrivals/2) / SeedArrivals }
 			t.Rows = append(t.Rows, []string{
 				fmt.Sprintf("%s / %d", sr.Scenario, sr.Round), sr.Strategy,
 				fmt.Sprintf("%s | %.3f", fnum(r.TTFTP95, 3), sr.TTFTP95),
 				fmt.Sprintf("%s | %.1f", fnum(r.TPOTP95, 1), sr.TPOTP95),
 				fmt.Sprintf("%s | %.1f%%", fpct(r.TokenHitRate), 100*sr.HitRate),
-				fmt.Sprintf("%d/%d | %d", r.SLOPass, r.Arrivals, sr.SLOPass),
-				fmt.Sprintf("%s | %d / %d", joinCounts(r.PerReplica, names), sr.A, sr.B),
+				fmt.Sprintf("%d | %d of %d", r.SLOPass, scaled(sr.SLOPass), r.Arrivals),
+				fmt.Sprintf("%s | %d / %d", joinCounts(r.PerReplica, names), scaled(sr.A), scaled(sr.B)),
+				calibrationMisses(r, sr, scaled(sr.SLOPass)),
 			})
 		}
 	}
@@ -702,6 +708,40 @@ func CalibrationCheck(res *Results) (Table, bool) {
 		}
 	}
 	return t, len(t.Rows) > 0
+}
+
+// SeedArrivals is the seed study's arrivals per phase.
+const SeedArrivals = 96
+
+// Calibration tolerances: a P95 time more than calTimeFactor times the
+// seed's (or less than 1/calTimeFactor of it), or a pass count further
+// than calPassShare of the arrivals from the seed's scaled count, is a
+// miss the report names.
+const (
+	calTimeFactor = 2.0
+	calPassShare  = 0.15
+)
+
+// calibrationMisses names r's misses against the seed row, or "ok".
+func calibrationMisses(r Run, sr SeedRow, seedPass int) string {
+	var miss []string
+	ratio := func(name string, ours, seed float64, unit string) {
+		if math.IsNaN(ours) || seed <= 0 {
+			return
+		}
+		if f := ours / seed; f > calTimeFactor || f < 1/calTimeFactor {
+			miss = append(miss, fmt.Sprintf("MISS %s ×%.1f (%.3g vs %.3g %s)", name, f, ours, seed, unit))
+		}
+	}
+	ratio("TTFT", float64(r.TTFTP95), sr.TTFTP95, "s")
+	ratio("TPOT", float64(r.TPOTP95), sr.TPOTP95, "ms")
+	if d := r.SLOPass - seedPass; math.Abs(float64(d)) > calPassShare*float64(r.Arrivals) {
+		miss = append(miss, fmt.Sprintf("MISS pass %+d", d))
+	}
+	if len(miss) == 0 {
+		return "ok"
+	}
+	return strings.Join(miss, "; ")
 }
 
 // bootstrapLayout returns the warm phase's index layout ("4/4") and

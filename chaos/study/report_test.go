@@ -38,6 +38,32 @@ func TestBeatCheck(t *testing.T) {
 	assert.Equal(t, "misses pass, TTFT, hit rate", tab.Rows[1][5])
 }
 
+// TestCalibrationLikeForLikeAndMisses: a 48-arrival run is compared with
+// the seed's counts scaled to 48, and a TTFT ten times the seed's is
+// flagged as a miss with the tolerance.
+func TestCalibrationLikeForLikeAndMisses(t *testing.T) {
+	res := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{
+		run("warm", 1, "prefix-cache", "history", 47, 3.1, 0.93, 24, 24),
+		run("hot50", 1, "least-request", "history", 30, 1.8, 0.85, 24, 24),
+	}}
+	res.Runs[0].Arrivals, res.Runs[1].Arrivals = 48, 48
+	cal, ok := study.CalibrationTable(res)
+	require.True(t, ok)
+	require.Len(t, cal.Rows, 2)
+	byScenario := map[string][]string{}
+	for _, r := range cal.Rows {
+		byScenario[r[0]] = r
+	}
+	warm := byScenario["warm / 1"]
+	assert.Equal(t, "47 | 48 of 48", warm[5], "the seed's 96 of 96 scaled to 48")
+	assert.Equal(t, "24 / 24 | 24 / 24", warm[6])
+	assert.Contains(t, warm[7], "MISS TTFT ×9.5")
+	hot := byScenario["hot50 / 1"]
+	assert.Equal(t, "30 | 48 of 48", hot[5])
+	assert.Equal(t, "MISS pass -18", hot[7])
+	assert.Contains(t, strings.Join(cal.Notes, " "), "within ×2")
+}
+
 func TestCalibrationAndVerdict(t *testing.T) {
 	res := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{
 		run("hot50", 1, "least-request", "history", 96, 1.7, 0.85, 48, 48),
@@ -50,7 +76,7 @@ func TestCalibrationAndVerdict(t *testing.T) {
 	cal, ok := study.CalibrationTable(res)
 	require.True(t, ok)
 	require.Len(t, cal.Rows, 4, "history runs only, each next to its seed row")
-	assert.Equal(t, []string{"hot50 / 1", "least-request", "1.700 | 1.767", "— | 71.6", "85.0% | 85.4%", "96/96 | 96", "48 / 48 | 48 / 48"}, cal.Rows[0])
+	assert.Equal(t, []string{"hot50 / 1", "least-request", "1.700 | 1.767", "— | 71.6", "85.0% | 85.4%", "96 | 96 of 96", "48 / 48 | 48 / 48", "ok"}, cal.Rows[0])
 
 	v := study.Verdict(res, "hot50")
 	assert.True(t, strings.HasPrefix(v, "**hot50**: best least-request@history/g1 (96+94 = 190/192 pass"), v)

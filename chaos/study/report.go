@@ -212,20 +212,56 @@ func runTable(title string, runs []Run) Table {
 	names := replicaNames(runs)
 	rs := slices.Clone(runs)
 	slices.SortStableFunc(rs, func(a, b Run) int { return a.Round - b.Round })
+	reqHead, waitHead := strings.Join(names, " / ")+" requests", "max waiting "+strings.Join(names, " / ")
+	if len(names) > maxListedReplicas {
+		reqHead, waitHead = "requests per replica (min / median / max; top 3)", "max waiting per replica (min / median / max; top 3)"
+	}
 	t := Table{
 		Title: title,
 		Header: []string{"round", "strategy", "TTFT P95 s", "TPOT P95 ms", "E2E P95 s", "token hit",
-			"pass / arrivals", "failed", strings.Join(names, " / ") + " requests",
-			"max waiting " + strings.Join(names, " / "), "selection"},
+			"pass / arrivals", "failed", reqHead, waitHead, "selection"},
+	}
+	if len(names) > maxListedReplicas {
+		t.Notes = append(t.Notes, fmt.Sprintf("%d replicas: per-replica figures are summarized here; "+
+			"results.json (per_replica, max_waiting) and report.html keep every replica's.", len(names)))
 	}
 	for _, r := range rs {
 		t.Rows = append(t.Rows, []string{
 			fmt.Sprint(r.Round), r.Strategy, fnum(r.TTFTP95, 3), fnum(r.TPOTP95, 1), fnum(r.E2EP95, 2),
 			fpct(r.TokenHitRate), fmt.Sprintf("%d / %d", r.SLOPass, r.Arrivals), fmt.Sprint(r.Failed),
-			joinCounts(r.PerReplica, names), joinCounts(r.MaxWaiting, names), selectionString(r.Selection),
+			countsCell(r.PerReplica, names), countsCell(r.MaxWaiting, names), selectionString(r.Selection),
 		})
 	}
 	return t
+}
+
+// maxListedReplicas is the most replicas whose figures a table cell lists
+// one by one; more are summarized (countsCell).
+const maxListedReplicas = 8
+
+// countsCell lists m's counts in names' order, or, for more than
+// maxListedReplicas names, summarizes them: min / median / max and the
+// three largest with their replica.
+func countsCell(m map[string]int, names []string) string {
+	if len(names) <= maxListedReplicas {
+		return joinCounts(m, names)
+	}
+	vals := make([]int, len(names))
+	order := slices.Clone(names)
+	for i, n := range names {
+		vals[i] = m[n]
+	}
+	slices.Sort(vals)
+	slices.SortStableFunc(order, func(a, b string) int { return m[b] - m[a] })
+	med := vals[len(vals)/2]
+	if len(vals)%2 == 0 {
+		med = (vals[len(vals)/2-1] + vals[len(vals)/2]) / 2
+	}
+	top := make([]string, 0, 3)
+	for _, n := range order[:3] {
+		top = append(top, fmt.Sprintf("%s %d", n, m[n]))
+	}
+	return fmt.Sprintf("%d / %d / %d; %s", vals[0], med, vals[len(vals)-1], strings.Join(top, ", "))
 }
 
 func scenariosOf(res *Results) []string {

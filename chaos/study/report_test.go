@@ -2,6 +2,7 @@ package study_test
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -192,4 +193,33 @@ func TestTableMarkdownEscapesPipes(t *testing.T) {
 	require.Equal(t, `| scenario | pass cost \| best(LR,PC) | verdict |`, lines[0])
 	require.Equal(t, "|---|---|---|", lines[1])
 	require.Equal(t, `| cold / 1 | 79 \| 57 | meets |`, lines[2])
+}
+
+// TestPerReplicaSummaryAtScale: with 128 replicas a phase table's cell
+// holds min / median / max and the top three, not 128 values; small runs
+// keep the full list.
+func TestPerReplicaSummaryAtScale(t *testing.T) {
+	r := run("hot50", 1, "cost", "history", 90, 1.5, 0.9, 0, 0)
+	r.Replicas = 128
+	r.PerReplica, r.MaxWaiting = map[string]int{}, map[string]int{}
+	for i := range 128 {
+		name := fmt.Sprintf("r%03d", i)
+		r.PerReplica[name] = i % 10 // 0..9, r009 first of the nines
+		r.MaxWaiting[name] = 1
+	}
+	r.PerReplica["r100"] = 500
+	res := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{r}}
+	var md bytes.Buffer
+	require.NoError(t, study.WriteMarkdown(&md, res))
+	out := md.String()
+	assert.Contains(t, out, "requests per replica (min / median / max; top 3)")
+	assert.Contains(t, out, "0 / 4 / 500; r100 500, r009 9, r019 9")
+	assert.Contains(t, out, "1 / 1 / 1; ")
+	assert.NotContains(t, out, "r000 / r001", "no 128-name header")
+	assert.Contains(t, out, "128 replicas: per-replica figures are summarized")
+
+	small := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{run("hot50", 1, "cost", "history", 90, 1.5, 0.9, 40, 56)}}
+	md.Reset()
+	require.NoError(t, study.WriteMarkdown(&md, small))
+	assert.Contains(t, md.String(), "40 / 56")
 }

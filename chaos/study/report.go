@@ -480,7 +480,7 @@ const SyncTolerance = 2.0
 // the study has no such pair.
 func SyncCheck(res *Results) (Table, bool) {
 	t := Table{
-		Title: "Gateway cluster: N gateways vs 1 (issue 6; SLO pass and token hit within 2 points)",
+		Title: "Gateway cluster: N gateways vs 1 (goal: SLO pass and token hit within 2 points of one gateway)",
 		Header: []string{"scenario / round", "mode", "strategy", "gateways", "pass 1 | synced | isolated",
 			"token hit 1 | synced | isolated", "synced within 2 points"},
 	}
@@ -610,6 +610,7 @@ func WriteMarkdown(w io.Writer, res *Results) error {
 	fmt.Fprintf(w, "Engine `%s`, profile `%s`, %s, speed %g (all times are model time), %g RPS, %d arrivals per phase, "+
 		"in-flight cap %d, max_tokens %d, %d replicas, seed %d, %d round(s) (even rounds run the strategies in reverse).\n\n",
 		c.Engine, c.Profile, blockSizeText(c), c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.MaxTokens, c.Replicas, c.Seed, c.Rounds)
+	writeTerms(w)
 	fmt.Fprintf(w, "Pass = complete stream (HTTP 200, content, [DONE], exactly max_tokens completion tokens) and "+
 		"TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v, over scheduled arrivals (unsent arrivals count as failures). "+
 		"P95 by linear interpolation over successful requests. Token hit = Δvllm:prefix_cache_hits_total / "+
@@ -680,7 +681,7 @@ var indexBlind = map[string]bool{"random": true, "least-request": true, "consist
 // scaled when a phase has other than 96 arrivals.
 func CalibrationCheck(res *Results) (Table, bool) {
 	t := Table{
-		Title:  "Calibration criteria (issue 5; history mode, 1 gateway)",
+		Title:  "Calibration criteria (the seed study's findings, scaled to our arrivals; history mode, 1 gateway)",
 		Header: []string{"round", "criterion", "measured", "verdict"},
 	}
 	find := func(sc string, round int, strat string) *Run {
@@ -744,6 +745,21 @@ func CalibrationCheck(res *Results) (Table, bool) {
 		}
 	}
 	return t, len(t.Rows) > 0
+}
+
+// writeTerms explains, once, the words every table below uses.
+func writeTerms(w io.Writer) {
+	fmt.Fprint(w, "**Terms.** The *seed study* is the AIBrix v0.7.0 prefix-cache routing experiment this harness reproduces "+
+		"(two vLLM replicas, one gateway, 96 arrivals per phase; its table is `SeedTable` in chaos/study/seed.go). "+
+		"A *scenario* is a workload over groups of documents: *cold* (nothing cached), *warm* (each document sent once before "+
+		"the phase, so it is cached on some replica and known to the index), *hot50* / *hot90* (50 % / 90 % of arrivals go to one "+
+		"hot group, placed on one replica first), *multiturn* (sessions that extend their own chat). "+
+		"A *strategy* picks the replica: *random*, *least-request*, *prefix-cache* (AIBrix's: longest cached prefix unless load is imbalanced), "+
+		"*consistent-hash*, *cost* (kvmesh's estimate of time to first token). The *index mode* is what the gateway believes is cached: "+
+		"*history* (its own past decisions), *kv-events* (the engines' KV-cache events), *hybrid* (both). "+
+		"A *phase* is one scenario × round × strategy × mode × gateways run, named like `r1-hot50-cost@hybrid/g8` "+
+		"(round 1, hot50, cost, hybrid index, 8 gateways; `-isolated` when they share nothing). "+
+		"*P95* is the 95th percentile; *TTFT* time to first token, *TPOT* time per output token after it, *E2E* the whole request.\n\n")
 }
 
 // SeedArrivals is the seed study's arrivals per phase.

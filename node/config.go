@@ -63,13 +63,16 @@ type Config struct {
 
 	// Strategy is the routing strategy used when a request carries no
 	// "routing-strategy" header: random, least-request, prefix-cache,
-	// consistent-hash or cost. Default "prefix-cache": AIBrix v0.7's
-	// behaviour, the baseline users migrate from.
+	// consistent-hash or cost. Default "cost": the project's own study
+	// (kvbench) rates it best or tied on every scenario, and prefix-cache
+	// (AIBrix v0.7's behaviour) worst on warm and hot50.
 	Strategy string `yaml:"strategy"`
 
-	// IndexMode is history, kv-events or hybrid (see index.Mode). Default
-	// "history": it needs no engine configuration; hybrid uses KV events
-	// where a replica publishes them.
+	// IndexMode is history, kv-events or hybrid (see index.Mode), or auto.
+	// Default "auto": hybrid when any replica publishes KV events (kv= or
+	// kv_bind=), the study's best mode, else history, which needs no engine
+	// configuration. New resolves auto once, from the replicas it starts
+	// with; a cluster seeds its raft config with the resolved mode.
 	IndexMode string `yaml:"index_mode"`
 
 	// Tokenizer turns prompts into tokens for block hashing: auto,
@@ -315,8 +318,8 @@ func (r ReplicaConfig) PublishesKVEvents() bool { return r.KVEndpoint != "" || r
 func DefaultConfig() Config {
 	return Config{
 		HTTPAddr:                ":8080",
-		Strategy:                "prefix-cache",
-		IndexMode:               "history",
+		Strategy:                route.NameCost,
+		IndexMode:               IndexModeAuto,
 		Tokenizer:               TokenizerAuto,
 		MaxKeyTokens:            DefaultMaxKeyTokens,
 		ResponseTTL:             24 * time.Hour,
@@ -431,9 +434,30 @@ func knownStrategy(s string) bool {
 	return err == nil
 }
 
-// Mode returns the parsed IndexMode. Valid only after Validate succeeded.
+// IndexModeAuto is the default IndexMode: hybrid when any replica
+// publishes KV events, history otherwise (EffectiveIndexMode).
+const IndexModeAuto = "auto"
+
+// EffectiveIndexMode resolves IndexModeAuto (and empty) against the
+// replicas: hybrid when any publishes KV events, else history.
+func (c *Config) EffectiveIndexMode() string {
+	if c.IndexMode != IndexModeAuto && c.IndexMode != "" {
+		return c.IndexMode
+	}
+	for _, m := range c.Models {
+		for _, r := range m.Replicas {
+			if r.PublishesKVEvents() {
+				return index.ModeHybrid.String()
+			}
+		}
+	}
+	return index.ModeHistory.String()
+}
+
+// Mode returns the parsed effective IndexMode. Valid only after Validate
+// succeeded.
 func (c *Config) Mode() index.Mode {
-	m, _ := index.ParseMode(c.IndexMode)
+	m, _ := index.ParseMode(c.EffectiveIndexMode())
 	return m
 }
 
@@ -442,7 +466,7 @@ func (c *Config) EffectiveTokenizer() string {
 	if c.Tokenizer != TokenizerAuto && c.Tokenizer != "" {
 		return c.Tokenizer
 	}
-	if c.IndexMode == "history" || c.IndexMode == "" {
+	if c.EffectiveIndexMode() == "history" {
 		return TokenizerCharacter
 	}
 	return TokenizerTiktoken
@@ -472,8 +496,8 @@ func (c *Config) Validate() error {
 	if !knownStrategy(c.Strategy) {
 		bad("strategy %q unknown (want one of %s)", c.Strategy, strings.Join(route.Names(), ", "))
 	}
-	if _, err := index.ParseMode(c.IndexMode); err != nil {
-		bad("index_mode: %v", err)
+	if _, err := index.ParseMode(c.EffectiveIndexMode()); err != nil {
+		bad("index_mode: %v (or auto)", err)
 	}
 	switch {
 	case c.Tokenizer == TokenizerAuto, c.Tokenizer == TokenizerCharacter, c.Tokenizer == TokenizerTiktoken, c.Tokenizer == TokenizerRemote:

@@ -173,6 +173,7 @@ func (t *table) poolOf(model string) (*pool, string, *apiError) {
 // routes it and proxies it.
 func (n *Node) serveEndpoint(ep *endpoint) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		arrived := time.Now()
 		n.active.add()
 		defer n.active.done()
 		if !ep.allows(r.Method) {
@@ -199,6 +200,7 @@ func (n *Node) serveEndpoint(ep *endpoint) http.HandlerFunc {
 			n.refuse(w, aerr)
 			return
 		}
+		req.arrived = arrived
 		if sid := r.Header.Get(HeaderSession); sid != "" {
 			req.user = sid
 		}

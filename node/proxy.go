@@ -100,6 +100,7 @@ const (
 // serveInference is the handler of /v1/completions and /v1/chat/completions.
 func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		arrived := time.Now()
 		n.active.add()
 		defer n.active.done()
 		if r.Method != http.MethodPost {
@@ -117,6 +118,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			n.refuse(w, aerr)
 			return
 		}
+		req.arrived = arrived
 		if sid := headerValue(r.Header, canonSession); sid != "" {
 			req.user = sid
 		}
@@ -199,6 +201,7 @@ func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
 	s := n.m.decisionSeries(decisionKey{p.model, dec.strategy.Name(), dec.d.Selection.String()})
 	s.took.Observe(took.Seconds())
 	s.decisions.Inc()
+	dec.rep.mPicked.Inc()
 	frac := 0.0
 	if dec.req.TotalBlocks > 0 {
 		frac = float64(dec.matched) / float64(dec.req.TotalBlocks)
@@ -267,6 +270,9 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	}()
 
 	start := time.Now()
+	if !req.arrived.IsZero() {
+		n.m.addedLatency.Observe(start.Sub(req.arrived).Seconds())
+	}
 	var (
 		resp *http.Response
 		uc   *upConn
@@ -335,6 +341,9 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	res := n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, releaseQueued)
 	clean = !res.clientGone && res.err == nil
 	n.m.request(rep.model, statusClass(resp.StatusCode)).Inc()
+	if !req.arrived.IsZero() {
+		n.m.duration(rep.model).Observe(time.Since(req.arrived).Seconds())
+	}
 
 	switch {
 	case res.clientGone && shutdownCut(r):

@@ -15,7 +15,7 @@ import (
 // longest walk): the confirmed run at routing time and the comparison with
 // the response's usage (window update, metrics).
 func BenchmarkSelfCheck(b *testing.B) {
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Tokenizer = TokenizerCharacter
 	cfg.BlockSize = 16
 	cfg.IndexMode = "kv-events"

@@ -55,14 +55,7 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 		s.keys = n.hasher.AppendKeys(s.keys, root, toks)
 		promptTokens = len(toks)
 	}
-	rr := route.Request{
-		TotalBlocks:  len(s.keys),
-		BlockTokens:  n.hasher.BlockTokens(),
-		PromptTokens: promptTokens,
-		MaxTokens:    req.maxTokens,
-		SessionKey:   sessionKey(req.user, root, s.keys),
-	}
-	return rr, s.keys
+	return route.NewRequest(s.keys, root, n.hasher.BlockTokens(), promptTokens, req.maxTokens, req.user), s.keys
 }
 
 // tokenize encodes the prompt with the remote tokenizer when configured

@@ -1,6 +1,8 @@
 package route
 
 import (
+	"math"
+
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -114,14 +116,17 @@ type Routed struct {
 	Decision Decision
 	// Matched is the number of leading blocks the picked replica is
 	// believed to hold, and Uncached the prompt work it still has to
-	// prefill (Request.UncachedTokens).
+	// prefill (Request.UncachedTokens, in the keys' units: what the caller
+	// adds to the replica's queued prefill).
 	Matched, Uncached int
 	// Ledger is where the caller records the decision once the replica
 	// accepted the request (see LedgerFor).
 	Ledger index.Ledger
 	// Observation is what the cost model learns from this request, to be
 	// completed with Stream when its stream ends (and passed to
-	// Model.Observe).
+	// Model.Observe): the uncached work in engine tokens
+	// (Request.UnitsPerToken) and the queue the strategy estimated, if it
+	// estimated one (cost does).
 	Observation Observation
 	// Candidates is the number of replicas chosen among.
 	Candidates int
@@ -170,12 +175,16 @@ func (s *Scratch) Route(in *Input) Routed {
 	matched := s.cands[d.Index].Matched
 	uncached := in.Request.UncachedTokens(matched)
 	return Routed{
-		Decision:    d,
-		Matched:     matched,
-		Uncached:    uncached,
-		Ledger:      LedgerFor(in.Mode, in.Load.PublishesKVEvents(d.Index)),
-		Observation: Observation{UncachedTokens: uncached, QueueSeconds: d.EstimatedQueue},
-		Candidates:  n,
+		Decision: d,
+		Matched:  matched,
+		Uncached: uncached,
+		Ledger:   LedgerFor(in.Mode, in.Load.PublishesKVEvents(d.Index)),
+		Observation: Observation{
+			UncachedTokens: int(math.Round(in.Request.tokens(uncached))),
+			QueueSeconds:   d.EstimatedQueue,
+			QueueEstimated: d.EstimatedTTFT > 0,
+		},
+		Candidates: n,
 	}
 }
 

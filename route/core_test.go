@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -216,5 +217,72 @@ func BenchmarkRoute(b *testing.B) {
 				s.Route(in)
 			}
 		})
+	}
+}
+
+// TestCostCountsChunksInTokens: with character keys the cost model
+// converts the keys' units into engine tokens (Request.UnitsPerToken), so
+// a 28,600-character cold prompt is 7,150 tokens: 4 prefill chunks of
+// 2,048 tokens (not 14 of characters), and its own prefill at the prior
+// rate takes 7,150 / 3,000 s; with token keys nothing changes.
+func TestCostCountsChunksInTokens(t *testing.T) {
+	m, err := NewModel(DefaultCostConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewCost(m)
+	cand := Candidate{ID: 0, Name: "a", InFlight: 2, Running: Unknown, Waiting: Unknown, KVUsage: Unknown,
+		QueuedPrefillTokens: 4000}
+	chars := Request{TotalBlocks: 223, BlockTokens: 128, PromptTokens: 28600, UnitsPerToken: CharsPerToken}
+	toks := chars
+	toks.UnitsPerToken = 0
+	if got := c.chunks(&chars, &cand); got != 4 {
+		t.Fatalf("character keys: %d chunks, want 4", got)
+	}
+	if got := c.chunks(&toks, &cand); got != 14 {
+		t.Fatalf("token keys: %d chunks, want 14", got)
+	}
+	r := m.rate(0)
+	ttft, queue, _, _ := c.estimate(&chars, &cand, r, nil, placement{})
+	p := 1 / m.Config().PriorPrefillTokensPerSecond
+	d := m.Config().PriorDecodeStepSeconds
+	// queued 1,000 tokens, own 7,150; (1,000+7,150)/2,048 → 4 chunks, 2 running.
+	wantQueue := 1000*p + 4*(d+2*p)
+	wantTTFT := m.Config().PrefillOverheadSeconds + wantQueue + 7150*p
+	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {
+		t.Fatalf("character keys: ttft %v queue %v, want %v %v", ttft, queue, wantTTFT, wantQueue)
+	}
+	ttft, queue, _, _ = c.estimate(&toks, &cand, r, nil, placement{})
+	wantQueue = 4000*p + 16*(d+2*p)
+	wantTTFT = m.Config().PrefillOverheadSeconds + wantQueue + 28600*p
+	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {
+		t.Fatalf("token keys: ttft %v queue %v, want %v %v", ttft, queue, wantTTFT, wantQueue)
+	}
+}
+
+// TestRouteObservationInTokens: the core's observation carries the
+// uncached work in engine tokens and says whether the strategy estimated
+// the queue.
+func TestRouteObservationInTokens(t *testing.T) {
+	ix, ids, load, keys, root := coreFixture(t, 4)
+	set, err := NewSet(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := NewRequest(keys, root, CharacterBlockTokens, len(keys)*CharacterBlockTokens+401, 64, "")
+	req.UnitsPerToken = CharsPerToken
+	var s Scratch
+	rng := NewRand(1)
+	in := &Input{Keys: keys, Replicas: ids, Index: ix, Mode: index.ModeHistory, Load: load, Strategy: set.Cost, Rand: &rng, Request: &req}
+	out := s.Route(in)
+	if out.Decision.Index != 2 || out.Uncached != 401 {
+		t.Fatalf("cost: picked %d uncached %d, want 2, 401", out.Decision.Index, out.Uncached)
+	}
+	if out.Observation.UncachedTokens != 100 || !out.Observation.QueueEstimated {
+		t.Fatalf("cost observation %+v, want 100 tokens (401 characters), queue estimated", out.Observation)
+	}
+	in.Strategy = set.LeastRequest
+	if out := s.Route(in); out.Observation.QueueEstimated || out.Observation.QueueSeconds != 0 {
+		t.Fatalf("least-request observation %+v: no queue estimated", out.Observation)
 	}
 }

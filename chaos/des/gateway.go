@@ -124,6 +124,9 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	now := w.nowNs()
 	rr := route.NewRequest(g.keys, g.root, g.hasher.BlockTokens(), promptTokens, req.MaxTokens, req.Session)
 	rr.Now = now
+	if g.charKeys {
+		rr.UnitsPerToken = route.CharsPerToken
+	}
 	g.rngSeed += 0x9e3779b97f4a7c15
 	rng := route.NewRand(g.rngSeed)
 	out := g.core.Route(&route.Input{

@@ -24,9 +24,9 @@ const (
 	// entries are keyed in token space.
 	TokenizerAuto = "auto"
 	// TokenizerCharacter is AIBrix's character mode: one token per byte.
-	TokenizerCharacter = "character"
+	TokenizerCharacter = tokenizer.NameCharacter
 	// TokenizerTiktoken is a local BPE tokenizer (cl100k).
-	TokenizerTiktoken = "tiktoken"
+	TokenizerTiktoken = tokenizer.NameTiktoken
 	// TokenizerRemote asks the engine's /tokenize endpoint, with a cache, a
 	// timeout and a fallback to TokenizerTiktoken.
 	TokenizerRemote = "remote"
@@ -477,10 +477,7 @@ func (c *Config) EffectiveBlockSize() int {
 	if c.BlockSize > 0 {
 		return c.BlockSize
 	}
-	if c.EffectiveTokenizer() == TokenizerCharacter {
-		return 128
-	}
-	return 16
+	return route.DefaultBlockTokens(c.EffectiveTokenizer() == TokenizerCharacter)
 }
 
 // Validate reports every problem with c, joined, each wrapping

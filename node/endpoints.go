@@ -273,7 +273,7 @@ func (n *Node) forward(w http.ResponseWriter, r *http.Request, ep *endpoint, req
 		n.observeDecision(p, dec, time.Since(t0))
 		if n.log.Enabled(r.Context(), slog.LevelDebug) {
 			n.log.Debug("routed", "path", r.URL.Path, "model", p.model, "strategy", strat.Name(),
-				"replica", dec.rep.name, "selection", dec.d.Selection.String(), "matched_blocks", dec.matched,
+				"replica", dec.rep.name, "selection", dec.Decision.Selection.String(), "matched_blocks", dec.Matched,
 				"blocks", len(keys), "batch", req.batch, "attempt", attempt)
 		}
 		canRetry := attempt == 0 && n.cfg.RetryConnectFailures && s.available > 1 && req.upstream == nil && pinned == ""

@@ -1,12 +1,20 @@
 GO ?= go
 PKGS ?= ./...
 
-.PHONY: all build test race bench lint fmt proto
+.PHONY: all build install test race bench lint fmt proto readme-check
 
 all: lint test
 
 build:
 	$(GO) build $(PKGS)
+
+# kvmesh, vllmsim and kvbench into $(go env GOPATH)/bin (or $GOBIN).
+install:
+	$(GO) install ./cmd/...
+
+# Runs README.md's gateway and cluster sections as written (see the script).
+readme-check:
+	scripts/readme-check
 
 # The same command README.md shows and .ci/run calls.
 test:

@@ -256,7 +256,6 @@ func TestCheckArgvCatchesMistakes(t *testing.T) {
 		{"/usr/local/bin/kvmesh", "serve", "--config=/etc/kvmesh/kvmesh.yaml", "--log-format", "json"},
 		{"/usr/local/bin/kvmesh", "serve", "--retry-connect-failures", "--strategy=cost"},
 		{"/usr/local/bin/vllmsim", "qwen", "--port=8000", "--enable-reset-endpoint", "--kv-events-config", "{}"},
-		{"/usr/local/bin/vllmsim", "-port", "8000"},
 		{"/usr/local/bin/kvmesh", "config", "get", "--token-file", "/t"},
 	}
 	for _, argv := range good {
@@ -272,6 +271,7 @@ func TestCheckArgvCatchesMistakes(t *testing.T) {
 		{"/usr/local/bin/kvmesh", "launch"},
 		{"kvmesh", "serve"},
 		{"/usr/local/bin/vllmsim", "--kv-events", "{}"},
+		{"/usr/local/bin/vllmsim", "-port", "8000"},
 		{"/usr/local/bin/vllmsim", "model", "other"},
 		{"/usr/local/bin/nats-server", "-js"},
 		{"/usr/local/bin/kvmesh", "config", "get", "--no-such-flag"},
@@ -300,6 +300,49 @@ func TestGatewayConfigsValidate(t *testing.T) {
 		}
 		if cfg.HTTPAddr != ":8080" {
 			t.Errorf("%s: http_addr %q, the manifests expose 8080", path, cfg.HTTPAddr)
+		}
+	}
+}
+
+// TestGatewayConfigKeysInReference: every key the example gateway files
+// use is a row of the generated reference (docs/config.md), so the files'
+// comments can send readers there and a renamed knob fails here.
+func TestGatewayConfigKeysInReference(t *testing.T) {
+	ref, err := os.ReadFile("../docs/config.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for line := range strings.Lines(string(ref)) {
+		if k, ok := strings.CutPrefix(line, "| `"); ok {
+			k, _, _ = strings.Cut(k, "`")
+			keys[k] = true
+		}
+	}
+	if !keys["strategy"] || !keys["models[].replicas[].url"] {
+		t.Fatalf("docs/config.md has no gateway key table (%d keys)", len(keys))
+	}
+	var walk func(path, prefix string, v any)
+	walk = func(path, prefix string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, sub := range x {
+				key := prefix + k
+				if !keys[key] && !keys[key+"[]"] {
+					t.Errorf("%s: key %q is not in docs/config.md", path, key)
+					continue
+				}
+				walk(path, key+".", sub)
+			}
+		case []any:
+			for _, e := range x {
+				walk(path, strings.TrimSuffix(prefix, ".")+"[].", e)
+			}
+		}
+	}
+	for _, path := range gatewayConfigs {
+		for _, doc := range readYAMLFile(t, path) {
+			walk(path, "", doc)
 		}
 	}
 }
@@ -1069,6 +1112,51 @@ func dashboardQueries(t *testing.T) (map[string]string, []string) {
 		varMetrics = append(varMetrics, m[1])
 	}
 	return exprs, varMetrics
+}
+
+// TestDashboardVariablesAndTiles: an operator filters by model, gateway and
+// replica and sets the SLO; the first row holds stat tiles; no panel
+// hard-codes the SLO; the series issue 19 added each have a panel.
+func TestDashboardVariablesAndTiles(t *testing.T) {
+	d := readDashboard(t)
+	vars := map[string]string{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = v.Type
+	}
+	for name, typ := range map[string]string{"datasource": "datasource", "model": "query", "gateway": "query", "replica": "query", "slo": "custom"} {
+		if vars[name] != typ {
+			t.Errorf("variable %s: type %q, want %q", name, vars[name], typ)
+		}
+	}
+	if len(d.Panels) == 0 || d.Panels[0].Type != "row" || d.Panels[0].GridPos.Y != 0 {
+		t.Fatal("the dashboard does not start with a row")
+	}
+	tiles, width := 0, 0
+	for _, p := range d.Panels[1:] {
+		if p.Type != "stat" || p.GridPos.Y != 1 {
+			break
+		}
+		tiles++
+		width += p.GridPos.W
+	}
+	if tiles < 4 || width != 24 {
+		t.Errorf("first row: %d stat tiles %d columns wide, want at least 4 filling the 24 columns", tiles, width)
+	}
+	all := ""
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			all += tg.Expr + "\n"
+			if strings.Contains(tg.Expr, "ttft_seconds_bucket") && strings.Contains(tg.Expr, `le="2"`) {
+				t.Errorf("panel %q hard-codes a 2 s SLO instead of $slo", p.Title)
+			}
+		}
+	}
+	for _, m := range []string{"kvmesh_route_replica_decisions_total", "kvmesh_http_request_duration_seconds_bucket",
+		"kvmesh_http_added_latency_seconds_bucket", "kvmesh_route_queued_prefill_tokens", "$gateway", "$replica", "$slo"} {
+		if !strings.Contains(all, m) {
+			t.Errorf("no panel reads %s", m)
+		}
+	}
 }
 
 func TestDashboardLayout(t *testing.T) {

@@ -139,8 +139,6 @@ type flagSpec map[string]bool
 var (
 	// cobra: "  -h, --help   help for serve" / "      --config string   YAML ...".
 	cobraFlagLine = regexp.MustCompile(`^\s+(?:-([a-zA-Z0-9]), )?--([a-zA-Z0-9][a-zA-Z0-9._-]*)(?: ([a-zA-Z0-9]+))?(?:\s{2,}|$)`)
-	// Go flag: "  -port int" / "  -enable-prefix-caching" / "  -x\tusage".
-	goFlagLine = regexp.MustCompile(`^  -([a-zA-Z0-9][a-zA-Z0-9._-]*)(?: ([a-zA-Z0-9]+))?(?:\t|$)`)
 )
 
 // parseCobraHelp reads the flags of a cobra command's --help output.
@@ -155,19 +153,6 @@ func parseCobraHelp(out string) flagSpec {
 		if m[1] != "" {
 			fs[m[1]] = fs[m[2]]
 		}
-	}
-	return fs
-}
-
-// parseGoFlagHelp reads the flags of a standard library flag set's usage.
-func parseGoFlagHelp(out string) flagSpec {
-	fs := flagSpec{}
-	for line := range strings.Lines(out) {
-		m := goFlagLine.FindStringSubmatch(strings.TrimRight(line, "\n"))
-		if m == nil {
-			continue
-		}
-		fs[m[1]] = m[2] != ""
 	}
 	return fs
 }
@@ -225,7 +210,7 @@ func flagsOf(t testing.TB) map[string]flagSpec {
 			commandFlags.err = err
 			return
 		}
-		m["vllmsim"] = parseGoFlagHelp(out)
+		m["vllmsim"] = parseCobraHelp(out) // pflag's usage, as cobra's
 		if out, err = help("kvbench", "--help"); err != nil {
 			commandFlags.err = err
 			return
@@ -304,6 +289,9 @@ func checkArgv(flags map[string]flagSpec, argv []string) error {
 			return fmt.Errorf("%s: unexpected argument %q", key, tok)
 		}
 		name, _, hasValue := strings.Cut(strings.TrimLeft(tok, "-"), "=")
+		if !strings.HasPrefix(tok, "--") && len(name) > 1 {
+			return fmt.Errorf("%s: %q: long flags take two dashes (GNU style)", key, tok)
+		}
 		takesValue, known := spec[name]
 		if !known {
 			return fmt.Errorf("%s: unknown flag %q", key, tok)

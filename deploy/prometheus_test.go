@@ -65,9 +65,11 @@ func promQuery(ctx context.Context, base, expr string) (vectorResult, error) {
 }
 
 // grafanaToPromQL replaces the dashboard's variables by what Grafana would
-// send: every model, a 30 s rate window (the test scrapes every second).
+// send: every model, gateway and replica, the default 2 s SLO, a 30 s rate
+// window (the test scrapes every second).
 func grafanaToPromQL(expr string) string {
-	return strings.NewReplacer("$__rate_interval", "30s", "$model", ".*").Replace(expr)
+	return strings.NewReplacer("$__rate_interval", "30s", "$model", ".*", "$gateway", ".*",
+		"$replica", ".*", "$slo", "2").Replace(expr)
 }
 
 var promReady = regexp.MustCompile(`(Server is ready to receive web requests)`)

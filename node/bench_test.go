@@ -32,7 +32,7 @@ func seedPrompt(doc, question int) string {
 // (i·blocks/replicas) blocks of keys, so Match walks a realistic depth.
 func benchNode(tb testing.TB, replicas int, keys []index.BlockKey) *Node {
 	tb.Helper()
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Tokenizer = TokenizerCharacter
 	cfg.BlockSize = 16
 	var reps []ReplicaConfig
@@ -137,7 +137,7 @@ func BenchmarkPromptKeys(b *testing.B) {
 		{"tiktoken-cold", TokenizerTiktoken, false},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			cfg := LocalConfig()
+			cfg := testConfig()
 			cfg.Tokenizer = tc.tok
 			cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 			n, err := New(cfg, nil)
@@ -181,7 +181,7 @@ func TestPromptKeysMatchFullTokenization(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loads the tiktoken vocabulary")
 	}
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Tokenizer = TokenizerTiktoken
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 	n, err := New(cfg, nil)

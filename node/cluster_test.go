@@ -38,7 +38,7 @@ var testClusterKey = func() string {
 // embedded NATS and raft on 127.0.0.1 port 0, history mode over the
 // simulator's byte tokenizer (16-token blocks, as its KV events).
 func gwConfig(id, dataDir string, join []string, expect int, reps ...ReplicaConfig) Config {
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: reps}}
 	cfg.Tokenizer = TokenizerCharacter
 	cfg.BlockSize = 16

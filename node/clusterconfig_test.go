@@ -49,7 +49,7 @@ cluster:
 }
 
 func TestClusterConfigValidate(t *testing.T) {
-	base := LocalConfig()
+	base := testConfig()
 	base.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 	require.NoError(t, base.Validate())
 
@@ -69,7 +69,7 @@ func TestClusterConfigValidate(t *testing.T) {
 }
 
 func TestClusterSecrets(t *testing.T) {
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 	cfg.Cluster.Enabled = true
 	cfg.Cluster.NodeID = "gw"
@@ -105,7 +105,7 @@ func TestClusterSecrets(t *testing.T) {
 }
 
 func TestRoutingDocumentRoundTrip(t *testing.T) {
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Strategy = "cost"
 	cfg.IndexMode = "hybrid"
 	cfg.Models = []ModelConfig{

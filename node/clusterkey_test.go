@@ -55,7 +55,7 @@ func TestClusterKeyRequired(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1.0, gaugeValue(t, n, "kvmesh_insecure"))
 
-	standalone := LocalConfig()
+	standalone := testConfig()
 	standalone.Models = cfg.Models
 	n, err = New(standalone, nil)
 	require.NoError(t, err)

@@ -24,9 +24,9 @@ const (
 	// entries are keyed in token space.
 	TokenizerAuto = "auto"
 	// TokenizerCharacter is AIBrix's character mode: one token per byte.
-	TokenizerCharacter = "character"
+	TokenizerCharacter = tokenizer.NameCharacter
 	// TokenizerTiktoken is a local BPE tokenizer (cl100k).
-	TokenizerTiktoken = "tiktoken"
+	TokenizerTiktoken = tokenizer.NameTiktoken
 	// TokenizerRemote asks the engine's /tokenize endpoint, with a cache, a
 	// timeout and a fallback to TokenizerTiktoken.
 	TokenizerRemote = "remote"
@@ -63,13 +63,16 @@ type Config struct {
 
 	// Strategy is the routing strategy used when a request carries no
 	// "routing-strategy" header: random, least-request, prefix-cache,
-	// consistent-hash or cost. Default "prefix-cache": AIBrix v0.7's
-	// behaviour, the baseline users migrate from.
+	// consistent-hash or cost. Default "cost": the project's own study
+	// (kvbench) rates it best or tied on every scenario, and prefix-cache
+	// (AIBrix v0.7's behaviour) worst on warm and hot50.
 	Strategy string `yaml:"strategy"`
 
-	// IndexMode is history, kv-events or hybrid (see index.Mode). Default
-	// "history": it needs no engine configuration; hybrid uses KV events
-	// where a replica publishes them.
+	// IndexMode is history, kv-events or hybrid (see index.Mode), or auto.
+	// Default "auto": hybrid when any replica publishes KV events (kv= or
+	// kv_bind=), the study's best mode, else history, which needs no engine
+	// configuration. New resolves auto once, from the replicas it starts
+	// with; a cluster seeds its raft config with the resolved mode.
 	IndexMode string `yaml:"index_mode"`
 
 	// Tokenizer turns prompts into tokens for block hashing: auto,
@@ -323,8 +326,8 @@ func (r ReplicaConfig) PublishesKVEvents() bool { return r.KVEndpoint != "" || r
 func DefaultConfig() Config {
 	return Config{
 		HTTPAddr:                ":8080",
-		Strategy:                "prefix-cache",
-		IndexMode:               "history",
+		Strategy:                route.NameCost,
+		IndexMode:               IndexModeAuto,
 		Tokenizer:               TokenizerAuto,
 		MaxKeyTokens:            DefaultMaxKeyTokens,
 		ResponseTTL:             24 * time.Hour,
@@ -440,9 +443,34 @@ func knownStrategy(s string) bool {
 	return err == nil
 }
 
-// Mode returns the parsed IndexMode. Valid only after Validate succeeded.
+// IndexModeAuto is the default IndexMode: hybrid when any replica
+// publishes KV events, history otherwise (EffectiveIndexMode).
+const IndexModeAuto = "auto"
+
+// EffectiveIndexMode resolves IndexModeAuto (and empty) against the
+// replicas: hybrid when any publishes KV events (discovered ones with a
+// KV template included), else history.
+func (c *Config) EffectiveIndexMode() string {
+	if c.IndexMode != IndexModeAuto && c.IndexMode != "" {
+		return c.IndexMode
+	}
+	if c.Discovery.Source != "" && c.Discovery.KV != "" {
+		return index.ModeHybrid.String()
+	}
+	for _, m := range c.Models {
+		for _, r := range m.Replicas {
+			if r.PublishesKVEvents() {
+				return index.ModeHybrid.String()
+			}
+		}
+	}
+	return index.ModeHistory.String()
+}
+
+// Mode returns the parsed effective IndexMode. Valid only after Validate
+// succeeded.
 func (c *Config) Mode() index.Mode {
-	m, _ := index.ParseMode(c.IndexMode)
+	m, _ := index.ParseMode(c.EffectiveIndexMode())
 	return m
 }
 
@@ -451,7 +479,7 @@ func (c *Config) EffectiveTokenizer() string {
 	if c.Tokenizer != TokenizerAuto && c.Tokenizer != "" {
 		return c.Tokenizer
 	}
-	if c.IndexMode == "history" || c.IndexMode == "" {
+	if c.EffectiveIndexMode() == "history" {
 		return TokenizerCharacter
 	}
 	return TokenizerTiktoken
@@ -462,10 +490,7 @@ func (c *Config) EffectiveBlockSize() int {
 	if c.BlockSize > 0 {
 		return c.BlockSize
 	}
-	if c.EffectiveTokenizer() == TokenizerCharacter {
-		return 128
-	}
-	return 16
+	return route.DefaultBlockTokens(c.EffectiveTokenizer() == TokenizerCharacter)
 }
 
 // Validate reports every problem with c, joined, each wrapping
@@ -481,8 +506,8 @@ func (c *Config) Validate() error {
 	if !knownStrategy(c.Strategy) {
 		bad("strategy %q unknown (want one of %s)", c.Strategy, strings.Join(route.Names(), ", "))
 	}
-	if _, err := index.ParseMode(c.IndexMode); err != nil {
-		bad("index_mode: %v", err)
+	if _, err := index.ParseMode(c.EffectiveIndexMode()); err != nil {
+		bad("index_mode: %v (or auto)", err)
 	}
 	switch {
 	case c.Tokenizer == TokenizerAuto, c.Tokenizer == TokenizerCharacter, c.Tokenizer == TokenizerTiktoken, c.Tokenizer == TokenizerRemote:

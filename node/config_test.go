@@ -116,3 +116,30 @@ route:
 	require.NoError(t, err)
 	assert.Equal(t, DefaultConfig().HTTPAddr, c.HTTPAddr)
 }
+
+// TestDefaultIndexModeFollowsKVEvents: the default mode is hybrid as soon
+// as one replica publishes KV events, history otherwise; an explicit mode
+// stays; New resolves auto once.
+func TestDefaultIndexModeFollowsKVEvents(t *testing.T) {
+	c := DefaultConfig()
+	require.Equal(t, "cost", c.Strategy)
+	require.Equal(t, IndexModeAuto, c.IndexMode)
+	c.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{{Name: "a", URL: "http://127.0.0.1:1"}}}}
+	require.Equal(t, "history", c.EffectiveIndexMode())
+	require.Equal(t, TokenizerCharacter, c.EffectiveTokenizer())
+	c.Models = append(c.Models, ModelConfig{Name: "n", Replicas: []ReplicaConfig{
+		{Name: "b", URL: "http://127.0.0.1:2", KVEndpoint: "tcp://127.0.0.1:5557"}}})
+	require.Equal(t, "hybrid", c.EffectiveIndexMode())
+	require.Equal(t, TokenizerTiktoken, c.EffectiveTokenizer())
+	require.NoError(t, c.Validate())
+	c.IndexMode = "history"
+	require.Equal(t, "history", c.EffectiveIndexMode())
+	c.IndexMode = "bogus"
+	require.ErrorIs(t, c.Validate(), ErrInvalidConfig)
+
+	lc := LocalConfig()
+	lc.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{{Name: "a", URL: "http://127.0.0.1:1", KVBind: "tcp://127.0.0.1:0"}}}}
+	n, err := New(lc, nil)
+	require.NoError(t, err)
+	require.Equal(t, "hybrid", n.cfg.IndexMode, "New resolves auto")
+}

@@ -181,8 +181,8 @@ func (n *Node) explainRoute(w http.ResponseWriter, r *http.Request, p *pool, lor
 	dec, _, err := n.routeOnce(p, strat, keys, &rr, s, nil, explain)
 	if err == nil {
 		rep.Pick = dec.rep.name
-		rep.Selection = dec.d.Selection.String()
-		rep.EstimatedTTFT = dec.d.EstimatedTTFT
+		rep.Selection = dec.Decision.Selection.String()
+		rep.EstimatedTTFT = dec.Decision.EstimatedTTFT
 		rep.Explanation = explain
 	}
 	w.Header().Set("Content-Type", "application/json")

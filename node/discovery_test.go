@@ -193,6 +193,7 @@ func TestDiscoveryConfig(t *testing.T) {
 	// "kubernetes" needs its source wired before Start.
 	c = base()
 	c.Discovery.Source = DiscoverySourceKubernetes
+	c.Discovery.Kubernetes.InferencePool = "qwen"
 	n, err := New(c, nil)
 	require.NoError(t, err)
 	assert.ErrorIs(t, n.Start(t.Context()), ErrInvalidConfig)

@@ -173,6 +173,7 @@ func (t *table) poolOf(model string) (*pool, string, *apiError) {
 // routes it and proxies it.
 func (n *Node) serveEndpoint(ep *endpoint) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		arrived := time.Now()
 		n.active.add()
 		defer n.active.done()
 		if !ep.allows(r.Method) {
@@ -199,6 +200,7 @@ func (n *Node) serveEndpoint(ep *endpoint) http.HandlerFunc {
 			n.refuse(w, aerr)
 			return
 		}
+		req.arrived = arrived
 		if sid := r.Header.Get(HeaderSession); sid != "" {
 			req.user = sid
 		}
@@ -271,7 +273,7 @@ func (n *Node) forward(w http.ResponseWriter, r *http.Request, ep *endpoint, req
 		n.observeDecision(p, dec, time.Since(t0))
 		if n.log.Enabled(r.Context(), slog.LevelDebug) {
 			n.log.Debug("routed", "path", r.URL.Path, "model", p.model, "strategy", strat.Name(),
-				"replica", dec.rep.name, "selection", dec.d.Selection.String(), "matched_blocks", dec.matched,
+				"replica", dec.rep.name, "selection", dec.Decision.Selection.String(), "matched_blocks", dec.Matched,
 				"blocks", len(keys), "batch", req.batch, "attempt", attempt)
 		}
 		canRetry := attempt == 0 && n.cfg.RetryConnectFailures && s.available > 1 && req.upstream == nil && pinned == ""

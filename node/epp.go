@@ -37,6 +37,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/route"
 )
 
 // The endpoint-picker protocol of the Gateway API Inference Extension
@@ -645,7 +646,7 @@ func (x *eppExchange) pick() *apiError {
 	x.pool, x.req, x.dec, x.keys = p, req, dec, slices.Clone(keys)
 	x.confirmed = n.confirmedPrediction(dec, keys)
 	x.start = time.Now()
-	x.queued = int64(dec.uncached)
+	x.queued = int64(dec.Uncached)
 	x.hold(dec.rep)
 	return nil
 }
@@ -722,7 +723,9 @@ func (x *eppExchange) responseHeaders(msg *extprocv3.ProcessingRequest, h *extpr
 	}
 	x.m.served.WithLabelValues(by).Inc()
 	if code >= 200 && code < 300 {
-		x.n.recordDecision(x.pool, x.served, x.keys, x.start.UnixNano())
+		// The ledger of the replica that served, which a fallback may be.
+		ledger := route.LedgerFor(x.pool.mode, x.served.cfg.PublishesKVEvents())
+		x.n.recordDecision(x.served, ledger, x.keys, x.start.UnixNano())
 	}
 }
 

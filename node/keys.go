@@ -25,6 +25,7 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 	s.keys = s.keys[:0]
 	s.keyCut = req.partial
 	promptTokens := 0
+	units := 1.0 // the keys' units per engine token
 	switch {
 	case req.tokens == nil && req.text == "" && len(req.messages) == 0:
 		// No prompt to key (an endpoint routed by load, or a chat whose
@@ -44,6 +45,7 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 			text = tokenizer.RenderChat(req.messages)
 		}
 		promptTokens = len(text)
+		units = route.CharsPerToken
 		if len(text) > n.cfg.MaxKeyTokens {
 			text = text[:n.cfg.MaxKeyTokens] // one token per byte; the count above stays exact
 		}
@@ -55,13 +57,8 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 		s.keys = n.hasher.AppendKeys(s.keys, root, toks)
 		promptTokens = len(toks)
 	}
-	rr := route.Request{
-		TotalBlocks:  len(s.keys),
-		BlockTokens:  n.hasher.BlockTokens(),
-		PromptTokens: promptTokens,
-		MaxTokens:    req.maxTokens,
-		SessionKey:   sessionKey(req.user, root, s.keys),
-	}
+	rr := route.NewRequest(s.keys, root, n.hasher.BlockTokens(), promptTokens, req.maxTokens, req.user)
+	rr.UnitsPerToken = units
 	return rr, s.keys
 }
 

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/kvmesh/kvmesh/internal/buildinfo"
 )
 
 // Upstream error reasons, the `reason` label of
@@ -48,6 +50,13 @@ type metrics struct {
 	suspect          *prometheus.GaugeVec     // replica, reason
 	agreement        *prometheus.GaugeVec     // model, replica
 	engineTokenizes  *prometheus.GaugeVec     // model
+
+	// Operator's first look (issue 19): where the traffic goes, what the
+	// gateway costs a request, and which build runs.
+	replicaDecisions *prometheus.CounterVec   // model, replica
+	requestDuration  *prometheus.HistogramVec // model
+	addedLatency     prometheus.Histogram
+	buildInfo        *prometheus.GaugeVec // version, revision, goversion
 
 	cache seriesCache // resolved children for the per-request path
 	// Responses API affinity (responses.go).
@@ -121,6 +130,27 @@ func newMetrics() *metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registerSelfCheck()
 	m.registerAgreement()
+	m.replicaDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_route_replica_decisions_total",
+		Help: "Routing decisions this gateway made, by model and the replica picked (retries count again).",
+	}, []string{"model", "replica"})
+	m.requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "kvmesh_http_request_duration_seconds",
+		Help:    "End to end, as the gateway sees a proxied request: from its arrival (before the body is read) to the last byte relayed, by model.",
+		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128},
+	}, []string{"model"})
+	m.addedLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "kvmesh_http_added_latency_seconds",
+		Help:    "What the gateway adds before the engine sees a request: from its arrival to the upstream request being sent (body read, tokenization, routing; per attempt).",
+		Buckets: []float64{1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25},
+	})
+	m.buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvmesh_build_info",
+		Help: "Always 1; the labels name the running build (kvmesh --version).",
+	}, []string{"version", "revision", "goversion"})
+	bi := buildinfo.Get()
+	m.buildInfo.WithLabelValues(bi.Version, bi.Revision, bi.GoVersion).Set(1)
+	m.reg.MustRegister(m.replicaDecisions, m.requestDuration, m.addedLatency, m.buildInfo)
 	m.responseAffinity = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_proxy_response_affinity_total",
 		Help: "Requests naming a stored response (previous_response_id, /v1/responses/{id}) by how its owning replica was found: known (relayed here), shared (recorded by a peer), discovered (asked the engines), unknown, owner_gone (its replica left the pool), owner_unavailable (ejected or failing health), shared_store (affinity off), discovery_busy (too many discoveries at once: treated as unknown).",
@@ -150,6 +180,7 @@ type seriesCache struct {
 	mu        sync.RWMutex
 	decisions map[decisionKey]*decisionSeries
 	requests  map[requestKey]prometheus.Counter
+	durations map[string]prometheus.Observer
 }
 
 func (m *metrics) decisionSeries(k decisionKey) *decisionSeries {
@@ -172,6 +203,47 @@ func (m *metrics) decisionSeries(k decisionKey) *decisionSeries {
 	c.decisions[k] = s
 	c.mu.Unlock()
 	return s
+}
+
+// duration returns the kvmesh_http_request_duration_seconds child for model.
+func (m *metrics) duration(model string) prometheus.Observer {
+	c := &m.cache
+	c.mu.RLock()
+	s := c.durations[model]
+	c.mu.RUnlock()
+	if s != nil {
+		return s
+	}
+	s = m.requestDuration.WithLabelValues(model)
+	c.mu.Lock()
+	if c.durations == nil {
+		c.durations = map[string]prometheus.Observer{}
+	}
+	c.durations[model] = s
+	c.mu.Unlock()
+	return s
+}
+
+// queuedPrefillCollector exports kvmesh_route_queued_prefill_tokens, read
+// from the routing table at scrape time (the figure explain shows as
+// QUEUED): nothing is updated on the request path for it.
+type queuedPrefillCollector struct{ n *Node }
+
+var queuedPrefillDesc = prometheus.NewDesc("kvmesh_route_queued_prefill_tokens",
+	"Prompt tokens this gateway sent to a replica whose first token has not come back yet: the prefill queued there by this gateway (the cost model's QUEUED).",
+	[]string{"model", "replica"}, nil)
+
+func (c queuedPrefillCollector) Describe(ch chan<- *prometheus.Desc) { ch <- queuedPrefillDesc }
+
+func (c queuedPrefillCollector) Collect(ch chan<- prometheus.Metric) {
+	t := c.n.tbl.Load()
+	if t == nil {
+		return
+	}
+	for _, r := range t.replicas {
+		ch <- prometheus.MustNewConstMetric(queuedPrefillDesc, prometheus.GaugeValue,
+			float64(max(r.queuedPrefill.Load(), 0)), r.model, r.name)
+	}
 }
 
 // request returns the kvmesh_proxy_requests_total child for model and code.

@@ -169,7 +169,7 @@ func TestApplySpecModelTokenizer(t *testing.T) {
 // pool the request holds, so the warm path stays allocation-free.
 func BenchmarkModelTokenizerKeys(b *testing.B) {
 	dir := qwen3Dir(b)
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Tokenizer = TokenizerTiktoken
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 	n, err := New(cfg, nil)

@@ -118,6 +118,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.IndexMode = cfg.EffectiveIndexMode() // auto, resolved once
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
@@ -151,6 +152,7 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 	n.probeDone = map[*replica]chan struct{}{}
 
 	n.m = newMetrics()
+	n.m.reg.MustRegister(queuedPrefillCollector{n})
 	n.owners = newResponseOwners(cfg.MaxResponseOwners, cfg.ResponseTTL)
 	n.transport = newTransport(cfg)
 	if !cfg.UpstreamHTTP2 {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 // LocalConfig, mutated by tune, and shuts it down at cleanup.
 func startNode(t testing.TB, tune func(*Config), reps ...ReplicaConfig) *Node {
 	t.Helper()
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: reps}}
 	if tune != nil {
 		tune(&cfg)
@@ -511,13 +512,47 @@ func TestMetricsEndpointIsPerNode(t *testing.T) {
 	for _, name := range []string{"kvmesh_index_entries", "kvmesh_proxy_inflight", "kvmesh_route_decision_seconds", "kvmesh_route_match_fraction", "kvmesh_proxy_ttft_seconds"} {
 		assert.Contains(t, m1, name)
 	}
+	// Issue 19's series: where requests went, what they took end to end
+	// and what the gateway added, the queued prefill, the build.
+	assert.Contains(t, m1, `kvmesh_route_replica_decisions_total{model="m",replica="a"} 1`+"\n")
+	assert.Contains(t, m1, `kvmesh_http_request_duration_seconds_count{model="m"} 1`+"\n")
+	assert.Contains(t, m1, "kvmesh_http_added_latency_seconds_count 1\n")
+	assert.Contains(t, m1, `kvmesh_route_queued_prefill_tokens{model="m",replica="a"} 0`+"\n", "released at the first byte")
+	assert.Regexp(t, `kvmesh_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1\n`, m1)
+	assert.Contains(t, m2, "kvmesh_http_added_latency_seconds_count 0\n")
+}
+
+// TestQueuedPrefillGaugeWhileWaiting: the gauge shows a request's uncached
+// prompt tokens while the engine has not answered, and 0 after.
+func TestQueuedPrefillGaugeWhileWaiting(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.firstDelay.Store(int64(time.Second))
+	n := startNode(t, nil, rc("a", e.url()))
+	get := func() string {
+		resp, err := http.Get("http://" + n.HTTPAddr() + "/metrics")
+		require.NoError(t, err)
+		return readAll(t, resp)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/completions", "application/json", strings.NewReader(streamReq))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	queued := regexp.MustCompile(`kvmesh_route_queued_prefill_tokens\{model="m",replica="a"\} ([1-9][0-9]*)\n`)
+	require.Eventually(t, func() bool { return queued.MatchString(get()) }, 10*time.Second, 5*time.Millisecond)
+	<-done
+	assert.Contains(t, get(), `kvmesh_route_queued_prefill_tokens{model="m",replica="a"} 0`+"\n")
 }
 
 func TestShutdownDrainsAndIsIdempotent(t *testing.T) {
 	e := newFakeEngine(t, "a")
 	e.chunks.Store(4)
 	e.chunkDelay.Store(int64(50 * time.Millisecond))
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url())}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)
@@ -550,7 +585,7 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 	e := newFakeEngine(t, "a")
 	e.chunks.Store(3)
 	e.chunkDelay.Store(int64(time.Hour))
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url())}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)
@@ -573,7 +608,7 @@ func TestShutdownDeadlineCutsStreams(t *testing.T) {
 }
 
 func TestShutdownBeforeStart(t *testing.T) {
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)
@@ -611,7 +646,7 @@ garbage line
 }
 
 func TestRecoverTurnsPanicInto500(t *testing.T) {
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1")}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)
@@ -767,7 +802,7 @@ func TestLogsNeverContainPrompts(t *testing.T) {
 	e := newFakeEngine(t, "a")
 	e.breakAfter.Store(2)
 	var logs syncBuffer
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url()), rc("dead", closedURL(t))}}}
 	n, err := New(cfg, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	require.NoError(t, err)
@@ -835,4 +870,14 @@ func TestCostObservationCountsContentEventsOnly(t *testing.T) {
 	assert.InDelta(t, 5, outSample, 1e-6, "completion_tokens of the usage event, not the event count")
 	stepSample := prior.DecodeStepSeconds + (got.DecodeStepSeconds-prior.DecodeStepSeconds)/alpha
 	assert.Less(t, stepSample, 0.05, "TPOT spans the content events (2 ms apart), not the 2×150 ms tail")
+}
+
+// testConfig is LocalConfig with the strategy and index mode these tests
+// were written against (prefix-cache, history), set explicitly now that
+// the defaults are cost and auto; tests of a default use LocalConfig.
+func testConfig() Config {
+	c := LocalConfig()
+	c.Strategy = route.NamePrefixCache
+	c.IndexMode = index.ModeHistory.String()
+	return c
 }

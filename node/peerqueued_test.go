@@ -52,7 +52,7 @@ func candidateOf(t testing.TB, n *Node, replica, prompt string) route.Candidate 
 	rr := route.Request{TotalBlocks: len(keys), BlockTokens: 16, PromptTokens: len(prompt), Now: time.Now().UnixNano()}
 	_, _, err = n.routeOnce(p, strat, keys, &rr, s, nil, nil)
 	require.NoError(t, err)
-	for _, c := range s.cands {
+	for _, c := range s.core.Candidates() {
 		if c.Name == replica {
 			return c
 		}

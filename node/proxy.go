@@ -100,6 +100,7 @@ const (
 // serveInference is the handler of /v1/completions and /v1/chat/completions.
 func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		arrived := time.Now()
 		n.active.add()
 		defer n.active.done()
 		if r.Method != http.MethodPost {
@@ -117,6 +118,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			n.refuse(w, aerr)
 			return
 		}
+		req.arrived = arrived
 		if sid := headerValue(r.Header, canonSession); sid != "" {
 			req.user = sid
 		}
@@ -167,7 +169,7 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 					first, last = keys[0], keys[len(keys)-1]
 				}
 				n.log.Debug("routed", "model", req.model, "strategy", strat.Name(), "replica", dec.rep.name,
-					"selection", dec.d.Selection.String(), "matched_blocks", dec.matched, "blocks", len(keys),
+					"selection", dec.Decision.Selection.String(), "matched_blocks", dec.Matched, "blocks", len(keys),
 					"prefix_key", fmt.Sprintf("%016x", uint64(first)), "prompt_key", fmt.Sprintf("%016x", uint64(last)),
 					"attempt", attempt)
 			}
@@ -196,12 +198,13 @@ func (n *Node) refuse(w http.ResponseWriter, e *apiError) {
 }
 
 func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
-	s := n.m.decisionSeries(decisionKey{p.model, dec.strategy.Name(), dec.d.Selection.String()})
+	s := n.m.decisionSeries(decisionKey{p.model, dec.strategy.Name(), dec.Decision.Selection.String()})
 	s.took.Observe(took.Seconds())
 	s.decisions.Inc()
+	dec.rep.mPicked.Inc()
 	frac := 0.0
 	if dec.req.TotalBlocks > 0 {
-		frac = float64(dec.matched) / float64(dec.req.TotalBlocks)
+		frac = float64(dec.Matched) / float64(dec.req.TotalBlocks)
 	}
 	s.match.Observe(frac)
 }
@@ -252,7 +255,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 
 	rep.inflight.Add(1)
 	rep.mInflight.Inc()
-	queued := int64(dec.uncached)
+	queued := int64(dec.Uncached)
 	rep.queuedPrefill.Add(queued)
 	releaseQueued := func() {
 		if queued != 0 {
@@ -267,6 +270,9 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	}()
 
 	start := time.Now()
+	if !req.arrived.IsZero() {
+		n.m.addedLatency.Observe(start.Sub(req.arrived).Seconds())
+	}
 	var (
 		resp *http.Response
 		uc   *upConn
@@ -315,7 +321,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 
 	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
 	if ok {
-		n.recordDecision(dec.pool, rep, keys, start.UnixNano())
+		n.recordDecision(rep, dec.Ledger, keys, start.UnixNano())
 	}
 	h := w.Header()
 	copyHeaders(h, resp.Header)
@@ -335,6 +341,9 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	res := n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, releaseQueued)
 	clean = !res.clientGone && res.err == nil
 	n.m.request(rep.model, statusClass(resp.StatusCode)).Inc()
+	if !req.arrived.IsZero() {
+		n.m.duration(rep.model).Observe(time.Since(req.arrived).Seconds())
+	}
 
 	switch {
 	case res.clientGone && shutdownCut(r):
@@ -540,21 +549,11 @@ func (n *Node) upstreamFailure(rep *replica, reason string) {
 	}
 }
 
-// recordDecision writes the routing decision into the index: history or
-// speculative, per the index mode and whether the replica publishes KV
-// events.
-func (n *Node) recordDecision(p *pool, rep *replica, keys []index.BlockKey, now int64) {
+// recordDecision writes the routing decision into the index, in the
+// ledger the routing core chose (route.LedgerFor).
+func (n *Node) recordDecision(rep *replica, ledger index.Ledger, keys []index.BlockKey, now int64) {
 	if len(keys) == 0 {
 		return
-	}
-	ledger := index.History
-	switch p.mode {
-	case index.ModeKVEvents:
-		ledger = index.Speculative
-	case index.ModeHybrid:
-		if rep.cfg.PublishesKVEvents() {
-			ledger = index.Speculative
-		}
 	}
 	if err := n.index.Record(keys, rep.id, ledger, now); err != nil {
 		n.log.Error("index record failed", "replica", rep.name, "err", err)
@@ -565,28 +564,16 @@ func (n *Node) recordDecision(p *pool, rep *replica, keys []index.BlockKey, now 
 	}
 }
 
-// observeCost feeds the cost model with what a finished stream showed.
+// observeCost feeds the cost model with what a finished stream showed:
+// the routing core's observation, completed with the stream's TTFT and
+// output (the usage figure when the engine sent one, else the content
+// events) spread over its content events.
 func (n *Node) observeCost(rep *replica, dec decision, ttft time.Duration, res relayResult) {
-	obs := route.Observation{
-		UncachedTokens: dec.uncached,
-		TTFT:           ttft.Seconds(),
-		QueueSeconds:   dec.d.EstimatedQueue,
-	}
 	t := &res.sse
 	out := t.content
 	if t.hasUsage {
 		out = t.usageTokens
 	}
-	if out > 0 && t.content > 0 {
-		obs.OutputTokens = out
-	}
-	// The span from the first to the last content event covers every token
-	// but those of the first event; with tokens spread evenly over the
-	// events (one each, or an engine's stream interval) that is
-	// out·(content−1)/content tokens.
-	if t.content > 1 && out > 1 {
-		inSpan := float64(out) * float64(t.content-1) / float64(t.content)
-		obs.TPOT = time.Duration(t.lastAt-t.firstAt).Seconds() / inSpan
-	}
+	obs := dec.Observation.Stream(ttft.Seconds(), out, t.content, time.Duration(t.lastAt-t.firstAt).Seconds())
 	dec.pool.set.Model().Observe(rep.id, obs)
 }

@@ -102,6 +102,7 @@ type replica struct {
 	mInflight prometheus.Gauge
 	mTTFT     prometheus.Observer
 	mHealthy  prometheus.Gauge
+	mPicked   prometheus.Counter // kvmesh_route_replica_decisions_total
 }
 
 // pool is the replicas serving one model.

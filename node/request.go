@@ -49,6 +49,10 @@ func (r *inferenceRequest) upstreamMethod() string {
 // itself is forwarded unchanged. Exactly one of text, tokens and messages
 // holds the prompt.
 type inferenceRequest struct {
+	// arrived is when the gateway's handler got the request (before its
+	// body was read): the start of kvmesh_http_request_duration_seconds
+	// and kvmesh_http_added_latency_seconds. Zero: not observed.
+	arrived time.Time
 	// kind is how the prompt is keyed: as a completions prompt or as chat
 	// messages (a Responses API input is keyed as chat).
 	kind      apiKind

@@ -4,22 +4,24 @@ import (
 	"sync"
 	"time"
 
-	"github.com/zeebo/xxh3"
-
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/route"
 )
 
 // scratch holds one request's routing buffers; it is pooled so that the hot
-// path allocates nothing in steady state.
+// path allocates nothing in steady state. It is the routing core's load
+// view (route.LoadView) over reps, the replicas routeOnce found available.
 type scratch struct {
-	tokens  []uint32
-	keys    []index.BlockKey
-	ids     []index.ReplicaID
-	reps    []*replica
-	matched []int32
-	cands   []route.Candidate
-	rng     route.Rand
+	tokens []uint32
+	keys   []index.BlockKey
+	ids    []index.ReplicaID
+	reps   []*replica
+	core   route.Scratch
+	rng    route.Rand
+	// peers and peerQueued are the peers' load reports for this call (nil
+	// without peers).
+	peers      PeerLoad
+	peerQueued PeerQueuedPrefill
 	// available is the number of replicas routeOnce found available.
 	available int
 	// keyCut is set by prepare when the prompt was keyed only in part
@@ -27,6 +29,8 @@ type scratch struct {
 	// token count is not the prompt's length.
 	keyCut bool
 }
+
+var _ route.LoadView = (*scratch)(nil)
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
@@ -41,23 +45,43 @@ func putScratch(s *scratch) {
 		s.keys = nil
 	}
 	clear(s.reps[:cap(s.reps)])
+	s.peers, s.peerQueued = nil, nil
 	scratchPool.Put(s)
 }
 
-// decision is the outcome of routing one request.
-type decision struct {
-	pool      *pool
-	rep       *replica
-	strategy  route.Strategy
-	d         route.Decision
-	matched   int // blocks the picked replica was believed to hold
-	uncached  int // prompt tokens it still has to prefill (estimate)
-	req       route.Request
-	keyCut    bool // the prompt was keyed in part (scratch.keyCut)
-	candCount int
+// Candidate fills c from reps[i]'s atomics and the peers' reports.
+func (s *scratch) Candidate(i int, c *route.Candidate) {
+	r := s.reps[i]
+	local := int(r.inflight.Load())
+	inflight, queued := local, 0
+	if s.peers != nil {
+		inflight += s.peers.InFlight(r.name)
+	}
+	if s.peerQueued != nil {
+		queued = s.peerQueued.QueuedPrefill(r.name)
+	}
+	c.Name = r.name
+	c.InFlight, c.LocalInFlight = inflight, local
+	c.Running, c.Waiting, c.KVUsage = r.load()
+	c.QueuedPrefillTokens = int(r.queuedPrefill.Load())
+	c.PeerQueuedPrefillTokens = queued
 }
 
-// routeOnce picks a replica of p for keys with strat, skipping exclude.
+// PublishesKVEvents reports whether reps[i] publishes KV events.
+func (s *scratch) PublishesKVEvents(i int) bool { return s.reps[i].cfg.PublishesKVEvents() }
+
+// decision is the outcome of routing one request.
+type decision struct {
+	pool     *pool
+	rep      *replica
+	strategy route.Strategy
+	route.Routed
+	req    route.Request
+	keyCut bool // the prompt was keyed in part (scratch.keyCut)
+}
+
+// routeOnce picks a replica of p for keys with strat, skipping exclude,
+// through the routing core (route.Scratch.Route) with s as its load view.
 // It takes one index read lock, allocates nothing in steady state and
 // returns ErrNoHealthyReplica (with the earliest time one may return) when
 // no replica is available. explain, when non-nil, receives the reasoning.
@@ -85,79 +109,23 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 	if len(s.ids) == 0 {
 		return decision{}, earliest, ErrNoHealthyReplica
 	}
-	if cap(s.matched) < len(s.ids) {
-		s.matched = make([]int32, len(s.ids))
+	s.peers = n.peerLoad()
+	s.peerQueued = nil
+	if s.peers != nil {
+		s.peerQueued, _ = s.peers.(PeerQueuedPrefill)
 	}
-	s.matched = s.matched[:len(s.ids)]
-	n.index.Match(keys, s.ids, p.mode, now, s.matched)
-
-	peers := n.peerLoad()
-	var peerQueued PeerQueuedPrefill
-	if peers != nil {
-		peerQueued, _ = peers.(PeerQueuedPrefill)
-	}
-	s.cands = s.cands[:0]
-	for i, r := range s.reps {
-		local := int(r.inflight.Load())
-		inflight, queued := local, 0
-		if peers != nil {
-			inflight += peers.InFlight(r.name)
-		}
-		if peerQueued != nil {
-			queued = peerQueued.QueuedPrefill(r.name)
-		}
-		running, waiting, kv := r.load()
-		s.cands = append(s.cands, route.Candidate{
-			ID:                      r.id,
-			Name:                    r.name,
-			Matched:                 int(s.matched[i]),
-			InFlight:                inflight,
-			LocalInFlight:           local,
-			Running:                 running,
-			Waiting:                 waiting,
-			KVUsage:                 kv,
-			QueuedPrefillTokens:     int(r.queuedPrefill.Load()),
-			PeerQueuedPrefillTokens: queued,
-		})
-	}
-	d := strat.Pick(rr, s.cands, &s.rng, explain)
-	c := &s.cands[d.Index]
+	out := s.core.Route(&route.Input{
+		Keys: keys, Replicas: s.ids, Index: n.index, Mode: p.mode, Load: s,
+		Strategy: strat, Rand: &s.rng, Explain: explain, Request: rr,
+	})
 	return decision{
-		pool:      p,
-		rep:       s.reps[d.Index],
-		strategy:  strat,
-		d:         d,
-		matched:   c.Matched,
-		uncached:  uncachedTokens(rr, c.Matched),
-		req:       *rr,
-		keyCut:    s.keyCut,
-		candCount: len(s.cands),
+		pool:     p,
+		rep:      s.reps[out.Decision.Index],
+		strategy: strat,
+		Routed:   out,
+		req:      *rr,
+		keyCut:   s.keyCut,
 	}, 0, nil
-}
-
-// uncachedTokens is the prompt work left on a replica holding matched
-// leading blocks.
-func uncachedTokens(r *route.Request, matched int) int {
-	prompt := max(r.PromptTokens, r.TotalBlocks*r.BlockTokens)
-	return max(prompt-matched*r.BlockTokens, 0)
-}
-
-// sessionKey is consistent-hash's key: the client's session id (the
-// x-session-id header or the "user" field) when given, else the key of the
-// prompt's first blocks (so same-prefix prompts share a replica), else the
-// root key.
-func sessionKey(session string, root index.BlockKey, keys []index.BlockKey) uint64 {
-	if session != "" {
-		return xxh3.HashString(session)
-	}
-	const affinityBlocks = 4
-	switch {
-	case len(keys) >= affinityBlocks:
-		return uint64(keys[affinityBlocks-1])
-	case len(keys) > 0:
-		return uint64(keys[len(keys)-1])
-	}
-	return uint64(root)
 }
 
 // retryAfterSeconds turns the earliest availability into a Retry-After

@@ -225,10 +225,10 @@ func judgesPrediction(p *pool, r *replica) bool {
 // entries are a subset of what Match trusts, so only the matched prefix
 // is walked.
 func (n *Node) confirmedPrediction(dec decision, keys []index.BlockKey) int {
-	if dec.matched <= 0 || !judgesPrediction(dec.pool, dec.rep) {
+	if dec.Matched <= 0 || !judgesPrediction(dec.pool, dec.rep) {
 		return 0
 	}
-	return n.index.ConfirmedRun(keys[:min(dec.matched, len(keys))], dec.rep.id)
+	return n.index.ConfirmedRun(keys[:min(dec.Matched, len(keys))], dec.rep.id)
 }
 
 // checkPrediction compares a response's usage with its prediction.
@@ -242,7 +242,7 @@ func (n *Node) checkPrediction(dec decision, confirmedBlocks int, u usageFigures
 		judged:          judgesPrediction(dec.pool, rep),
 		blockTokens:     b,
 		confirmedTokens: confirmedBlocks * b,
-		routedTokens:    dec.matched * b,
+		routedTokens:    dec.Matched * b,
 		cachedTokens:    u.cached,
 		gatewayPrompt:   dec.req.PromptTokens,
 		enginePrompt:    -1,

@@ -15,7 +15,7 @@ import (
 // longest walk): the confirmed run at routing time and the comparison with
 // the response's usage (window update, metrics).
 func BenchmarkSelfCheck(b *testing.B) {
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Tokenizer = TokenizerCharacter
 	cfg.BlockSize = 16
 	cfg.IndexMode = "kv-events"
@@ -37,7 +37,7 @@ func BenchmarkSelfCheck(b *testing.B) {
 	}
 	n.index.SetReplicaRoot(rep.id, root)
 	require.NoError(b, n.index.ApplyStored(rep.id, index.StoredBlocks{Hashes: hashes, Tokens: toks[:len(keys)*16], BlockTokens: 16}))
-	dec := decision{pool: p, rep: rep, matched: len(keys),
+	dec := decision{pool: p, rep: rep, Routed: route.Routed{Matched: len(keys)},
 		req: route.Request{TotalBlocks: len(keys), BlockTokens: 16, PromptTokens: len(toks)}}
 	u := usageFigures{prompt: len(toks), cached: (len(keys) - 1) * 16, promptOK: true, cachedOK: true}
 	require.Equal(b, len(keys), n.confirmedPrediction(dec, keys))

@@ -53,7 +53,7 @@ func TestShutdownDeadlineCutStreamsSignalTheCut(t *testing.T) {
 	})
 	events, aborted := 0, 0
 	for round := range rounds {
-		cfg := LocalConfig()
+		cfg := testConfig()
 		cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", s.URL())}}}
 		n, err := New(cfg, nil)
 		require.NoError(t, err)
@@ -121,7 +121,7 @@ func TestShutdownDeadlineCutStreamsSignalTheCut(t *testing.T) {
 // deadline; both are closed at once.
 func TestShutdownClosesConnectionsWithoutRequests(t *testing.T) {
 	e := newFakeEngine(t, "a")
-	cfg := LocalConfig()
+	cfg := testConfig()
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", e.url())}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)

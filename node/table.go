@@ -190,6 +190,7 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 					return nil, ch, fmt.Errorf("%w: replica %q: %w", ErrInvalidConfig, rc.Name, err)
 				}
 				r.mInflight = n.m.inflight.WithLabelValues(r.name)
+				r.mPicked = n.m.replicaDecisions.WithLabelValues(mc.Name, r.name)
 				r.mTTFT = n.m.ttft.WithLabelValues(r.name)
 				r.mHealthy = n.m.healthy.WithLabelValues(r.name)
 				ch.added = append(ch.added, r)

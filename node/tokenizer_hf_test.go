@@ -190,7 +190,7 @@ models:
     tokenizer: "hf:%s"
     replicas: [{name: b, url: %q}]
 `, a.url(), dir, b.url())
-	cfg, err := ParseConfigYAML([]byte(yml), LocalConfig())
+	cfg, err := ParseConfigYAML([]byte(yml), testConfig())
 	require.NoError(t, err)
 	require.NoError(t, cfg.Validate())
 	n, err := New(cfg, nil)
@@ -220,7 +220,7 @@ models:
 		assert.Equal(t, want, rep.PromptTokens, model)
 	}
 
-	bad := LocalConfig()
+	bad := testConfig()
 	bad.Models = []ModelConfig{{Name: "x", Tokenizer: "sentencepiece", Replicas: []ReplicaConfig{rc("r", a.url())}}}
 	require.ErrorIs(t, bad.Validate(), ErrInvalidConfig)
 	bad.Models[0].Tokenizer = TokenizerHFPrefix + dir // global character (history mode): block size in bytes

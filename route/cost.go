@@ -32,6 +32,10 @@ import (
 //     finds the replica full). L is at least this request's max_tokens,
 //     the freshest sample of what clients ask for (the learned mean lags a
 //     change of workload by a stream's lifetime);
+//   - every token count is in engine tokens: the keys' units divided by
+//     Request.UnitsPerToken (a characters-per-token ratio with character
+//     keys), so ChunkTokens and the prior rates mean what they say in
+//     either keying;
 //   - queued prefill = (QueuedPrefillTokens + PeerQueuedPrefillTokens)·p:
 //     prompt work this gateway (and, as reported, its peers) sent
 //     there that has not produced a first token yet;
@@ -96,7 +100,8 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 		n = max(n, cand.Running+cand.Waiting)
 	}
 	n += extra.requests
-	queued := cand.queuedPrefill() + extra.tokens
+	// Work in engine tokens: the keys' units converted (Request.UnitsPerToken).
+	queued := req.tokens(cand.queuedPrefill() + extra.tokens)
 	capacity := c.capacity(cand, queued, sv)
 	// full > 0: this request would take the last free slot (full = 1) or
 	// wait for full−1 slots to free.
@@ -112,13 +117,13 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 		hold = max(hold, float64(req.MaxTokens))
 	}
 	slotWait := full * hold * r.decodeStep / float64(capacity)
-	uncached := req.UncachedTokens(cand.Matched)
-	queuedPrefill := float64(queued) * r.prefillSecPerToken
-	own := float64(uncached) * r.prefillSecPerToken
+	uncached := req.tokens(req.UncachedTokens(cand.Matched))
+	queuedPrefill := queued * r.prefillSecPerToken
+	own := uncached * r.prefillSecPerToken
 	stretch := 0.0
 	if running := min(n, capacity); running > 0 {
-		chunks := (queued + uncached + cfg.ChunkTokens - 1) / cfg.ChunkTokens
-		stretch = float64(chunks) * (r.decodeStep + float64(running)*r.prefillSecPerToken)
+		chunks := math.Ceil((queued + uncached) / float64(cfg.ChunkTokens))
+		stretch = chunks * (r.decodeStep + float64(running)*r.prefillSecPerToken)
 	}
 	queue = slotWait + queuedPrefill + stretch
 	ttft = cfg.PrefillOverheadSeconds + queue + own
@@ -149,7 +154,7 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 // taking Running as the capacity then (as a replica running 1 with 1
 // waiting) would put a slot wait of whole streams on a replica that is
 // about to admit it.
-func (c *Cost) capacity(cand *Candidate, queued int, sv *slotView) int {
+func (c *Cost) capacity(cand *Candidate, queued float64, sv *slotView) int {
 	cfg := &c.model.cfg
 	capacity := math.MaxInt
 	if cfg.MaxRunning > 0 {
@@ -173,20 +178,20 @@ func (c *Cost) capacity(cand *Candidate, queued int, sv *slotView) int {
 
 // seenFull reports whether cand's scrape shows its running set full:
 // requests wait that prefill does not explain, at the most the replica
-// was ever seen running (see capacity).
-func (c *Cost) seenFull(cand *Candidate, queued int, sv *slotView) bool {
+// was ever seen running (see capacity). queued is in engine tokens.
+func (c *Cost) seenFull(cand *Candidate, queued float64, sv *slotView) bool {
 	peak := cand.Running
 	if sv != nil {
 		peak = max(peak, int(sv.peak.Load()))
 	}
-	return cand.Running > 0 && cand.Waiting > 0 && queued < c.model.cfg.ChunkTokens && cand.Running >= peak
+	return cand.Running > 0 && cand.Waiting > 0 && queued < float64(c.model.cfg.ChunkTokens) && cand.Running >= peak
 }
 
 // learn folds cand's scraped running count into what the model knows of
 // its running set: the peak, and the running-set size when the scrape
 // shows it full. It only raises maxima, so repeating a Pick over the same
 // candidates learns nothing new and repeats the decision.
-func (c *Cost) learn(cand *Candidate, sv *slotView) {
+func (c *Cost) learn(req *Request, cand *Candidate, sv *slotView) {
 	if cand.Running <= 0 {
 		return
 	}
@@ -194,7 +199,7 @@ func (c *Cost) learn(cand *Candidate, sv *slotView) {
 	if sv != nil {
 		storeMax(&sv.peak, run)
 	}
-	if c.seenFull(cand, cand.queuedPrefill(), sv) {
+	if c.seenFull(cand, req.tokens(cand.queuedPrefill()), sv) {
 		if sv != nil {
 			storeMax(&sv.full, run)
 		}
@@ -339,7 +344,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	}
 	m.mu.RLock()
 	for i := range cands {
-		c.learn(&cands[i], m.slot(cands[i].ID))
+		c.learn(req, &cands[i], m.slot(cands[i].ID))
 	}
 	var placed placements
 	best, bound, bestMatch := c.choose(req, cands, &placed, 0, nil, rng, explain)
@@ -387,10 +392,11 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 }
 
 // chunks is the number of prefill chunks req leaves to compute on cand
-// (at least 1): the locality class near-ties are ranked by first.
+// (at least 1), counted in engine tokens: the locality class near-ties are
+// ranked by first.
 func (c *Cost) chunks(req *Request, cand *Candidate) int {
-	chunk := c.model.cfg.ChunkTokens
-	return max(1, (req.UncachedTokens(cand.Matched)+chunk-1)/chunk)
+	chunk := float64(c.model.cfg.ChunkTokens)
+	return max(1, int(math.Ceil(req.tokens(req.UncachedTokens(cand.Matched))/chunk)))
 }
 
 // cachedEstimates is how many candidates' estimates an estimates holds;

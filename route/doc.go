@@ -15,12 +15,18 @@
 // yet (see Cost.Pick; an explained Pick is not counted, so explaining a
 // decision repeats it).
 //
-// Inputs are numbers, not index state: the caller matches the prompt's
-// block keys against the index and fills one Candidate per healthy replica
-// with its match length (Matched, in blocks) and its load view (cluster-wide
-// and local in-flight counts, engine-scraped running/waiting/KV usage,
-// queued prefill tokens). The caller owns the []Candidate and may reuse it;
-// no strategy keeps it. Pick requires len(cands) ≥ 1 (answering "no healthy
+// Strategies take numbers, not index state: one Candidate per healthy
+// replica with its match length (Matched, in blocks) and its load view
+// (cluster-wide and local in-flight counts, engine-scraped running/waiting/
+// KV usage, queued prefill tokens). The routing core (Scratch.Route) builds
+// them: it matches the prompt's keys in an IndexView, asks the caller's
+// LoadView for each replica's load by position, lets the strategy pick and
+// returns the ledger to record the decision in and the Observation to
+// complete and learn from when the stream ends. The gateway (node) and the
+// discrete-event simulator (chaos/des) both route through it, so the
+// simulator's decision flow is the gateway's. SessionKey and NewRequest
+// build the Request both pass. The caller owns the []Candidate and may
+// reuse it; no strategy keeps it. Pick requires len(cands) ≥ 1 (answering "no healthy
 // replica" is the caller's job) and returns an index into cands plus a
 // Selection label for metrics.
 //

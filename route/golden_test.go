@@ -248,6 +248,7 @@ func (sc *scenario) exec(path string, line int, cmd string) []string {
 		sc.num(path, line, kv, "out", &obs.OutputTokens)
 		sc.num(path, line, kv, "repeat", &repeat)
 		sc.noneLeft(path, line, kv)
+		obs.QueueEstimated = true // the scripts observe cost's decisions
 		if sc.model == nil {
 			sc.fatalf(path, line, "observe needs the cost strategy")
 		}

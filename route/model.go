@@ -106,6 +106,14 @@ type Observation struct {
 	// QueueSeconds is the part of TTFT spent waiting before this request's
 	// prefill ran (Decision.EstimatedQueue, or a better figure if known).
 	QueueSeconds float64
+	// QueueEstimated says QueueSeconds is the queue the routing decision
+	// expected (the cost strategy's estimate, made with this model). When
+	// false (a strategy that estimates nothing, such as least-request),
+	// the TTFT holds an unknown queue, and the observation only bounds the
+	// prefill time from above: Observe lets it lower the prefill estimate,
+	// never raise it, so one strategy's queueing is not learned as slow
+	// prefill by the model another strategy routes with.
+	QueueEstimated bool
 	// TPOT is the mean time per output token after the first, in seconds;
 	// 0 if unknown (e.g. a single output token).
 	TPOT float64
@@ -244,7 +252,10 @@ func (m *Model) rate(id index.ReplicaID) replicaRates {
 // Observe folds one observation of replica id into its rates:
 //   - prefill: seconds per uncached token, from
 //     (TTFT − QueueSeconds − PrefillOverheadSeconds) / UncachedTokens, when
-//     UncachedTokens ≥ MinSampleTokens and the remainder is positive;
+//     UncachedTokens ≥ MinSampleTokens and the remainder is positive; an
+//     observation without QueueEstimated is a bound: it counts only when
+//     faster than the estimate it would update (the replica's, and
+//     separately the pool's);
 //   - decode step seconds, from TPOT when > 0;
 //   - output length, from OutputTokens when > 0.
 //
@@ -289,12 +300,16 @@ func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 			if m.poolPrefillSamples == 0 {
 				pool = 1 / m.cfg.PriorPrefillTokensPerSecond
 			}
-			w := max(a/poolAlphaDivisor, 1/float64(m.poolPrefillSamples+2))
-			m.poolPrefill = pool + w*(min(max(s, pool/4), pool*4)-pool)
-			m.poolPrefillSamples++
-			s = min(max(s, r.prefillSecPerToken/4), r.prefillSecPerToken*4)
-			r.prefillSecPerToken += a * (s - r.prefillSecPerToken)
-			r.prefillSamples++
+			if obs.QueueEstimated || s < pool {
+				w := max(a/poolAlphaDivisor, 1/float64(m.poolPrefillSamples+2))
+				m.poolPrefill = pool + w*(min(max(s, pool/4), pool*4)-pool)
+				m.poolPrefillSamples++
+			}
+			if obs.QueueEstimated || s < r.prefillSecPerToken {
+				s = min(max(s, r.prefillSecPerToken/4), r.prefillSecPerToken*4)
+				r.prefillSecPerToken += a * (s - r.prefillSecPerToken)
+				r.prefillSamples++
+			}
 		}
 	}
 	if obs.TPOT > 0 && !math.IsInf(obs.TPOT, 0) {

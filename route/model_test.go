@@ -45,7 +45,7 @@ func TestModelLearnsRates(t *testing.T) {
 					ttft += 10 * prefill // queued behind something the gateway did not see
 				}
 				m.Observe(id, Observation{
-					UncachedTokens: uncached, TTFT: ttft, QueueSeconds: queue,
+					UncachedTokens: uncached, TTFT: ttft, QueueSeconds: queue, QueueEstimated: true,
 					TPOT: tc.decodeStep, OutputTokens: tc.outTokens,
 				})
 			}
@@ -87,12 +87,12 @@ func TestModelPoolPrefill(t *testing.T) {
 	const truth = 20000.0 // tokens/s, far from the prior
 	// One sample on each of 100 replicas: none learns much alone.
 	for id := range index.ReplicaID(100) {
-		m.Observe(id, Observation{UncachedTokens: 4000, TTFT: cfg.PrefillOverheadSeconds + 4000/truth})
+		m.Observe(id, Observation{UncachedTokens: 4000, TTFT: cfg.PrefillOverheadSeconds + 4000/truth, QueueEstimated: true})
 	}
 	require.InEpsilon(t, truth, m.Rates(140).PrefillTokensPerSecond, 0.01, "unseen replica")
 	require.Zero(t, m.Rates(140).PrefillSamples)
 	// A replica's first own sample moves it from the pool's figure.
-	m.Observe(141, Observation{UncachedTokens: 4000, TTFT: cfg.PrefillOverheadSeconds + 4000/truth})
+	m.Observe(141, Observation{UncachedTokens: 4000, TTFT: cfg.PrefillOverheadSeconds + 4000/truth, QueueEstimated: true})
 	require.InEpsilon(t, truth, m.Rates(141).PrefillTokensPerSecond, 0.01)
 	require.EqualValues(t, 1, m.Rates(141).PrefillSamples)
 	// A decode-only observation does not hide the pool's prefill rate.
@@ -127,8 +127,8 @@ func TestCostUsesLearnedRates(t *testing.T) {
 	require.NoError(t, err)
 	c := NewCost(m)
 	for range 50 {
-		m.Observe(0, Observation{UncachedTokens: 4000, TTFT: 0.02 + 4000.0/2000, TPOT: 0.05})
-		m.Observe(1, Observation{UncachedTokens: 4000, TTFT: 0.02 + 4000.0/16000, TPOT: 0.02})
+		m.Observe(0, Observation{UncachedTokens: 4000, TTFT: 0.02 + 4000.0/2000, TPOT: 0.05, QueueEstimated: true})
+		m.Observe(1, Observation{UncachedTokens: 4000, TTFT: 0.02 + 4000.0/16000, TPOT: 0.02, QueueEstimated: true})
 	}
 	req := Request{TotalBlocks: 32, BlockTokens: 128, PromptTokens: 4096}
 	cands := []Candidate{
@@ -270,4 +270,36 @@ func TestCostLearnsRunningSet(t *testing.T) {
 	peak, full = slotOf(0)
 	require.Zero(t, peak)
 	require.Zero(t, full)
+}
+
+// TestModelUnestimatedQueueIsABound: an observation whose decision
+// estimated no queue (least-request's) only bounds prefill from above: a
+// slow one (its TTFT holds a queue) teaches nothing, neither the replica
+// nor the pool, while a fast one still lowers the estimate; with the
+// queue estimated, the same slow observation is learned.
+func TestModelUnestimatedQueueIsABound(t *testing.T) {
+	cfg := DefaultCostConfig()
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	prior := cfg.PriorPrefillTokensPerSecond
+	slow := Observation{UncachedTokens: 3000, TTFT: cfg.PrefillOverheadSeconds + 3000/prior + 4} // 4 s queued
+	for range 20 {
+		m.Observe(0, slow)
+	}
+	require.Zero(t, m.Rates(0).PrefillSamples)
+	require.InEpsilon(t, prior, m.Rates(0).PrefillTokensPerSecond, 1e-9)
+	require.InEpsilon(t, prior, m.Rates(1).PrefillTokensPerSecond, 1e-9, "the pool learned a queue as prefill")
+
+	fast := Observation{UncachedTokens: 3000, TTFT: cfg.PrefillOverheadSeconds + 3000/(2*prior)}
+	for range 40 {
+		m.Observe(0, fast)
+	}
+	require.InEpsilon(t, 2*prior, m.Rates(0).PrefillTokensPerSecond, 0.02)
+	require.EqualValues(t, 40, m.Rates(0).PrefillSamples)
+
+	estimated := slow
+	estimated.QueueEstimated = true // the queue it met was not the one estimated (0): learned
+	m.Observe(2, estimated)
+	require.Less(t, m.Rates(2).PrefillTokensPerSecond, 2*prior)
+	require.EqualValues(t, 1, m.Rates(2).PrefillSamples)
 }

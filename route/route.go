@@ -74,6 +74,28 @@ type Request struct {
 	// Now is the routing time in nanoseconds (Unix or monotonic, as long as
 	// the caller is consistent). Strategies do not read the clock.
 	Now int64
+	// UnitsPerToken is how many of the keys' units (BlockTokens,
+	// PromptTokens and the candidates' queued prefill are counted in them)
+	// make one engine token: 1 (0 means 1) when the keys are tokens, a
+	// characters-per-token ratio (CharsPerToken) when they are characters.
+	// The cost model's rates and CostConfig.ChunkTokens are per engine
+	// token; it converts with this ratio.
+	UnitsPerToken float64
+}
+
+// CharsPerToken is Request.UnitsPerToken for prompts keyed by characters:
+// the rule of thumb for English text under BPE vocabularies of the
+// cl100k/Llama 3 size (about four bytes a token). A prompt's true ratio
+// varies with its language and content; the learned prefill rate absorbs
+// the difference, the chunk count does not.
+const CharsPerToken = 4.0
+
+// tokens converts n of the keys' units into engine tokens.
+func (r *Request) tokens(n int) float64 {
+	if r.UnitsPerToken > 0 && r.UnitsPerToken != 1 {
+		return float64(n) / r.UnitsPerToken
+	}
+	return float64(n)
 }
 
 // UncachedTokens is the prompt work a replica holding matched leading
@@ -108,8 +130,8 @@ type Decision struct {
 	EstimatedTTFT float64
 	// EstimatedQueue is the part of EstimatedTTFT spent before this
 	// request's own prefill starts, in seconds. Pass it back in
-	// Observation.QueueSeconds so the model learns prefill speed from the
-	// rest.
+	// Observation.QueueSeconds (with QueueEstimated) so the model learns
+	// prefill speed from the rest; the routing core does.
 	EstimatedQueue float64
 }
 

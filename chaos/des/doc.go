@@ -14,11 +14,14 @@
 //     publishes them) and reach each gateway KVDelay later.
 //   - Gateways: each has its own index.Index and route.Set (the real code),
 //     turns a prompt into block keys the way node does (character keys of
-//     128 bytes in history mode, tiktoken keys at the engine's block size
-//     with KV events), matches, builds route.Candidates from its exact
-//     in-flight counts, its peers' counts as seen LoadDelay ago, the engine
-//     load it scraped at its last scrape tick and its queued prefill tokens,
-//     picks, records the decision in its index and sends it to its peers,
+//     route.CharacterBlockTokens bytes in history mode, tiktoken keys at
+//     the engine's block size with KV events) and routes it through the
+//     routing core node calls too (route.Scratch.Route: match, candidates,
+//     pick, ledger, cost observation), so the decision flow is node's by
+//     construction, not by copy. Its load view (route.LoadView) is its
+//     exact in-flight counts, its peers' counts as seen LoadDelay ago, the
+//     engine load it scraped at its last scrape tick and its queued prefill
+//     tokens. It records the decision in its index and sends it to its peers,
 //     who apply it SyncDelay later. NoSync isolates the gateways: no
 //     decision deltas, no peer load. The tokens and keys of a prefix
 //     group's shared document are computed once and only each prompt's
@@ -48,7 +51,7 @@
 //   - Health checks, ejection and retries are not modelled: every replica
 //     is always available.
 //
-// Node behaviour mirrored: a request's queued prefill tokens are released
+// Node behaviour shared outside the routing core: a request's queued prefill tokens are released
 // at its first token (node's proxy releases them at the first body byte;
 // Options.QueuedUntilFirstToken=false holds them to the stream's end, to
 // study that effect), and the cost model learns from the number of content

@@ -4,17 +4,17 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/zeebo/xxh3"
-
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
+	"github.com/kvmesh/kvmesh/node/tokenizer"
 	"github.com/kvmesh/kvmesh/route"
 )
 
-// gateway is one kvmesh gateway in virtual time: node's routing flow
-// (prepare keys, match, build candidates, pick, record, observe) over its
-// own index and strategies.
+// gateway is one kvmesh gateway in virtual time: it keys prompts as node
+// does and routes them through the same routing core (route.Scratch.Route:
+// match, candidates, pick, ledger, observation), with itself as the load
+// view over its arrays, then records and observes as node's proxy does.
 type gateway struct {
 	w      *World
 	id     int
@@ -22,7 +22,6 @@ type gateway struct {
 	hasher index.Hasher
 	root   index.BlockKey
 	mode   index.Mode
-	ledger index.Ledger
 	// charKeys: keys over the prompt's bytes (node's character tokenizer)
 	// instead of the engine's tokens.
 	charKeys bool
@@ -40,17 +39,18 @@ type gateway struct {
 	// with Selection sel (kvmesh_route_decisions_total).
 	selections [][]float64
 
-	keys    []index.BlockKey
-	matched []int32
-	cands   []route.Candidate
+	keys []index.BlockKey
+	core route.Scratch
 }
+
+var _ route.LoadView = (*gateway)(nil)
 
 func newGateway(w *World, id int) (*gateway, error) {
 	o := &w.opts
-	charKeys := !o.events() || o.Tokenizer != "tiktoken"
+	charKeys := !o.events() || o.Tokenizer != tokenizer.NameTiktoken
 	block := o.EngineBlockSize
 	if !o.events() {
-		block = 128 // node's character-mode block size
+		block = route.CharacterBlockTokens // node's character-mode default
 	}
 	icfg := index.DefaultConfig()
 	icfg.Seed = mix(o.Seed, "cluster")
@@ -76,15 +76,14 @@ func newGateway(w *World, id int) (*gateway, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	g := &gateway{
-		w: w, id: id, ix: ix, hasher: ix.Hasher(), mode: index.ModeHistory, ledger: index.History,
+		w: w, id: id, ix: ix, hasher: ix.Hasher(), mode: index.ModeHistory,
 		charKeys: charKeys, set: set, rngSeed: mix(o.Seed, "gateway-rng", fmt.Sprint(id)),
 		inflight: make([]int, o.Replicas), queued: make([]int, o.Replicas),
 		running: make([]int, o.Replicas), waiting: make([]int, o.Replicas), kvUsage: make([]float64, o.Replicas),
-		matched: make([]int32, o.Replicas), scraped: make([]uint64, o.Replicas),
+		scraped: make([]uint64, o.Replicas),
 	}
 	if o.events() {
 		g.mode, _ = index.ParseMode(o.Mode)
-		g.ledger = index.Speculative // every replica publishes KV events
 	}
 	g.root = g.hasher.Root(o.Model, "", "")
 	members := make([]route.RingMember, 0, o.Replicas)
@@ -123,46 +122,22 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 		promptTokens = len(prefix) + len(req.Prompt)
 	}
 	now := w.nowNs()
-	rr := route.Request{
-		TotalBlocks:  len(g.keys),
-		BlockTokens:  g.hasher.BlockTokens(),
-		PromptTokens: promptTokens,
-		MaxTokens:    req.MaxTokens,
-		SessionKey:   sessionKey(req.Session, g.root, g.keys),
-		Now:          now,
-	}
-	// routeOnce: match, candidates, pick.
-	g.ix.Match(g.keys, w.ids, g.mode, now, g.matched)
-	g.cands = g.cands[:0]
-	for i, id := range w.ids {
-		local := g.inflight[i]
-		inflight, peerQueued := local, 0
-		if w.shareLoad {
-			inflight += w.seenSum[i] - w.seen[g.id][i]
-			peerQueued = w.queuedSum[i] - w.queuedSeen[g.id][i]
-		}
-		g.cands = append(g.cands, route.Candidate{
-			ID:                      id,
-			Name:                    w.names[i],
-			Matched:                 int(g.matched[i]),
-			InFlight:                inflight,
-			LocalInFlight:           local,
-			Running:                 g.running[i],
-			Waiting:                 g.waiting[i],
-			KVUsage:                 g.kvUsage[i],
-			QueuedPrefillTokens:     g.queued[i],
-			PeerQueuedPrefillTokens: peerQueued,
-		})
+	rr := route.NewRequest(g.keys, g.root, g.hasher.BlockTokens(), promptTokens, req.MaxTokens, req.Session)
+	rr.Now = now
+	if g.charKeys {
+		rr.UnitsPerToken = route.CharsPerToken
 	}
 	g.rngSeed += 0x9e3779b97f4a7c15
 	rng := route.NewRand(g.rngSeed)
-	d := strat.Pick(&rr, g.cands, &rng, nil)
-	g.count(strat.Name(), d.Selection)
-	c := &g.cands[d.Index]
-	rep := int(c.ID)
+	out := g.core.Route(&route.Input{
+		Keys: g.keys, Replicas: w.ids, Index: g.ix, Mode: g.mode, Load: g,
+		Strategy: strat, Rand: &rng, Request: &rr,
+	})
+	g.count(strat.Name(), out.Decision.Selection)
+	rep := out.Decision.Index
 	f.gw, f.rep = g, rep
-	f.uncached = uncachedTokens(&rr, c.Matched)
-	f.estQueue = d.EstimatedQueue
+	f.uncached = out.Uncached
+	f.obs = out.Observation
 	// proxy: count the request in flight, send it, record on success.
 	g.addInflight(rep, 1)
 	g.queued[rep] += f.uncached
@@ -172,46 +147,44 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 		w.failLater(f, 400, "http 400: "+err.Error())
 		return
 	}
-	g.record(rep, now)
+	g.record(rep, out.Ledger, now)
 }
 
-// uncachedTokens is node's estimate of the prompt work left on a replica
-// holding matched leading blocks.
-func uncachedTokens(r *route.Request, matched int) int {
-	prompt := max(r.PromptTokens, r.TotalBlocks*r.BlockTokens)
-	return max(prompt-matched*r.BlockTokens, 0)
+// Candidate fills c with replica i's load as this gateway sees it: its
+// own in-flight and queued prefill exactly, the peers' as last shared,
+// the engine's at the last scrape.
+func (g *gateway) Candidate(i int, c *route.Candidate) {
+	w := g.w
+	local := g.inflight[i]
+	inflight, peerQueued := local, 0
+	if w.shareLoad {
+		inflight += w.seenSum[i] - w.seen[g.id][i]
+		peerQueued = w.queuedSum[i] - w.queuedSeen[g.id][i]
+	}
+	c.Name = w.names[i]
+	c.InFlight, c.LocalInFlight = inflight, local
+	c.Running, c.Waiting, c.KVUsage = g.running[i], g.waiting[i], g.kvUsage[i]
+	c.QueuedPrefillTokens = g.queued[i]
+	c.PeerQueuedPrefillTokens = peerQueued
 }
 
-// sessionKey is node's consistent-hash key: the session id when given,
-// else the key of the prompt's fourth block (or its last), else the root.
-func sessionKey(session string, root index.BlockKey, keys []index.BlockKey) uint64 {
-	if session != "" {
-		return xxh3.HashString(session)
-	}
-	const affinityBlocks = 4
-	switch {
-	case len(keys) >= affinityBlocks:
-		return uint64(keys[affinityBlocks-1])
-	case len(keys) > 0:
-		return uint64(keys[len(keys)-1])
-	}
-	return uint64(root)
-}
+// PublishesKVEvents reports whether replica i publishes KV events: every
+// engine does when the gateways use them.
+func (g *gateway) PublishesKVEvents(int) bool { return g.w.opts.events() }
 
 // record writes the decision into this gateway's index and sends it to the
 // peers, who apply it SyncDelay later with the original timestamp.
-func (g *gateway) record(rep int, now int64) {
+func (g *gateway) record(rep int, ledger index.Ledger, now int64) {
 	if len(g.keys) == 0 {
 		return
 	}
 	w := g.w
 	id := w.ids[rep]
-	_ = g.ix.Record(g.keys, id, g.ledger, now) // only ErrInvalidLedger, impossible here
+	_ = g.ix.Record(g.keys, id, ledger, now) // only ErrInvalidLedger, impossible here
 	if !w.shareLoad {
 		return
 	}
 	keys := slices.Clone(g.keys)
-	ledger := g.ledger
 	self := g.id
 	w.q.push(event{at: w.now + w.opts.SyncDelay, fn: func() {
 		for _, p := range w.gws {
@@ -245,14 +218,10 @@ func (g *gateway) release(f *flight, ok bool) {
 		return
 	}
 	w := g.w
-	ttft := (f.first - f.start).Seconds()
-	obs := route.Observation{UncachedTokens: f.uncached, TTFT: ttft, QueueSeconds: f.estQueue}
 	// As node's observeCost: the output length is the number of content
-	// tokens, and TPOT spreads first-to-last over the n−1 gaps.
-	if out := f.maxTokens; out > 1 {
-		obs.OutputTokens = out
-		obs.TPOT = (w.now - f.first).Seconds() / float64(out-1)
-	}
+	// tokens, one per content event.
+	out := f.maxTokens
+	obs := f.obs.Stream((f.first - f.start).Seconds(), out, out, (w.now - f.first).Seconds())
 	g.set.Model().Observe(w.ids[f.rep], obs)
 }
 

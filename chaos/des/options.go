@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/node/tokenizer"
 	"github.com/kvmesh/kvmesh/route"
 )
 
@@ -102,7 +103,7 @@ func DefaultOptions() Options {
 		MaxNumSeqs:          8,
 		MaxNumBatchedTokens: 2048,
 		MaxModelLen:         32768,
-		Tokenizer:           "tiktoken",
+		Tokenizer:           tokenizer.NameTiktoken,
 		SyncDelay:           5 * time.Millisecond,
 		LoadDelay:           100 * time.Millisecond,
 		KVDelay:             time.Millisecond,
@@ -137,7 +138,7 @@ func (o *Options) Validate() error {
 		return bad("engine tokens %d < block size", o.EngineTokens)
 	case o.MaxNumSeqs < 1 || o.MaxNumBatchedTokens < 1 || o.MaxModelLen < 1:
 		return bad("engine limits must be >= 1")
-	case o.Tokenizer != "tiktoken" && o.Tokenizer != "bytes":
+	case o.Tokenizer != tokenizer.NameTiktoken && o.Tokenizer != tokenizer.NameBytes:
 		return bad("tokenizer %q (want tiktoken or bytes)", o.Tokenizer)
 	case o.SyncDelay < 0 || o.LoadDelay < 0 || o.KVDelay < 0:
 		return bad("delays must be >= 0")

@@ -10,6 +10,7 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/node/tokenizer"
+	"github.com/kvmesh/kvmesh/route"
 )
 
 // epoch is virtual time zero as a wall-clock instant: the engines take
@@ -77,7 +78,7 @@ func New(o Options) (*World, error) {
 		return nil, err
 	}
 	w := &World{opts: o, answers: map[int]string{}}
-	if o.Tokenizer == "tiktoken" {
+	if o.Tokenizer == tokenizer.NameTiktoken {
 		inner, err := tokenizer.New(tokenizer.NameTiktoken)
 		if err != nil {
 			return nil, fmt.Errorf("des: tokenizer: %w", err)
@@ -178,7 +179,9 @@ type flight struct {
 	gw       *gateway
 	uncached int
 	queued   bool // uncached is counted in gw's queued prefill
-	estQueue float64
+	// obs is the routing core's observation, completed when the stream
+	// ends (gateway.release).
+	obs route.Observation
 }
 
 // Send implements study.Engine.

@@ -36,6 +36,7 @@ type plot struct {
 	w, h                   float64
 	left, right, top, bot  float64
 	xmin, xmax, ymin, ymax float64
+	xstep, ystep           float64 // tick spacing: 1, 2 or 5 times a power of ten
 }
 
 func newPlot(w, h, xmax, ymax float64, title, xlabel, ylabel string) *plot {
@@ -45,7 +46,9 @@ func newPlot(w, h, xmax, ymax float64, title, xlabel, ylabel string) *plot {
 // newPlotCat is newPlot with a categorical x axis when cats is not nil:
 // category i spans [i, i+1) and is labelled under the axis.
 func newPlotCat(w, h, xmax, ymax float64, title, xlabel, ylabel string, cats []string) *plot {
-	p := &plot{w: w, h: h, left: 48, right: 12, top: 24, bot: 36, xmax: niceMax(xmax), ymax: niceMax(ymax)}
+	p := &plot{w: w, h: h, left: 48, right: 12, top: 24, bot: 36}
+	p.xmax, p.xstep = niceAxis(xmax)
+	p.ymax, p.ystep = niceAxis(ymax)
 	if cats != nil {
 		p.xmax = math.Max(float64(len(cats)), 1)
 		p.bot = 64
@@ -60,12 +63,17 @@ func newPlotCat(w, h, xmax, ymax float64, title, xlabel, ylabel string, cats []s
 		cx, cy := p.x(float64(i)+0.5), h-p.bot+10
 		fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk" text-anchor="end" transform="rotate(-35 %.1f %.1f)">%s</text>`, cx, cy, cx, cy, html.EscapeString(c))
 	}
-	for i := 0; i <= 4; i++ {
-		xv := p.xmax * float64(i) / 4
-		yv := p.ymax * float64(i) / 4
-		if cats == nil {
+	// Ticks on multiples of a 1/2/5 step, the axis ending on the first
+	// tick at or above the data (niceAxis): no 1.25 or 3.75, and no axis
+	// running far past the data.
+	if cats == nil {
+		for i := 0; float64(i)*p.xstep <= p.xmax*(1+1e-9); i++ {
+			xv := float64(i) * p.xstep
 			fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk" text-anchor="middle">%s</text>`, p.x(xv), h-p.bot+13, tick(xv))
 		}
+	}
+	for i := 0; float64(i)*p.ystep <= p.ymax*(1+1e-9); i++ {
+		yv := float64(i) * p.ystep
 		fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk" text-anchor="end">%s</text>`, p.left-4, p.y(yv)+3, tick(yv))
 		if i > 0 {
 			fmt.Fprintf(&p.b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="gr"/>`, p.left, p.y(yv), w-p.right, p.y(yv))
@@ -76,17 +84,23 @@ func newPlotCat(w, h, xmax, ymax float64, title, xlabel, ylabel string, cats []s
 	return p
 }
 
-func niceMax(v float64) float64 {
+// niceAxis returns an axis end at or above v and its tick step: the step
+// is 1, 2 or 5 times a power of ten giving 3 to 5 intervals, and the end
+// the first multiple of the step at or above v.
+func niceAxis(v float64) (end, step float64) {
 	if !(v > 0) || math.IsInf(v, 0) {
-		return 1
+		return 1, 0.25
 	}
-	e := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 2.5, 4, 5, 8, 10} {
-		if m*e >= v {
-			return m * e
+	raw := v / 4
+	e := math.Pow(10, math.Floor(math.Log10(raw)))
+	step = 10 * e
+	for _, m := range []float64{1, 2, 5} {
+		if m*e >= raw {
+			step = m * e
+			break
 		}
 	}
-	return 10 * e
+	return math.Ceil(v/step-1e-9) * step, step
 }
 
 func tick(v float64) string {

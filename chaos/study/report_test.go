@@ -2,6 +2,7 @@ package study_test
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -38,6 +39,32 @@ func TestBeatCheck(t *testing.T) {
 	assert.Equal(t, "misses pass, TTFT, hit rate", tab.Rows[1][5])
 }
 
+// TestCalibrationLikeForLikeAndMisses: a 48-arrival run is compared with
+// the seed's counts scaled to 48, and a TTFT ten times the seed's is
+// flagged as a miss with the tolerance.
+func TestCalibrationLikeForLikeAndMisses(t *testing.T) {
+	res := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{
+		run("warm", 1, "prefix-cache", "history", 47, 3.1, 0.93, 24, 24),
+		run("hot50", 1, "least-request", "history", 30, 1.8, 0.85, 24, 24),
+	}}
+	res.Runs[0].Arrivals, res.Runs[1].Arrivals = 48, 48
+	cal, ok := study.CalibrationTable(res)
+	require.True(t, ok)
+	require.Len(t, cal.Rows, 2)
+	byScenario := map[string][]string{}
+	for _, r := range cal.Rows {
+		byScenario[r[0]] = r
+	}
+	warm := byScenario["warm / 1"]
+	assert.Equal(t, "47 | 48 of 48", warm[5], "the seed's 96 of 96 scaled to 48")
+	assert.Equal(t, "24 / 24 | 24 / 24", warm[6])
+	assert.Contains(t, warm[7], "MISS TTFT ×9.5")
+	hot := byScenario["hot50 / 1"]
+	assert.Equal(t, "30 | 48 of 48", hot[5])
+	assert.Equal(t, "MISS pass -18", hot[7])
+	assert.Contains(t, strings.Join(cal.Notes, " "), "within ×2")
+}
+
 func TestCalibrationAndVerdict(t *testing.T) {
 	res := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{
 		run("hot50", 1, "least-request", "history", 96, 1.7, 0.85, 48, 48),
@@ -50,7 +77,7 @@ func TestCalibrationAndVerdict(t *testing.T) {
 	cal, ok := study.CalibrationTable(res)
 	require.True(t, ok)
 	require.Len(t, cal.Rows, 4, "history runs only, each next to its seed row")
-	assert.Equal(t, []string{"hot50 / 1", "least-request", "1.700 | 1.767", "— | 71.6", "85.0% | 85.4%", "96/96 | 96", "48 / 48 | 48 / 48"}, cal.Rows[0])
+	assert.Equal(t, []string{"hot50 / 1", "least-request", "1.700 | 1.767", "— | 71.6", "85.0% | 85.4%", "96 | 96 of 96", "48 / 48 | 48 / 48", "ok"}, cal.Rows[0])
 
 	v := study.Verdict(res, "hot50")
 	assert.True(t, strings.HasPrefix(v, "**hot50**: best least-request@history/g1 (96+94 = 190/192 pass"), v)
@@ -88,6 +115,8 @@ func TestCalibrationCheck(t *testing.T) {
 		boot("r1-warm-prefix-cache@history/g1", 4, 4),
 		boot("r1-warm-cost@history/g1", 6, 2),
 		{Name: "r1-hot50-least-request@history/g1", Measured: true, LagP95S: 0.5},
+		// Both runs of the difference lag: the verdict says so once.
+		{Name: "r1-hot50-prefix-cache@history/g1", Measured: true, LagP95S: 0.5},
 	}
 	tab, ok := study.CalibrationCheck(res)
 	require.True(t, ok)
@@ -95,7 +124,7 @@ func TestCalibrationCheck(t *testing.T) {
 	for _, r := range tab.Rows {
 		got[r[1]] = [2]string{r[2], r[3]}
 	}
-	assert.Equal(t, [2]string{"69", "met"}, got["hot50: prefix-cache puts ≥ 65 of 96 on one replica"])
+	assert.Equal(t, [2]string{"69", "met (host lagging: inflated)"}, got["hot50: prefix-cache puts ≥ 65 of 96 on one replica"])
 	assert.Equal(t, [2]string{"95", "met (host lagging: inflated)"}, got["hot50: least-request passes ≥ 90"])
 	assert.Equal(t, [2]string{"55 fewer (40 vs 95)", "met (host lagging: inflated)"}, got["hot50: prefix-cache passes ≥ 30 fewer than least-request"])
 	assert.Equal(t, [2]string{"96 (index unknown)", "met"}, got["warm, balanced index: least-request passes ≥ 90"], "index-blind")
@@ -164,4 +193,33 @@ func TestTableMarkdownEscapesPipes(t *testing.T) {
 	require.Equal(t, `| scenario | pass cost \| best(LR,PC) | verdict |`, lines[0])
 	require.Equal(t, "|---|---|---|", lines[1])
 	require.Equal(t, `| cold / 1 | 79 \| 57 | meets |`, lines[2])
+}
+
+// TestPerReplicaSummaryAtScale: with 128 replicas a phase table's cell
+// holds min / median / max and the top three, not 128 values; small runs
+// keep the full list.
+func TestPerReplicaSummaryAtScale(t *testing.T) {
+	r := run("hot50", 1, "cost", "history", 90, 1.5, 0.9, 0, 0)
+	r.Replicas = 128
+	r.PerReplica, r.MaxWaiting = map[string]int{}, map[string]int{}
+	for i := range 128 {
+		name := fmt.Sprintf("r%03d", i)
+		r.PerReplica[name] = i % 10 // 0..9, r009 first of the nines
+		r.MaxWaiting[name] = 1
+	}
+	r.PerReplica["r100"] = 500
+	res := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{r}}
+	var md bytes.Buffer
+	require.NoError(t, study.WriteMarkdown(&md, res))
+	out := md.String()
+	assert.Contains(t, out, "requests per replica (min / median / max; top 3)")
+	assert.Contains(t, out, "0 / 4 / 500; r100 500, r009 9, r019 9")
+	assert.Contains(t, out, "1 / 1 / 1; ")
+	assert.NotContains(t, out, "r000 / r001", "no 128-name header")
+	assert.Contains(t, out, "128 replicas: per-replica figures are summarized")
+
+	small := &study.Results{Config: study.DefaultConfig(), Runs: []study.Run{run("hot50", 1, "cost", "history", 90, 1.5, 0.9, 40, 56)}}
+	md.Reset()
+	require.NoError(t, study.WriteMarkdown(&md, small))
+	assert.Contains(t, md.String(), "40 / 56")
 }

@@ -64,6 +64,32 @@ type Run struct {
 	MaxWaiting   map[string]int `json:"max_waiting"`
 }
 
+// SyncSingle is the "sync" of a one-gateway run (nothing to share); runs
+// of several gateways say SyncSynced or SyncIsolated.
+const SyncSingle = "single"
+
+// SyncSetting names r's sync axis: single, synced or isolated.
+func (r *Run) SyncSetting() string {
+	switch {
+	case r.Isolated:
+		return SyncIsolated
+	case r.Gateways > 1:
+		return SyncSynced
+	}
+	return SyncSingle
+}
+
+// MarshalJSON writes r with its sync setting spelled out ("sync"), so a
+// reader tells the synced and isolated runs of one strategy and mode
+// apart without knowing that isolated is omitted when false.
+func (r Run) MarshalJSON() ([]byte, error) {
+	type plain Run
+	return json.Marshal(struct {
+		plain
+		Sync string `json:"sync"`
+	}{plain(r), r.SyncSetting()})
+}
+
 // Key returns the phase key of r.
 func (r *Run) Key() PhaseKey {
 	return PhaseKey{Scenario: r.Scenario, Round: r.Round, Strategy: r.Strategy, Mode: r.Mode, Gateways: r.Gateways,
@@ -87,12 +113,19 @@ func (k PhaseKey) PhaseName() string {
 	return fmt.Sprintf("r%d-%s-%s@%s", k.Round, k.Scenario, k.Strategy, cellName(k.Mode, k.Gateways, k.Isolated))
 }
 
+// ResultsSchemaVersion is results.json's schema_version; docs/results.md
+// documents each version. 2: every run carries "sync"; the file carries
+// schema_version (a file without it is version 1).
+const ResultsSchemaVersion = 2
+
 // Results is everything a study produced.
 type Results struct {
-	Runs     []Run           `json:"runs"`
-	Config   Config          `json:"config"`
-	Requests []RequestRecord `json:"-"`
-	Phases   []PhaseDetail   `json:"-"`
+	// SchemaVersion is ResultsSchemaVersion when written by WriteFiles.
+	SchemaVersion int             `json:"schema_version"`
+	Runs          []Run           `json:"runs"`
+	Config        Config          `json:"config"`
+	Requests      []RequestRecord `json:"-"`
+	Phases        []PhaseDetail   `json:"-"`
 }
 
 // PhaseDetail is the per-phase evidence that does not fit results.json's
@@ -256,6 +289,7 @@ func WriteFiles(dir string, res *Results) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	res.SchemaVersion = ResultsSchemaVersion
 	if err := writeJSON(filepath.Join(dir, FileResults), res); err != nil {
 		return err
 	}

@@ -110,13 +110,16 @@ func TestRunnerToyGrid(t *testing.T) {
 	raw, err := os.ReadFile(filepath.Join(dir, study.FileResults))
 	require.NoError(t, err)
 	var generic struct {
-		Runs   []map[string]json.RawMessage `json:"runs"`
-		Config map[string]json.RawMessage   `json:"config"`
+		SchemaVersion int                          `json:"schema_version"`
+		Runs          []map[string]json.RawMessage `json:"runs"`
+		Config        map[string]json.RawMessage   `json:"config"`
 	}
 	require.NoError(t, json.Unmarshal(raw, &generic))
+	require.Equal(t, study.ResultsSchemaVersion, generic.SchemaVersion)
+	// The issue's keys plus "sync" (schema 2: every axis of a run).
 	want := []string{"scenario", "round", "strategy", "mode", "gateways", "replicas", "arrivals", "succeeded",
 		"failed", "slo_pass", "ttft_p95_s", "tpot_p95_ms", "e2e_p95_s", "token_hit_rate", "per_replica",
-		"selection", "max_waiting"}
+		"selection", "max_waiting", "sync"}
 	for _, r := range generic.Runs {
 		var keys []string
 		for k := range r {
@@ -378,5 +381,29 @@ func TestRunnerWorkersStopAtFirstFailingCell(t *testing.T) {
 		for _, r := range res.Runs {
 			require.Equal(t, "history", r.Mode)
 		}
+	}
+}
+
+// TestRunJSONSyncSetting: every run names its sync setting, so the synced
+// and isolated runs of one strategy and mode differ in a field, not only
+// in their order.
+func TestRunJSONSyncSetting(t *testing.T) {
+	for _, c := range []struct {
+		run  study.Run
+		want string
+	}{
+		{study.Run{Gateways: 1}, "single"},
+		{study.Run{Gateways: 8}, "synced"},
+		{study.Run{Gateways: 8, Isolated: true}, "isolated"},
+	} {
+		b, err := json.Marshal(c.run)
+		require.NoError(t, err)
+		var got struct {
+			Sync     string `json:"sync"`
+			Gateways int    `json:"gateways"`
+		}
+		require.NoError(t, json.Unmarshal(b, &got))
+		assert.Equal(t, c.want, got.Sync)
+		assert.Equal(t, c.run.Gateways, got.Gateways)
 	}
 }

@@ -97,15 +97,17 @@ func intruder(t *R) {
 	sink := newIntruderSink(t)
 	_, _ = settle(t, c, "baseline")
 	before := c.ConfigVersions()
+	// A loaded machine can hold an election right after settling: wait
+	// for a leader rather than expect one at this instant.
 	var leader, follower *cluster.Gateway
+	require.Eventually(t, func() bool { leader = leaderOf(c.Gateways()); return leader != nil },
+		10*time.Second, 5*time.Millisecond, "a raft leader")
 	for _, g := range c.Gateways() {
-		if g.Node.ConfigStore().IsLeader() {
-			leader = g
-		} else if follower == nil {
+		if g != leader {
 			follower = g
+			break
 		}
 	}
-	require.NotNil(t, leader, "a raft leader")
 	rounds := t.Scale(1, 5)
 
 	lc := loadConfig(c, "intruder", t.Scale(120, 900))

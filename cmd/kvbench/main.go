@@ -73,6 +73,7 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/des"
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/chaos/study/live"
+	"github.com/kvmesh/kvmesh/internal/buildinfo"
 )
 
 // Engines accepted by --engine.
@@ -166,6 +167,7 @@ history; 1 round; synced and isolated gateways; 0.8 RPS and 24 in flight per
 replica): any axis flag given explicitly replaces its default, --quick the
 whole grid. Its cells run in parallel (--parallel); results do not depend on
 it.`,
+		Version:       buildinfo.String("kvbench"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -177,6 +179,7 @@ it.`,
 			return runStudy(cmd.Context(), c, opt, stdout, stderr)
 		},
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	f := root.Flags()
 	addStudyFlags(f, &cfg, &opt, false)
 	f.StringVar(&opt.engine, "engine", engineLive, "engine: live (simulators and gateways on loopback) or des (discrete-event, virtual time)")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -228,4 +229,17 @@ func TestKvbenchDES(t *testing.T) {
 	assert.Equal(t, 4, strings.Count(string(md), "replicas ×"), "one table per setting")
 	_, err = os.Stat(filepath.Join(dir, "r4-g2-rps1.6", study.FileResults))
 	require.NoError(t, err)
+}
+
+func TestVersionFlag(t *testing.T) {
+	var out bytes.Buffer
+	cmd := newRootCmd(io.Discard, io.Discard)
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"--version"})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "kvbench dev (revision ") {
+		t.Fatalf("kvbench --version = %q", out.String())
+	}
 }

@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -21,6 +20,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/kvmesh/kvmesh/internal/buildinfo"
+	"github.com/kvmesh/kvmesh/internal/logx"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/sync/config"
 	"github.com/kvmesh/kvmesh/sync/config/admincli"
@@ -30,13 +31,21 @@ func newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kvmesh",
 		Short:         "Prefix-cache-aware gateway for vLLM replicas",
+		Version:       buildinfo.String("kvmesh"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate("{{.Version}}\n") // kvmesh --version = kvmesh version
 	root.AddCommand(newServeCmd(), newExplainCmd(), newDoctorCmd(), newVersionCmd(), newKeygenCmd())
 	// kvmesh config get|set|patch|edit and kvmesh members, over the admin
 	// gRPC API (--admin-addr, --token).
-	root.AddCommand(admincli.Commands()...)
+	admin := admincli.Commands()
+	for _, c := range admin {
+		if c.Name() == "config" {
+			c.AddCommand(newConfigReferenceCmd()) // configref.go
+		}
+	}
+	root.AddCommand(admin...)
 	root.AddCommand(newChaosCmd(), newFaultproxyCmd()) // chaos.go, faultproxy.go
 	return root
 }
@@ -50,6 +59,7 @@ type serveFlags struct {
 	logLevel   string
 	logFormat  string
 	cfg        node.Config // flag targets, copied over the file's values when set
+	route      []routeFlag // --prefix-cache-*, --consistent-hash-*, --cost-* (routeflags.go)
 }
 
 func newServeCmd() *cobra.Command {
@@ -102,8 +112,8 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fl.StringVar(&d.HTTPAddr, "http-addr", d.HTTPAddr, "listen address of the API, /metrics and /debug/*; all interfaces by default because it is the ingress clients reach (debug views and the admin API need the admin token)")
-	fl.StringVar(&d.Strategy, "strategy", d.Strategy, "default routing strategy: random, least-request, prefix-cache, consistent-hash or cost")
-	fl.StringVar(&d.IndexMode, "index-mode", d.IndexMode, "index mode: history, kv-events or hybrid")
+	fl.StringVar(&d.Strategy, "strategy", d.Strategy, "default routing strategy: random, least-request, prefix-cache, consistent-hash or cost (the default: best or tied on every scenario of the kvbench study)")
+	fl.StringVar(&d.IndexMode, "index-mode", d.IndexMode, "index mode: history, kv-events, hybrid, or auto (the default: hybrid when any --replica has kv= or kv-bind=, or --discovery-kv is set, else history)")
 	fl.StringVar(&d.Tokenizer, "tokenizer", d.Tokenizer, "auto, character, tiktoken, remote, or hf:<dir> (the model's own tokenizer.json and tokenizer_config.json, as vLLM applies them)")
 	fl.IntVar(&d.MaxKeyTokens, "max-key-tokens", d.MaxKeyTokens, "key at most a prompt's first N tokens (bounds tokenizing work per request; longer prompts keep exact keys for their first N tokens)")
 	fl.DurationVar(&d.ResponseTTL, "response-ttl", d.ResponseTTL, "how long a gateway remembers which replica stored a Responses API response (previous_response_id and /v1/responses/{id} go there)")
@@ -124,6 +134,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.StringVar(&d.TokenizerAgreement, "tokenizer-agreement", d.TokenizerAgreement, "probe each KV-event replica's /tokenize against the gateway's tokenizer: switch (use the engine's on disagreement), probe (report only) or off")
 	fl.IntVar(&d.MaxInFlight, "max-in-flight", d.MaxInFlight, "requests this gateway handles at once before answering 429 with Retry-After (0: no limit); the default covers ~16 busy vLLM replicas")
 	fl.BoolVar(&d.DebugPublic, "debug-public", d.DebugPublic, "serve /debug/route and /debug/replicas without the admin token (they reveal which prompts are cached)")
+	f.route = addRouteFlags(fl, &d.Route)
 	addEPPFlags(fl, &d.EPP)
 	addDiscoveryFlags(fl, &d.Discovery)
 
@@ -202,6 +213,7 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("tokenizer-agreement", func() { cfg.TokenizerAgreement = d.TokenizerAgreement })
 	set("max-in-flight", func() { cfg.MaxInFlight = d.MaxInFlight })
 	set("debug-public", func() { cfg.DebugPublic = d.DebugPublic })
+	applyRouteFlags(fs, f.route, &cfg.Route, d.Route)
 	applyEPPFlags(set, &cfg.EPP, &d.EPP)
 	applyDiscoveryFlags(set, &cfg.Discovery, &d.Discovery)
 
@@ -284,11 +296,13 @@ func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: %w", level, err)
 	}
 	opts := &slog.HandlerOptions{Level: l}
+	// Dedup: components add their own context (component, replica) to
+	// the logger they are given; each key appears once per line.
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		return slog.New(logx.Dedup(slog.NewTextHandler(w, opts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		return slog.New(logx.Dedup(slog.NewJSONHandler(w, opts))), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
@@ -420,7 +434,11 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // the URL is in the message below
+		}
+		return fmt.Errorf("no gateway reachable at %s (--addr; default 127.0.0.1:8080): %w", addr, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
@@ -533,11 +551,7 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			goVersion := "unknown"
-			if bi, ok := debug.ReadBuildInfo(); ok {
-				goVersion = bi.GoVersion
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "kvmesh %s (%s)\n", version, goVersion)
+			fmt.Fprintln(cmd.OutOrStdout(), buildinfo.String("kvmesh"))
 		},
 	}
 }

@@ -137,7 +137,13 @@ func TestVersion(t *testing.T) {
 	cmd.SetOut(&out)
 	cmd.SetArgs([]string{"version"})
 	require.NoError(t, cmd.Execute())
-	assert.True(t, strings.HasPrefix(out.String(), "kvmesh dev ("), out.String())
+	assert.True(t, strings.HasPrefix(out.String(), "kvmesh dev (revision "), out.String())
+	var flagOut bytes.Buffer
+	cmd = newRootCmd()
+	cmd.SetOut(&flagOut)
+	cmd.SetArgs([]string{"--version"})
+	require.NoError(t, cmd.Execute())
+	assert.Equal(t, out.String(), flagOut.String(), "kvmesh --version = kvmesh version")
 }
 
 func TestServeRunsUntilCancelled(t *testing.T) {
@@ -316,4 +322,65 @@ func TestServeClusterNeedsKey(t *testing.T) {
 	assert.True(t, cfg.Cluster.Insecure)
 	assert.Equal(t, "n.creds", cfg.Cluster.NATSCredentialsFile)
 	assert.Equal(t, "ca.pem", cfg.Cluster.NATSTLS.CAFile)
+}
+
+// TestConfigReferenceCurrent fails when docs/config.md is not what
+// `kvmesh config reference` generates from the config types; regenerate
+// with: go run ./cmd/kvmesh config reference -o docs/config.md
+func TestConfigReferenceCurrent(t *testing.T) {
+	var b bytes.Buffer
+	require.NoError(t, writeConfigReference(&b))
+	got, err := os.ReadFile("../../docs/config.md")
+	require.NoError(t, err)
+	if !bytes.Equal(got, b.Bytes()) {
+		t.Fatal("docs/config.md is stale: run go run ./cmd/kvmesh config reference -o docs/config.md")
+	}
+	// Every knob is there, with its default and its flag.
+	for _, row := range []string{
+		"| `strategy` | string | `cost` | `--strategy` |",
+		"| `index_mode` | string | `auto` | `--index-mode` |",
+		"| `cluster.admin_addr` | string | `0.0.0.0:7948` | `--admin-addr` |",
+		"| `cost.alpha` | float64 | `0.2` | `route.cost.alpha`, `--cost-alpha` |",
+		"| `route.cost.alpha` | float64 | `0.2` | `--cost-alpha` |",
+		"| `cluster.admin_tls.cert_file` | string | \"\" | `--admin-tls-cert` |",
+	} {
+		assert.Contains(t, b.String(), row)
+	}
+}
+
+// TestRouteKnobFlags: every strategy parameter has a flag named after its
+// cluster-document key; a flag given wins over the YAML file's route:
+// value, one not given leaves it.
+func TestRouteKnobFlags(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kvmesh.yaml")
+	require.NoError(t, os.WriteFile(path, []byte(`
+route:
+  cost:
+    alpha: 0.4
+    chunktokens: 1024
+models:
+  - name: M
+    replicas: [{name: a, url: "http://127.0.0.1:8001"}]
+`), 0o600))
+	cfg, err := parseServe(t, "--config", path, "--cost-alpha", "0.5", "--prefix-cache-stddev-factor", "3",
+		"--consistent-hash-virtual-nodes", "50", "--prefix-cache-local-load")
+	require.NoError(t, err)
+	assert.Equal(t, 0.5, cfg.Route.Cost.Alpha, "the flag wins over the file")
+	assert.Equal(t, 1024, cfg.Route.Cost.ChunkTokens, "the file's value stays")
+	assert.Equal(t, 3.0, cfg.Route.PrefixCache.StdDevFactor)
+	assert.True(t, cfg.Route.PrefixCache.LocalLoad)
+	assert.Equal(t, 50, cfg.Route.ConsistentHash.VirtualNodes)
+
+	// One flag per field of each section of the cluster document.
+	cmd, f := newServeCmdFlags()
+	n := 0
+	for _, sec := range routeSections {
+		n += sec.mirror.NumField()
+	}
+	n -= 2 // prefix_cache.block_size and .tokenizer: --block-size, --tokenizer
+	assert.Len(t, f.route, n)
+	for _, rf := range f.route {
+		assert.NotNil(t, cmd.Flags().Lookup(rf.name))
+	}
 }

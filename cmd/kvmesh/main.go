@@ -8,7 +8,7 @@
 //	kvmesh doctor --addr 127.0.0.1:8080 [--addr ...]   # exits 1 on any failed check
 //	kvmesh config get|set|patch|edit --admin-addr 127.0.0.1:7948
 //	kvmesh members --admin-addr 127.0.0.1:7948
-//	kvmesh version
+//	kvmesh version   # or kvmesh --version
 //	kvmesh keygen > cluster.key     # the cluster key (--cluster-key-file)
 //
 // A three-gateway cluster on one machine (tokens from the environment):
@@ -25,9 +25,6 @@ import (
 	"fmt"
 	"os"
 )
-
-// version is set at build time with -ldflags "-X main.version=v1.2.3".
-var version = "dev"
 
 func main() {
 	if err := newRootCmd().Execute(); err != nil {

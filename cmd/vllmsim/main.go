@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -22,20 +21,27 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/internal/buildinfo"
+	"github.com/kvmesh/kvmesh/internal/logx"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
+		if errors.Is(err, pflag.ErrHelp) || errors.Is(err, errVersion) {
 			os.Exit(0)
 		}
 		fmt.Fprintln(os.Stderr, "vllmsim:", err)
 		os.Exit(2)
 	}
 }
+
+// errVersion ends run after --version printed the version.
+var errVersion = errors.New("version printed")
 
 // shutdownGrace bounds how long in-flight requests may finish after SIGTERM.
 const shutdownGrace = 10 * time.Second
@@ -47,7 +53,7 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(*sim.Ser
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level}))
+	log := slog.New(logx.Dedup(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level})))
 	cfg.Logger = log
 	s, err := sim.NewServer(cfg)
 	if err != nil {
@@ -68,15 +74,21 @@ func run(ctx context.Context, args []string, logw io.Writer, ready func(*sim.Ser
 }
 
 // parseFlags maps vLLM's flags (and the simulator's own) onto sim.Config.
-// Go's flag package accepts both -name and --name, and --name=value.
+// Flags are GNU style, as vLLM's and the other two commands': --name value
+// or --name=value; a single dash is not a long flag. --version prints the
+// version to out and returns errVersion.
 func parseFlags(args []string, out io.Writer) (sim.Config, slog.Level, error) {
 	cfg := sim.DefaultConfig()
-	fs := flag.NewFlagSet("vllmsim", flag.ContinueOnError)
+	fs := pflag.NewFlagSet("vllmsim", pflag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.SortFlags = false
+	fs.Usage = func() {
+		fmt.Fprintf(out, "vllmsim is a vLLM-compatible engine simulator; it takes vLLM's flag names.\n\nUsage:\n  vllmsim [MODEL] [flags]\n\nFlags:\n%s", fs.FlagUsages())
+	}
 	var (
 		model, profile, kvJSON, kvEnc, kvForm, logLevel string
 		served                                          string
-		enablePrefixCaching                             bool
+		enablePrefixCaching, showVersion                bool
 	)
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "HTTP listen host")
 	fs.IntVar(&cfg.Port, "port", cfg.Port, "HTTP listen port (0 picks one)")
@@ -97,12 +109,22 @@ func parseFlags(args []string, out io.Writer) (sim.Config, slog.Level, error) {
 	fs.Uint64Var(&cfg.HashSeed, "hash-seed", 0, "engine block hash seed (0 = random per process, like vLLM)")
 	fs.BoolVar(&enablePrefixCaching, "enable-prefix-caching", true, "accepted for vLLM compatibility; prefix caching is always on")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.BoolVar(&showVersion, "version", false, "print the version and exit")
 	// vLLM's "vllm serve MODEL [flags]": a leading positional model name.
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		model, args = args[0], args[1:]
 	}
 	if err := fs.Parse(args); err != nil {
+		for _, a := range args {
+			if len(a) > 2 && a[0] == '-' && a[1] != '-' {
+				return cfg, 0, fmt.Errorf("%w (long flags take two dashes, as in vLLM: -%s)", err, a)
+			}
+		}
 		return cfg, 0, err
+	}
+	if showVersion {
+		fmt.Fprintln(out, buildinfo.String("vllmsim"))
+		return cfg, 0, errVersion
 	}
 	if fs.NArg() > 0 {
 		return cfg, 0, fmt.Errorf("unexpected arguments: %q", fs.Args())

@@ -91,3 +91,19 @@ func TestRunServesAndStopsOnCancel(t *testing.T) {
 		t.Fatal("run did not stop")
 	}
 }
+
+// TestParseFlagsGNUStyle: long flags take two dashes, as in vLLM; a single
+// dash is an error that says so, and --version answers without serving.
+func TestParseFlagsGNUStyle(t *testing.T) {
+	_, _, err := parseFlags([]string{"-port", "8001"}, io.Discard)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "two dashes")
+	var out strings.Builder
+	_, _, err = parseFlags([]string{"--version"}, &out)
+	require.ErrorIs(t, err, errVersion)
+	require.True(t, strings.HasPrefix(out.String(), "vllmsim "), out.String())
+	cfg, _, err := parseFlags([]string{"--port=8001", "--served-model-name=M"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 8001, cfg.Port)
+	require.Equal(t, "M", cfg.ServedModelName)
+}

@@ -132,7 +132,8 @@ func (*GetConfigRequest) Descriptor() ([]byte, []int) {
 
 type ConfigResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// version is the raft index of the entry that produced this config; 0
+	// version counts the config changes applied (membership changes do not
+	// count), the value compare-and-set writes expect; 0
 	// when no config was ever applied.
 	Version uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
 	// config_json is the RoutingConfig document; empty when version is 0.

@@ -37,12 +37,14 @@ const (
 type RoutingConfig struct {
 	// Strategy is the default routing strategy of a model that names none:
 	// random, least-request, prefix-cache, consistent-hash or cost.
-	// Default "prefix-cache" (AIBrix v0.7 behaviour, the baseline users
-	// migrate from).
+	// Default "cost" (the kvbench study's best or tied on every scenario);
+	// a gateway seeds an empty cluster config with its own --strategy.
 	Strategy string `json:"strategy"`
 	// IndexMode is the default index mode of a model that names none:
 	// history, kv-events or hybrid. Default "history" (needs no engine
-	// configuration).
+	// configuration); a gateway seeds an empty cluster config with its own
+	// resolved mode (--index-mode auto: hybrid when a replica publishes KV
+	// events).
 	IndexMode string `json:"index_mode"`
 	// HashSeed is mixed into every block key's root; identical on every
 	// gateway because it lives here. Default 0. Changing it invalidates
@@ -164,9 +166,14 @@ type IndexConfig struct {
 // SLOConfig holds the targets a request is judged against (the study's
 // SLO: TTFT ≤ 2 s, TPOT ≤ 150 ms, E2E ≤ 30 s). Zero disables a target.
 type SLOConfig struct {
+	// TTFT is the longest time to first token that meets the SLO.
+	// Default 2s.
 	TTFT Duration `json:"ttft"`
+	// TPOT is the longest mean time per output token after the first.
+	// Default 150ms.
 	TPOT Duration `json:"tpot"`
-	E2E  Duration `json:"e2e"`
+	// E2E is the longest whole-request time. Default 30s.
+	E2E Duration `json:"e2e"`
 }
 
 // Duration is a time.Duration whose JSON form is a Go duration string
@@ -205,7 +212,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 func DefaultRoutingConfig() RoutingConfig {
 	rc := route.DefaultConfig()
 	return RoutingConfig{
-		Strategy:  route.NamePrefixCache,
+		Strategy:  route.NameCost,
 		IndexMode: "history",
 		Models:    map[string]ModelConfig{},
 		PrefixCache: PrefixCacheConfig{

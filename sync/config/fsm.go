@@ -11,9 +11,14 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// Versioned is an applied routing config and its version, the raft index
-// of the log entry that produced it. Both are immutable once published:
-// readers share the pointer and must not modify Config.
+// Versioned is an applied routing config and its version: the number of
+// config changes applied so far (set, patch), so that it moves only when
+// the config does. Raft's own entries (membership changes, a new leader's
+// no-op) do not count; they move kvmesh_config_membership_index. Every
+// node applies the same log, so every node reaches the same version. A
+// data directory written when the version was the raft index keeps its
+// (larger) version and counts on from it. Both are immutable once
+// published: readers share the pointer and must not modify Config.
 type Versioned struct {
 	Version uint64         `json:"version"`
 	Config  *RoutingConfig `json:"config,omitempty"`
@@ -64,10 +69,20 @@ func (f *FSM) Apply(l *raft.Log) any {
 		f.log.Warn("config command rejected", "index", l.Index, "op", cmd.Op, "err", err)
 		return applyResult{version: f.cur.Load().Version, err: err}
 	}
-	f.swap(&Versioned{Version: l.Index, Config: next})
+	version := f.cur.Load().Version + 1
+	f.swap(&Versioned{Version: version, Config: next})
 	f.metrics.applies.WithLabelValues("applied").Inc()
-	f.log.Info("config applied", "version", l.Index, "op", cmd.Op)
-	return applyResult{version: l.Index}
+	f.log.Info("config applied", "version", version, "op", cmd.Op, "raft_index", l.Index)
+	return applyResult{version: version}
+}
+
+var _ raft.ConfigurationStore = (*FSM)(nil)
+
+// StoreConfiguration implements raft.ConfigurationStore: raft calls it
+// with each committed membership configuration, which this FSM does not
+// keep, only exports (kvmesh_config_membership_index).
+func (f *FSM) StoreConfiguration(index uint64, _ raft.Configuration) {
+	f.metrics.membership.Set(float64(index))
 }
 
 func (f *FSM) swap(v *Versioned) {

@@ -36,17 +36,26 @@ func TestFSMCommands(t *testing.T) {
 	res := applyCmd(t, f, 1, AddReplicaCommand("chat", ReplicaConfig{Name: "x", URL: "http://h:1"}))
 	require.ErrorIs(t, res.err, ErrNotFound)
 
+	// The version counts applied changes, not raft indexes: the first
+	// change at raft index 2 is version 1.
 	res = applyCmd(t, f, 2, SetCommand(testConfig(), Version(0)))
 	require.NoError(t, res.err)
-	require.Equal(t, uint64(2), res.version)
-	require.Equal(t, uint64(2), f.Current().Version)
+	require.Equal(t, uint64(1), res.version)
+	require.Equal(t, uint64(1), f.Current().Version)
 
 	// Compare-and-set against a stale version is a conflict.
-	res = applyCmd(t, f, 3, SetCommand(testConfig(), Version(1)))
+	res = applyCmd(t, f, 3, SetCommand(testConfig(), Version(0)))
 	require.ErrorIs(t, res.err, ErrVersionConflict)
-	require.Equal(t, uint64(2), f.Current().Version)
+	require.Equal(t, uint64(1), f.Current().Version)
 
-	res = applyCmd(t, f, 4, PatchCommand([]byte(`{"prefix_cache":{"imbalance_abs_count":3},"models":{"code":{"replicas":[{"name":"c0","url":"http://h:9"}]}}}`), Version(2)))
+	// Raft's own entries (a membership change, a leader's no-op) between
+	// two changes leave the version alone: the next change is version 2.
+	require.Nil(t, f.Apply(&raft.Log{Index: 4, Type: raft.LogConfiguration}))
+	require.Nil(t, f.Apply(&raft.Log{Index: 5, Type: raft.LogNoop}))
+	f.StoreConfiguration(4, raft.Configuration{})
+	require.Equal(t, uint64(1), f.Current().Version)
+
+	res = applyCmd(t, f, 6, PatchCommand([]byte(`{"prefix_cache":{"imbalance_abs_count":3},"models":{"code":{"replicas":[{"name":"c0","url":"http://h:9"}]}}}`), Version(1)))
 	require.NoError(t, res.err)
 	cur := f.Current().Config
 	require.Equal(t, 3, cur.PrefixCache.ImbalanceAbsCount)
@@ -57,7 +66,7 @@ func TestFSMCommands(t *testing.T) {
 	res = applyCmd(t, f, 5, PatchCommand([]byte(`{"models":{"code":{"replicas":[{"name":"c0","url":"nope"}]}}}`), nil))
 	require.ErrorIs(t, res.err, ErrInvalidConfig)
 	require.Contains(t, res.err.Error(), `models["code"].replicas[0].url`)
-	require.Equal(t, uint64(4), f.Current().Version)
+	require.Equal(t, uint64(2), f.Current().Version)
 
 	res = applyCmd(t, f, 6, AddReplicaCommand("chat", ReplicaConfig{Name: "r2", URL: "http://h:2"}))
 	require.NoError(t, res.err)
@@ -75,11 +84,12 @@ func TestFSMCommands(t *testing.T) {
 	// A malformed entry is rejected, not applied.
 	out := f.Apply(&raft.Log{Index: 11, Type: raft.LogCommand, Data: []byte("garbage")}).(applyResult)
 	require.ErrorIs(t, out.err, ErrBadCommand)
-	require.Equal(t, uint64(8), f.Current().Version)
+	require.Equal(t, uint64(4), f.Current().Version, "one version per applied change")
 
 	require.Equal(t, 4.0, metricValue(t, m.applies.WithLabelValues("applied")))
 	require.Equal(t, 7.0, metricValue(t, m.applies.WithLabelValues("rejected")))
-	require.Equal(t, 8.0, metricValue(t, m.version))
+	require.Equal(t, 4.0, metricValue(t, m.version))
+	require.Equal(t, 4.0, metricValue(t, m.membership), "the membership change's raft index")
 }
 
 func TestFSMSetDoesNotAliasCaller(t *testing.T) {
@@ -105,6 +115,7 @@ func (s *memSink) Close() error  { return nil }
 func TestFSMSnapshotRestore(t *testing.T) {
 	f, _ := newTestFSM(t)
 	applyCmd(t, f, 7, SetCommand(testConfig(), nil))
+	applyCmd(t, f, 8, SetCommand(testConfig(), nil))
 	snap, err := f.Snapshot()
 	require.NoError(t, err)
 	var sink memSink
@@ -118,7 +129,7 @@ func TestFSMSnapshotRestore(t *testing.T) {
 
 	// A corrupt snapshot is refused and leaves the FSM alone.
 	require.Error(t, g.Restore(io.NopCloser(bytes.NewReader([]byte(`{"version":9,"config":{"models":{}}}`)))))
-	require.Equal(t, uint64(7), g.Current().Version)
+	require.Equal(t, uint64(2), g.Current().Version)
 }
 
 // metricValue reads a gauge's or counter's current value.

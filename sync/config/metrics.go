@@ -10,9 +10,13 @@ import (
 // metrics are the store's Prometheus series. Every gateway exports them;
 // comparing kvmesh_config_version across gateways shows convergence.
 type metrics struct {
-	// version: kvmesh_config_version, the applied config's version (raft
-	// index); 0 before the first apply.
+	// version: kvmesh_config_version, the applied config's version (the
+	// count of applied config changes); 0 before the first apply.
 	version prometheus.Gauge
+	// membership: kvmesh_config_membership_index, the raft index of the
+	// latest committed raft membership configuration (voters joining or
+	// leaving): membership changes move it, not kvmesh_config_version.
+	membership prometheus.Gauge
 	// applies: kvmesh_config_applies_total{result="applied"|"rejected"},
 	// config commands applied or rejected by this node's FSM.
 	applies *prometheus.CounterVec
@@ -51,7 +55,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		version: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kvmesh_config_version",
-			Help: "Version (raft index) of the routing config applied on this node; 0 before the first apply.",
+			Help: "Version of the routing config applied on this node: the number of config changes applied (membership changes do not count); 0 before the first apply.",
+		}),
+		membership: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvmesh_config_membership_index",
+			Help: "Raft index of the latest committed raft membership configuration on this node (moves when voters join or leave).",
 		}),
 		applies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_config_applies_total",
@@ -95,6 +103,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	// rebuilt after a config error) reuses the series already registered.
 	var err error
 	if m.version, err = register(reg, m.version); err != nil {
+		return nil, err
+	}
+	if m.membership, err = register(reg, m.membership); err != nil {
 		return nil, err
 	}
 	if m.applies, err = register(reg, m.applies); err != nil {

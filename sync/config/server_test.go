@@ -168,7 +168,7 @@ func TestHTTPAPI(t *testing.T) {
 	require.Equal(t, cfg, *got.Config)
 
 	// Stale If-Match: 409 version_conflict.
-	r = do(t, h.URL, testToken, "PATCH", "/admin/v1/config", `{"strategy":"cost"}`, map[string]string{"If-Match": `"1"`})
+	r = do(t, h.URL, testToken, "PATCH", "/admin/v1/config", `{"strategy":"cost"}`, map[string]string{"If-Match": `"` + itoa64(ver.Version-1) + `"`})
 	require.Equal(t, http.StatusConflict, r.code)
 	require.Equal(t, "version_conflict", errCode(t, r))
 	// Invalid document: 400 with the field named.

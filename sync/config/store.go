@@ -117,9 +117,10 @@ func Open(cfg StoreConfig) (*Store, error) {
 
 func (s *Store) openRaft() error {
 	hlog := hclog.New(&hclog.LoggerOptions{
-		Name:   "raft",
-		Level:  hclog.LevelFromString(s.cfg.RaftLogLevel),
-		Output: slogWriter{s.log},
+		Name:       "raft",
+		Level:      hclog.LevelFromString(s.cfg.RaftLogLevel),
+		JSONFormat: true, // slogWriter turns each line into one structured record
+		Output:     slogWriter{log: s.log, gone: peerGone(s.cfg.Membership)},
 	})
 	dir := filepath.Join(s.cfg.DataDir, "raft")
 	if err := os.MkdirAll(filepath.Join(dir, "wal"), 0o750); err != nil {
@@ -979,22 +980,4 @@ func (s *Store) Members() []MemberStatus {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
-}
-
-// slogWriter forwards hclog's text lines (raft's logger) to slog.
-type slogWriter struct{ log *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	line := strings.TrimSpace(string(p))
-	level := slog.LevelInfo
-	switch {
-	case strings.Contains(line, "[ERROR]"):
-		level = slog.LevelError
-	case strings.Contains(line, "[WARN]"):
-		level = slog.LevelWarn
-	case strings.Contains(line, "[DEBUG]"), strings.Contains(line, "[TRACE]"):
-		level = slog.LevelDebug
-	}
-	w.log.Log(context.Background(), level, "raft", "line", line)
-	return len(p), nil
 }

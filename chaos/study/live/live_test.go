@@ -106,7 +106,8 @@ func TestLiveTinyGrid(t *testing.T) {
 	require.NoError(t, json.Unmarshal(raw, &doc))
 	require.Len(t, doc.Runs, len(res.Runs))
 	for _, r := range doc.Runs {
-		assert.Len(t, r, 17, "exactly the issue's fields")
+		assert.Len(t, r, 18, "exactly the issue's fields and sync (schema 2)")
+		assert.Contains(t, []any{study.SyncSingle, study.SyncSynced}, r["sync"])
 		for _, k := range []string{"per_replica", "selection", "max_waiting"} {
 			assert.IsType(t, map[string]any{}, r[k], k)
 		}

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"gopkg.in/yaml.v3"
 
 	"github.com/kvmesh/kvmesh/proto/adminpb"
@@ -31,6 +33,7 @@ const DefaultAddr = "127.0.0.1:" + config.DefaultAdminPort
 // conn holds the connection flags every command shares.
 type conn struct {
 	addr      string
+	addrFrom  string // where addr came from when --admin-addr is not given
 	token     string
 	tokenFile string
 	tls       config.TLSFiles
@@ -40,8 +43,9 @@ type conn struct {
 func (c *conn) bind(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	def := os.Getenv(AddrEnv)
+	c.addrFrom = "$" + AddrEnv
 	if def == "" {
-		def = DefaultAddr
+		def, c.addrFrom = DefaultAddr, "the default: no --admin-addr given"
 	}
 	fl.StringVar(&c.addr, "admin-addr", def, "gateway admin gRPC address (env "+AddrEnv+")")
 	fl.StringVar(&c.token, "token", "", "admin bearer token (default env "+config.TokenEnv+", else --token-file)")
@@ -81,7 +85,30 @@ func (c *conn) call(cmd *cobra.Command, f func(context.Context, *config.Client) 
 	defer cl.Close()
 	ctx, cancel := c.ctx(cmd.Context())
 	defer cancel()
-	return f(ctx, cl)
+	return c.explain(cmd, f(ctx, cl))
+}
+
+// ErrUnreachable is returned when no admin API answers at the address.
+var ErrUnreachable = errors.New("admincli: no admin API reachable")
+
+// explain turns a transport failure into an error that names the address
+// tried, where it came from and how to give another; gRPC's own text (a
+// dial error inside a status) says none of that.
+func (c *conn) explain(cmd *cobra.Command, err error) error {
+	if status.Code(err) != codes.Unavailable && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	from := "--admin-addr"
+	if !cmd.Flags().Changed("admin-addr") {
+		from = c.addrFrom
+	}
+	why := err.Error()
+	if st, ok := status.FromError(err); ok {
+		why = st.Message()
+	}
+	return fmt.Errorf("%w at %s (%s): %s\n"+
+		"give a cluster gateway's admin address with --admin-addr HOST:PORT or $%s "+
+		"(kvmesh serve --admin-addr; a standalone gateway has no admin API)", ErrUnreachable, c.addr, from, why, AddrEnv)
 }
 
 // Commands returns the "config" and "members" commands.
@@ -224,7 +251,7 @@ func newEditCmd() *cobra.Command {
 				return err
 			}
 			defer cl.Close()
-			return edit(cmd, &c, cl)
+			return c.explain(cmd, edit(cmd, &c, cl))
 		},
 	}
 	c.bind(cmd)

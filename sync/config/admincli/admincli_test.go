@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net"
 	"os"
@@ -148,13 +149,14 @@ func TestConfigSetGetPatch(t *testing.T) {
 	require.Len(t, got.Config.Models["chat"].Replicas, 2)
 
 	// `get` output fed back to `set` is a compare-and-set on its version.
-	_, _, err = run(t, g, "", "config", "patch", `{"strategy":"cost"}`)
+	require.Equal(t, "cost", got.Config.Strategy, "the default")
+	_, _, err = run(t, g, "", "config", "patch", `{"strategy":"least-request"}`)
 	require.NoError(t, err)
 	_, _, err = run(t, g, out, "config", "set", "-f", "-")
 	require.ErrorIs(t, err, config.ErrVersionConflict)
 	_, _, err = run(t, g, out, "config", "set", "-f", "-", "--force")
 	require.NoError(t, err)
-	require.Equal(t, "prefix-cache", g.store.Current().Config.Strategy)
+	require.Equal(t, "cost", g.store.Current().Config.Strategy)
 
 	// Invalid documents are refused with the field named, locally or remotely.
 	_, _, err = run(t, g, `{"models":{"chat":{"replicas":[{"name":"r0","url":"x"}]}}}`, "config", "set", "-f", "-")
@@ -260,4 +262,30 @@ func TestMembersAndExplain(t *testing.T) {
 	require.Error(t, err)
 	_, _, err = run(t, g, "", "explain", "--model", "chat", "--prompt", "hi")
 	require.ErrorIs(t, err, config.ErrUnavailable, "this gateway has no explainer wired")
+}
+
+// TestUnreachableAdminAddrSaysWhat: with nothing listening, every admin
+// command names the address it tried and how to give another, instead of
+// gRPC's raw dial error.
+func TestUnreachableAdminAddrSaysWhat(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // a port nobody listens on
+	for _, args := range [][]string{{"members"}, {"config", "get"}} {
+		root := &cobra.Command{Use: "kvmesh", SilenceUsage: true, SilenceErrors: true}
+		root.AddCommand(Commands()...)
+		root.SetArgs(append(args, "--admin-addr", addr, "--token", token, "--timeout", "5s"))
+		err := root.Execute()
+		require.ErrorIs(t, err, ErrUnreachable, "%v", args)
+		require.Contains(t, err.Error(), addr)
+		require.Contains(t, err.Error(), "--admin-addr HOST:PORT")
+	}
+	t.Setenv(AddrEnv, "")
+	root := &cobra.Command{Use: "kvmesh", SilenceUsage: true, SilenceErrors: true}
+	root.AddCommand(Commands()...)
+	root.SetArgs([]string{"members", "--token", token, "--timeout", "2s"})
+	if err := root.Execute(); errors.Is(err, ErrUnreachable) {
+		require.Contains(t, err.Error(), "no --admin-addr given")
+	}
 }

@@ -63,3 +63,49 @@ func RemovedForIndex(rm *BlockRemoved, hashes []uint64) (out []uint64, ok bool) 
 	}
 	return out, true
 }
+
+// Normalize turns a decoded engine batch into index input: the one
+// normalization every consumer uses (node, a synced cluster's owner, the
+// DES), so that what a stored event means for the index is decided here
+// and nowhere else. Stored events go through StoredForIndex, removals
+// through RemovedForIndex (events they refuse are dropped), clears are
+// kept. The events are appended to dst[:0], reusing the hash buffers of
+// dst's elements, so a caller that applies each batch before the next may
+// pass the previous result and allocate nothing in the steady state; a
+// caller that keeps a result must pass nil. Results alias b's token slices.
+func Normalize(h index.Hasher, model string, b *Batch, dst []index.KVEvent) []index.KVEvent {
+	out := dst[:0]
+	for i := range b.Events {
+		ev := &b.Events[i]
+		// next is the element out would grow into, with its old buffers.
+		var next index.KVEvent
+		if len(out) < cap(out) {
+			next = out[:len(out)+1][len(out)]
+		}
+		switch ev.Kind {
+		case KindBlockStored:
+			buf := next.Stored.Hashes
+			if buf == nil {
+				buf = next.Removed
+			}
+			sb, ok := StoredForIndex(h, model, ev.Stored, buf)
+			if !ok {
+				continue
+			}
+			out = append(out, index.KVEvent{Kind: index.KVStored, Stored: sb})
+		case KindBlockRemoved:
+			buf := next.Removed
+			if buf == nil {
+				buf = next.Stored.Hashes
+			}
+			hs, ok := RemovedForIndex(ev.Removed, buf)
+			if !ok {
+				continue
+			}
+			out = append(out, index.KVEvent{Kind: index.KVRemoved, Removed: hs})
+		case KindAllBlocksCleared:
+			out = append(out, index.KVEvent{Kind: index.KVCleared, Removed: next.Removed[:0], Stored: index.StoredBlocks{Hashes: next.Stored.Hashes[:0]}})
+		}
+	}
+	return out
+}

@@ -36,7 +36,7 @@
 // Index modes (history, kv-events, hybrid) are per model. KV events:
 // replicas with a kv (connect) or kv_bind (bind) endpoint get a kvevents
 // subscriber whose batches feed the index's confirmed ledger through
-// kvevents.StoredForIndex/RemovedForIndex (GPU tier only; salted and LoRA
+// kvevents.Normalize and index.ApplyKV (GPU tier only; salted and LoRA
 // chains under the request-side root; blocks from the first opaque,
 // multimodal one on left out); a reset drops that replica's confirmed
 // entries.

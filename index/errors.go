@@ -36,3 +36,7 @@ var (
 	// MaxKVEventHashes or MaxKVEventTokens.
 	ErrKVEventTooLarge = errors.New("index: KV event too large")
 )
+
+// ErrGroup is returned by ApplyStored for a KV-cache group outside
+// [0, MaxGroups); nothing changes.
+var ErrGroup = errors.New("index: KV-cache group out of range")

@@ -18,15 +18,23 @@ const (
 const (
 	kvfParent = 1 << 0
 	kvfRoot   = 1 << 1
-	kvfAll    = kvfParent | kvfRoot
+	kvfGroup  = 1 << 2
+	kvfAll    = kvfParent | kvfRoot | kvfGroup
+
+	// kvGroupBit on the kind byte of a removal says a group follows.
+	kvGroupBit = 0x80
 )
 
 // AppendKVEvent appends the binary encoding of ev to dst (the sync wire's
 // event encoding): a kind byte, then for KVStored the hash count (uvarint),
 // the hashes (8 bytes little-endian each), a flag byte (1: parent, 2: root),
-// the parent and root when flagged (8 bytes each), the block size and token
+// the parent and root when flagged (8 bytes each), the group, its kind
+// (a byte) and window when flagged (4; uvarints), the block size and token
 // count (uvarints) and the tokens (uvarints); for KVRemoved the hash count
-// and hashes; nothing more for KVCleared. Each event has exactly one
+// and hashes, with the kind byte's 0x80 bit and the group (uvarint) before
+// them when the group is not 0; nothing more for KVCleared. Events of group
+// 0 encode as they did before groups existed, so only hybrid models'
+// events need a peer that knows groups. Each event has exactly one
 // encoding. It fails with ErrKVEventTooLarge beyond MaxKVEventHashes or
 // MaxKVEventTokens, ErrMalformedStored for an inconsistent stored event and
 // ErrMalformedKVEvent for an unknown kind, returning dst unchanged.
@@ -37,7 +45,8 @@ func AppendKVEvent(dst []byte, ev *KVEvent) ([]byte, error) {
 		if len(s.Hashes) > MaxKVEventHashes || len(s.Tokens) > MaxKVEventTokens {
 			return dst, fmt.Errorf("%w: %d hashes, %d tokens", ErrKVEventTooLarge, len(s.Hashes), len(s.Tokens))
 		}
-		if s.BlockTokens <= 0 || s.BlockTokens > MaxEngineBlockTokens || len(s.Tokens) != len(s.Hashes)*s.BlockTokens {
+		if s.BlockTokens <= 0 || s.BlockTokens > MaxEngineBlockTokens || len(s.Tokens) != len(s.Hashes)*s.BlockTokens ||
+			s.Group < 0 || s.Window < 0 || s.GroupKind > GroupSliding {
 			return dst, fmt.Errorf("%w: stored event with %d hashes, block %d, %d tokens",
 				ErrMalformedStored, len(s.Hashes), s.BlockTokens, len(s.Tokens))
 		}
@@ -50,12 +59,21 @@ func AppendKVEvent(dst []byte, ev *KVEvent) ([]byte, error) {
 		if s.HasRoot {
 			f |= kvfRoot
 		}
+		grouped := s.Group != 0 || s.GroupKind != GroupFull || s.Window != 0
+		if grouped {
+			f |= kvfGroup
+		}
 		dst = append(dst, f)
 		if s.HasParent {
 			dst = binary.LittleEndian.AppendUint64(dst, s.ParentHash)
 		}
 		if s.HasRoot {
 			dst = binary.LittleEndian.AppendUint64(dst, uint64(s.Root))
+		}
+		if grouped {
+			dst = binary.AppendUvarint(dst, uint64(s.Group))
+			dst = append(dst, byte(s.GroupKind))
+			dst = binary.AppendUvarint(dst, uint64(s.Window))
 		}
 		dst = binary.AppendUvarint(dst, uint64(s.BlockTokens))
 		dst = binary.AppendUvarint(dst, uint64(len(s.Tokens)))
@@ -66,7 +84,15 @@ func AppendKVEvent(dst []byte, ev *KVEvent) ([]byte, error) {
 		if len(ev.Removed) > MaxKVEventHashes {
 			return dst, fmt.Errorf("%w: %d hashes", ErrKVEventTooLarge, len(ev.Removed))
 		}
-		dst = append(dst, byte(ev.Kind))
+		if ev.Group < 0 {
+			return dst, fmt.Errorf("%w: group %d", ErrMalformedKVEvent, ev.Group)
+		}
+		if ev.Group != 0 {
+			dst = append(dst, byte(ev.Kind)|kvGroupBit)
+			dst = binary.AppendUvarint(dst, uint64(ev.Group))
+		} else {
+			dst = append(dst, byte(ev.Kind))
+		}
 		dst = appendHashes(dst, ev.Removed)
 	case KVCleared:
 		dst = append(dst, byte(ev.Kind))
@@ -91,7 +117,18 @@ func appendHashes(dst []byte, hs []uint64) []byte {
 // bytes left before anything is allocated.
 func ReadKVEvent(b []byte, ev *KVEvent) ([]byte, error) {
 	d := kvDecoder{b: b}
-	*ev = KVEvent{Kind: KVKind(d.byte1("event kind"))}
+	kb := d.byte1("event kind")
+	*ev = KVEvent{Kind: KVKind(kb &^ kvGroupBit)}
+	if kb&kvGroupBit != 0 {
+		if ev.Kind != KVRemoved {
+			d.fail("event kind %#x", kb)
+		}
+		g := d.uv("group")
+		if d.err == nil && (g == 0 || g > math.MaxInt32) {
+			d.fail("group %d", g)
+		}
+		ev.Group = int(g)
+	}
 	switch ev.Kind {
 	case KVStored:
 		s := &ev.Stored
@@ -106,6 +143,15 @@ func ReadKVEvent(b []byte, ev *KVEvent) ([]byte, error) {
 		}
 		if s.HasRoot {
 			s.Root = BlockKey(d.u64("root"))
+		}
+		if f&kvfGroup != 0 {
+			g := d.uv("group")
+			k := d.byte1("group kind")
+			w := d.uv("window")
+			if d.err == nil && (g > math.MaxInt32 || k > byte(GroupSliding) || w > math.MaxInt32 || g == 0 && k == 0 && w == 0) {
+				d.fail("group %d kind %d window %d", g, k, w)
+			}
+			s.Group, s.GroupKind, s.Window = int(g), GroupKind(k), int(w)
 		}
 		bt := d.uv("block tokens")
 		if d.err == nil && (bt == 0 || bt > MaxEngineBlockTokens) {

@@ -37,6 +37,9 @@ type KVEvent struct {
 	Stored StoredBlocks
 	// Removed holds the evicted engine hashes (KVRemoved only).
 	Removed []uint64
+	// Group is the KV-cache group the removed blocks left (KVRemoved only;
+	// a stored event's group is Stored.Group).
+	Group int
 }
 
 // KVReport is what ApplyKV did with a batch, for the caller's metrics. A
@@ -44,8 +47,8 @@ type KVEvent struct {
 // Errors' backing array).
 type KVReport struct {
 	// Errors holds each stored event ApplyStoredReport rejected, in order
-	// (wrapping ErrUnknownParent, ErrBlockSize, ErrMalformedStored or
-	// ErrNoRoot); rejected events changed nothing.
+	// (wrapping ErrUnknownParent, ErrBlockSize, ErrMalformedStored,
+	// ErrNoRoot or ErrGroup); rejected events changed nothing.
 	Errors []error
 	// ParentZero counts stored events taken as chain starts (TolParentZero).
 	ParentZero int
@@ -80,7 +83,7 @@ func (x *Index) ApplyKV(r ReplicaID, evs []KVEvent, rep *KVReport) {
 				rep.ParentZero++
 			}
 		case KVRemoved:
-			n := x.ApplyRemoved(r, ev.Removed)
+			n := x.ApplyRemovedGroup(r, ev.Group, ev.Removed)
 			if rep != nil {
 				rep.Removed += n
 			}

@@ -14,6 +14,10 @@ func sampleKVEvents() []KVEvent {
 		{Kind: KVStored, Stored: StoredBlocks{Hashes: []uint64{12}, BlockTokens: 1, Tokens: []uint32{5}}},
 		{Kind: KVRemoved, Removed: []uint64{10}},
 		{Kind: KVCleared},
+		{Kind: KVStored, Stored: StoredBlocks{Hashes: []uint64{13}, BlockTokens: 1, Tokens: []uint32{6},
+			Group: 1, GroupKind: GroupSliding, Window: 4096}},
+		{Kind: KVStored, Stored: StoredBlocks{Hashes: []uint64{13}, BlockTokens: 1, Tokens: []uint32{6}, GroupKind: GroupSliding}},
+		{Kind: KVRemoved, Removed: []uint64{13}, Group: 2},
 	}
 }
 
@@ -79,6 +83,9 @@ func TestKVEventCodecRejects(t *testing.T) {
 		"block 0":     {1, 0, 0, 0, 0},
 		"token count": {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 1},
 		"hash count":  {2, 0xff, 0xff, 0x7f},
+		"group 0":     {2 | 0x80, 0, 0},
+		"group kind":  {1 | 0x80, 1, 0},
+		"empty group": {1, 0, 4, 0, 0, 0, 1, 0},
 	} {
 		var ev KVEvent
 		if _, err := ReadKVEvent(b, &ev); !errors.Is(err, ErrMalformedKVEvent) {

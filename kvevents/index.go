@@ -13,6 +13,9 @@ import "github.com/kvmesh/kvmesh/index"
 //     replica's root (index.SetReplicaRoot) applies. An event with parent
 //     0 gets that Root too: the index takes it as a chain start when 0
 //     names no stored block (index.TolParentZero).
+//   - The KV-cache group (group_idx) and its kind and sliding window
+//     (kv_cache_spec_kind, kv_cache_spec_sliding_window) are passed on,
+//     so a hybrid model's groups are kept apart (index.Match).
 //   - Only IndexableBlocks are passed on: from the first block with opaque
 //     extra keys (multimodal, prompt embeddings) on, keys computed from
 //     token ids would not identify what the engine cached. ok is false when
@@ -43,6 +46,11 @@ func StoredForIndex(h index.Hasher, model string, st *BlockStored, hashes []uint
 		HasParent:   st.HasParent,
 		Tokens:      tokens,
 		BlockTokens: st.BlockSize,
+		Group:       st.GroupIdx,
+		GroupKind:   index.ParseGroupKind(st.SpecKind),
+	}
+	if sb.GroupKind == index.GroupSliding {
+		sb.Window = st.SlidingWindow
 	}
 	if lora, salt := st.RootInputs(); (!st.HasParent || st.ParentBlockHash == 0) && (lora != "" || salt != "") {
 		sb.Root, sb.HasRoot = h.Root(model, lora, salt), true
@@ -102,7 +110,7 @@ func Normalize(h index.Hasher, model string, b *Batch, dst []index.KVEvent) []in
 			if !ok {
 				continue
 			}
-			out = append(out, index.KVEvent{Kind: index.KVRemoved, Removed: hs})
+			out = append(out, index.KVEvent{Kind: index.KVRemoved, Removed: hs, Group: ev.Removed.GroupIdx})
 		case KindAllBlocksCleared:
 			out = append(out, index.KVEvent{Kind: index.KVCleared, Removed: next.Removed[:0], Stored: index.StoredBlocks{Hashes: next.Stored.Hashes[:0]}})
 		}

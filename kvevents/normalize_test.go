@@ -43,3 +43,44 @@ func TestNormalize(t *testing.T) {
 	require.Equal(t, []uint64{31, 32}, got[0].Stored.Hashes)
 	require.Equal(t, []uint64{32}, got[1].Removed)
 }
+
+// TestDecodeGroups: group_idx, kv_cache_spec_kind and
+// kv_cache_spec_sliding_window are read in both the tagged-array and the
+// map form, for stores and removals, and Normalize passes them on.
+func TestDecodeGroups(t *testing.T) {
+	arrStored := mp{}.arr(12).str("BlockStored").arr(1).uint(7).nil_().tokens(0, 4).uint(4).nil_().
+		str("GPU").nil_().nil_().uint(1).str("sliding_window").uint(4096)
+	arrRemoved := mp{}.arr(4).str("BlockRemoved").arr(1).uint(7).str("GPU").uint(1)
+	mapStored := mp{}.mapn(8).str("type").str("BlockStored").str("block_hashes").arr(1).uint(8).
+		str("parent_block_hash").nil_().str("token_ids").tokens(0, 4).str("block_size").uint(4).
+		str("group_idx").uint(2).str("kv_cache_spec_kind").str("full_attention").
+		str("kv_cache_spec_sliding_window").nil_()
+	mapRemoved := mp{}.mapn(3).str("type").str("BlockRemoved").str("block_hashes").arr(1).uint(8).str("group_idx").uint(2)
+	p := append(mp{}.arr(2).f64(1).arr(4), arrStored...)
+	p = append(p, arrRemoved...)
+	p = append(p, mapStored...)
+	p = append(p, mapRemoved...)
+	b, err := Decode(p)
+	require.NoError(t, err)
+	require.Len(t, b.Events, 4)
+	s := b.Events[0].Stored
+	require.Equal(t, 1, s.GroupIdx)
+	require.Equal(t, "sliding_window", s.SpecKind)
+	require.Equal(t, 4096, s.SlidingWindow)
+	require.Equal(t, 1, b.Events[1].Removed.GroupIdx)
+	require.Equal(t, 2, b.Events[2].Stored.GroupIdx)
+	require.Equal(t, "full_attention", b.Events[2].Stored.SpecKind)
+	require.Equal(t, 2, b.Events[3].Removed.GroupIdx)
+
+	x := testIndex(t)
+	got := Normalize(x.Hasher(), testModel, b, nil)
+	require.Len(t, got, 4)
+	require.Equal(t, 1, got[0].Stored.Group)
+	require.Equal(t, index.GroupSliding, got[0].Stored.GroupKind)
+	require.Equal(t, 4096, got[0].Stored.Window)
+	require.Equal(t, 1, got[1].Group)
+	require.Equal(t, 2, got[2].Stored.Group)
+	require.Equal(t, index.GroupFull, got[2].Stored.GroupKind)
+	require.Zero(t, got[2].Stored.Window)
+	require.Equal(t, 2, got[3].Group)
+}

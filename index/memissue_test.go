@@ -1,0 +1,94 @@
+package index
+
+import (
+	"math/rand/v2"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// BenchmarkMemoryIssue16 measures memory per (block, replica) entry on
+// issue 16's workload: 3,200 prompts of 313 blocks over 16 replicas, each
+// prompt on one replica, starting with one of 4 shared 64-block prefixes
+// (so most blocks live on one replica). Run:
+//
+//	go test -run='^$' -bench=MemoryIssue16 -benchtime=1x ./index/
+func BenchmarkMemoryIssue16(b *testing.B) {
+	const prompts = 3200
+	for _, events := range []bool{false, true} {
+		name := "history"
+		if events {
+			name = "events+enginemap"
+		}
+		b.Run(name, func(b *testing.B) {
+			var x *Index
+			var heap uint64
+			for b.Loop() {
+				x, heap = buildIssue16(b, prompts, events)
+			}
+			s := x.Stats()
+			b.ReportMetric(float64(heap)/float64(s.TotalEntries()), "heapB/entry")
+			b.ReportMetric(float64(s.ApproxBytes)/float64(s.TotalEntries()), "approxB/entry")
+			b.ReportMetric(float64(s.TotalEntries()), "entries")
+			b.ReportMetric(float64(s.Blocks), "blocks")
+			runtime.KeepAlive(x)
+		})
+	}
+}
+
+func buildIssue16(tb testing.TB, prompts int, events bool) (*Index, uint64) {
+	h, _ := NewHasher(7, benchBlockTokens)
+	root := h.Root("bench-model", "", "")
+	toks := make([]uint32, benchPromptBlock*benchBlockTokens)
+	keys := make([][]BlockKey, prompts)
+	for p := range keys {
+		sys := rand.New(rand.NewPCG(uint64(p%4), 11))
+		own := rand.New(rand.NewPCG(uint64(p), 12))
+		for i := range toks {
+			if i < 64*benchBlockTokens {
+				toks[i] = sys.Uint32N(150000)
+			} else {
+				toks[i] = own.Uint32N(150000)
+			}
+		}
+		keys[p] = h.AppendKeys(nil, root, toks)
+	}
+	hashes := make([]uint64, benchPromptBlock)
+	tokBuf := make([]uint32, benchPromptBlock*benchBlockTokens)
+	before := heapInUse()
+	cfg := benchConfig()
+	cfg.Capacity = 4 * prompts * benchPromptBlock
+	x, err := New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for r := range ReplicaID(benchReplicas) {
+		x.SetReplicaRoot(r, root)
+		x.SetPublishesEvents(r, true)
+	}
+	now := time.Now().UnixNano()
+	for p, ks := range keys {
+		r := ReplicaID(p % benchReplicas)
+		if !events {
+			must(tb, x.Record(ks, r, History, now))
+			continue
+		}
+		// Tokens are not kept, only their keys: regenerate them.
+		sys := rand.New(rand.NewPCG(uint64(p%4), 11))
+		own := rand.New(rand.NewPCG(uint64(p), 12))
+		for i := range tokBuf {
+			if i < 64*benchBlockTokens {
+				tokBuf[i] = sys.Uint32N(150000)
+			} else {
+				tokBuf[i] = own.Uint32N(150000)
+			}
+		}
+		for i, k := range ks {
+			hashes[i] = benchEngineHash(k)
+		}
+		must(tb, x.ApplyStored(r, StoredBlocks{Hashes: hashes, Tokens: tokBuf, BlockTokens: benchBlockTokens}))
+	}
+	heap := heapInUse() - before
+	runtime.KeepAlive(keys)
+	return x, heap
+}

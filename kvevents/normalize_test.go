@@ -84,3 +84,34 @@ func TestDecodeGroups(t *testing.T) {
 	require.Zero(t, got[2].Stored.Window)
 	require.Equal(t, 2, got[3].Group)
 }
+
+// TestEncodeGroupsRoundTrip: the encoder writes the group fields in every
+// form, and the decoder reads back what it wrote.
+func TestEncodeGroupsRoundTrip(t *testing.T) {
+	for _, form := range []Encoding{EncodingArray, EncodingMap, EncodingMapEnvelope} {
+		for _, salt := range []string{"", "s"} {
+			in := &Batch{TS: 2, Events: []Event{
+				{Kind: KindBlockStored, Stored: &BlockStored{BlockHashes: []EngineHash{1}, TokenIDs: seqTokens(0, 4), BlockSize: 4,
+					Medium: "GPU", CacheSalt: salt, GroupIdx: 1, SpecKind: "sliding_window", SlidingWindow: 128}},
+				{Kind: KindBlockStored, Stored: &BlockStored{BlockHashes: []EngineHash{2}, TokenIDs: seqTokens(4, 4), BlockSize: 4,
+					Medium: "GPU", SpecKind: "full_attention"}},
+				{Kind: KindBlockRemoved, Removed: &BlockRemoved{BlockHashes: []EngineHash{1}, Medium: "GPU", GroupIdx: 1}},
+				{Kind: KindBlockRemoved, Removed: &BlockRemoved{BlockHashes: []EngineHash{2}, Medium: "GPU"}},
+			}}
+			p, err := Encode(in, form)
+			require.NoError(t, err)
+			b, err := Decode(p)
+			require.NoError(t, err, "form %v salt %q", form, salt)
+			require.Len(t, b.Events, 4)
+			s := b.Events[0].Stored
+			require.Equal(t, 1, s.GroupIdx)
+			require.Equal(t, "sliding_window", s.SpecKind)
+			require.Equal(t, 128, s.SlidingWindow)
+			require.Equal(t, salt, s.CacheSalt)
+			require.Equal(t, "full_attention", b.Events[1].Stored.SpecKind)
+			require.Zero(t, b.Events[1].Stored.GroupIdx)
+			require.Equal(t, 1, b.Events[2].Removed.GroupIdx)
+			require.Zero(t, b.Events[3].Removed.GroupIdx)
+		}
+	}
+}

@@ -88,6 +88,20 @@
 // residency is not part of snapshots: a restored index matches on group 0
 // until the replica's events name its groups again.
 //
+// # Offload tiers
+//
+// Engines with CPU offloading (vLLM's offloading connector, LMCache)
+// report stores and removals of their CPU (and disk) copies under the same
+// engine hashes. StoredBlocks.Tier and KVEvent.Tier (ApplyRemovedTier)
+// keep them apart from the GPU: an offloaded copy never enters the
+// confirmed ledger, so Match, ConfirmedRun and every strategy that reads
+// Match (prefix-cache keeps AIBrix's GPU-only meaning) see the GPU alone,
+// while MatchTiers also reports, per candidate, the run of blocks after
+// the GPU match that CPU or disk hold, for a cost model to price as a load
+// instead of a recompute. Offload residency lives in the same per-key side
+// map as the groups above 0, and an engine mapping lives while the GPU,
+// a group or a tier holds the block.
+//
 // # Layout
 //
 // A block is a 48-byte pointer-free node in a flat arena: the key, one

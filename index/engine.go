@@ -38,6 +38,11 @@ type StoredBlocks struct {
 	Group     int
 	GroupKind GroupKind
 	Window    int
+	// Tier is where the blocks are: TierGPU (the confirmed ledger) or an
+	// offload tier (CPU, disk), kept apart and reported by MatchTiers.
+	// Offload events use the same engine hashes, and the same engine map,
+	// as GPU ones; their group is ignored.
+	Tier Tier
 }
 
 func (x *Index) replica(r ReplicaID) *replicaState {
@@ -121,9 +126,9 @@ func (x *Index) ApplyStoredReport(r ReplicaID, s StoredBlocks) (Tolerance, error
 	per := s.BlockTokens / bs
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if s.Group < 0 || s.Group >= MaxGroups {
+	if s.Group < 0 || s.Group >= MaxGroups || s.Tier >= numTiers {
 		x.st.skippedGroup++
-		return tol, fmt.Errorf("%w: group %d", ErrGroup, s.Group)
+		return tol, fmt.Errorf("%w: group %d tier %d", ErrGroup, s.Group, s.Tier)
 	}
 	rs := x.replica(r)
 	var k BlockKey
@@ -153,7 +158,7 @@ func (x *Index) ApplyStoredReport(r ReplicaID, s StoredBlocks) (Tolerance, error
 	if tol == TolParentZero {
 		x.st.parentZero++
 	}
-	if s.Group != 0 || s.GroupKind != GroupFull || rs.ngroups > 0 {
+	if s.Tier == TierGPU && (s.Group != 0 || s.GroupKind != GroupFull || rs.ngroups > 0) {
 		x.learnGroup(r, rs, &s)
 	}
 	// Engine blocks are consecutive, so the whole event is one chain.
@@ -163,12 +168,16 @@ func (x *Index) ApplyStoredReport(r ReplicaID, s StoredBlocks) (Tolerance, error
 	var prev uint32
 	for _, key := range x.scratch {
 		idx := x.insert(key, prev)
-		if s.Group == 0 {
+		switch {
+		case s.Tier != TierGPU:
+			// An offloaded copy confirms nothing on the GPU.
+			x.setSide(idx, r, sideBit(0, s.Tier))
+		case s.Group == 0:
 			x.set(idx, r, Confirmed)
-		} else {
-			x.setGroup(idx, r, s.Group)
+		default:
+			x.setSide(idx, r, sideBit(s.Group, TierGPU))
 		}
-		if x.has(idx, r, Speculative) {
+		if s.Tier == TierGPU && x.has(idx, r, Speculative) {
 			x.clear(idx, r, Speculative) // node stays: it is confirmed now
 			x.st.promoted++
 		}
@@ -208,9 +217,20 @@ func (x *Index) ApplyRemoved(r ReplicaID, hashes []uint64) int {
 // group. A group outside [0, MaxGroups) is skipped and counted
 // (Stats.SkippedGroupEvents).
 func (x *Index) ApplyRemovedGroup(r ReplicaID, g int, hashes []uint64) int {
+	return x.applyRemoved(r, g, TierGPU, hashes)
+}
+
+// ApplyRemovedTier is ApplyRemoved for an offload tier's copies (a
+// BlockRemoved with medium CPU or disk): only r's residency in tier t
+// goes; the GPU's and the other tier's stay.
+func (x *Index) ApplyRemovedTier(r ReplicaID, t Tier, hashes []uint64) int {
+	return x.applyRemoved(r, 0, t, hashes)
+}
+
+func (x *Index) applyRemoved(r ReplicaID, g int, tier Tier, hashes []uint64) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if g < 0 || g >= MaxGroups {
+	if g < 0 || g >= MaxGroups || tier >= numTiers {
 		x.st.skippedGroup++
 		return 0
 	}
@@ -229,10 +249,10 @@ func (x *Index) ApplyRemovedGroup(r ReplicaID, g int, hashes []uint64) int {
 		}
 		if multi {
 			for _, key := range ks {
-				removed += x.removeConfirmed(key, r, g)
+				removed += x.removeConfirmed(key, r, g, tier)
 			}
 		} else {
-			removed += x.removeConfirmed(k, r, g)
+			removed += x.removeConfirmed(k, r, g, tier)
 		}
 		// k is the engine block's last key: while r still holds it in a
 		// group, so does the engine, and the mapping stays.
@@ -246,9 +266,15 @@ func (x *Index) ApplyRemovedGroup(r ReplicaID, g int, hashes []uint64) int {
 	return removed
 }
 
-func (x *Index) removeConfirmed(k BlockKey, r ReplicaID, g int) int {
+func (x *Index) removeConfirmed(k BlockKey, r ReplicaID, g int, tier Tier) int {
 	idx := x.probe(k)
 	if idx == 0 {
+		return 0
+	}
+	if tier != TierGPU {
+		if x.clearGroups(idx, r, sideBit(0, tier)) {
+			return 1
+		}
 		return 0
 	}
 	if g == 0 {

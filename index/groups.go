@@ -5,7 +5,52 @@ import "sync"
 // MaxGroups bounds the KV-cache groups the index tracks per replica. A
 // stored or removed event of a higher group is skipped and counted
 // (Stats.SkippedGroupEvents). vLLM hybrid models have a handful of groups.
-const MaxGroups = 16
+const MaxGroups = 14
+
+// Tier is where an engine keeps a cached block: its GPU (the confirmed
+// ledger) or an offload tier it loads from instead of recomputing.
+type Tier uint8
+
+const (
+	// TierGPU is the engine's own KV cache: the confirmed ledger.
+	TierGPU Tier = iota
+	// TierCPU is host memory (vLLM's CPU offloading, LMCache's CPU cache).
+	TierCPU
+	// TierDisk is local or remote disk (LMCache's disk backends).
+	TierDisk
+	numTiers
+)
+
+func (t Tier) String() string {
+	switch t {
+	case TierGPU:
+		return "gpu"
+	case TierCPU:
+		return "cpu"
+	case TierDisk:
+		return "disk"
+	}
+	return "unknown"
+}
+
+// Side-entry bits: groups 1..MaxGroups-1 at their own bit, offload tiers
+// above them.
+const (
+	groupBits = 1<<MaxGroups - 1
+	cpuBit    = 1 << MaxGroups
+	diskBit   = 1 << (MaxGroups + 1)
+)
+
+// sideBit is the side-entry bit of group g (> 0) or of offload tier t.
+func sideBit(g int, t Tier) uint16 {
+	switch t {
+	case TierCPU:
+		return cpuBit
+	case TierDisk:
+		return diskBit
+	}
+	return 1 << g
+}
 
 // GroupKind is the attention type of a KV-cache group, which decides what
 // a prefix hit needs from it (see Match).
@@ -41,8 +86,9 @@ type groupSpec struct {
 	window int
 }
 
-// grpEntry holds replica r's residency in groups 1..MaxGroups-1 (bit g) of
-// one block; group 0 lives in the node's confirmed mask.
+// grpEntry holds replica r's residency in groups 1..MaxGroups-1 (bit g)
+// and in the offload tiers (cpuBit, diskBit) of one block; group 0 on the
+// GPU lives in the node's confirmed mask.
 type grpEntry struct {
 	r      ReplicaID
 	groups uint16
@@ -79,20 +125,20 @@ func (x *Index) learnGroup(r ReplicaID, rs *replicaState, s *StoredBlocks) {
 	}
 }
 
-// setGroup adds r's residency of node idx in group g > 0.
-func (x *Index) setGroup(idx uint32, r ReplicaID, g int) {
+// setSide adds r's side entry bit (sideBit) for node idx.
+func (x *Index) setSide(idx uint32, r ReplicaID, bit uint16) {
 	n := &x.nodes[idx]
 	es := x.grp[n.key]
 	for i := range es {
 		if es[i].r == r {
-			if es[i].groups&(1<<g) == 0 {
-				es[i].groups |= 1 << g
+			if es[i].groups&bit == 0 {
+				es[i].groups |= bit
 				x.grpEntries++
 			}
 			return
 		}
 	}
-	x.grp[n.key] = append(es, grpEntry{r: r, groups: 1 << g})
+	x.grp[n.key] = append(es, grpEntry{r: r, groups: bit})
 	n.flags.Or(flagGrp)
 	x.grpEntries++
 }
@@ -148,7 +194,7 @@ func (x *Index) groupsOf(n *node, r ReplicaID) uint16 {
 func (x *Index) grpHeld(n *node, want uint64) uint64 {
 	var held uint64
 	for _, e := range x.grp[n.key] {
-		if e.r < inlineReplicas && e.groups != 0 {
+		if e.r < inlineReplicas && e.groups&groupBits != 0 {
 			held |= 1 << e.r
 		}
 	}
@@ -262,4 +308,44 @@ func windowHit(bits []uint16, g uint16, w int) int {
 		}
 	}
 	return run
+}
+
+// MatchTiers is Match (gpu receives what Match's out would) that also
+// reports, for each candidate whose events mode trusts, the blocks right
+// after its GPU match that its offload tiers hold: the run of following
+// blocks held on CPU or disk, of which cpu[j] are on CPU and disk[j] only
+// on disk. An engine with an offload connector loads that run instead of
+// recomputing it (route prices the load as a transfer). Candidates read
+// from history, and replica ids of 64 and above, get 0. gpu, cpu and disk
+// must be at least as long as candidates. Like Match it takes the read
+// lock once, does not allocate and keeps nothing of its arguments; it
+// returns the longest GPU match.
+func (x *Index) MatchTiers(keys []BlockKey, candidates []ReplicaID, mode Mode, now int64, gpu, cpu, disk []int32) int {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	longest := x.matchLocked(keys, candidates, mode, now, gpu)
+	cpu, disk = cpu[:len(candidates)], disk[:len(candidates)]
+	for j, r := range candidates {
+		cpu[j], disk[j] = 0, 0
+		if r >= inlineReplicas || !x.trustsEvents(mode, r) {
+			continue
+		}
+		var prev uint32
+		for _, k := range keys[gpu[j]:] {
+			idx := x.find(k, prev)
+			if idx == 0 {
+				break
+			}
+			b := x.groupsOf(&x.nodes[idx], r)
+			if b&cpuBit != 0 {
+				cpu[j]++
+			} else if b&diskBit != 0 {
+				disk[j]++
+			} else {
+				break
+			}
+			prev = idx
+		}
+	}
+	return longest
 }

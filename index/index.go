@@ -501,8 +501,15 @@ func (x *Index) trustsEvents(mode Mode, r ReplicaID) bool {
 // caller's business, as for single-group replicas. Replica ids of 64 and
 // above are matched on group 0 only.
 func (x *Index) Match(keys []BlockKey, candidates []ReplicaID, mode Mode, now int64, out []int32) int {
-	out = out[:len(candidates)]
 	x.mu.RLock()
+	longest := x.matchLocked(keys, candidates, mode, now, out)
+	x.mu.RUnlock()
+	return longest
+}
+
+// matchLocked is Match with the read lock held.
+func (x *Index) matchLocked(keys []BlockKey, candidates []ReplicaID, mode Mode, now int64, out []int32) int {
+	out = out[:len(candidates)]
 	var wantH, wantE uint64
 	nOver := 0
 	for j, r := range candidates {
@@ -571,7 +578,6 @@ func (x *Index) Match(keys []BlockKey, candidates []ReplicaID, mode Mode, now in
 			depth[r] = int32(x.hybridHit(keys[:d], r, x.replicas[r], t))
 		}
 	}
-	x.mu.RUnlock()
 	longest := 0
 	for j, r := range candidates {
 		if r < inlineReplicas {

@@ -19,23 +19,27 @@ const (
 	kvfParent = 1 << 0
 	kvfRoot   = 1 << 1
 	kvfGroup  = 1 << 2
-	kvfAll    = kvfParent | kvfRoot | kvfGroup
+	kvfTier   = 1 << 3
+	kvfAll    = kvfParent | kvfRoot | kvfGroup | kvfTier
 
-	// kvGroupBit on the kind byte of a removal says a group follows.
+	// kvGroupBit on the kind byte of a removal says a group follows,
+	// kvTierBit a tier (after the group).
 	kvGroupBit = 0x80
+	kvTierBit  = 0x40
 )
 
 // AppendKVEvent appends the binary encoding of ev to dst (the sync wire's
 // event encoding): a kind byte, then for KVStored the hash count (uvarint),
 // the hashes (8 bytes little-endian each), a flag byte (1: parent, 2: root),
 // the parent and root when flagged (8 bytes each), the group, its kind
-// (a byte) and window when flagged (4; uvarints), the block size and token
-// count (uvarints) and the tokens (uvarints); for KVRemoved the hash count
-// and hashes, with the kind byte's 0x80 bit and the group (uvarint) before
-// them when the group is not 0; nothing more for KVCleared. Events of group
-// 0 encode as they did before groups existed, so only hybrid models'
-// events need a peer that knows groups. Each event has exactly one
-// encoding. It fails with ErrKVEventTooLarge beyond MaxKVEventHashes or
+// (a byte) and window when flagged (4; uvarints), the tier (a byte) when
+// flagged (8), the block size and token count (uvarints) and the tokens
+// (uvarints); for KVRemoved the hash count and hashes, preceded by the
+// group (uvarint) when the kind byte has 0x80 (group not 0) and the tier
+// (a byte) when it has 0x40 (not the GPU); nothing more for KVCleared.
+// GPU events of group 0 encode as they did before groups and tiers
+// existed, so only hybrid models' and offload tiers' events need a peer
+// that knows them. Each event has exactly one encoding. It fails with ErrKVEventTooLarge beyond MaxKVEventHashes or
 // MaxKVEventTokens, ErrMalformedStored for an inconsistent stored event and
 // ErrMalformedKVEvent for an unknown kind, returning dst unchanged.
 func AppendKVEvent(dst []byte, ev *KVEvent) ([]byte, error) {
@@ -46,7 +50,7 @@ func AppendKVEvent(dst []byte, ev *KVEvent) ([]byte, error) {
 			return dst, fmt.Errorf("%w: %d hashes, %d tokens", ErrKVEventTooLarge, len(s.Hashes), len(s.Tokens))
 		}
 		if s.BlockTokens <= 0 || s.BlockTokens > MaxEngineBlockTokens || len(s.Tokens) != len(s.Hashes)*s.BlockTokens ||
-			s.Group < 0 || s.Window < 0 || s.GroupKind > GroupSliding {
+			s.Group < 0 || s.Window < 0 || s.GroupKind > GroupSliding || s.Tier >= numTiers {
 			return dst, fmt.Errorf("%w: stored event with %d hashes, block %d, %d tokens",
 				ErrMalformedStored, len(s.Hashes), s.BlockTokens, len(s.Tokens))
 		}
@@ -63,6 +67,9 @@ func AppendKVEvent(dst []byte, ev *KVEvent) ([]byte, error) {
 		if grouped {
 			f |= kvfGroup
 		}
+		if s.Tier != TierGPU {
+			f |= kvfTier
+		}
 		dst = append(dst, f)
 		if s.HasParent {
 			dst = binary.LittleEndian.AppendUint64(dst, s.ParentHash)
@@ -75,6 +82,9 @@ func AppendKVEvent(dst []byte, ev *KVEvent) ([]byte, error) {
 			dst = append(dst, byte(s.GroupKind))
 			dst = binary.AppendUvarint(dst, uint64(s.Window))
 		}
+		if s.Tier != TierGPU {
+			dst = append(dst, byte(s.Tier))
+		}
 		dst = binary.AppendUvarint(dst, uint64(s.BlockTokens))
 		dst = binary.AppendUvarint(dst, uint64(len(s.Tokens)))
 		for _, t := range s.Tokens {
@@ -84,14 +94,22 @@ func AppendKVEvent(dst []byte, ev *KVEvent) ([]byte, error) {
 		if len(ev.Removed) > MaxKVEventHashes {
 			return dst, fmt.Errorf("%w: %d hashes", ErrKVEventTooLarge, len(ev.Removed))
 		}
-		if ev.Group < 0 {
-			return dst, fmt.Errorf("%w: group %d", ErrMalformedKVEvent, ev.Group)
+		if ev.Group < 0 || ev.Tier >= numTiers {
+			return dst, fmt.Errorf("%w: group %d tier %d", ErrMalformedKVEvent, ev.Group, ev.Tier)
 		}
+		kb := byte(ev.Kind)
 		if ev.Group != 0 {
-			dst = append(dst, byte(ev.Kind)|kvGroupBit)
+			kb |= kvGroupBit
+		}
+		if ev.Tier != TierGPU {
+			kb |= kvTierBit
+		}
+		dst = append(dst, kb)
+		if ev.Group != 0 {
 			dst = binary.AppendUvarint(dst, uint64(ev.Group))
-		} else {
-			dst = append(dst, byte(ev.Kind))
+		}
+		if ev.Tier != TierGPU {
+			dst = append(dst, byte(ev.Tier))
 		}
 		dst = appendHashes(dst, ev.Removed)
 	case KVCleared:
@@ -118,16 +136,23 @@ func appendHashes(dst []byte, hs []uint64) []byte {
 func ReadKVEvent(b []byte, ev *KVEvent) ([]byte, error) {
 	d := kvDecoder{b: b}
 	kb := d.byte1("event kind")
-	*ev = KVEvent{Kind: KVKind(kb &^ kvGroupBit)}
+	*ev = KVEvent{Kind: KVKind(kb &^ (kvGroupBit | kvTierBit))}
+	if kb&(kvGroupBit|kvTierBit) != 0 && ev.Kind != KVRemoved {
+		d.fail("event kind %#x", kb)
+	}
 	if kb&kvGroupBit != 0 {
-		if ev.Kind != KVRemoved {
-			d.fail("event kind %#x", kb)
-		}
 		g := d.uv("group")
 		if d.err == nil && (g == 0 || g > math.MaxInt32) {
 			d.fail("group %d", g)
 		}
 		ev.Group = int(g)
+	}
+	if kb&kvTierBit != 0 {
+		t := d.byte1("tier")
+		if d.err == nil && (t == 0 || t >= byte(numTiers)) {
+			d.fail("tier %d", t)
+		}
+		ev.Tier = Tier(t)
 	}
 	switch ev.Kind {
 	case KVStored:
@@ -152,6 +177,13 @@ func ReadKVEvent(b []byte, ev *KVEvent) ([]byte, error) {
 				d.fail("group %d kind %d window %d", g, k, w)
 			}
 			s.Group, s.GroupKind, s.Window = int(g), GroupKind(k), int(w)
+		}
+		if f&kvfTier != 0 {
+			t := d.byte1("tier")
+			if d.err == nil && (t == 0 || t >= byte(numTiers)) {
+				d.fail("tier %d", t)
+			}
+			s.Tier = Tier(t)
 		}
 		bt := d.uv("block tokens")
 		if d.err == nil && (bt == 0 || bt > MaxEngineBlockTokens) {

@@ -37,9 +37,10 @@ type KVEvent struct {
 	Stored StoredBlocks
 	// Removed holds the evicted engine hashes (KVRemoved only).
 	Removed []uint64
-	// Group is the KV-cache group the removed blocks left (KVRemoved only;
-	// a stored event's group is Stored.Group).
+	// Group is the KV-cache group the removed blocks left and Tier the
+	// tier (KVRemoved only; a stored event's are in Stored).
 	Group int
+	Tier  Tier
 }
 
 // KVReport is what ApplyKV did with a batch, for the caller's metrics. A
@@ -83,7 +84,7 @@ func (x *Index) ApplyKV(r ReplicaID, evs []KVEvent, rep *KVReport) {
 				rep.ParentZero++
 			}
 		case KVRemoved:
-			n := x.ApplyRemovedGroup(r, ev.Group, ev.Removed)
+			n := x.applyRemoved(r, ev.Group, ev.Tier, ev.Removed)
 			if rep != nil {
 				rep.Removed += n
 			}

@@ -18,6 +18,9 @@ func sampleKVEvents() []KVEvent {
 			Group: 1, GroupKind: GroupSliding, Window: 4096}},
 		{Kind: KVStored, Stored: StoredBlocks{Hashes: []uint64{13}, BlockTokens: 1, Tokens: []uint32{6}, GroupKind: GroupSliding}},
 		{Kind: KVRemoved, Removed: []uint64{13}, Group: 2},
+		{Kind: KVStored, Stored: StoredBlocks{Hashes: []uint64{14}, BlockTokens: 1, Tokens: []uint32{7}, Tier: TierCPU}},
+		{Kind: KVRemoved, Removed: []uint64{14}, Tier: TierDisk},
+		{Kind: KVRemoved, Removed: []uint64{14}, Group: 1, Tier: TierCPU},
 	}
 }
 
@@ -86,6 +89,8 @@ func TestKVEventCodecRejects(t *testing.T) {
 		"group 0":     {2 | 0x80, 0, 0},
 		"group kind":  {1 | 0x80, 1, 0},
 		"empty group": {1, 0, 4, 0, 0, 0, 1, 0},
+		"gpu tier":    {2 | 0x40, 0, 0},
+		"bad tier":    {1, 0, 8, 3, 1, 0},
 	} {
 		var ev KVEvent
 		if _, err := ReadKVEvent(b, &ev); !errors.Is(err, ErrMalformedKVEvent) {

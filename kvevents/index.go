@@ -1,6 +1,10 @@
 package kvevents
 
-import "github.com/kvmesh/kvmesh/index"
+import (
+	"strings"
+
+	"github.com/kvmesh/kvmesh/index"
+)
 
 // StoredForIndex turns a decoded BlockStored into what index.ApplyStored
 // takes, keyed the way the gateway keys requests to model, so that a
@@ -28,6 +32,24 @@ func StoredForIndex(h index.Hasher, model string, st *BlockStored, hashes []uint
 	if st == nil || !st.OnGPU() {
 		return index.StoredBlocks{}, false
 	}
+	return storedForIndex(h, model, st, hashes, index.TierGPU)
+}
+
+// MediumTier maps an event's medium to an index tier: the GPU (see
+// GPUMedium), "CPU" or "DISK" in any case; ok is false for another medium.
+func MediumTier(medium string) (t index.Tier, ok bool) {
+	switch {
+	case GPUMedium(medium):
+		return index.TierGPU, true
+	case strings.EqualFold(medium, "cpu"):
+		return index.TierCPU, true
+	case strings.EqualFold(medium, "disk"):
+		return index.TierDisk, true
+	}
+	return 0, false
+}
+
+func storedForIndex(h index.Hasher, model string, st *BlockStored, hashes []uint64, tier index.Tier) (sb index.StoredBlocks, ok bool) {
 	n := st.IndexableBlocks()
 	if n == 0 {
 		return index.StoredBlocks{}, false
@@ -48,6 +70,7 @@ func StoredForIndex(h index.Hasher, model string, st *BlockStored, hashes []uint
 		BlockTokens: st.BlockSize,
 		Group:       st.GroupIdx,
 		GroupKind:   index.ParseGroupKind(st.SpecKind),
+		Tier:        tier,
 	}
 	if sb.GroupKind == index.GroupSliding {
 		sb.Window = st.SlidingWindow
@@ -75,9 +98,11 @@ func RemovedForIndex(rm *BlockRemoved, hashes []uint64) (out []uint64, ok bool) 
 // Normalize turns a decoded engine batch into index input: the one
 // normalization every consumer uses (node, a synced cluster's owner, the
 // DES), so that what a stored event means for the index is decided here
-// and nowhere else. Stored events go through StoredForIndex, removals
-// through RemovedForIndex (events they refuse are dropped), clears are
-// kept. The events are appended to dst[:0], reusing the hash buffers of
+// and nowhere else. GPU stored events go through StoredForIndex, GPU
+// removals through RemovedForIndex; CPU and disk events become the same
+// input with their index.Tier set (MediumTier), so the index keeps the
+// offload tiers apart from the GPU's confirmed ledger; events of other
+// media are dropped, clears are kept. The events are appended to dst[:0], reusing the hash buffers of
 // dst's elements, so a caller that applies each batch before the next may
 // pass the previous result and allocate nothing in the steady state; a
 // caller that keeps a result must pass nil. Results alias b's token slices.
@@ -96,7 +121,14 @@ func Normalize(h index.Hasher, model string, b *Batch, dst []index.KVEvent) []in
 			if buf == nil {
 				buf = next.Removed
 			}
-			sb, ok := StoredForIndex(h, model, ev.Stored, buf)
+			if ev.Stored == nil {
+				continue
+			}
+			tier, ok := MediumTier(ev.Stored.Medium)
+			if !ok {
+				continue
+			}
+			sb, ok := storedForIndex(h, model, ev.Stored, buf, tier)
 			if !ok {
 				continue
 			}
@@ -106,11 +138,18 @@ func Normalize(h index.Hasher, model string, b *Batch, dst []index.KVEvent) []in
 			if buf == nil {
 				buf = next.Stored.Hashes
 			}
-			hs, ok := RemovedForIndex(ev.Removed, buf)
+			if ev.Removed == nil {
+				continue
+			}
+			tier, ok := MediumTier(ev.Removed.Medium)
 			if !ok {
 				continue
 			}
-			out = append(out, index.KVEvent{Kind: index.KVRemoved, Removed: hs, Group: ev.Removed.GroupIdx})
+			hs := buf[:0]
+			for _, eh := range ev.Removed.BlockHashes {
+				hs = append(hs, uint64(eh))
+			}
+			out = append(out, index.KVEvent{Kind: index.KVRemoved, Removed: hs, Group: ev.Removed.GroupIdx, Tier: tier})
 		case KindAllBlocksCleared:
 			out = append(out, index.KVEvent{Kind: index.KVCleared, Removed: next.Removed[:0], Stored: index.StoredBlocks{Hashes: next.Stored.Hashes[:0]}})
 		}

@@ -23,25 +23,31 @@ func TestNormalize(t *testing.T) {
 		{Kind: KindAllBlocksCleared},
 	}}
 	got := Normalize(h, testModel, b, nil)
-	require.Len(t, got, 3)
+	require.Len(t, got, 5)
 	sb, ok := StoredForIndex(h, testModel, b.Events[0].Stored, nil)
 	require.True(t, ok)
 	require.Equal(t, index.KVEvent{Kind: index.KVStored, Stored: sb}, got[0])
-	require.Equal(t, index.KVRemoved, got[1].Kind)
-	require.Equal(t, []uint64{32}, got[1].Removed)
-	require.Equal(t, index.KVCleared, got[2].Kind)
+	require.Equal(t, index.TierCPU, got[1].Stored.Tier, "a CPU store is kept, as the CPU tier")
+	require.Equal(t, []uint64{41}, got[1].Stored.Hashes)
+	require.Equal(t, index.KVRemoved, got[2].Kind)
+	require.Equal(t, index.TierCPU, got[2].Tier)
+	require.Equal(t, []uint64{31}, got[2].Removed)
+	require.Equal(t, index.KVRemoved, got[3].Kind)
+	require.Equal(t, index.TierGPU, got[3].Tier)
+	require.Equal(t, []uint64{32}, got[3].Removed)
+	require.Equal(t, index.KVCleared, got[4].Kind)
 
 	var rep index.KVReport
-	x.ApplyKV(1, got[:1], &rep)
+	x.ApplyKV(1, got[:3], &rep)
 	require.Empty(t, rep.Errors)
-	require.Equal(t, 2, gatewayMatch(t, x, "", "", tokens))
-	x.ApplyKV(1, got[1:2], &rep)
+	require.Equal(t, 2, gatewayMatch(t, x, "", "", tokens), "CPU-tier events leave the GPU match alone")
+	x.ApplyKV(1, got[3:4], &rep)
 	require.Equal(t, 1, gatewayMatch(t, x, "", "", tokens))
 
 	allocs := testing.AllocsPerRun(100, func() { got = Normalize(h, testModel, b, got) })
 	require.Zero(t, allocs)
 	require.Equal(t, []uint64{31, 32}, got[0].Stored.Hashes)
-	require.Equal(t, []uint64{32}, got[1].Removed)
+	require.Equal(t, []uint64{32}, got[3].Removed)
 }
 
 // TestDecodeGroups: group_idx, kv_cache_spec_kind and

@@ -260,3 +260,47 @@ func TestGroupOutOfRange(t *testing.T) {
 		t.Fatalf("match %d, want 2", got)
 	}
 }
+
+// TestHybridConcurrentMatch: matches of a hybrid replica (and MatchTiers)
+// run in parallel with group stores and removals; run under -race.
+func TestHybridConcurrentMatch(t *testing.T) {
+	f := newHybrid(t, 24, 64)
+	done := make(chan struct{})
+	errs := make(chan int, 4)
+	for range 2 {
+		go func() {
+			out := make([]int32, 1)
+			gpu, cpu, disk := make([]int32, 1), make([]int32, 1), make([]int32, 1)
+			bad := 0
+			for range 2000 {
+				f.x.Match(f.keys, []ReplicaID{hybridRep}, ModeKVEvents, t0, out)
+				f.x.MatchTiers(f.keys, []ReplicaID{hybridRep}, ModeKVEvents, t0, gpu, cpu, disk)
+				if out[0] < 0 || out[0] > 24 || gpu[0] < 0 || gpu[0] > 24 {
+					bad++
+				}
+			}
+			errs <- bad
+		}()
+	}
+	go func() {
+		defer close(done)
+		for i := range 500 {
+			b := i % 24
+			f.remove(1+i%2, b)
+			if err := f.x.ApplyStored(hybridRep, StoredBlocks{Hashes: f.hashes, Tokens: f.toks, BlockTokens: 16,
+				Group: 1, GroupKind: GroupSliding, Window: f.window}); err != nil {
+				t.Error(err) // not Fatal: this is not the test's goroutine
+				return
+			}
+		}
+	}()
+	<-done
+	for range 2 {
+		if bad := <-errs; bad != 0 {
+			t.Fatalf("%d matches out of range", bad)
+		}
+	}
+	if got := f.match(); got != 24 {
+		t.Fatalf("after the writer restored every block: %d, want 24", got)
+	}
+}

@@ -349,3 +349,24 @@ func (x *Index) MatchTiers(keys []BlockKey, candidates []ReplicaID, mode Mode, n
 	}
 	return longest
 }
+
+// AppendReplicaTierKeys appends the key of every block replica r holds in
+// offload tier t (TierCPU or TierDisk; nothing for TierGPU, whose keys
+// AppendReplicaKeys lists), in no particular order. Like AppendReplicaKeys
+// it is for comparing the index with an engine's own tables: it takes the
+// read lock and scans every block.
+func (x *Index) AppendReplicaTierKeys(dst []BlockKey, r ReplicaID, t Tier) []BlockKey {
+	if t == TierGPU || t >= numTiers {
+		return dst
+	}
+	bit := sideBit(0, t)
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	for i := 1; i < len(x.nodes); i++ {
+		n := &x.nodes[i]
+		if n.flags.Load()&(flagLive|flagGrp) == flagLive|flagGrp && x.groupsOf(n, r)&bit != 0 {
+			dst = append(dst, n.key)
+		}
+	}
+	return dst
+}

@@ -1,6 +1,9 @@
 package index
 
-import "sync"
+import (
+	"math/bits"
+	"sync"
+)
 
 // MaxGroups bounds the KV-cache groups the index tracks per replica. A
 // stored or removed event of a higher group is skipped and counted
@@ -189,18 +192,6 @@ func (x *Index) groupsOf(n *node, r ReplicaID) uint16 {
 	return 0
 }
 
-// grpHeld returns the replicas of want (ids < 64) holding node n in some
-// group above 0.
-func (x *Index) grpHeld(n *node, want uint64) uint64 {
-	var held uint64
-	for _, e := range x.grp[n.key] {
-		if e.r < inlineReplicas && e.groups&groupBits != 0 {
-			held |= 1 << e.r
-		}
-	}
-	return held & want
-}
-
 // dropGroups removes every group entry of node idx (eviction) and returns
 // how many there were. It does not free the node.
 func (x *Index) dropGroups(idx uint32) int {
@@ -226,80 +217,106 @@ func popcount16(v uint16) int {
 	return c
 }
 
-// bitsPool holds hybridHit's per-block scratch, so Match stays free of
-// allocations in the steady state.
-var bitsPool = sync.Pool{New: func() any { s := make([]uint16, 0, 512); return &s }}
+// bitsPool holds Match's per-block group bits of hybrid candidates, so
+// Match stays free of allocations in the steady state.
+var bitsPool = sync.Pool{New: func() any { s := make([]uint16, 0, 1024); return &s }}
 
-// hybridHit applies vLLM's hybrid hit rule to replica r (id < 64, hybrid)
-// over keys, every one of which r holds in some group (or speculatively):
-// the hit is the longest prefix such that every full-attention group holds
-// all its blocks and every sliding-window group holds the window's blocks
-// right before the hit point (or, when shorter than the window, the
-// prefix from the start). r's speculative entries unexpired at tick t
-// count in every group (a routing decision stands for the whole prefix).
-// Called with the read lock.
-func (x *Index) hybridHit(keys []BlockKey, r ReplicaID, rs *replicaState, t uint32) int {
-	bp := bitsPool.Get().(*[]uint16)
-	bits := (*bp)[:0]
-	b := uint64(1) << r
-	var prev uint32
-	for _, k := range keys {
-		idx := x.find(k, prev)
-		if idx == 0 {
-			break
-		}
-		n := &x.nodes[idx]
-		var v uint16
-		switch {
-		case n.masks[Speculative]&b != 0 && alive(t, n.stime, x.specTTL):
-			v = 0xFFFF
-		default:
-			if n.masks[Confirmed]&b != 0 {
-				v = 1
-			}
-			v |= x.groupsOf(n, r)
-		}
-		bits = append(bits, v)
-		prev = idx
+// appendHybridRow appends node n's row of group bits for the hybrid
+// candidates in hyb (nh of them, in id order): bit 0 the confirmed mask
+// (group 0), bits 1.. the side map's groups, every group for an unexpired
+// speculative entry (a routing decision stands for the whole prefix in
+// every group). Offload tiers are left out. It also returns the hybrid
+// candidates holding n in some group. Called with the read lock.
+func (x *Index) appendHybridRow(hb []uint16, n *node, hyb uint64, nh int, specOK bool) ([]uint16, uint64) {
+	base := len(hb)
+	for range nh {
+		hb = append(hb, 0)
 	}
-	hit := len(bits)
-	for g := range MaxGroups {
-		if sp := &rs.groups[g]; sp.known && sp.kind == GroupFull {
-			for i := range hit {
-				if bits[i]&(1<<g) == 0 {
-					hit = i
-					break
+	row := hb[base:]
+	var any uint64
+	s := 0
+	for h := hyb; h != 0; h &= h - 1 {
+		b := h & -h
+		switch {
+		case specOK && n.masks[Speculative]&b != 0:
+			row[s] = groupBits
+		case n.masks[Confirmed]&b != 0:
+			row[s] = 1
+		}
+		if row[s] != 0 {
+			any |= b
+		}
+		s++
+	}
+	if n.flags.Load()&flagGrp != 0 {
+		for _, e := range x.grp[n.key] {
+			b := uint64(1) << e.r
+			if e.r >= inlineReplicas || hyb&b == 0 || e.groups&groupBits == 0 {
+				continue
+			}
+			row[bits.OnesCount64(hyb&(b-1))] |= e.groups & groupBits
+			any |= b
+		}
+	}
+	return hb, any
+}
+
+// hybridDepths applies vLLM's hybrid hit rule to each hybrid candidate r
+// in hyb whose run depth[r] is not 0, over the rows appendHybridRow
+// collected (nh per block), and lowers depth[r] to the hit: the longest
+// prefix such that every full-attention group holds all its blocks and
+// every sliding-window group holds the window's blocks right before the
+// hit point (or, when shorter than the window, the prefix from the
+// start). Called with the read lock.
+func (x *Index) hybridDepths(hb []uint16, hyb uint64, nh int, depth *[inlineReplicas]int32) {
+	s := -1
+	for h := hyb; h != 0; h &= h - 1 {
+		s++
+		r := ReplicaID(bits.TrailingZeros64(h))
+		d := int(depth[r])
+		rs := x.replicas[r]
+		if d == 0 || rs == nil {
+			continue
+		}
+		hit := d
+		for g := range MaxGroups {
+			if sp := &rs.groups[g]; sp.known && sp.kind == GroupFull {
+				for i := range hit {
+					if hb[i*nh+s]&(1<<g) == 0 {
+						hit = i
+						break
+					}
 				}
 			}
 		}
-	}
-	// Sliding-window groups may shorten the hit, which can change another
-	// window group's answer: repeat until no group shortens it (vLLM's
-	// fixed point; one pass for one full and one window group).
-	for changed := true; changed; {
-		changed = false
-		for g := range MaxGroups {
-			sp := &rs.groups[g]
-			if !sp.known || sp.kind != GroupSliding {
-				continue
-			}
-			if e := windowHit(bits[:hit], uint16(1)<<g, sp.window); e < hit {
-				hit, changed = e, true
+		// Sliding-window groups may shorten the hit, which can change
+		// another window group's answer: repeat until no group shortens
+		// it (vLLM's fixed point; one pass for one full and one window
+		// group).
+		for changed := true; changed; {
+			changed = false
+			for g := range MaxGroups {
+				sp := &rs.groups[g]
+				if !sp.known || sp.kind != GroupSliding {
+					continue
+				}
+				if e := windowHit(hb[s:], nh, hit, uint16(1)<<g, sp.window); e < hit {
+					hit, changed = e, true
+				}
 			}
 		}
+		depth[r] = int32(hit)
 	}
-	*bp = bits
-	bitsPool.Put(bp)
-	return hit
 }
 
-// windowHit is a sliding-window group's hit within bits: scanning from the
-// end, the end of the first run of w contiguous blocks held in the group;
-// without such a run, the run of held blocks at the start.
-func windowHit(bits []uint16, g uint16, w int) int {
+// windowHit is a sliding-window group's hit within the first n blocks
+// (bit g of col[i*stride] set: block i held in the group): scanning from
+// the end, the end of the first run of w contiguous held blocks; without
+// such a run, the run of held blocks at the start.
+func windowHit(col []uint16, stride, n int, g uint16, w int) int {
 	run := 0
-	for i := len(bits) - 1; i >= 0; i-- {
-		if bits[i]&g == 0 {
+	for i := n - 1; i >= 0; i-- {
+		if col[i*stride]&g == 0 {
 			run = 0
 			continue
 		}

@@ -531,6 +531,15 @@ func (x *Index) matchLocked(keys []BlockKey, candidates []ReplicaID, mode Mode, 
 	// Hybrid replicas hold a block while any of their groups does; the
 	// hybrid rule then trims their run below.
 	hyb := wantE & x.hybrid
+	// hb holds, block by block, each hybrid candidate's group bits (one
+	// row of nh per block) for the hybrid rule after the walk.
+	var hb []uint16
+	var hbp *[]uint16
+	nh := bits.OnesCount64(hyb)
+	if hyb != 0 {
+		hbp = bitsPool.Get().(*[]uint16)
+		hb = (*hbp)[:0]
+	}
 	overLive := nOver
 	matched := 0
 	var prev uint32
@@ -542,11 +551,14 @@ func (x *Index) matchLocked(keys []BlockKey, candidates []ReplicaID, mode Mode, 
 			}
 			n := &x.nodes[idx]
 			held := n.masks[Confirmed]
-			if alive(t, n.stime, x.specTTL) {
+			specOK := alive(t, n.stime, x.specTTL)
+			if specOK {
 				held |= n.masks[Speculative]
 			}
-			if hyb != 0 && n.flags.Load()&flagGrp != 0 {
-				held |= x.grpHeld(n, hyb)
+			if hyb != 0 {
+				var any uint64
+				hb, any = x.appendHybridRow(hb, n, hyb, nh, specOK)
+				held |= any
 			}
 			held &= wantE
 			if alive(t, n.htime, x.histTTL) {
@@ -572,11 +584,10 @@ func (x *Index) matchLocked(keys []BlockKey, candidates []ReplicaID, mode Mode, 
 	for d := live; d != 0; d &= d - 1 {
 		depth[bits.TrailingZeros64(d)] = int32(matched)
 	}
-	for h := hyb; h != 0; h &= h - 1 {
-		r := ReplicaID(bits.TrailingZeros64(h))
-		if d := depth[r]; d > 0 {
-			depth[r] = int32(x.hybridHit(keys[:d], r, x.replicas[r], t))
-		}
+	if hyb != 0 {
+		x.hybridDepths(hb, hyb, nh, &depth)
+		*hbp = hb
+		bitsPool.Put(hbp)
 	}
 	longest := 0
 	for j, r := range candidates {

@@ -92,3 +92,46 @@ func buildIssue16(tb testing.TB, prompts int, events bool) (*Index, uint64) {
 	runtime.KeepAlive(keys)
 	return x, heap
 }
+
+// BenchmarkMatchHybrid matches a 313-block prompt against 16 replicas, 4
+// of them a hybrid model (a full-attention group and a 4096-token sliding
+// window whose blocks outside the window were evicted), the rest single
+// group: the cost of the hybrid rule next to BenchmarkMatch/hit/kv-events.
+func BenchmarkMatchHybrid(b *testing.B) {
+	cfg := benchConfig()
+	x, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := x.Hasher()
+	root := h.Root("bench-model", "", "")
+	toks := benchTokens(1)
+	keys := h.AppendKeys(nil, root, toks)
+	hashes := make([]uint64, len(keys))
+	for i, k := range keys {
+		hashes[i] = benchEngineHash(k)
+	}
+	all := make([]ReplicaID, benchReplicas)
+	for r := range ReplicaID(benchReplicas) {
+		all[r] = r
+		x.SetReplicaRoot(r, root)
+		must(b, x.ApplyStored(r, StoredBlocks{Hashes: hashes, Tokens: toks, BlockTokens: benchBlockTokens}))
+		if r%4 == 0 {
+			must(b, x.ApplyStored(r, StoredBlocks{Hashes: hashes, Tokens: toks, BlockTokens: benchBlockTokens,
+				Group: 1, GroupKind: GroupSliding, Window: 4096}))
+			// The window keeps cdiv(4095, 16) = 256 blocks: evict the rest.
+			x.ApplyRemovedGroup(r, 1, hashes[:len(hashes)-256])
+		}
+	}
+	out := make([]int32, len(all))
+	now := time.Now().UnixNano()
+	b.ReportAllocs()
+	for b.Loop() {
+		if l := x.Match(keys, all, ModeKVEvents, now, out); l != benchPromptBlock {
+			b.Fatalf("longest %d", l)
+		}
+	}
+	if out[0] != benchPromptBlock || out[1] != benchPromptBlock {
+		b.Fatalf("out %v", out)
+	}
+}

@@ -36,21 +36,27 @@ func BenchmarkMemoryIssue16(b *testing.B) {
 	}
 }
 
+// issue16Tokens fills toks with prompt p: one of 4 shared 64-block
+// prefixes, then its own tokens.
+func issue16Tokens(p int, toks []uint32) {
+	sys := rand.New(rand.NewPCG(uint64(p%4), 11))
+	own := rand.New(rand.NewPCG(uint64(p), 12))
+	for i := range toks {
+		if i < 64*benchBlockTokens {
+			toks[i] = sys.Uint32N(150000)
+		} else {
+			toks[i] = own.Uint32N(150000)
+		}
+	}
+}
+
 func buildIssue16(tb testing.TB, prompts int, events bool) (*Index, uint64) {
 	h, _ := NewHasher(7, benchBlockTokens)
 	root := h.Root("bench-model", "", "")
 	toks := make([]uint32, benchPromptBlock*benchBlockTokens)
 	keys := make([][]BlockKey, prompts)
 	for p := range keys {
-		sys := rand.New(rand.NewPCG(uint64(p%4), 11))
-		own := rand.New(rand.NewPCG(uint64(p), 12))
-		for i := range toks {
-			if i < 64*benchBlockTokens {
-				toks[i] = sys.Uint32N(150000)
-			} else {
-				toks[i] = own.Uint32N(150000)
-			}
-		}
+		issue16Tokens(p, toks)
 		keys[p] = h.AppendKeys(nil, root, toks)
 	}
 	hashes := make([]uint64, benchPromptBlock)
@@ -73,16 +79,7 @@ func buildIssue16(tb testing.TB, prompts int, events bool) (*Index, uint64) {
 			must(tb, x.Record(ks, r, History, now))
 			continue
 		}
-		// Tokens are not kept, only their keys: regenerate them.
-		sys := rand.New(rand.NewPCG(uint64(p%4), 11))
-		own := rand.New(rand.NewPCG(uint64(p), 12))
-		for i := range tokBuf {
-			if i < 64*benchBlockTokens {
-				tokBuf[i] = sys.Uint32N(150000)
-			} else {
-				tokBuf[i] = own.Uint32N(150000)
-			}
-		}
+		issue16Tokens(p, tokBuf) // tokens are not kept, only their keys
 		for i, k := range ks {
 			hashes[i] = benchEngineHash(k)
 		}

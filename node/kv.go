@@ -126,6 +126,8 @@ func applyErrorReason(err error) string {
 		return "malformed"
 	case errors.Is(err, index.ErrNoRoot):
 		return "no_root"
+	case errors.Is(err, index.ErrGroup):
+		return "group"
 	}
 	return "other"
 }

@@ -64,6 +64,44 @@
 // If two engine hashes of one replica map to the same key (for example the
 // same block on two media), removing either removes the confirmed entry.
 //
+// # KV-cache groups
+//
+// A hybrid-attention model keeps one KV-cache group per attention type
+// (full attention, sliding window, ...); vLLM strips the group from the
+// hashes it reports, so every group stores and removes blocks under the
+// same engine hashes, and each group evicts on its own. StoredBlocks.Group
+// and ApplyRemovedGroup (KVEvent.Group) keep the groups apart: group 0 is
+// the confirmed ledger's mask, groups 1 to MaxGroups-1 live in a per-key
+// side map that single-group models never touch, and a removal in one
+// group leaves the others (and the engine mapping, until no group holds
+// the block). A replica whose events named more than one group is matched
+// by vLLM's hybrid rule (see Match): full-attention groups need every
+// block of the prefix, sliding-window groups only the blocks of their
+// window before the hit point. The rule follows vLLM's v1 KV-cache
+// manager: SlidingWindowManager.find_longest_cache_hit as read at
+// vllm-project/vllm commit 002f349 (v0.9 era: a right-to-left search for
+// cdiv(window-1, block) contiguous cached blocks) and the fixed-point
+// HybridKVCacheCoordinator.find_longest_cache_hit of later releases
+// (full-attention groups first; for one full and one sliding group it is
+// the single pass of the earlier coordinator). EAGLE's dropped last block
+// is not modelled. Group
+// residency is not part of snapshots: a restored index matches on group 0
+// until the replica's events name its groups again.
+//
+// # Offload tiers
+//
+// Engines with CPU offloading (vLLM's offloading connector, LMCache)
+// report stores and removals of their CPU (and disk) copies under the same
+// engine hashes. StoredBlocks.Tier and KVEvent.Tier (ApplyRemovedTier)
+// keep them apart from the GPU: an offloaded copy never enters the
+// confirmed ledger, so Match, ConfirmedRun and every strategy that reads
+// Match (prefix-cache keeps AIBrix's GPU-only meaning) see the GPU alone,
+// while MatchTiers also reports, per candidate, the run of blocks after
+// the GPU match that CPU or disk hold, for a cost model to price as a load
+// instead of a recompute. Offload residency lives in the same per-key side
+// map as the groups above 0, and an engine mapping lives while the GPU,
+// a group or a tier holds the block.
+//
 // # Layout
 //
 // A block is a 48-byte pointer-free node in a flat arena: the key, one

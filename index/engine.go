@@ -30,6 +30,19 @@ type StoredBlocks struct {
 	// a LoRA adapter's requests); otherwise SetReplicaRoot's value is used.
 	Root    BlockKey
 	HasRoot bool
+	// Group is the KV-cache group the engine stored the blocks in (vLLM's
+	// group_idx; 0 for a model with one group), below MaxGroups. GroupKind
+	// and Window (tokens, sliding-window groups only) describe the group;
+	// the index learns them per replica from the events, and a replica
+	// with more than one group is matched by the hybrid rule (see Match).
+	Group     int
+	GroupKind GroupKind
+	Window    int
+	// Tier is where the blocks are: TierGPU (the confirmed ledger) or an
+	// offload tier (CPU, disk), kept apart and reported by MatchTiers.
+	// Offload events use the same engine hashes, and the same engine map,
+	// as GPU ones; their group is ignored.
+	Tier Tier
 }
 
 func (x *Index) replica(r ReplicaID) *replicaState {
@@ -113,6 +126,10 @@ func (x *Index) ApplyStoredReport(r ReplicaID, s StoredBlocks) (Tolerance, error
 	per := s.BlockTokens / bs
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if s.Group < 0 || s.Group >= MaxGroups || s.Tier >= numTiers {
+		x.st.skippedGroup++
+		return tol, fmt.Errorf("%w: group %d tier %d", ErrGroup, s.Group, s.Tier)
+	}
 	rs := x.replica(r)
 	var k BlockKey
 	hasParent := s.HasParent
@@ -141,6 +158,9 @@ func (x *Index) ApplyStoredReport(r ReplicaID, s StoredBlocks) (Tolerance, error
 	if tol == TolParentZero {
 		x.st.parentZero++
 	}
+	if s.Tier == TierGPU && (s.Group != 0 || s.GroupKind != GroupFull || rs.ngroups > 0) {
+		x.learnGroup(r, rs, &s)
+	}
 	// Engine blocks are consecutive, so the whole event is one chain.
 	x.scratch = x.h.AppendKeys(x.scratch[:0], k, s.Tokens)
 	x.touch(x.scratch)
@@ -148,8 +168,16 @@ func (x *Index) ApplyStoredReport(r ReplicaID, s StoredBlocks) (Tolerance, error
 	var prev uint32
 	for _, key := range x.scratch {
 		idx := x.insert(key, prev)
-		x.set(idx, r, Confirmed)
-		if x.has(idx, r, Speculative) {
+		switch {
+		case s.Tier != TierGPU:
+			// An offloaded copy confirms nothing on the GPU.
+			x.setSide(idx, r, sideBit(0, s.Tier))
+		case s.Group == 0:
+			x.set(idx, r, Confirmed)
+		default:
+			x.setSide(idx, r, sideBit(s.Group, TierGPU))
+		}
+		if s.Tier == TierGPU && x.has(idx, r, Speculative) {
 			x.clear(idx, r, Speculative) // node stays: it is confirmed now
 			x.st.promoted++
 		}
@@ -180,30 +208,82 @@ func (x *Index) ApplyStoredReport(r ReplicaID, s StoredBlocks) (Tolerance, error
 // never stored are counted in Stats.UnknownRemoved. It returns the number of
 // entries removed and keeps nothing of hashes.
 func (x *Index) ApplyRemoved(r ReplicaID, hashes []uint64) int {
+	return x.ApplyRemovedGroup(r, 0, hashes)
+}
+
+// ApplyRemovedGroup is ApplyRemoved for the blocks of KV-cache group g (a
+// BlockRemoved with group_idx g): only r's residency in that group goes,
+// and an engine hash's mapping is forgotten once r holds its blocks in no
+// group. A group outside [0, MaxGroups) is skipped and counted
+// (Stats.SkippedGroupEvents).
+func (x *Index) ApplyRemovedGroup(r ReplicaID, g int, hashes []uint64) int {
+	return x.applyRemoved(r, g, TierGPU, hashes)
+}
+
+// ApplyRemovedTier is ApplyRemoved for an offload tier's copies (a
+// BlockRemoved with medium CPU or disk): only r's residency in tier t
+// goes; the GPU's and the other tier's stay.
+func (x *Index) ApplyRemovedTier(r ReplicaID, t Tier, hashes []uint64) int {
+	return x.applyRemoved(r, 0, t, hashes)
+}
+
+func (x *Index) applyRemoved(r ReplicaID, g int, tier Tier, hashes []uint64) int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if g < 0 || g >= MaxGroups || tier >= numTiers {
+		x.st.skippedGroup++
+		return 0
+	}
 	rs := x.replicas[r]
 	removed := 0
 	for _, eh := range hashes {
-		k, ok := x.engRemove(r, rs, eh)
+		k, ok := x.engLookup(r, rs, eh)
 		if !ok {
 			x.st.unknownRemoved++
 			continue
 		}
-		if ks, multi := rs.multi[eh]; multi {
-			delete(rs.multi, eh)
-			for _, key := range ks {
-				removed += x.removeConfirmed(key, r)
-			}
-			continue
+		var ks []BlockKey
+		multi := false
+		if rs != nil {
+			ks, multi = rs.multi[eh]
 		}
-		removed += x.removeConfirmed(k, r)
+		if multi {
+			for _, key := range ks {
+				removed += x.removeConfirmed(key, r, g, tier)
+			}
+		} else {
+			removed += x.removeConfirmed(k, r, g, tier)
+		}
+		// k is the engine block's last key: while r still holds it in a
+		// group, so does the engine, and the mapping stays.
+		if idx := x.probe(k); idx == 0 || !x.has(idx, r, Confirmed) && x.groupsOf(&x.nodes[idx], r) == 0 {
+			x.engRemove(r, rs, eh)
+			if multi {
+				delete(rs.multi, eh)
+			}
+		}
 	}
 	return removed
 }
 
-func (x *Index) removeConfirmed(k BlockKey, r ReplicaID) int {
-	if idx := x.probe(k); idx != 0 && x.clear(idx, r, Confirmed) {
+func (x *Index) removeConfirmed(k BlockKey, r ReplicaID, g int, tier Tier) int {
+	idx := x.probe(k)
+	if idx == 0 {
+		return 0
+	}
+	if tier != TierGPU {
+		if x.clearGroups(idx, r, sideBit(0, tier)) {
+			return 1
+		}
+		return 0
+	}
+	if g == 0 {
+		if x.clear(idx, r, Confirmed) {
+			return 1
+		}
+		return 0
+	}
+	if x.clearGroups(idx, r, 1<<g) {
 		return 1
 	}
 	return 0
@@ -233,6 +313,9 @@ func (x *Index) DropReplica(r ReplicaID) int {
 	x.engClear(r)
 	delete(x.replicas, r)
 	x.publishers[r/64] &^= 1 << (r % 64)
+	if r < inlineReplicas {
+		x.hybrid &^= 1 << r
+	}
 	return x.clearAll(r, 1<<History|1<<Speculative|1<<Confirmed)
 }
 
@@ -242,6 +325,12 @@ func (x *Index) clearAll(r ReplicaID, ledgers uint8) int {
 		idx := uint32(i)
 		if x.nodes[idx].flags.Load()&flagLive == 0 {
 			continue
+		}
+		if ledgers&(1<<Confirmed) != 0 && x.clearGroups(idx, r, 0xFFFF) {
+			removed++
+			if x.nodes[idx].flags.Load()&flagLive == 0 {
+				continue
+			}
 		}
 		for l := range numLedgers {
 			if ledgers&(1<<l) != 0 && x.nodes[idx].flags.Load()&flagLive != 0 && x.clear(idx, r, l) {

@@ -27,3 +27,16 @@ var (
 	// ErrBadSnapshot wraps every reason Restore rejects its input.
 	ErrBadSnapshot = errors.New("index: bad snapshot")
 )
+
+var (
+	// ErrMalformedKVEvent wraps every reason ReadKVEvent rejects its input,
+	// and AppendKVEvent's complaint about an unknown event kind.
+	ErrMalformedKVEvent = errors.New("index: malformed KV event")
+	// ErrKVEventTooLarge is returned by AppendKVEvent for an event beyond
+	// MaxKVEventHashes or MaxKVEventTokens.
+	ErrKVEventTooLarge = errors.New("index: KV event too large")
+)
+
+// ErrGroup is returned by ApplyStored for a KV-cache group outside
+// [0, MaxGroups); nothing changes.
+var ErrGroup = errors.New("index: KV-cache group out of range")

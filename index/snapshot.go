@@ -468,6 +468,9 @@ func (x *Index) Restore(data []byte, resolve func(string) (ReplicaID, bool), opt
 	x.clockHand, x.expireHand = 0, 0
 	x.ovf, x.publishers, x.replicas, x.entries = y.ovf, y.publishers, y.replicas, y.entries
 	x.eng, x.engCount = y.eng, y.engCount
+	// Snapshots carry group 0 only: group residency and specs start over,
+	// so restored replicas match on group 0 until their events say more.
+	x.grp, x.grpEntries, x.hybrid = y.grp, 0, 0
 	x.st.evictions += y.st.evictions
 	return wm, nil
 }

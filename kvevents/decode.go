@@ -375,6 +375,7 @@ func (d *Decoder) event(b *Batch) (bool, error) {
 	t.TokenIDs = t.TokenIDs[:0]
 	t.BlockSize = 0
 	t.Medium, t.LoRAName = "", ""
+	t.GroupIdx, t.SpecKind, t.SlidingWindow = 0, "", 0
 	d.ek.reset()
 	hasLoRA, lora := false, int64(0)
 	var kind Kind
@@ -462,6 +463,7 @@ func (d *Decoder) event(b *Batch) (bool, error) {
 		s.TokenIDs, t.TokenIDs = t.TokenIDs, s.TokenIDs[:0]
 		s.ParentBlockHash, s.HasParent = t.ParentBlockHash, t.HasParent
 		s.BlockSize, s.Medium, s.LoRAName = t.BlockSize, t.Medium, t.LoRAName
+		s.GroupIdx, s.SpecKind, s.SlidingWindow = t.GroupIdx, t.SpecKind, t.SlidingWindow
 		d.finishExtraKeys(s)
 		if hasLoRA {
 			if s.LoRAID == nil {
@@ -478,7 +480,7 @@ func (d *Decoder) event(b *Batch) (bool, error) {
 		}
 		ev.Stored, ev.Removed = nil, r
 		r.BlockHashes, t.BlockHashes = t.BlockHashes, r.BlockHashes[:0]
-		r.Medium = t.Medium
+		r.Medium, r.GroupIdx = t.Medium, t.GroupIdx
 	case KindAllBlocksCleared:
 		ev.Stored, ev.Removed = nil, nil
 	}
@@ -499,14 +501,17 @@ const (
 	fieldMedium
 	fieldLoRAName
 	fieldExtraKeys
+	fieldGroupIdx
+	fieldSpecKind
+	fieldSlidingWindow
 )
 
 // Field order of vLLM's BlockStored / BlockRemoved structs, which is the
-// position order of the tagged-array encoding. Later fields (group_idx,
-// kv_cache_spec_*, ...) are skipped.
+// position order of the tagged-array encoding. Later fields are skipped.
 var (
-	storedFields  = [...]fieldID{fieldBlockHashes, fieldParentBlockHash, fieldTokenIDs, fieldBlockSize, fieldLoRAID, fieldMedium, fieldLoRAName, fieldExtraKeys}
-	removedFields = [...]fieldID{fieldBlockHashes, fieldMedium}
+	storedFields = [...]fieldID{fieldBlockHashes, fieldParentBlockHash, fieldTokenIDs, fieldBlockSize, fieldLoRAID,
+		fieldMedium, fieldLoRAName, fieldExtraKeys, fieldGroupIdx, fieldSpecKind, fieldSlidingWindow}
+	removedFields = [...]fieldID{fieldBlockHashes, fieldMedium, fieldGroupIdx}
 )
 
 func fieldByName(key []byte) fieldID {
@@ -527,11 +532,18 @@ func fieldByName(key []byte) fieldID {
 		return fieldLoRAName
 	case "extra_keys":
 		return fieldExtraKeys
+	case "group_idx":
+		return fieldGroupIdx
+	case "kv_cache_spec_kind":
+		return fieldSpecKind
+	case "kv_cache_spec_sliding_window":
+		return fieldSlidingWindow
 	}
 	return fieldUnknown
 }
 
-var fieldNames = [...]string{"unknown", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys"}
+var fieldNames = [...]string{"unknown", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys",
+	"group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}
 
 // field decodes one named field into d.tmp, skipping names it does not know.
 // The same names mean the same thing in every event type, so the decoder
@@ -573,6 +585,18 @@ func (d *Decoder) field(name fieldID, hasLoRA *bool, lora *int64) error {
 		t.LoRAName, err = d.optStr()
 	case fieldExtraKeys:
 		err = d.extraKeys()
+	case fieldGroupIdx:
+		t.GroupIdx, err = d.optSmallInt(1 << 16)
+	case fieldSpecKind:
+		// Newer fields are read leniently: a value of another type is
+		// skipped, as an unknown field would be.
+		if c, perr := d.dec.PeekCode(); perr == nil && msgpcode.IsString(c) {
+			t.SpecKind, err = d.optStr()
+		} else {
+			return d.skip(0)
+		}
+	case fieldSlidingWindow:
+		t.SlidingWindow, err = d.optSmallInt(1 << 30)
 	default:
 		return d.skip(0)
 	}
@@ -793,6 +817,22 @@ func (d *Decoder) str() ([]byte, error) {
 		return nil, err
 	}
 	return d.scratch, nil
+}
+
+// optSmallInt reads a nil-able integer in [0, max] (nil: 0).
+// A value that is not an integer is skipped (0).
+func (d *Decoder) optSmallInt(max int64) (int, error) {
+	if d.isNil() {
+		return 0, d.dec.DecodeNil()
+	}
+	if c, err := d.dec.PeekCode(); err == nil && !isInt(c) {
+		return 0, d.skip(0)
+	}
+	n, err := d.dec.DecodeInt64()
+	if err == nil && (n < 0 || n > max) {
+		err = fmt.Errorf("%d out of range [0, %d]", n, max)
+	}
+	return int(n), err
 }
 
 // optStr reads a nil-able string; the common medium names are interned so a

@@ -12,8 +12,9 @@
 // with map events {"type": "BlockStored", ...}; (c) the newest map batch
 // {"ts", "events", "data_parallel_rank"}. Fields are vLLM's, in its struct
 // order (BlockStored: block_hashes, parent_block_hash, token_ids, block_size,
-// lora_id, medium, lora_name, extra_keys, then group_idx, ... which are
-// skipped). Block hashes are opaque EngineHash values: integers bit-for-bit
+// lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind,
+// kv_cache_spec_sliding_window; later ones are skipped; BlockRemoved:
+// block_hashes, medium, group_idx). Block hashes are opaque EngineHash values: integers bit-for-bit
 // (negative int64 as two's complement), byte strings folded with
 // xxh3.Hash. Unknown fields and event types are skipped without error (the
 // ignored count says how many events); a payload that is not a batch wraps

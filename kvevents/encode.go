@@ -149,10 +149,17 @@ func (e *Encoder) event(ev *Event) error {
 			s = &BlockStored{}
 		}
 		// All seven fields have no default in vLLM's struct, so msgspec
-		// writes them all; extra_keys (and group_idx) only when set.
+		// writes them all; extra_keys and the group fields only when set.
 		extra := s.CacheSalt != "" || s.HasExtraKeys
+		grouped := s.GroupIdx != 0 || s.SpecKind != "" || s.SlidingWindow != 0
 		n := 8
-		if extra {
+		switch {
+		case grouped && (arr || extra):
+			// The array form needs the extra_keys slot before the group's.
+			n = 12
+		case grouped:
+			n = 11
+		case extra:
 			n = 9
 		}
 		if arr {
@@ -191,17 +198,35 @@ func (e *Encoder) event(ev *Event) error {
 		if extra {
 			e.key(arr, "extra_keys")
 			e.extraKeys(s)
+		} else if grouped && arr {
+			_ = en.EncodeNil()
+		}
+		if grouped {
+			e.key(arr, "group_idx")
+			_ = en.EncodeInt(int64(s.GroupIdx))
+			e.key(arr, "kv_cache_spec_kind")
+			e.optStr(s.SpecKind)
+			e.key(arr, "kv_cache_spec_sliding_window")
+			if s.SlidingWindow != 0 {
+				_ = en.EncodeInt(int64(s.SlidingWindow))
+			} else {
+				_ = en.EncodeNil()
+			}
 		}
 	case KindBlockRemoved:
 		r := ev.Removed
 		if r == nil {
 			r = &BlockRemoved{}
 		}
+		n := 3
+		if r.GroupIdx != 0 {
+			n = 4
+		}
 		if arr {
-			_ = en.EncodeArrayLen(3)
+			_ = en.EncodeArrayLen(n)
 			_ = en.EncodeString("BlockRemoved")
 		} else {
-			_ = en.EncodeMapLen(3)
+			_ = en.EncodeMapLen(n)
 			_ = en.EncodeString("type")
 			_ = en.EncodeString("BlockRemoved")
 		}
@@ -209,6 +234,10 @@ func (e *Encoder) event(ev *Event) error {
 		e.hashes(r.BlockHashes)
 		e.key(arr, "medium")
 		e.optStr(r.Medium)
+		if r.GroupIdx != 0 {
+			e.key(arr, "group_idx")
+			_ = en.EncodeInt(int64(r.GroupIdx))
+		}
 	case KindAllBlocksCleared:
 		if arr {
 			_ = en.EncodeArrayLen(1)

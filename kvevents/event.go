@@ -85,6 +85,17 @@ type BlockStored struct {
 	// placeholder tokens.
 	OpaqueFrom int
 	HasOpaque  bool
+
+	// GroupIdx is the KV-cache group the blocks were stored in (vLLM's
+	// group_idx; 0 when absent). A hybrid-attention model has one group per
+	// attention type (full attention, sliding window, ...), each caching
+	// and evicting its own copy of blocks with the same hashes.
+	GroupIdx int
+	// SpecKind is the group's kv_cache_spec_kind ("full_attention",
+	// "sliding_window", ...; "" when absent) and SlidingWindow its
+	// kv_cache_spec_sliding_window in tokens (0 when absent).
+	SpecKind      string
+	SlidingWindow int
 }
 
 // GPUMedium reports whether an event's medium is the GPU tier, which is the
@@ -121,6 +132,8 @@ func (s *BlockStored) IndexableBlocks() int {
 type BlockRemoved struct {
 	BlockHashes []EngineHash
 	Medium      string
+	// GroupIdx is the KV-cache group the blocks left (0 when absent).
+	GroupIdx int
 }
 
 // Batch is one published message: the events of one engine step.

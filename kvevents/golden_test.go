@@ -75,6 +75,7 @@ func TestGoldenMapEnvelope(t *testing.T) {
 		TS: 1764400002.75,
 		Events: []Event{{Kind: KindBlockStored, Stored: &BlockStored{
 			BlockHashes: []EngineHash{5, 6}, TokenIDs: goldenTokens(), BlockSize: 16, Medium: "GPU",
+			SpecKind: "full_attention",
 		}}},
 	}, b)
 }

@@ -50,6 +50,11 @@ type RouteReport struct {
 	// the prompt its engine's own KV events confirm (no speculation, no
 	// history): what kvmesh doctor's KV-stream identity probe reads.
 	Confirmed []ReplicaBlocks `json:"confirmed_blocks,omitempty"`
+	// Tiers is, per replica of the model, the prompt's blocks by where the
+	// engine holds them, as the model's index mode reads them
+	// (index.MatchTiers): the GPU match (what routing uses), then the run
+	// after it in the CPU and disk offload tiers (engine events only).
+	Tiers []ReplicaTiers `json:"tiers,omitempty"`
 	// Suspect lists the model's replicas whose predictions disagree with
 	// their engine (selfcheck.go).
 	Suspect []SuspectReport `json:"suspect,omitempty"`
@@ -64,6 +69,14 @@ type RouteReport struct {
 type ReplicaBlocks struct {
 	Name   string `json:"name"`
 	Blocks int    `json:"blocks"`
+}
+
+// ReplicaTiers is one replica's matched blocks per tier.
+type ReplicaTiers struct {
+	Name string `json:"name"`
+	GPU  int    `json:"gpu_blocks"`
+	CPU  int    `json:"cpu_blocks"`
+	Disk int    `json:"disk_blocks"`
 }
 
 // UnavailableReplica is a replica left out of a decision.
@@ -167,9 +180,12 @@ func (n *Node) explainRoute(w http.ResponseWriter, r *http.Request, p *pool, lor
 			rep.Unavailable = append(rep.Unavailable, u)
 		}
 	}
+	var gpu, cpu, disk [1]int32
 	for _, r := range p.replicas {
 		rep.Confirmed = append(rep.Confirmed, ReplicaBlocks{Name: r.name, Blocks: n.index.ConfirmedRun(keys, r.id)})
 		rep.Suspect = r.check.appendSuspects(rep.Suspect, r.name)
+		n.index.MatchTiers(keys, []index.ReplicaID{r.id}, p.mode, rr.Now, gpu[:], cpu[:], disk[:])
+		rep.Tiers = append(rep.Tiers, ReplicaTiers{Name: r.name, GPU: int(gpu[0]), CPU: int(cpu[0]), Disk: int(disk[0])})
 	}
 	for _, a := range n.Agreement() {
 		if a.Model == p.model {

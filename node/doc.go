@@ -36,10 +36,11 @@
 // Index modes (history, kv-events, hybrid) are per model. KV events:
 // replicas with a kv (connect) or kv_bind (bind) endpoint get a kvevents
 // subscriber whose batches feed the index's confirmed ledger through
-// kvevents.StoredForIndex/RemovedForIndex (GPU tier only; salted and LoRA
-// chains under the request-side root; blocks from the first opaque,
-// multimodal one on left out); a reset drops that replica's confirmed
-// entries.
+// kvevents.Normalize and index.ApplyKV (GPU into the confirmed ledger, CPU
+// and disk into the index's offload tiers, KV-cache groups apart; salted
+// and LoRA chains under the request-side root; blocks from the first
+// opaque, multimodal one on left out); a reset drops that replica's
+// confirmed entries.
 //
 // Routing table: pools, model names and replicas live in one immutable
 // table behind an atomic pointer. A request loads it once; a config apply

@@ -87,38 +87,21 @@ func (n *Node) KVBindAddr(replica string) string {
 	return r.sub.Addr()
 }
 
-// HandleBatch implements kvevents.Handler.
+// HandleBatch implements kvevents.Handler. kvevents.Normalize filters
+// the GPU tier, roots salted and LoRA chains under the request-side root
+// and drops opaque (multimodal) blocks, and index.ApplyKV applies the
+// result, exactly as a synced cluster's owner and its peers do.
 func (h kvHandler) HandleBatch(_ string, _ kvevents.Seq, b *kvevents.Batch) {
 	n, r := h.n, h.r
-	for i := range b.Events {
-		ev := &b.Events[i]
-		switch ev.Kind {
-		case kvevents.KindBlockStored:
-			// StoredForIndex filters the GPU tier, roots salted and LoRA
-			// chains under the request-side root and drops opaque
-			// (multimodal) blocks, exactly as a synced cluster's owner does.
-			sb, ok := kvevents.StoredForIndex(n.hasher, r.model, ev.Stored, r.kvHashes)
-			if !ok {
-				continue
-			}
-			r.kvHashes = sb.Hashes
-			tol, err := n.index.ApplyStoredReport(r.id, sb)
-			if err != nil {
-				n.m.kvApplyErrors.WithLabelValues(r.name, applyErrorReason(err)).Inc()
-				n.log.Debug("KV event not applied", "replica", r.name, "err", err)
-			}
-			if tol != index.TolNone {
-				n.kvMetrics.Tolerated.WithLabelValues(r.name, tol.String()).Inc()
-			}
-		case kvevents.KindBlockRemoved:
-			hs, ok := kvevents.RemovedForIndex(ev.Removed, r.kvHashes)
-			r.kvHashes = hs
-			if ok {
-				n.index.ApplyRemoved(r.id, hs)
-			}
-		case kvevents.KindAllBlocksCleared:
-			n.index.ClearReplica(r.id)
-		}
+	r.kvBatch = kvevents.Normalize(n.hasher, r.model, b, r.kvBatch)
+	rep := &r.kvReport
+	n.index.ApplyKV(r.id, r.kvBatch, rep)
+	for _, err := range rep.Errors {
+		n.m.kvApplyErrors.WithLabelValues(r.name, applyErrorReason(err)).Inc()
+		n.log.Debug("KV event not applied", "replica", r.name, "err", err)
+	}
+	if rep.ParentZero > 0 {
+		n.kvMetrics.Tolerated.WithLabelValues(r.name, index.TolParentZero.String()).Add(float64(rep.ParentZero))
 	}
 }
 
@@ -143,6 +126,8 @@ func applyErrorReason(err error) string {
 		return "malformed"
 	case errors.Is(err, index.ErrNoRoot):
 		return "no_root"
+	case errors.Is(err, index.ErrGroup):
+		return "group"
 	}
 	return "other"
 }

@@ -84,10 +84,11 @@ type replica struct {
 	ejections    int // consecutive ejections without a success in between
 
 	// KV events: the replica's subscriber (nil without a kv source) and
-	// the scratch its handler converts engine hashes into (only that
-	// subscriber's goroutine touches it).
+	// the scratch its handler normalizes batches into and reports through
+	// (only that subscriber's goroutine touches them).
 	sub      *kvevents.Subscriber
-	kvHashes []uint64
+	kvBatch  []index.KVEvent
+	kvReport index.KVReport
 
 	// check is the self-check of the index's predictions against the
 	// engine's reported cached tokens (selfcheck.go); it survives reloads

@@ -180,7 +180,9 @@ func TestTokenizerDisagreement(t *testing.T) {
 			require.Eventually(t, func() bool {
 				rep := debugRoute(t, n, "prefix-cache", prompt)
 				return rep.EngineTokenizes && len(rep.Confirmed) == 1 && rep.Confirmed[0].Blocks > 0 &&
-					rep.Confirmed[0].Blocks >= rep.TotalBlocks-1
+					rep.Confirmed[0].Blocks >= rep.TotalBlocks-1 &&
+					// The GPU-only engine: its tier report is the GPU match.
+					len(rep.Tiers) == 1 && rep.Tiers[0].GPU >= rep.Confirmed[0].Blocks && rep.Tiers[0].CPU == 0
 			}, 10*time.Second, 10*time.Millisecond, "the engine's blocks match the engine-tokenized keys")
 			for i := range 20 {
 				sendWithUsage(t, n, i, fmt.Sprintf("%sQuestion %06d", sharedPrefix, i))

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/index"
-	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // Watermark source names in snapshots and digests.
@@ -144,7 +143,8 @@ type applier struct {
 	kv            map[string]*kvState
 	bootstrapping bool
 	buf           []inbound
-	gapSince      time.Time // first unrepaired loss; zero = none
+	gapSince      time.Time      // first unrepaired loss; zero = none
+	kvRep         index.KVReport // applyKVLocked's scratch
 }
 
 func newApplier(c *Cluster) *applier {
@@ -363,27 +363,17 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 			return
 		}
 	}
-	for i := range b.Events {
-		ev := &b.Events[i]
-		switch ev.Kind {
-		case kvevents.KindBlockStored:
-			tol, err := ix.ApplyStoredReport(id, index.StoredBlocks{
-				Hashes: ev.Hashes, ParentHash: ev.ParentHash, HasParent: ev.HasParent,
-				Tokens: ev.Tokens, BlockTokens: ev.BlockTokens, Root: ev.Root, HasRoot: ev.HasRoot,
-			})
-			if err != nil {
-				a.c.m.dropped.WithLabelValues("kv", "apply_error").Inc()
-			}
-			if tol != index.TolNone && a.c.deps.KVMetrics != nil {
-				// Every gateway applies the batch, so each counts it once.
-				a.c.deps.KVMetrics.Tolerated.WithLabelValues(b.Replica, tol.String()).Inc()
-			}
-		case kvevents.KindBlockRemoved:
-			ix.ApplyRemoved(id, ev.Hashes)
-		case kvevents.KindAllBlocksCleared:
-			ix.ClearReplica(id)
-			st.cleared()
-		}
+	rep := &a.kvRep
+	ix.ApplyKV(id, b.Events, rep)
+	if len(rep.Errors) > 0 {
+		a.c.m.dropped.WithLabelValues("kv", "apply_error").Add(float64(len(rep.Errors)))
+	}
+	if rep.ParentZero > 0 && a.c.deps.KVMetrics != nil {
+		// Every gateway applies the batch, so each counts it once.
+		a.c.deps.KVMetrics.Tolerated.WithLabelValues(b.Replica, index.TolParentZero.String()).Add(float64(rep.ParentZero))
+	}
+	if rep.Cleared {
+		st.cleared()
 	}
 	st.valid, st.seq, st.engine, st.at = true, b.Seq, b.EngineTS, time.Now()
 	a.c.m.applied.WithLabelValues("kv").Inc()

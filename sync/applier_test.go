@@ -63,8 +63,8 @@ func TestKVSequenceRules(t *testing.T) {
 		for i := range toks {
 			toks[i] = tok
 		}
-		return &KVBatch{Origin: "o", Replica: "r1", Seq: seq, EngineTS: ts, Events: []KVEvent{
-			{Kind: kvevents.KindBlockStored, Hashes: []uint64{hash}, BlockTokens: h.BlockTokens(), Tokens: toks}}}
+		return &KVBatch{Origin: "o", Replica: "r1", Seq: seq, EngineTS: ts, Events: []index.KVEvent{
+			{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{hash}, BlockTokens: h.BlockTokens(), Tokens: toks}}}}
 	}
 	applied := func() float64 {
 		return metricValue(t, g.reg, "kvmesh_sync_deltas_applied_total", map[string]string{"kind": "kv"})
@@ -175,9 +175,9 @@ func TestKVParentZeroChainStart(t *testing.T) {
 	for i := range toks {
 		toks[i] = uint32(7 + i)
 	}
-	a.applyLocal(&KVBatch{Origin: "o", Replica: "r1", Seq: 1, EngineTS: 1, Events: []KVEvent{
-		{Kind: kvevents.KindBlockStored, Hashes: []uint64{41}, ParentHash: 0, HasParent: true, BlockTokens: bt, Tokens: toks[:bt]},
-		{Kind: kvevents.KindBlockStored, Hashes: []uint64{42}, ParentHash: 41, HasParent: true, BlockTokens: bt, Tokens: toks[bt:]},
+	a.applyLocal(&KVBatch{Origin: "o", Replica: "r1", Seq: 1, EngineTS: 1, Events: []index.KVEvent{
+		{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{41}, ParentHash: 0, HasParent: true, BlockTokens: bt, Tokens: toks[:bt]}},
+		{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{42}, ParentHash: 41, HasParent: true, BlockTokens: bt, Tokens: toks[bt:]}},
 	}})
 	require.Equal(t, 2, confirmed(g))
 	require.Zero(t, metricValue(t, g.reg, "kvmesh_sync_deltas_dropped_total", map[string]string{"reason": "apply_error"}))

@@ -121,8 +121,9 @@
 // detection time (about a second with LocalConfig, a few seconds on the LAN
 // profile; at once on a graceful leave). The owner runs the engine's
 // kvevents.Subscriber (sequence tracking, replay, resets), normalizes each
-// batch with kvevents.StoredForIndex and RemovedForIndex (GPU tier only;
-// roots of LoRA and cache-salted sequences resolved from KVSource.Model;
+// batch with kvevents.Normalize (GPU, offload tiers and KV-cache groups
+// apart, see index.KVEvent; roots of LoRA and cache-salted sequences
+// resolved from KVSource.Model;
 // multimodal and other opaque blocks dropped; engine hashes and token ids
 // kept), applies it to its own index and publishes it with the engine's
 // sequence number and clock. Every gateway applies a replica's batches in

@@ -200,30 +200,11 @@ func (h *ownerHandler) HandleBatch(replica string, seq kvevents.Seq, b *kvevents
 	kb := &h.batch
 	*kb = KVBatch{Origin: h.c.origin, Replica: replica, Seq: uint64(seq), EngineTS: b.TS,
 		SentAt: time.Now().UnixNano(), Events: kb.Events[:0]}
-	for i := range b.Events {
-		ev := &b.Events[i]
-		switch ev.Kind {
-		case kvevents.KindBlockStored:
-			// One place decides the medium, the root (LoRA, cache salt)
-			// and which blocks are indexable, exactly as the gateway keys
-			// requests. nil: each event gets its own hash slice, since kb
-			// keeps them until it is published.
-			sb, ok := kvevents.StoredForIndex(h.hasher, h.src.Model, ev.Stored, nil)
-			if !ok {
-				continue
-			}
-			kb.Events = append(kb.Events, KVEvent{Kind: ev.Kind, Hashes: sb.Hashes, ParentHash: sb.ParentHash,
-				HasParent: sb.HasParent, BlockTokens: sb.BlockTokens, Tokens: sb.Tokens, Root: sb.Root, HasRoot: sb.HasRoot})
-		case kvevents.KindBlockRemoved:
-			hs, ok := kvevents.RemovedForIndex(ev.Removed, nil)
-			if !ok {
-				continue
-			}
-			kb.Events = append(kb.Events, KVEvent{Kind: ev.Kind, Hashes: hs})
-		case kvevents.KindAllBlocksCleared:
-			kb.Events = append(kb.Events, KVEvent{Kind: ev.Kind})
-		}
-	}
+	// One place decides the medium, the root (LoRA, cache salt) and which
+	// blocks are indexable, exactly as the gateway keys requests. Reusing
+	// kb.Events' buffers is safe: the batch is applied and encoded before
+	// this returns.
+	kb.Events = kvevents.Normalize(h.hasher, h.src.Model, b, kb.Events)
 	h.c.ap.applyLocal(kb)
 	h.publish(kb)
 }

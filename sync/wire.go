@@ -2,11 +2,11 @@ package sync
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 
 	"github.com/kvmesh/kvmesh/index"
-	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // Wire format of peer messages, version 1 (NATS payloads and memberlist
@@ -27,14 +27,12 @@ import (
 //	           origin str, replica str, seq uv (the engine's own sequence
 //	           number), engineTS u64 (float64 bits, engine clock),
 //	           sentAt sv, flags byte (bit 0: reset), reason byte,
-//	           events uv, events × {
-//	               kind byte (1 stored, 2 removed, 3 all cleared),
-//	               stored:  hashes uv, hashes × u64, flags byte (bit 0
-//	                        parent, bit 1 root), [parent u64], [root u64],
-//	                        blockTokens uv, tokens uv (= hashes×blockTokens),
-//	                        tokens × uv
-//	               removed: hashes uv, hashes × u64
-//	               cleared: nothing}
+//	           events uv, events × index.AppendKVEvent's encoding
+//	           (kind byte 1 stored, 2 removed, 3 all cleared; stored:
+//	           hashes uv, hashes × u64, flags byte (bit 0 parent, bit 1
+//	           root), [parent u64], [root u64], blockTokens uv, tokens uv
+//	           (= hashes×blockTokens), tokens × uv; removed: hashes uv,
+//	           hashes × u64; cleared: nothing)
 //	kind 3, load:   origin str, sentAt sv, loads uv, loads × {replica str, inflight uv}
 //	kind 5, queued: origin str, sentAt sv, loads uv, loads × {replica str, tokens uv}
 //	           (queued prefill tokens; added after version 1 shipped, on its
@@ -61,11 +59,9 @@ const (
 	wireMagic1  = 'M'
 	wireVersion = 1
 
-	maxName        = 255     // replica, origin and source names
-	maxEntries     = 1 << 16 // decisions per batch, events per kv batch, loads, sources
-	maxKeys        = 1 << 20 // keys per decision, hashes per event
-	maxTokens      = 1 << 24 // tokens per stored event
-	maxBlockTokens = 1 << 16 // engine block size
+	maxName    = 255     // replica, origin and source names
+	maxEntries = 1 << 16 // decisions per batch, events per kv batch, loads, sources
+	maxKeys    = 1 << 20 // keys per decision, hashes per event
 	// MaxMessageBytes bounds an encoded message (the embedded NATS server's
 	// max_payload is set to it; external servers must allow it).
 	MaxMessageBytes = 8 << 20
@@ -115,20 +111,6 @@ type DecisionBatch struct {
 	Entries []Decision
 }
 
-// KVEvent is one normalized engine event (GPU tier only).
-type KVEvent struct {
-	Kind kvevents.Kind
-	// Stored and removed: the engine's block hashes, opaque.
-	Hashes []uint64
-	// Stored only.
-	ParentHash  uint64
-	HasParent   bool
-	Root        index.BlockKey
-	HasRoot     bool
-	BlockTokens int
-	Tokens      []uint32
-}
-
 // KVBatch is one engine batch republished by the engine's owner gateway.
 type KVBatch struct {
 	Origin   string
@@ -140,7 +122,9 @@ type KVBatch struct {
 	// kvevents.ResetReason); a reset carries no events.
 	Reset  bool
 	Reason uint8
-	Events []KVEvent
+	// Events are the owner's normalized events (kvevents.Normalize), which
+	// every gateway applies with index.ApplyKV.
+	Events []index.KVEvent
 }
 
 // ReplicaLoad is one gateway's load on one replica.
@@ -296,48 +280,12 @@ func AppendKV(dst []byte, b *KVBatch) ([]byte, error) {
 	dst = append(dst, flags, b.Reason)
 	dst = binary.AppendUvarint(dst, uint64(len(b.Events)))
 	for i := range b.Events {
-		ev := &b.Events[i]
-		if len(ev.Hashes) > maxKeys {
-			return dst[:start], fmt.Errorf("%w: %d hashes", ErrTooLarge, len(ev.Hashes))
-		}
-		dst = append(dst, byte(ev.Kind))
-		switch ev.Kind {
-		case kvevents.KindBlockStored:
-			if ev.BlockTokens <= 0 || ev.BlockTokens > maxBlockTokens || len(ev.Tokens) != len(ev.Hashes)*ev.BlockTokens || len(ev.Tokens) > maxTokens {
-				return dst[:start], fmt.Errorf("%w: stored event with %d hashes, block %d, %d tokens",
-					index.ErrMalformedStored, len(ev.Hashes), ev.BlockTokens, len(ev.Tokens))
+		var err error
+		if dst, err = index.AppendKVEvent(dst, &b.Events[i]); err != nil {
+			if errors.Is(err, index.ErrKVEventTooLarge) {
+				err = fmt.Errorf("%w: %w", ErrTooLarge, err)
 			}
-			dst = binary.AppendUvarint(dst, uint64(len(ev.Hashes)))
-			for _, h := range ev.Hashes {
-				dst = appendU64(dst, h)
-			}
-			var f byte
-			if ev.HasParent {
-				f |= 1
-			}
-			if ev.HasRoot {
-				f |= 2
-			}
-			dst = append(dst, f)
-			if ev.HasParent {
-				dst = appendU64(dst, ev.ParentHash)
-			}
-			if ev.HasRoot {
-				dst = appendU64(dst, uint64(ev.Root))
-			}
-			dst = binary.AppendUvarint(dst, uint64(ev.BlockTokens))
-			dst = binary.AppendUvarint(dst, uint64(len(ev.Tokens)))
-			for _, t := range ev.Tokens {
-				dst = binary.AppendUvarint(dst, uint64(t))
-			}
-		case kvevents.KindBlockRemoved:
-			dst = binary.AppendUvarint(dst, uint64(len(ev.Hashes)))
-			for _, h := range ev.Hashes {
-				dst = appendU64(dst, h)
-			}
-		case kvevents.KindAllBlocksCleared:
-		default:
-			return dst[:start], fmt.Errorf("%w: event kind %d", ErrMalformed, ev.Kind)
+			return dst[:start], err
 		}
 	}
 	if len(dst)-start > MaxMessageBytes {
@@ -595,67 +543,14 @@ func decodeKV(r *reader) *KVBatch {
 		r.fail("reset with %d events", n)
 		return nil
 	}
-	b.Events = make([]KVEvent, n)
+	b.Events = make([]index.KVEvent, n)
 	for i := range b.Events {
-		ev := &b.Events[i]
-		ev.Kind = kvevents.Kind(r.byte1("event kind"))
-		switch ev.Kind {
-		case kvevents.KindBlockStored:
-			nh := r.count("hashes", maxKeys, 8)
-			if r.err != nil {
-				return nil
-			}
-			ev.Hashes = make([]uint64, nh)
-			for j := range ev.Hashes {
-				ev.Hashes[j] = r.u64("hash")
-			}
-			f := r.byte1("stored flags")
-			if r.err == nil && f&^3 != 0 {
-				r.fail("stored flags %#x", f)
-			}
-			ev.HasParent, ev.HasRoot = f&1 != 0, f&2 != 0
-			if ev.HasParent {
-				ev.ParentHash = r.u64("parent")
-			}
-			if ev.HasRoot {
-				ev.Root = index.BlockKey(r.u64("root"))
-			}
-			bt := r.uv("block tokens")
-			if r.err == nil && (bt == 0 || bt > maxBlockTokens) {
-				r.fail("block tokens %d", bt)
-			}
-			ev.BlockTokens = int(bt)
-			nt := r.count("tokens", maxTokens, 1)
-			if r.err == nil && uint64(nt) != uint64(nh)*bt {
-				r.fail("%d tokens for %d blocks of %d", nt, nh, bt)
-			}
-			if r.err != nil {
-				return nil
-			}
-			ev.Tokens = make([]uint32, nt)
-			for j := range ev.Tokens {
-				t := r.uv("token")
-				if t > math.MaxUint32 && r.err == nil {
-					r.fail("token %d", t)
-				}
-				ev.Tokens[j] = uint32(t)
-			}
-		case kvevents.KindBlockRemoved:
-			nh := r.count("hashes", maxKeys, 8)
-			if r.err != nil {
-				return nil
-			}
-			ev.Hashes = make([]uint64, nh)
-			for j := range ev.Hashes {
-				ev.Hashes[j] = r.u64("hash")
-			}
-		case kvevents.KindAllBlocksCleared:
-		default:
-			r.fail("event kind %d", ev.Kind)
-		}
-		if r.err != nil {
+		rest, err := index.ReadKVEvent(r.b, &b.Events[i])
+		if err != nil {
+			r.fail("%v", err)
 			return nil
 		}
+		r.b = rest
 	}
 	return b
 }

@@ -22,12 +22,12 @@ func sampleMessages(t testing.TB) [][]byte {
 		{Replica: "r1", Ledger: index.Speculative, At: 1_700_000_000_000_000_000, Keys: []index.BlockKey{math.MaxUint64}},
 		{Replica: "r0", Ledger: index.Speculative, At: 1_700_000_000_000_000_000, Keys: nil},
 	}}))
-	add(AppendKV(nil, &KVBatch{Origin: "g1", Replica: "r2", Seq: 42, EngineTS: 1.7e9, SentAt: 5, Events: []KVEvent{
-		{Kind: kvevents.KindBlockStored, Hashes: []uint64{10, 11}, ParentHash: 9, HasParent: true,
-			Root: 77, HasRoot: true, BlockTokens: 2, Tokens: []uint32{1, 2, 3, math.MaxUint32}},
-		{Kind: kvevents.KindBlockStored, Hashes: []uint64{12}, BlockTokens: 1, Tokens: []uint32{5}},
-		{Kind: kvevents.KindBlockRemoved, Hashes: []uint64{10}},
-		{Kind: kvevents.KindAllBlocksCleared},
+	add(AppendKV(nil, &KVBatch{Origin: "g1", Replica: "r2", Seq: 42, EngineTS: 1.7e9, SentAt: 5, Events: []index.KVEvent{
+		{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{10, 11}, ParentHash: 9, HasParent: true,
+			Root: 77, HasRoot: true, BlockTokens: 2, Tokens: []uint32{1, 2, 3, math.MaxUint32}}},
+		{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{12}, BlockTokens: 1, Tokens: []uint32{5}}},
+		{Kind: index.KVRemoved, Removed: []uint64{10}},
+		{Kind: index.KVCleared},
 	}}))
 	add(AppendKV(nil, &KVBatch{Origin: "g1", Replica: "r2", Seq: 43, Reset: true, Reason: uint8(kvevents.ResetRewind)}))
 	add(AppendLoad(nil, &LoadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{{Replica: "r0", InFlight: 3}, {Replica: "r1"}}}))
@@ -94,7 +94,7 @@ func TestWireRejects(t *testing.T) {
 	}
 	_, err := AppendDecisions(nil, &DecisionBatch{Entries: []Decision{{Ledger: index.Confirmed}}})
 	require.ErrorIs(t, err, index.ErrInvalidLedger)
-	_, err = AppendKV(nil, &KVBatch{Events: []KVEvent{{Kind: kvevents.KindBlockStored, Hashes: []uint64{1}, BlockTokens: 2, Tokens: []uint32{1}}}})
+	_, err = AppendKV(nil, &KVBatch{Events: []index.KVEvent{{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{1}, BlockTokens: 2, Tokens: []uint32{1}}}}})
 	require.ErrorIs(t, err, index.ErrMalformedStored)
 }
 

@@ -27,8 +27,9 @@
 //     group's shared document are computed once and only each prompt's
 //     tail per request, split only where the tokenizer itself splits, so
 //     they equal a full encode (prompt_test.go). An engine's KV batch is
-//     normalized for the index once (kvevents.StoredForIndex, as a synced
-//     cluster's owner does) and applied by every gateway's index.
+//     normalized for the index once (kvevents.Normalize, as a synced
+//     cluster's owner does) and applied by every gateway's index
+//     (index.ApplyKV, node's and sync's apply path).
 //   - Clients: a request's outcome is what the streaming client of the
 //     live engine would observe over a zero-latency network.
 //

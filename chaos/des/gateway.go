@@ -6,7 +6,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/index"
-	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/node/tokenizer"
 	"github.com/kvmesh/kvmesh/route"
 )
@@ -257,19 +256,8 @@ func (g *gateway) scrape() {
 
 // applyKV applies one engine's normalized KV-event batch (node's
 // kvHandler, or a peer applying its owner's batch).
-func (g *gateway) applyKV(rep int, b []kvUpdate) {
-	id := g.w.ids[rep]
-	for i := range b {
-		u := &b[i]
-		switch u.kind {
-		case kvevents.KindBlockStored:
-			_ = g.ix.ApplyStored(id, u.stored) // node counts and skips failures too
-		case kvevents.KindBlockRemoved:
-			g.ix.ApplyRemoved(id, u.hashes)
-		case kvevents.KindAllBlocksCleared:
-			g.ix.ClearReplica(id)
-		}
-	}
+func (g *gateway) applyKV(rep int, b []index.KVEvent) {
+	g.ix.ApplyKV(g.w.ids[rep], b, nil) // node counts and skips failures too
 }
 
 // strategyNames indexes the selection counters.

@@ -6,7 +6,6 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
-	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -105,48 +104,18 @@ func (r *replica) stats() sim.Stats {
 // publish hands an engine's KV events to every gateway's index, KVDelay
 // from now, in one event (the gateways apply them in gateway order). The
 // batch is normalized for the index once, as a synced cluster's owner does
-// before its peers apply it (kvevents.StoredForIndex, RemovedForIndex).
+// before its peers apply it (kvevents.Normalize; nil: the batch is kept
+// until the gateways apply it).
 func (w *World) publish(r *replica, evs []kvevents.Event) {
 	if !w.opts.events() || len(evs) == 0 {
 		return
 	}
-	b := w.normalize(evs)
+	b := kvevents.Normalize(w.hasher, w.opts.Model, &kvevents.Batch{Events: evs}, nil)
 	w.q.push(event{at: w.now + w.opts.KVDelay, fn: func() {
 		for _, g := range w.gws {
 			g.applyKV(r.id, b)
 		}
 	}})
-}
-
-// kvUpdate is one KV event as index input.
-type kvUpdate struct {
-	kind   kvevents.Kind
-	stored index.StoredBlocks // KindBlockStored
-	hashes []uint64           // KindBlockRemoved
-}
-
-// normalize turns an engine's event batch into index input, dropping what
-// the index does not take (other media, opaque blocks).
-func (w *World) normalize(evs []kvevents.Event) []kvUpdate {
-	out := make([]kvUpdate, 0, len(evs))
-	model := w.opts.Model
-	for i := range evs {
-		ev := &evs[i]
-		switch ev.Kind {
-		case kvevents.KindBlockStored:
-			// nil: each update keeps its own hash slice until applied.
-			if sb, ok := kvevents.StoredForIndex(w.hasher, model, ev.Stored, nil); ok {
-				out = append(out, kvUpdate{kind: ev.Kind, stored: sb})
-			}
-		case kvevents.KindBlockRemoved:
-			if hs, ok := kvevents.RemovedForIndex(ev.Removed, nil); ok {
-				out = append(out, kvUpdate{kind: ev.Kind, hashes: hs})
-			}
-		case kvevents.KindAllBlocksCleared:
-			out = append(out, kvUpdate{kind: ev.Kind})
-		}
-	}
-	return out
 }
 
 // mix derives a 64-bit seed from a seed and labels.

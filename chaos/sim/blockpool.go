@@ -97,6 +97,8 @@ type blockPool struct {
 	// emitEvents turns event recording on; with it off the pool keeps no
 	// event backlog.
 	emitEvents bool
+	// offload, when set, receives every evicted cached block.
+	offload *offloadStore
 }
 
 func newBlockPool(numBlocks, blockSize int, seed uint64, emitEvents bool) *blockPool {
@@ -211,6 +213,11 @@ func (p *blockPool) allocate(n int, dst []*block) []*block {
 func (p *blockPool) evict(b *block) {
 	p.evictions++
 	delete(p.cache, b.hash)
+	if p.offload != nil {
+		// Stored on CPU before removed from the GPU, as an offloading
+		// engine copies a block out before reusing its slot.
+		p.offload.put(p, b)
+	}
 	if p.emitEvents {
 		p.events = append(p.events, kvevents.Event{
 			Kind:    kvevents.KindBlockRemoved,
@@ -278,6 +285,9 @@ func (p *blockPool) reset() bool {
 		b.cached, b.hash, b.parent, b.hasParent, b.prefix = false, 0, 0, false, nil
 	}
 	clear(p.cache)
+	if p.offload != nil {
+		p.offload.clear()
+	}
 	p.evictions++
 	if p.emitEvents {
 		p.events = append(p.events, kvevents.Event{Kind: kvevents.KindAllBlocksCleared})

@@ -78,6 +78,11 @@ type Config struct {
 	// The default, 12,500 blocks of 16 (200K tokens), roughly matches what
 	// an L20 48 GB has left for KV after 27 GB of FP8 weights.
 	NumGPUBlocks int
+	// KVOffloadBlocks is the capacity of a CPU offload tier in blocks (0:
+	// none; EngineConfig.OffloadBlocks), loading at
+	// KVOffloadTokensPerSecond (default 50,000 when a tier is set).
+	KVOffloadBlocks          int
+	KVOffloadTokensPerSecond float64
 	// Profile is the step-time model; see LookupProfile.
 	Profile Profile
 	// Speed divides every modelled duration: 10 runs ten times faster than
@@ -164,15 +169,25 @@ func (c Config) Validate() error {
 
 func (c Config) engineConfig() EngineConfig {
 	return EngineConfig{
-		MaxModelLen:         c.MaxModelLen,
-		MaxNumSeqs:          c.MaxNumSeqs,
-		MaxNumBatchedTokens: c.MaxNumBatchedTokens,
-		BlockSize:           c.BlockSize,
-		NumBlocks:           c.NumGPUBlocks,
-		Profile:             c.Profile,
-		HashSeed:            c.HashSeed,
-		EmitEvents:          c.zmqEvents() || c.Publisher != nil,
+		MaxModelLen:                c.MaxModelLen,
+		MaxNumSeqs:                 c.MaxNumSeqs,
+		MaxNumBatchedTokens:        c.MaxNumBatchedTokens,
+		BlockSize:                  c.BlockSize,
+		NumBlocks:                  c.NumGPUBlocks,
+		Profile:                    c.Profile,
+		OffloadBlocks:              c.KVOffloadBlocks,
+		OffloadLoadTokensPerSecond: c.offloadRate(),
+		HashSeed:                   c.HashSeed,
+		EmitEvents:                 c.zmqEvents() || c.Publisher != nil,
 	}
+}
+
+// offloadRate is KVOffloadTokensPerSecond, 50,000 when unset.
+func (c Config) offloadRate() float64 {
+	if c.KVOffloadTokensPerSecond > 0 {
+		return c.KVOffloadTokensPerSecond
+	}
+	return 50_000
 }
 
 // zmqEvents reports whether Start must build a ZMQ publisher.

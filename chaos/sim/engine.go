@@ -37,6 +37,14 @@ type EngineConfig struct {
 	HashSeed uint64
 	// EmitEvents makes Step and ResetPrefixCache return KV events.
 	EmitEvents bool
+	// OffloadBlocks is the capacity of a CPU offload tier in blocks (vLLM
+	// CPU offloading, LMCache): blocks the GPU pool evicts go there, and a
+	// prompt that continues past its GPU hit with offloaded blocks loads
+	// them instead of recomputing them. 0: no tier.
+	OffloadBlocks int
+	// OffloadLoadTokensPerSecond is how fast offloaded blocks load (their
+	// tokens per second of step time). Must be > 0 with OffloadBlocks.
+	OffloadLoadTokensPerSecond float64
 }
 
 // DefaultEngineConfig is the engine of DefaultConfig: the seed's replica
@@ -62,6 +70,8 @@ func (c EngineConfig) Validate() error {
 		return fmt.Errorf("%w: block size %d < 1", ErrInvalidConfig, c.BlockSize)
 	case c.NumBlocks < 1:
 		return fmt.Errorf("%w: num blocks %d < 1", ErrInvalidConfig, c.NumBlocks)
+	case c.OffloadBlocks < 0 || c.OffloadBlocks > 0 && !(c.OffloadLoadTokensPerSecond > 0):
+		return fmt.Errorf("%w: offload %d blocks at %v tokens/s", ErrInvalidConfig, c.OffloadBlocks, c.OffloadLoadTokensPerSecond)
 	}
 	return c.Profile.Validate()
 }
@@ -150,8 +160,11 @@ type Stats struct {
 	PrefixQueries, PrefixHits uint64
 	PromptTokens              uint64
 	GenerationTokens          uint64
-	Preemptions               uint64
-	Finished                  map[FinishReason]uint64
+	// OffloadLoadedTokens counts prompt tokens loaded from the offload
+	// tier instead of computed.
+	OffloadLoadedTokens uint64
+	Preemptions         uint64
+	Finished            map[FinishReason]uint64
 
 	// The Driver fields describe a Server's real-time driver and are zero
 	// from Engine.Stats. A step's outputs are due at the wall time of its
@@ -249,12 +262,16 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Engine{
+	e := &Engine{
 		cfg:   cfg,
 		pool:  newBlockPool(cfg.NumBlocks, cfg.BlockSize, cfg.HashSeed, cfg.EmitEvents),
 		byID:  make(map[RequestID]*seq),
 		stats: Stats{Finished: make(map[FinishReason]uint64)},
-	}, nil
+	}
+	if cfg.OffloadBlocks > 0 {
+		e.pool.offload = newOffloadStore(cfg.OffloadBlocks)
+	}
+	return e, nil
 }
 
 // Config returns the engine's configuration.
@@ -421,6 +438,7 @@ func (e *Engine) Step(now time.Time) StepResult {
 	bs := e.cfg.BlockSize
 	sched := e.sched[:0]
 	preempted := e.preempted[:0]
+	loadTokens := 0
 
 	// Running requests first, in admission order; preempt from the back.
 	for i := 0; i < len(e.running) && budget > 0; {
@@ -461,7 +479,15 @@ func (e *Engine) Step(now time.Time) StepResult {
 		}
 		e.stats.PrefixQueries += uint64(len(s.tokens))
 		e.stats.PrefixHits += uint64(len(hit) * bs)
-		computed := len(hit) * bs
+		// Offloaded blocks right after the GPU hit load instead of
+		// computing (at least one token is still computed).
+		loaded := 0
+		if o := e.pool.offload; o != nil {
+			for i := len(hit); i < (len(s.tokens)-1)/bs && o.has(e.blockHash(s, i)); i++ {
+				loaded++
+			}
+		}
+		computed := (len(hit) + loaded) * bs
 		n := min(len(s.tokens)-computed, budget)
 		need := ceilDiv(computed+n, bs) - len(hit)
 		if need > e.pool.numFree()-freeHits {
@@ -471,6 +497,11 @@ func (e *Engine) Step(now time.Time) StepResult {
 		for _, b := range hit {
 			e.pool.touch(b)
 		}
+		for i := len(hit); i < len(hit)+loaded; i++ {
+			e.pool.offload.touch(e.blockHash(s, i))
+		}
+		loadTokens += loaded * bs
+		e.stats.OffloadLoadedTokens += uint64(loaded * bs)
 		s.blocks = append(s.blocks[:0], hit...)
 		s.blocks = e.pool.allocate(need, s.blocks)
 		s.numComputed = computed
@@ -507,6 +538,9 @@ func (e *Engine) Step(now time.Time) StepResult {
 	e.scheduled = scheduledOut
 	res.Scheduled = scheduledOut
 	res.Duration = e.cfg.Profile.StepTime(res.PrefillTokens, res.DecodeSeqs)
+	if loadTokens > 0 {
+		res.Duration += time.Duration(float64(loadTokens) / e.cfg.OffloadLoadTokensPerSecond * float64(time.Second))
+	}
 	end := res.End()
 
 	// Apply the step: cache newly full blocks, sample, finish.

@@ -99,6 +99,8 @@ func parseFlags(args []string, out io.Writer) (sim.Config, slog.Level, error) {
 	fs.IntVar(&cfg.MaxNumBatchedTokens, "max-num-batched-tokens", cfg.MaxNumBatchedTokens, "token budget per step (chunked prefill)")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
 	fs.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks-override", cfg.NumGPUBlocks, "KV cache capacity in blocks")
+	fs.IntVar(&cfg.KVOffloadBlocks, "kv-offload-blocks", 0, "CPU offload tier capacity in blocks (0: none): evicted blocks go there, publish medium CPU events, and load instead of recomputing")
+	fs.Float64Var(&cfg.KVOffloadTokensPerSecond, "kv-offload-tokens-per-second", 50_000, "load bandwidth of the CPU offload tier, in prompt tokens per second")
 	fs.StringVar(&kvJSON, "kv-events-config", "", `vLLM KV events config JSON: {"enable_kv_cache_events","publisher","endpoint","replay_endpoint","topic","buffer_steps","hwm"}`)
 	fs.StringVar(&kvEnc, "kv-events-encoding", cfg.KVEvents.Encoding, "KV event payload form: map (vLLM v0.26), array (older), map-envelope (newest)")
 	fs.StringVar(&kvForm, "kv-events-replay-form", cfg.KVEvents.ReplayForm, "replay reply form: with-topic (v0.26) or no-topic (<= v0.25)")

@@ -128,6 +128,8 @@ func TestDNSDiscoveryFollowsPods(t *testing.T) {
 	})
 	require.Eventually(t, n.Ready, 10*time.Second, 5*time.Millisecond, "ready once the first snapshot arrived")
 	assert.Equal(t, []string{nameA}, n.Replicas())
+	assert.Equal(t, fmt.Sprintf("discovery dns:vllm.inference.test:%d", http_), debugRoute(t, n, "cost", "x").Replicas,
+		"explain says discovery owns the replica list")
 	waitSubscribed(t, n, a, nameA) // the KV template connected to the engine's publisher
 
 	added := time.Now()

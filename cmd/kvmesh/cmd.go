@@ -486,6 +486,9 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 	}
 	fmt.Fprintf(out, "model %s  strategy %s  index %s  tokenizer %s  prompt %d tokens = %d blocks of %d  (hash %s)\n",
 		rep.Model, rep.Strategy, rep.IndexMode, rep.Tokenizer, rep.PromptTokens, rep.TotalBlocks, rep.BlockSize, rep.PromptHash)
+	if rep.Replicas != "" && rep.Replicas != "config" {
+		fmt.Fprintf(out, "replicas from %s (discovery owns this model's replica list; the config's are ignored)\n", rep.Replicas)
+	}
 	if rep.Batch > 0 || rep.KeyedInPart {
 		fmt.Fprintf(out, "keyed in part (batch of %d prompts keyed by the longest, media parts, or no prompt prefix)\n", rep.Batch)
 	}

@@ -33,6 +33,7 @@ var gatewayConfigs = []string{
 	"kubernetes/base/kvmesh.yaml",
 	"kubernetes/overlays/dev/kvmesh.yaml",
 	"kubernetes/overlays/prod/kvmesh.yaml",
+	"kubernetes/overlays/gie/kvmesh.yaml",
 }
 
 func TestYAMLAndJSONFilesParse(t *testing.T) {

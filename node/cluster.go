@@ -149,6 +149,9 @@ func (n *Node) Ready() bool {
 	if !up || n.stopping.Load() {
 		return false
 	}
+	if n.cfg.Discovery.Source != "" && !n.disc.seen.Load() {
+		return false // the discovered pool is not known yet
+	}
 	if n.cl == nil {
 		return true
 	}

@@ -234,6 +234,14 @@ type Config struct {
 	// 0 disables the limit.
 	MaxInFlight int `yaml:"max_in_flight"`
 
+	// EPP serves the gateway as a Gateway API Inference Extension endpoint
+	// picker (Envoy ext_proc) besides its own proxy; see EPPConfig.
+	EPP EPPConfig `yaml:"epp"`
+
+	// Discovery follows one model's replicas from a changing source
+	// instead of a fixed list; see DiscoveryConfig.
+	Discovery DiscoveryConfig `yaml:"discovery"`
+
 	// DebugPublic serves /debug/route and /debug/replicas without the admin
 	// token. Default false: a debug view tells whoever asks whether a
 	// prompt (another client's) is cached and where. LocalConfig sets it,
@@ -347,6 +355,7 @@ func DefaultConfig() Config {
 		RemoteTokenizeCacheSize: 1024,
 		TokenizerAgreement:      AgreementSwitch,
 		MaxInFlight:             4096,
+		EPP:                     EPPConfig{Fallbacks: 2},
 		ShutdownGrace:           30 * time.Second,
 		Route:                   route.DefaultConfig(),
 		Cluster:                 DefaultClusterConfig(),
@@ -439,10 +448,14 @@ func knownStrategy(s string) bool {
 const IndexModeAuto = "auto"
 
 // EffectiveIndexMode resolves IndexModeAuto (and empty) against the
-// replicas: hybrid when any publishes KV events, else history.
+// replicas: hybrid when any publishes KV events (discovered ones with a
+// KV template included), else history.
 func (c *Config) EffectiveIndexMode() string {
 	if c.IndexMode != IndexModeAuto && c.IndexMode != "" {
 		return c.IndexMode
+	}
+	if c.Discovery.Source != "" && c.Discovery.KV != "" {
+		return index.ModeHybrid.String()
 	}
 	for _, m := range c.Models {
 		for _, r := range m.Replicas {
@@ -557,6 +570,7 @@ func (c *Config) Validate() error {
 	default:
 		bad("tokenizer_agreement %q unknown (want switch, probe or off)", c.TokenizerAgreement)
 	}
+	c.EPP.validate(bad)
 	if c.MaxInFlight < 0 {
 		bad("max_in_flight %d is negative", c.MaxInFlight)
 	}
@@ -566,7 +580,8 @@ func (c *Config) Validate() error {
 	if err := c.Route.Validate(); err != nil {
 		bad("route: %v", err)
 	}
-	if len(c.Models) == 0 {
+	c.Discovery.validate(bad)
+	if len(c.Models) == 0 && c.Discovery.Source == "" {
 		bad("no models: give at least one model with replicas")
 	}
 	models := map[string]bool{}
@@ -602,7 +617,7 @@ func (c *Config) Validate() error {
 				bad("model %q: a per-model tokenizer needs a token-space global tokenizer (tokenizer: tiktoken, remote or hf:<dir>), not character", m.Name)
 			}
 		}
-		if len(m.Replicas) == 0 {
+		if len(m.Replicas) == 0 && !c.Discovery.owns(m.Name) {
 			bad("model %q has no replicas", m.Name)
 		}
 		for _, r := range m.Replicas {

@@ -33,6 +33,10 @@ type RouteReport struct {
 	// request names (previous_response_id, /v1/responses/{id}); the
 	// request goes there.
 	ResponseOwner string `json:"response_owner,omitempty"`
+	// Replicas says where the pool's replica list comes from: "config"
+	// (flags, YAML or the raft routing config), or "discovery <source>"
+	// when discovery owns the model's replicas (DiscoveryConfig).
+	Replicas string `json:"replicas"`
 	// Batch is the number of prompts of a prompt list (keyed by its
 	// longest); KeyedInPart says only a prefix of the prompt is keyed
 	// (a batch, media parts, non-text Responses input, or no prompt).
@@ -165,6 +169,10 @@ func (n *Node) explainRoute(w http.ResponseWriter, r *http.Request, p *pool, lor
 	rr.Now = nowNanos()
 	s.rng = n.newRand()
 	rep.Model, rep.Strategy, rep.Tokenizer, rep.IndexMode = req.model, strat.Name(), n.tokName, p.mode.String()
+	rep.Replicas = "config"
+	if n.cfg.Discovery.owns(p.model) {
+		rep.Replicas = "discovery " + n.disc.src.String()
+	}
 	if rep.Model == "" {
 		rep.Model = p.model
 	}

@@ -103,6 +103,8 @@ func (n *Node) serveReady(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case n.stopping.Load():
 			msg = "gateway is shutting down"
+		case n.cfg.Discovery.Source != "" && !n.disc.seen.Load():
+			msg = "waiting for the discovery source's first endpoints"
 		case n.cl != nil && !n.cl.joined.Load():
 			msg = "gateway has not joined the cluster yet"
 		case n.cl != nil && !n.cl.configApplied.Load():

@@ -65,6 +65,13 @@ type Node struct {
 
 	// Cluster mode (nil/zero standalone): see cluster.go.
 	cl *clusterParts
+	// epp is the endpoint picker (epp.go); nil when Config.EPP.Addr is "".
+	epp *eppParts
+	// disc holds the discovered replicas (discovery.go); baseSpec is the
+	// last spec applied from config, before they were merged in. Both
+	// guarded by reloadMu.
+	disc     discoveryState
+	baseSpec routingSpec
 
 	transport *http.Transport
 	up        *upstreamClient // the proxy's client for http:// replicas; nil with UpstreamHTTP2
@@ -182,6 +189,9 @@ func New(cfg Config, logger *slog.Logger) (*Node, error) {
 		}
 	}
 	n.registerTrustMetrics()
+	if err := n.initDiscovery(); err != nil {
+		return nil, err
+	}
 	if err := n.applySpec(specFromConfig(&cfg)); err != nil {
 		return nil, err
 	}
@@ -313,12 +323,20 @@ func (n *Node) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := n.checkDiscovery(); err != nil {
+		return err
+	}
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", n.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("node: listen %s: %w", n.cfg.HTTPAddr, err)
 	}
 	n.ln = ln
+	epp, err := n.listenEPP(ctx)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
 	n.bgCtx, n.bgCancel = context.WithCancel(context.Background())
 	n.reqBase, n.reqAbort = context.WithCancelCause(context.Background())
 	n.srv = &http.Server{
@@ -334,6 +352,7 @@ func (n *Node) Start(ctx context.Context) error {
 			n.bgCancel()
 			n.reqAbort(nil)
 			_ = ln.Close()
+			epp.close()
 			n.wg.Wait()
 			return err
 		}
@@ -350,6 +369,7 @@ func (n *Node) Start(ctx context.Context) error {
 		n.bgCancel()
 		n.reqAbort(nil)
 		_ = ln.Close()
+		epp.close()
 		n.wg.Wait()
 		return err
 	}
@@ -367,6 +387,8 @@ func (n *Node) Start(ctx context.Context) error {
 			n.log.Error("http server stopped", "err", err)
 		}
 	})
+	n.serveEPP(epp)
+	n.startDiscovery()
 	n.goFunc(n.expireLoop)
 	n.log.Info("gateway listening", "addr", ln.Addr().String(), "models", len(t.pools),
 		"replicas", len(t.replicas), "index_mode", n.cfg.IndexMode, "tokenizer", n.tokName,
@@ -442,6 +464,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 					n.log.Warn("raft leave", "leader", leader, "err", err)
 				}
 			})
+		}
+		if n.epp != nil {
+			step("drained endpoint-picker streams", func() { n.stopEPP(ctx) })
 		}
 		var err error
 		step("drained HTTP requests and streams", func() {

@@ -269,6 +269,17 @@ func (n *Node) modelTokenizer(name string) (*keyTokenizer, error) {
 func (n *Node) applySpec(spec routingSpec) error {
 	n.reloadMu.Lock()
 	defer n.reloadMu.Unlock()
+	if err := n.applySpecLocked(spec); err != nil {
+		return err
+	}
+	n.baseSpec = spec
+	return nil
+}
+
+// applySpecLocked is applySpec under reloadMu: spec with the discovered
+// replicas in (withDiscovered) becomes the table.
+func (n *Node) applySpecLocked(spec routingSpec) error {
+	spec = n.withDiscovered(spec)
 	prev := n.tbl.Load()
 	t, ch, err := n.buildTable(spec, prev)
 	if err != nil {

@@ -113,7 +113,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fl.StringVar(&d.HTTPAddr, "http-addr", d.HTTPAddr, "listen address of the API, /metrics and /debug/*; all interfaces by default because it is the ingress clients reach (debug views and the admin API need the admin token)")
 	fl.StringVar(&d.Strategy, "strategy", d.Strategy, "default routing strategy: random, least-request, prefix-cache, consistent-hash or cost (the default: best or tied on every scenario of the kvbench study)")
-	fl.StringVar(&d.IndexMode, "index-mode", d.IndexMode, "index mode: history, kv-events, hybrid, or auto (the default: hybrid when any --replica has kv= or kv-bind=, else history)")
+	fl.StringVar(&d.IndexMode, "index-mode", d.IndexMode, "index mode: history, kv-events, hybrid, or auto (the default: hybrid when any --replica has kv= or kv-bind=, or --discovery-kv is set, else history)")
 	fl.StringVar(&d.Tokenizer, "tokenizer", d.Tokenizer, "auto, character, tiktoken, remote, or hf:<dir> (the model's own tokenizer.json and tokenizer_config.json, as vLLM applies them)")
 	fl.IntVar(&d.MaxKeyTokens, "max-key-tokens", d.MaxKeyTokens, "key at most a prompt's first N tokens (bounds tokenizing work per request; longer prompts keep exact keys for their first N tokens)")
 	fl.DurationVar(&d.ResponseTTL, "response-ttl", d.ResponseTTL, "how long a gateway remembers which replica stored a Responses API response (previous_response_id and /v1/responses/{id} go there)")
@@ -135,6 +135,8 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.IntVar(&d.MaxInFlight, "max-in-flight", d.MaxInFlight, "requests this gateway handles at once before answering 429 with Retry-After (0: no limit); the default covers ~16 busy vLLM replicas")
 	fl.BoolVar(&d.DebugPublic, "debug-public", d.DebugPublic, "serve /debug/route and /debug/replicas without the admin token (they reveal which prompts are cached)")
 	f.route = addRouteFlags(fl, &d.Route)
+	addEPPFlags(fl, &d.EPP)
+	addDiscoveryFlags(fl, &d.Discovery)
 
 	c := &d.Cluster
 	fl.BoolVar(&c.Enabled, "cluster", c.Enabled, "run as a cluster member (implied by --join and --bootstrap-expect)")
@@ -212,6 +214,8 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("max-in-flight", func() { cfg.MaxInFlight = d.MaxInFlight })
 	set("debug-public", func() { cfg.DebugPublic = d.DebugPublic })
 	applyRouteFlags(fs, f.route, &cfg.Route, d.Route)
+	applyEPPFlags(set, &cfg.EPP, &d.EPP)
+	applyDiscoveryFlags(set, &cfg.Discovery, &d.Discovery)
 
 	c, fc := &cfg.Cluster, &d.Cluster
 	set("cluster", func() { c.Enabled = fc.Enabled })
@@ -260,6 +264,7 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 		}
 		addReplica(&cfg, model, r)
 	}
+	discoveredModel(&cfg, f.model)
 	if f.model != "" && len(f.replicas) == 0 && !hasModel(&cfg, f.model) {
 		return cfg, fmt.Errorf("%w: --model %q has no --replica", node.ErrInvalidConfig, f.model)
 	}
@@ -313,6 +318,11 @@ func serve(ctx context.Context, cfg node.Config, logger *slog.Logger) error {
 	n, err := node.New(cfg, logger)
 	if err != nil {
 		return err
+	}
+	if src, err := kubeSource(&cfg, logger); err != nil {
+		return err
+	} else if src != nil {
+		n.SetDiscoverySource(src)
 	}
 	if err := n.Start(ctx); err != nil {
 		return err
@@ -476,6 +486,9 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 	}
 	fmt.Fprintf(out, "model %s  strategy %s  index %s  tokenizer %s  prompt %d tokens = %d blocks of %d  (hash %s)\n",
 		rep.Model, rep.Strategy, rep.IndexMode, rep.Tokenizer, rep.PromptTokens, rep.TotalBlocks, rep.BlockSize, rep.PromptHash)
+	if rep.Replicas != "" && rep.Replicas != "config" {
+		fmt.Fprintf(out, "replicas from %s (discovery owns this model's replica list; the config's are ignored)\n", rep.Replicas)
+	}
 	if rep.Batch > 0 || rep.KeyedInPart {
 		fmt.Fprintf(out, "keyed in part (batch of %d prompts keyed by the longest, media parts, or no prompt prefix)\n", rep.Batch)
 	}

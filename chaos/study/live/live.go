@@ -90,6 +90,12 @@ type Config struct {
 	// config last (tests use them).
 	TuneSim  func(*sim.Config)
 	TuneNode func(*node.Config)
+	// EPP puts the gateways behind Envoy-style data planes as endpoint
+	// pickers instead of proxies: each gateway serves ext_proc
+	// (node.EPPConfig) and the study's requests go to one data plane per
+	// gateway (chaos/extproc, the stand-in for Envoy), which asks its own
+	// gateway first and the others on failure.
+	EPP bool
 }
 
 // DefaultConfig returns two replicas behind one gateway in history mode,
@@ -145,6 +151,7 @@ type World struct {
 	nodes   []*node.Node
 	names   []string // replica names, in order
 	dataDir string   // raft data of a cluster ("" otherwise)
+	planes  []*plane // Config.EPP's data planes
 	once    sync.Once
 }
 
@@ -266,6 +273,9 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 		nc.HealthInterval = scaled(2*time.Second, cfg.Speed, 50*time.Millisecond)
 		nc.HealthTimeout = max(nc.HealthTimeout, time.Second)
 		nc.ScrapeTimeout = max(nc.ScrapeTimeout, time.Second)
+		if cfg.EPP {
+			nc.EPP.Addr = "127.0.0.1:0"
+		}
 		if cfg.TuneNode != nil {
 			cfg.TuneNode(&nc)
 		}
@@ -281,6 +291,12 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 	}
 	if cfg.Clustered() {
 		if err := w.waitCluster(ctx); err != nil {
+			return fail(err)
+		}
+	}
+	if cfg.EPP {
+		var err error
+		if gateways, err = w.startDataPlanes(); err != nil {
 			return fail(err)
 		}
 	}
@@ -361,6 +377,9 @@ func (w *World) shutdown() error {
 	var errs []error
 	if w.Env != nil {
 		errs = append(errs, w.Env.Close())
+	}
+	for _, d := range w.planes {
+		errs = append(errs, d.close())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -1,0 +1,56 @@
+package live_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/chaos/study"
+	"github.com/kvmesh/kvmesh/chaos/study/live"
+)
+
+// TestEPPRoutesLikeTheProxy runs the seed's hot50 workload through two
+// clustered kvmesh gateways twice: as proxies, and as endpoint pickers
+// behind Envoy-style data planes (chaos/extproc over real ext_proc gRPC
+// streams). The routing quality must be the same within the run-to-run
+// noise of a live study.
+func TestEPPRoutesLikeTheProxy(t *testing.T) {
+	if testing.Short() && raceEnabled {
+		t.Skip("two clusters of two gateways under the race detector; skipped under -race -short")
+	}
+	cfg, lc := tinyConfig()
+	cfg.Scenarios = []string{study.ScenarioHot50}
+	cfg.Strategies = []string{"prefix-cache", "cost"}
+	cfg.Modes = []string{"history"}
+	cfg.Gateways = []int{2}
+	cfg.Sync = []string{study.SyncSynced}
+	cfg.Arrivals = 48
+	// At speed 20 the TTFT SLO is 100 ms of wall time, which a busy host's
+	// scheduling hiccups alone can miss; at 5 it is 400 ms, so that the
+	// comparison measures routing, not the host.
+	cfg.Speed, lc.Speed = 5, 5
+	run := func(epp bool) map[string]study.Run {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		l := lc
+		l.EPP = epp
+		res, err := (&study.Runner{Config: cfg, Factory: live.Factory(l)}).Run(ctx)
+		require.NoError(t, err)
+		out := map[string]study.Run{}
+		for _, r := range res.Runs {
+			require.Equal(t, r.Arrivals, r.Succeeded, "%s epp=%v: nothing fails on an idle fast engine", r.Strategy, epp)
+			out[r.Strategy] = r
+		}
+		return out
+	}
+	proxy, epp := run(false), run(true)
+	for _, s := range cfg.Strategies {
+		p, e := proxy[s], epp[s]
+		t.Logf("%s: proxy pass %d hit %.3f | epp pass %d hit %.3f", s, p.SLOPass, float64(p.TokenHitRate), e.SLOPass, float64(e.TokenHitRate))
+		assert.InDelta(t, float64(p.TokenHitRate), float64(e.TokenHitRate), 0.1, "%s: token hit rate", s)
+		assert.InDelta(t, p.SLOPass, e.SLOPass, float64(cfg.Arrivals)/8, "%s: SLO passes", s)
+	}
+}

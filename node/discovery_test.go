@@ -7,62 +7,16 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/miekg/dns"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/discovery"
+	"github.com/kvmesh/kvmesh/discovery/dnstest"
 )
-
-// testDNS is a real DNS server on loopback (miekg/dns) that answers one
-// name's A records from a set the test changes: a headless Service whose
-// ready pods come and go.
-type testDNS struct {
-	mu   sync.Mutex
-	name string
-	ips  []string
-	addr string
-}
-
-func startTestDNS(t *testing.T, name string, ips ...string) *testDNS {
-	t.Helper()
-	s := &testDNS{name: dns.Fqdn(name), ips: ips}
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	require.NoError(t, err)
-	s.addr = pc.LocalAddr().String()
-	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		m := new(dns.Msg)
-		m.SetReply(r)
-		q := r.Question[0]
-		if q.Name != s.name || len(s.ips) == 0 {
-			m.Rcode = dns.RcodeNameError
-		} else if q.Qtype == dns.TypeA {
-			for _, ip := range s.ips {
-				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET}, A: net.ParseIP(ip)})
-			}
-		}
-		_ = w.WriteMsg(m)
-	})}
-	started := make(chan struct{})
-	srv.NotifyStartedFunc = func() { close(started) }
-	go func() { _ = srv.ActivateAndServe() }()
-	<-started
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return s
-}
-
-func (s *testDNS) set(ips ...string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.ips = ips
-}
 
 // freePorts returns n ports free on every one of ips.
 func freePorts(t *testing.T, n int, ips ...string) []int {
@@ -116,7 +70,7 @@ func TestDNSDiscoveryFollowsPods(t *testing.T) {
 	a, b := engine(ipA, 1), engine(ipB, 0.01)
 	nameA, nameB := fmt.Sprintf("127.0.0.2-%d", http_), fmt.Sprintf("127.0.0.3-%d", http_)
 
-	d := startTestDNS(t, "vllm.inference.test", ipA)
+	d := dnstest.Start(t, "vllm.inference.test", ipA)
 	n := startNode(t, func(c *Config) {
 		c.Models = []ModelConfig{{Name: "m"}} // no replicas: discovery owns them
 		c.IndexMode = "hybrid"
@@ -124,7 +78,7 @@ func TestDNSDiscoveryFollowsPods(t *testing.T) {
 		c.BlockSize = 16
 		c.Discovery = DiscoveryConfig{Source: fmt.Sprintf("dns:vllm.inference.test:%d", http_), Model: "m",
 			KV: fmt.Sprintf("tcp://{ip}:%d", kv), Replay: fmt.Sprintf("tcp://{ip}:%d", replay),
-			Interval: 50 * time.Millisecond, DNSServer: d.addr}
+			Interval: 50 * time.Millisecond, DNSServer: d.Addr}
 	})
 	require.Eventually(t, n.Ready, 10*time.Second, 5*time.Millisecond, "ready once the first snapshot arrived")
 	assert.Equal(t, []string{nameA}, n.Replicas())
@@ -133,7 +87,7 @@ func TestDNSDiscoveryFollowsPods(t *testing.T) {
 	waitSubscribed(t, n, a, nameA) // the KV template connected to the engine's publisher
 
 	added := time.Now()
-	d.set(ipA, ipB)
+	d.Set(ipA, ipB)
 	require.Eventually(t, func() bool { return len(n.Replicas()) == 2 }, 2*time.Second, time.Millisecond, "an added pod joins within 2 s")
 	t.Logf("added pod joined after %s", time.Since(added).Round(time.Millisecond))
 	waitSubscribed(t, n, b, nameB)
@@ -154,7 +108,7 @@ func TestDNSDiscoveryFollowsPods(t *testing.T) {
 	repB := n.tbl.Load().byName[nameB]
 
 	removed := time.Now()
-	d.set(ipA)
+	d.Set(ipA)
 	require.Eventually(t, func() bool { return len(n.Replicas()) == 1 }, 2*time.Second, time.Millisecond, "a removed pod leaves within 2 s")
 	t.Logf("removed pod left after %s", time.Since(removed).Round(time.Millisecond))
 	assert.Equal(t, int64(1), repB.inflight.Load(), "the stream was still running when its pod left the pool")

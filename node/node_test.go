@@ -69,15 +69,7 @@ func closedURL(t testing.TB) string {
 
 func post(t testing.TB, n *Node, path, body string, hdr map[string]string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+n.HTTPAddr()+path, strings.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	return resp
+	return postTo(t, "http://"+n.HTTPAddr(), path, body, hdr)
 }
 
 func readAll(t testing.TB, resp *http.Response) string {

@@ -429,11 +429,9 @@ func routingDocument(c *Config) (config.RoutingConfig, error) {
 		}
 		d.Models[m.Name] = mc
 	}
-	pc := c.Route.PrefixCache
-	d.PrefixCache = config.PrefixCacheConfig{ImbalanceAbsCount: pc.ImbalanceAbsCount,
-		StdDevFactor: pc.StdDevFactor, LocalLoad: pc.LocalLoad, BlockSize: c.BlockSize, Tokenizer: c.Tokenizer}
-	d.ConsistentHash = config.ConsistentHashConfig(c.Route.ConsistentHash)
-	d.Cost = config.CostConfig(c.Route.Cost)
+	d.PrefixCache = config.PrefixCacheConfig{PrefixCacheConfig: c.Route.PrefixCache, BlockSize: c.BlockSize, Tokenizer: c.Tokenizer}
+	d.ConsistentHash = c.Route.ConsistentHash
+	d.Cost = c.Route.Cost
 	d.Index = config.IndexConfig{Capacity: c.IndexCapacity, HistoryTTL: config.Duration(c.HistoryTTL),
 		SpeculativeTTL: config.Duration(c.SpeculativeTTL)}
 	if err := d.Validate(); err != nil {

@@ -257,9 +257,13 @@ type Config struct {
 
 	// Route holds the strategies' parameters (prefix-cache thresholds,
 	// consistent-hash ring, cost-model priors); see route.Config. Default
-	// route.DefaultConfig(). YAML keys are the lower-cased Go field names
-	// (route: {prefixcache: {...}, cost: {...}}).
-	Route route.Config `yaml:"route"`
+	// route.DefaultConfig(). Its keys are top-level and the cluster
+	// document's own (prefix_cache: {stddev_factor: ...}, cost: {alpha:
+	// ...}): one schema wherever a knob is set.
+	Route route.Config `yaml:",inline"`
+	// LegacyRoute catches the route: section of older gateway files, whose
+	// keys moved to the top level; ParseConfigYAML refuses it by name.
+	LegacyRoute yaml.Node `yaml:"route"`
 
 	// ShutdownGrace is how long the serve command lets streams drain on
 	// SIGTERM before cutting them. Default 30s.
@@ -401,6 +405,9 @@ func ParseConfigYAML(data []byte, base Config) (Config, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return base, fmt.Errorf("%w: yaml: %w", ErrInvalidConfig, err)
+	}
+	if c.LegacyRoute.Kind != 0 {
+		return base, fmt.Errorf("%w: yaml: the route: section is gone: its keys (prefix_cache, consistent_hash, cost, peer_load_delay_seconds) are top-level now, with the cluster document's names (docs/config.md)", ErrInvalidConfig)
 	}
 	return c, nil
 }

@@ -97,9 +97,8 @@ models:
     replicas:
       - {name: a, url: "http://127.0.0.1:8001"}
       - {name: b, url: "http://127.0.0.1:8002", kv: "tcp://127.0.0.1:5557", replay: "tcp://127.0.0.1:5558"}
-route:
-  prefixcache:
-    imbalanceabscount: 8
+prefix_cache:
+  imbalance_abs_count: 8
 `
 	c, err := ParseConfigYAML([]byte(y), DefaultConfig())
 	require.NoError(t, err)

@@ -12,5 +12,13 @@ var configSource []byte
 //go:embed clusterconfig.go
 var clusterConfigSource []byte
 
+//go:embed epp.go
+var eppConfigSource []byte
+
+//go:embed discovery.go
+var discoveryConfigSource []byte
+
 // ConfigSources returns the embedded sources of Config's types.
-func ConfigSources() [][]byte { return [][]byte{configSource, clusterConfigSource} }
+func ConfigSources() [][]byte {
+	return [][]byte{configSource, clusterConfigSource, eppConfigSource, discoveryConfigSource}
+}

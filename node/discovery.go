@@ -33,12 +33,14 @@ type DiscoveryConfig struct {
 	Source string `yaml:"source"`
 	// Model is the model whose replicas are discovered.
 	Model string `yaml:"model"`
-	// Scheme, KV and Replay make a discovered engine's replica (see
-	// discovery.Template: {ip} and {name} placeholders), e.g. kv
-	// "tcp://{ip}:5557" and replay "tcp://{ip}:5558" for vLLM engines
-	// publishing KV events on tcp://*:5557.
+	// Scheme of a discovered engine's URL: http (default) or https.
 	Scheme string `yaml:"scheme"`
-	KV     string `yaml:"kv"`
+	// KV is a discovered engine's KV-event publisher ({ip} and {name} are
+	// filled in, see discovery.Template), e.g. "tcp://{ip}:5557" for vLLM
+	// publishing on tcp://*:5557. Empty: no KV events.
+	KV string `yaml:"kv"`
+	// Replay is a discovered engine's replay ROUTER, e.g.
+	// "tcp://{ip}:5558". Empty: gaps reset the engine's confirmed entries.
 	Replay string `yaml:"replay"`
 	// Interval between DNS lookups. Default 1 s.
 	Interval time.Duration `yaml:"interval"`
@@ -57,9 +59,10 @@ type KubernetesDiscovery struct {
 	// InferencePool names a pool (inference.networking.k8s.io/v1) whose
 	// selector and first target port define the engines.
 	InferencePool string `yaml:"inference_pool"`
-	// Selector and Port, instead of a pool.
+	// Selector is a label selector of the engine pods, instead of a pool.
 	Selector string `yaml:"selector"`
-	Port     int    `yaml:"port"`
+	// Port is the engines' HTTP port, with Selector.
+	Port int `yaml:"port"`
 	// Kubeconfig is a kubeconfig path for a gateway outside the cluster;
 	// "" uses the in-cluster service account.
 	Kubeconfig string `yaml:"kubeconfig"`

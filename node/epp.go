@@ -68,14 +68,16 @@ const (
 type EPPConfig struct {
 	// Addr is the listen address of the picker; "" turns it off.
 	Addr string `yaml:"addr"`
-	// CertFile and KeyFile are the picker's TLS certificate and key (PEM).
-	// With neither, the picker makes a self-signed certificate at start:
+	// CertFile is the picker's TLS certificate (PEM), with KeyFile. With
+	// neither, the picker makes a self-signed certificate at start:
 	// Envoy-based gateways talk TLS to a GIE picker and, by default,
-	// verify nothing, so this matches them out of the box. Plaintext turns
-	// TLS off (a service mesh that wraps the connection in its own mTLS).
-	CertFile  string `yaml:"cert_file"`
-	KeyFile   string `yaml:"key_file"`
-	Plaintext bool   `yaml:"plaintext"`
+	// verify nothing, so this matches them out of the box.
+	CertFile string `yaml:"cert_file"`
+	// KeyFile is the key of CertFile (PEM).
+	KeyFile string `yaml:"key_file"`
+	// Plaintext turns the picker's TLS off (a service mesh that wraps the
+	// connection in its own mTLS). Default false.
+	Plaintext bool `yaml:"plaintext"`
 	// Fallbacks is how many further endpoints follow the pick, in the order
 	// the strategy ranks them, for the data plane's retries. 0 sends the
 	// pick alone.

@@ -8,11 +8,11 @@ import (
 // Config gathers every strategy's parameters.
 type Config struct {
 	// PrefixCache holds prefix-cache's thresholds.
-	PrefixCache PrefixCacheConfig
+	PrefixCache PrefixCacheConfig `json:"prefix_cache" yaml:"prefix_cache"`
 	// ConsistentHash holds consistent-hash's ring and load bound.
-	ConsistentHash ConsistentHashConfig
+	ConsistentHash ConsistentHashConfig `json:"consistent_hash" yaml:"consistent_hash"`
 	// Cost holds the cost model's priors and engine facts.
-	Cost CostConfig
+	Cost CostConfig `json:"cost" yaml:"cost"`
 	// PeerLoadDelaySeconds is how stale peers' reported in-flight counts
 	// (Candidate.InFlight − LocalInFlight) are: the replication load
 	// interval. Requests peers sent within that time are in no count this
@@ -24,7 +24,7 @@ type Config struct {
 	// (or a configuration document that does not carry the field) gets it;
 	// a negative value treats the peers' view as fresh (cost as before this
 	// field existed). Must be finite.
-	PeerLoadDelaySeconds float64
+	PeerLoadDelaySeconds float64 `json:"peer_load_delay_seconds" yaml:"peer_load_delay_seconds"`
 }
 
 // DefaultPeerLoadDelaySeconds is Config.PeerLoadDelaySeconds' default: the

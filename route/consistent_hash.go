@@ -13,14 +13,14 @@ type ConsistentHashConfig struct {
 	// spread keys more evenly (the standard deviation of a replica's share
 	// falls roughly as 1/√VirtualNodes) at the cost of a larger ring.
 	// Default 100. Must be ≥ 1.
-	VirtualNodes int
+	VirtualNodes int `json:"virtual_nodes" yaml:"virtual_nodes"`
 	// LoadFactor is c in the bounded-load rule: a replica takes a new
 	// request only while InFlight+1 ≤ ceil(c · (total InFlight + 1) / n).
 	// 1 forces near-perfect balance (little affinity); large values
 	// approach plain consistent hashing. Default 1.25 (Mirrokni et al.;
 	// the Ray affinity router's fixed "queue > 16" cut-off does not scale
 	// with cluster load). Must be ≥ 1.
-	LoadFactor float64
+	LoadFactor float64 `json:"load_factor" yaml:"load_factor"`
 	// MinCapacity is a floor under the bounded-load capacity: a replica with
 	// fewer than MinCapacity requests in flight is never over capacity. At
 	// low load c·average is below one request, and without a floor a
@@ -29,7 +29,7 @@ type ConsistentHashConfig struct {
 	// free. Default 4 (an engine batches a few sequences at almost no extra
 	// step cost; the Ray router in the seeds used a fixed 16). 1 gives the
 	// textbook algorithm. Must be ≥ 1.
-	MinCapacity int
+	MinCapacity int `json:"min_capacity" yaml:"min_capacity"`
 }
 
 // DefaultConsistentHashConfig returns 100 virtual nodes, c = 1.25 and a

@@ -20,36 +20,36 @@ type CostConfig struct {
 	// about 1.5 s. Too fast a prior makes recomputing a prefix look cheap
 	// until the first observations arrive, and the first observations
 	// arrive only when the first streams end.
-	PriorPrefillTokensPerSecond float64
+	PriorPrefillTokensPerSecond float64 `json:"prior_prefill_tokens_per_second" yaml:"prior_prefill_tokens_per_second"`
 	// PriorDecodeStepSeconds is the assumed time of one decode step (what
 	// TPOT measures). Default 0.03 s.
-	PriorDecodeStepSeconds float64
+	PriorDecodeStepSeconds float64 `json:"prior_decode_step_seconds" yaml:"prior_decode_step_seconds"`
 	// PriorOutputTokens is the assumed output length of a request, used to
 	// estimate how long a running request holds its slot. Default 256.
-	PriorOutputTokens float64
+	PriorOutputTokens float64 `json:"prior_output_tokens" yaml:"prior_output_tokens"`
 	// PrefillOverheadSeconds is a fixed part of every TTFT (scheduling,
 	// first sampling step, network) that does not scale with prompt length.
 	// Default 0.02 s.
-	PrefillOverheadSeconds float64
+	PrefillOverheadSeconds float64 `json:"prefill_overhead_seconds" yaml:"prefill_overhead_seconds"`
 	// ChunkTokens is the engine's prefill chunk (vLLM max_num_batched_tokens
 	// with chunked prefill): each chunk shares its step with the running
 	// decode batch. Default 2048. Must be ≥ 1.
-	ChunkTokens int
+	ChunkTokens int `json:"chunk_tokens" yaml:"chunk_tokens"`
 	// MaxRunning is the engine's running-set size (vLLM --max-num-seqs), 0
 	// if unknown. When unknown, a replica counts as saturated only when it
 	// reports waiting requests or KV usage ≥ KVSaturation. Default 0.
-	MaxRunning int
+	MaxRunning int `json:"max_running" yaml:"max_running"`
 	// KVSaturation is the KV-cache usage at or above which the engine
 	// cannot admit more sequences (new requests wait for a slot). Default
 	// 0.98. Must be in (0, 1].
-	KVSaturation float64
+	KVSaturation float64 `json:"kv_saturation" yaml:"kv_saturation"`
 	// Alpha is the EWMA weight of a new observation. Default 0.2 (about
 	// the last ten observations dominate). Must be in (0, 1].
-	Alpha float64
+	Alpha float64 `json:"alpha" yaml:"alpha"`
 	// MinSampleTokens: prefill observations with fewer uncached tokens are
 	// not used to learn the prefill rate, because their TTFT is mostly
 	// fixed overhead. Default 256.
-	MinSampleTokens int
+	MinSampleTokens int `json:"min_sample_tokens" yaml:"min_sample_tokens"`
 }
 
 // DefaultCostConfig returns the defaults documented on CostConfig.

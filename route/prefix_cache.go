@@ -12,18 +12,18 @@ type PrefixCacheConfig struct {
 	// match (AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT).
 	// Default 16: the value the study ran with (AIBrix v0.7.0's Helm chart);
 	// AIBrix's compiled-in default is 8.
-	ImbalanceAbsCount int
+	ImbalanceAbsCount int `json:"imbalance_abs_count" yaml:"imbalance_abs_count"`
 	// StdDevFactor is k in the load bound mean + k·stddev of the
 	// candidates' in-flight counts (AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR;
 	// AIBrix reads an integer, a fraction is allowed here). Default 2, as in
 	// the study; AIBrix's compiled-in default is 1. Must be ≥ 0.
-	StdDevFactor float64
+	StdDevFactor float64 `json:"stddev_factor" yaml:"stddev_factor"`
 	// LocalLoad makes the strategy use this gateway's own in-flight counts
 	// (Candidate.LocalInFlight) instead of the cluster-wide ones, which is
 	// what AIBrix does without state sync: each gateway replica sees only
 	// the requests it sent. Set it to reproduce that failure mode; default
 	// false.
-	LocalLoad bool
+	LocalLoad bool `json:"local_load" yaml:"local_load"`
 }
 
 // DefaultPrefixCacheConfig returns the thresholds the study ran AIBrix

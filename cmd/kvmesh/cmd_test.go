@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -340,8 +341,8 @@ func TestConfigReferenceCurrent(t *testing.T) {
 		"| `strategy` | string | `cost` | `--strategy` |",
 		"| `index_mode` | string | `auto` | `--index-mode` |",
 		"| `cluster.admin_addr` | string | `0.0.0.0:7948` | `--admin-addr` |",
-		"| `cost.alpha` | float64 | `0.2` | `route.cost.alpha`, `--cost-alpha` |",
-		"| `route.cost.alpha` | float64 | `0.2` | `--cost-alpha` |",
+		"| `cost.alpha` | float64 | `0.2` | `cost.alpha`, `--cost-alpha` |",
+		"| `cost.alpha` | float64 | `0.2` | `--cost-alpha` |",
 		"| `cluster.admin_tls.cert_file` | string | \"\" | `--admin-tls-cert` |",
 	} {
 		assert.Contains(t, b.String(), row)
@@ -349,16 +350,16 @@ func TestConfigReferenceCurrent(t *testing.T) {
 }
 
 // TestRouteKnobFlags: every strategy parameter has a flag named after its
-// cluster-document key; a flag given wins over the YAML file's route:
-// value, one not given leaves it.
+// key, which the gateway YAML and the cluster document share; a flag given
+// wins over the YAML file's value, one not given leaves it; the old
+// route: section is refused by name.
 func TestRouteKnobFlags(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "kvmesh.yaml")
 	require.NoError(t, os.WriteFile(path, []byte(`
-route:
-  cost:
-    alpha: 0.4
-    chunktokens: 1024
+cost:
+  alpha: 0.4
+  chunk_tokens: 1024
 models:
   - name: M
     replicas: [{name: a, url: "http://127.0.0.1:8001"}]
@@ -374,13 +375,22 @@ models:
 
 	// One flag per field of each section of the cluster document.
 	cmd, f := newServeCmdFlags()
+	doc := reflect.TypeOf(config.RoutingConfig{})
 	n := 0
 	for _, sec := range routeSections {
-		n += sec.mirror.NumField()
+		sf, _ := doc.FieldByName(sec)
+		for _, field := range reflect.VisibleFields(sf.Type) {
+			if key := field.Tag.Get("json"); !field.Anonymous && key != "block_size" && key != "tokenizer" {
+				n++ // prefix_cache.block_size and .tokenizer: --block-size, --tokenizer
+			}
+		}
 	}
-	n -= 2 // prefix_cache.block_size and .tokenizer: --block-size, --tokenizer
 	assert.Len(t, f.route, n)
 	for _, rf := range f.route {
 		assert.NotNil(t, cmd.Flags().Lookup(rf.name))
 	}
+
+	require.NoError(t, os.WriteFile(path, []byte("route:\n  cost:\n    alpha: 0.4\nmodels: [{name: M, replicas: [{name: a, url: \"http://127.0.0.1:8001\"}]}]\n"), 0o600))
+	_, err = parseServe(t, "--config", path)
+	assert.ErrorContains(t, err, "the route: section is gone")
 }

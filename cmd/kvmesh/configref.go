@@ -102,8 +102,13 @@ func walk(v reflect.Value, prefix, tag string, docs map[string]string, rows *[]r
 		if !f.IsExported() {
 			continue
 		}
-		name, _, _ := strings.Cut(f.Tag.Get(tag), ",")
-		if name == "-" {
+		name, opts, _ := strings.Cut(f.Tag.Get(tag), ",")
+		if name == "-" || f.Type.String() == "yaml.Node" { // yaml.Node: a catch for old keys
+			continue
+		}
+		if (f.Anonymous && name == "") || opts == "inline" {
+			// Embedded (JSON) or inlined (YAML): its keys are the parent's.
+			walk(v.Field(i), prefix, tag, docs, rows)
 			continue
 		}
 		if name == "" {
@@ -165,19 +170,23 @@ func defaultText(v reflect.Value) string {
 // the key's last part with dashes (http_addr → --http-addr), or with the
 // cluster- prefix for cluster.* keys whose short name is taken.
 func gatewayFlag(fs *pflag.FlagSet, key string) string {
-	if strings.HasPrefix(key, "route.") {
-		for _, rf := range addRouteFlags(pflag.NewFlagSet("", pflag.ContinueOnError), new(route.Config)) {
-			if rf.yamlKey == key {
-				return "`--" + rf.name + "`"
-			}
+	for _, rf := range addRouteFlags(pflag.NewFlagSet("", pflag.ContinueOnError), new(route.Config)) {
+		if rf.yamlKey == key {
+			return "`--" + rf.name + "`"
 		}
-		return ""
 	}
 	if strings.Contains(key, "[]") {
 		return ""
 	}
 	last := key[strings.LastIndex(key, ".")+1:]
 	cands := []string{strings.ReplaceAll(last, "_", "-")}
+	if f, ok := sectionFlags[key]; ok {
+		cands = []string{f}
+	} else if sec, rest, ok := strings.Cut(key, "."); ok && (sec == "epp" || sec == "discovery") && !strings.Contains(rest, ".") {
+		cands = []string{sec + "-" + strings.ReplaceAll(rest, "_", "-")} // epp.addr → --epp-addr
+	} else if rest, ok := strings.CutPrefix(key, "discovery.kubernetes."); ok && rest != "kubeconfig" {
+		cands = []string{"k8s-" + strings.ReplaceAll(rest, "_", "-")} // → --k8s-inference-pool
+	}
 	if parts := strings.Split(key, "."); len(parts) == 3 && parts[0] == "cluster" {
 		// cluster.admin_tls.cert_file → --admin-tls-cert
 		sec, ok := strings.CutSuffix(parts[1], "_tls")
@@ -203,6 +212,14 @@ func gatewayFlag(fs *pflag.FlagSet, key string) string {
 	return ""
 }
 
+// sectionFlags are the gateway YAML keys whose flag the rules of
+// gatewayFlag do not find.
+var sectionFlags = map[string]string{
+	"discovery.source": "discovery",
+	"epp.cert_file":    "epp-tls-cert",
+	"epp.key_file":     "epp-tls-key",
+}
+
 // documentToGateway maps a cluster document key to the gateway YAML key
 // and flag that seed it when the cluster config is first written.
 var documentToGateway = map[string]string{
@@ -211,9 +228,9 @@ var documentToGateway = map[string]string{
 	"hash_seed":                        "hash_seed",
 	"prefix_cache.block_size":          "block_size",
 	"prefix_cache.tokenizer":           "tokenizer",
-	"prefix_cache.imbalance_abs_count": "route.prefixcache.imbalanceabscount",
-	"prefix_cache.stddev_factor":       "route.prefixcache.stddevfactor",
-	"prefix_cache.local_load":          "route.prefixcache.localload",
+	"prefix_cache.imbalance_abs_count": "prefix_cache.imbalance_abs_count",
+	"prefix_cache.stddev_factor":       "prefix_cache.stddev_factor",
+	"prefix_cache.local_load":          "prefix_cache.local_load",
 	"index.capacity":                   "index_capacity",
 	"index.history_ttl":                "history_ttl",
 	"index.speculative_ttl":            "speculative_ttl",
@@ -228,9 +245,9 @@ func writeConfigReference(w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// The strategies' parameters are described once, in route; the
-	// cluster document's mirrors of them (same type and field names) and
-	// the gateway's route: keys take that text.
+	// The strategies' parameters are defined and described once, in
+	// route; the cluster document and the gateway YAML both use route's
+	// types, under the same keys.
 	rdocs, err := fieldDocs(route.Sources()...)
 	if err != nil {
 		return err
@@ -261,9 +278,8 @@ func writeConfigReference(w io.Writer) error {
 		k := doc[i].key
 		g, ok := documentToGateway[k]
 		if !ok && (strings.HasPrefix(k, "cost.") || strings.HasPrefix(k, "consistent_hash.")) {
-			// route.Config has no YAML tags: yaml.v3 keys it by the
-			// lower-cased field names (route: {cost: {alpha: ...}}).
-			g, ok = "route."+strings.ReplaceAll(k, "_", ""), true
+			// route.Config's keys are the same in both: one schema.
+			g, ok = k, true
 		}
 		if ok && gwKeys[g] {
 			doc[i].flag = "`" + g + "`"

@@ -7,31 +7,22 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/kvmesh/kvmesh/route"
-	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 // routeFlag is one strategy parameter settable on the serve command line:
-// --prefix-cache-*, --consistent-hash-* and --cost-*, named after the
-// cluster document's keys (prefix_cache.stddev_factor ↔
-// --prefix-cache-stddev-factor), so a knob has one name wherever it is
-// set: flag, YAML (route: ...) and the admin API.
+// --prefix-cache-*, --consistent-hash-* and --cost-*, named after route's
+// keys, which the gateway YAML and the cluster document share
+// (prefix_cache.stddev_factor ↔ --prefix-cache-stddev-factor), so a knob
+// has one name wherever it is set: flag, YAML and the admin API.
 type routeFlag struct {
 	name    string // flag name
-	yamlKey string // the gateway YAML key (route.cost.alpha)
+	yamlKey string // the YAML key (cost.alpha), the same in the cluster document
 	section int    // field index in route.Config
 	field   int    // field index in the section's struct
 }
 
-// routeSections are route.Config's parameter structs and the cluster
-// document's mirrors of them (same field names, JSON keys).
-var routeSections = []struct {
-	goName, docKey string
-	mirror         reflect.Type
-}{
-	{"PrefixCache", "prefix_cache", reflect.TypeOf(config.PrefixCacheConfig{})},
-	{"ConsistentHash", "consistent_hash", reflect.TypeOf(config.ConsistentHashConfig{})},
-	{"Cost", "cost", reflect.TypeOf(config.CostConfig{})},
-}
+// routeSections are route.Config's parameter structs, by Go field name.
+var routeSections = []string{"PrefixCache", "ConsistentHash", "Cost"}
 
 // addRouteFlags registers one flag per strategy parameter of *d (its
 // current values are the defaults shown), with route's doc comment as the
@@ -40,20 +31,20 @@ func addRouteFlags(fl *pflag.FlagSet, d *route.Config) []routeFlag {
 	docs, _ := fieldDocs(route.Sources()...)
 	rv := reflect.ValueOf(d).Elem()
 	var out []routeFlag
-	for _, sec := range routeSections {
-		sf, ok := rv.Type().FieldByName(sec.goName)
+	for _, goName := range routeSections {
+		sf, ok := rv.Type().FieldByName(goName)
 		if !ok {
 			continue
 		}
+		section, _, _ := strings.Cut(sf.Tag.Get("yaml"), ",")
 		sv := rv.FieldByIndex(sf.Index)
 		for j := 0; j < sv.NumField(); j++ {
 			f := sv.Type().Field(j)
-			mf, ok := sec.mirror.FieldByName(f.Name)
-			if !ok || !f.IsExported() {
+			key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if key == "" || key == "-" || !f.IsExported() {
 				continue
 			}
-			key, _, _ := strings.Cut(mf.Tag.Get("json"), ",")
-			name := strings.ReplaceAll(sec.docKey+"_"+key, "_", "-")
+			name := strings.ReplaceAll(section+"_"+key, "_", "-")
 			usage := docs[sv.Type().Name()+"."+f.Name]
 			if i := strings.Index(usage, ". "); i > 0 {
 				usage = usage[:i+1] // the first sentence; docs/config.md has the rest
@@ -61,7 +52,7 @@ func addRouteFlags(fl *pflag.FlagSet, d *route.Config) []routeFlag {
 			if usage == "" {
 				usage = "see go doc github.com/kvmesh/kvmesh/route " + sv.Type().Name()
 			}
-			usage = "(cluster document " + sec.docKey + "." + key + ") " + usage
+			usage = "(YAML and cluster document " + section + "." + key + ") " + usage
 			p := sv.Field(j).Addr().Interface()
 			switch v := p.(type) {
 			case *int:
@@ -74,7 +65,7 @@ func addRouteFlags(fl *pflag.FlagSet, d *route.Config) []routeFlag {
 				continue
 			}
 			out = append(out, routeFlag{name: name, section: sf.Index[0], field: j,
-				yamlKey: "route." + strings.ToLower(sec.goName) + "." + strings.ToLower(f.Name)})
+				yamlKey: section + "." + key})
 		}
 	}
 	return out

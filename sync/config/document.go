@@ -57,9 +57,9 @@ type RoutingConfig struct {
 	// parameters.
 	PrefixCache PrefixCacheConfig `json:"prefix_cache"`
 	// ConsistentHash holds consistent-hash's ring and load bound.
-	ConsistentHash ConsistentHashConfig `json:"consistent_hash"`
+	ConsistentHash route.ConsistentHashConfig `json:"consistent_hash"`
 	// Cost holds the cost model's priors and engine facts.
-	Cost CostConfig `json:"cost"`
+	Cost route.CostConfig `json:"cost"`
 	// Index holds the prefix index's capacity and TTLs.
 	Index IndexConfig `json:"index"`
 	// SLO holds the service-level targets the gateway reports against.
@@ -111,14 +111,10 @@ type ReplicaConfig struct {
 }
 
 // PrefixCacheConfig is prefix-cache's thresholds (route.PrefixCacheConfig,
-// whose Validate applies) plus block hashing parameters.
+// the one definition: its keys are this document's, its Validate applies)
+// plus the block hashing parameters.
 type PrefixCacheConfig struct {
-	// ImbalanceAbsCount: see route.PrefixCacheConfig. Default 16.
-	ImbalanceAbsCount int `json:"imbalance_abs_count"`
-	// StdDevFactor: see route.PrefixCacheConfig. Default 2.
-	StdDevFactor float64 `json:"stddev_factor"`
-	// LocalLoad: see route.PrefixCacheConfig. Default false.
-	LocalLoad bool `json:"local_load"`
+	route.PrefixCacheConfig
 	// BlockSize is the number of tokens per index block; 0 = auto (128
 	// with the character tokenizer, 16 otherwise, as the gateway resolves
 	// it). Otherwise validated by index.Config. Default 0.
@@ -127,28 +123,6 @@ type PrefixCacheConfig struct {
 	// gateways' global tokenizer (it takes effect at restart). Default
 	// "auto".
 	Tokenizer string `json:"tokenizer"`
-}
-
-// ConsistentHashConfig mirrors route.ConsistentHashConfig (its Validate
-// applies).
-type ConsistentHashConfig struct {
-	VirtualNodes int     `json:"virtual_nodes"`
-	LoadFactor   float64 `json:"load_factor"`
-	MinCapacity  int     `json:"min_capacity"`
-}
-
-// CostConfig mirrors route.CostConfig (its Validate applies; field meanings
-// and defaults are documented there).
-type CostConfig struct {
-	PriorPrefillTokensPerSecond float64 `json:"prior_prefill_tokens_per_second"`
-	PriorDecodeStepSeconds      float64 `json:"prior_decode_step_seconds"`
-	PriorOutputTokens           float64 `json:"prior_output_tokens"`
-	PrefillOverheadSeconds      float64 `json:"prefill_overhead_seconds"`
-	ChunkTokens                 int     `json:"chunk_tokens"`
-	MaxRunning                  int     `json:"max_running"`
-	KVSaturation                float64 `json:"kv_saturation"`
-	Alpha                       float64 `json:"alpha"`
-	MinSampleTokens             int     `json:"min_sample_tokens"`
 }
 
 // IndexConfig is the prefix index's capacity and TTLs (index.Config's
@@ -216,13 +190,11 @@ func DefaultRoutingConfig() RoutingConfig {
 		IndexMode: "history",
 		Models:    map[string]ModelConfig{},
 		PrefixCache: PrefixCacheConfig{
-			ImbalanceAbsCount: rc.PrefixCache.ImbalanceAbsCount,
-			StdDevFactor:      rc.PrefixCache.StdDevFactor,
-			LocalLoad:         rc.PrefixCache.LocalLoad,
+			PrefixCacheConfig: rc.PrefixCache,
 			Tokenizer:         TokenizerAuto,
 		},
-		ConsistentHash: ConsistentHashConfig(rc.ConsistentHash),
-		Cost:           CostConfig(rc.Cost),
+		ConsistentHash: rc.ConsistentHash,
+		Cost:           rc.Cost,
 		Index: IndexConfig{
 			Capacity:       1 << 20,
 			HistoryTTL:     Duration(2 * time.Hour),
@@ -239,13 +211,9 @@ func DefaultRoutingConfig() RoutingConfig {
 // Route converts the strategy parameters to route.Config.
 func (c *RoutingConfig) Route() route.Config {
 	return route.Config{
-		PrefixCache: route.PrefixCacheConfig{
-			ImbalanceAbsCount: c.PrefixCache.ImbalanceAbsCount,
-			StdDevFactor:      c.PrefixCache.StdDevFactor,
-			LocalLoad:         c.PrefixCache.LocalLoad,
-		},
-		ConsistentHash: route.ConsistentHashConfig(c.ConsistentHash),
-		Cost:           route.CostConfig(c.Cost),
+		PrefixCache:    c.PrefixCache.PrefixCacheConfig,
+		ConsistentHash: c.ConsistentHash,
+		Cost:           c.Cost,
 	}
 }
 

@@ -14,11 +14,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/internal/leaktest"
 	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	leaktest.Main(m,
 		// Idle keep-alive connections of servers shut down by the test
 		// close asynchronously.
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),

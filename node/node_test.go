@@ -21,11 +21,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/internal/leaktest"
 	"github.com/kvmesh/kvmesh/route"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	leaktest.Main(m,
 		// httptest servers' and the transport's idle connections close
 		// asynchronously after Cleanup.
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),

@@ -14,11 +14,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/internal/leaktest"
 	"github.com/kvmesh/kvmesh/sync/config"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	leaktest.Main(m,
 		// Idle keep-alive connections of servers shut down by the test
 		// close asynchronously.
 		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
@@ -190,10 +191,11 @@ func TestClusterModeSharesTheIndex(t *testing.T) {
 		defer cancel()
 		require.NoError(t, c.Shutdown(sctx))
 	}()
+	started := time.Since(start)
 	wctx, cancel := context.WithTimeout(ctx, deadlineScale*30*time.Second)
 	defer cancel()
 	require.NoError(t, c.WarmUp(wctx))
-	t.Logf("3 gateways ready and warm in %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("3 gateways ready in %v, warm %v later", started.Round(time.Millisecond), (time.Since(start) - started).Round(time.Millisecond))
 	require.True(t, c.ConfigConverged(), c.ConfigVersions())
 
 	lc := cluster.DefaultLoadConfig()

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/chaos/sim"
 )
 
 // liveTarget spreads requests over the gateways live at send time, as a
@@ -217,7 +218,13 @@ func gatewayKillAndRestart(t *R) {
 // streams. Each client must then see an error: an SSE error event, or a
 // broken connection; never a stream that ends cleanly without [DONE].
 func gatewayShutdownGraceExpired(t *R) {
-	c := startClusterMode(t, 3, 2, nil)
+	// Engines 20x slower than the fast profile: a 400-token stream takes
+	// ~2 s instead of ~0.1 s, so six streams in flight at once is a state
+	// that lasts, not a window a poller on a loaded machine can miss (then
+	// the load ends and the wait below times out).
+	c := startClusterMode(t, 3, 2, func(cfg *cluster.Config) {
+		cfg.Sim = func(_ int, sc *sim.Config) { sc.Speed = 0.05 }
+	})
 	ctx := context.Background()
 	var total cluster.LoadResult
 	for round := range t.Scale(3, 10) {

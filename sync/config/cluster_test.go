@@ -224,6 +224,19 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
+// steadyRaft gives a test cluster raft timeouts that a busy machine does
+// not trip: for tests that assert the leader or term did NOT change, or that
+// a write commits in one go. LocalStoreConfig's 200 ms heartbeat and 100 ms
+// lease are for tests about elections; under -race on an oversubscribed
+// 2-core machine a goroutine can stall that long, the leader steps down and
+// such tests fail on an election nobody caused ("leadership unchanged",
+// "leadership lost while committing", "leadership transfer timeout").
+func steadyRaft(cfg *StoreConfig) {
+	cfg.HeartbeatTimeout = 2 * time.Second
+	cfg.ElectionTimeout = 2 * time.Second
+	cfg.LeaderLeaseTimeout = time.Second
+}
+
 // electionBound is how long a new leader may take: raft picks an election
 // timeout in [ElectionTimeout, 2·ElectionTimeout) after HeartbeatTimeout of
 // silence; a few rounds may split on a loaded 2-core machine.

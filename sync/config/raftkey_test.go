@@ -36,8 +36,11 @@ func testRing(t *testing.T, keys [][]byte, node string) *trust.Ring {
 // config, leader and term stay as they were.
 func TestRaftTransportRequiresClusterKey(t *testing.T) {
 	keys := testKeys(t)
-	c := newCluster(t, 3, 3, false, func(cfg *StoreConfig) { cfg.Trust = testRing(t, keys, cfg.NodeID) })
-	leader := c.waitLeader(10 * time.Second)
+	c := newCluster(t, 3, 3, false, func(cfg *StoreConfig) {
+		steadyRaft(cfg) // the test asserts leader and term did not change
+		cfg.Trust = testRing(t, keys, cfg.NodeID)
+	})
+	leader := c.waitLeader(20 * time.Second)
 	v, err := leader.client(t, testToken).SetConfig(ctxT(t, 10*time.Second), ptr(testConfig()), nil)
 	require.NoError(t, err)
 	c.waitVersion(v, c.nodes...)

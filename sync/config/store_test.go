@@ -409,13 +409,15 @@ func TestOnlySmallestBootstraps(t *testing.T) {
 }
 
 func TestLeaveTransfersLeadership(t *testing.T) {
-	c := newCluster(t, 3, 3, false, nil)
-	old := c.waitLeader(10 * time.Second)
+	// Steady timeouts: the transfer must finish within one ElectionTimeout
+	// and the two nodes left must commit without an election of their own.
+	c := newCluster(t, 3, 3, false, steadyRaft)
+	old := c.waitLeader(20 * time.Second)
 	require.NoError(t, old.store.Leave())
 	require.Eventually(t, func() bool {
 		id, _ := old.store.Leader()
 		return id != "" && id != old.id
-	}, 5*time.Second, 5*time.Millisecond)
+	}, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, c.follower().store.Leave(), "a follower's Leave is a no-op")
 	c.stop(old)
 	cfg := testConfig()

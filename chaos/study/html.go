@@ -46,7 +46,9 @@ func newPlot(w, h, xmax, ymax float64, title, xlabel, ylabel string) *plot {
 // newPlotCat is newPlot with a categorical x axis when cats is not nil:
 // category i spans [i, i+1) and is labelled under the axis.
 func newPlotCat(w, h, xmax, ymax float64, title, xlabel, ylabel string, cats []string) *plot {
-	p := &plot{w: w, h: h, left: 48, right: 12, top: 24, bot: 36}
+	// The top margin holds the title (baseline 15) and, below it, the
+	// legend's band (baseline 30): neither overlaps the plotted area.
+	p := &plot{w: w, h: h, left: 48, right: 12, top: 40, bot: 36}
 	p.xmax, p.xstep = niceAxis(xmax)
 	p.ymax, p.ystep = niceAxis(ymax)
 	if cats != nil {
@@ -155,8 +157,15 @@ func (p *plot) rect(x0, x1, y float64, color, tip string) {
 		p.x(x0), p.y(y), p.x(x1)-p.x(x0), p.y(0)-p.y(y), color, html.EscapeString(tip))
 }
 
+// label writes s over the bar ending at y, or inside its top when there is
+// no room above it within the plotted area (so it never meets the legend
+// or the title).
 func (p *plot) label(x, y float64, s string) {
-	fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk" text-anchor="middle">%s</text>`, p.x(x), p.y(y)-3, html.EscapeString(s))
+	ly, class := p.y(y)-3, "tk"
+	if ly-10 < p.top {
+		ly, class = p.y(y)+11, "tk in"
+	}
+	fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="%s" text-anchor="middle">%s</text>`, p.x(x), ly, class, html.EscapeString(s))
 }
 
 func (p *plot) legend(items [][2]string, dashedFrom int) {
@@ -166,8 +175,8 @@ func (p *plot) legend(items [][2]string, dashedFrom int) {
 		if dashedFrom >= 0 && i >= dashedFrom {
 			dash = ` stroke-dasharray="4 3"`
 		}
-		fmt.Fprintf(&p.b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="3"%s/>`, x, p.top+6, x+14, p.top+6, it[1], dash)
-		fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk">%s</text>`, x+17, p.top+9, html.EscapeString(it[0]))
+		fmt.Fprintf(&p.b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-width="3"%s/>`, x, p.top-13, x+14, p.top-13, it[1], dash)
+		fmt.Fprintf(&p.b, `<text x="%.1f" y="%.1f" class="tk">%s</text>`, x+17, p.top-10, html.EscapeString(it[0]))
 		x += 24 + 6.2*float64(len(it[0]))
 	}
 }
@@ -180,7 +189,7 @@ td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3
 td:nth-child(2),th:nth-child(2){text-align:left}
 .charts{display:flex;flex-wrap:wrap;gap:8px}
 svg{background:#fff;border:1px solid #ddd}
-.t{font-size:12px;font-weight:600}.tk{font-size:10px;fill:#444}
+.t{font-size:12px;font-weight:600}.tk{font-size:10px;fill:#444}.in{fill:#fff}
 .ax{stroke:#333;stroke-width:1}.gr{stroke:#eee;stroke-width:1}.slo{stroke:#d62728;stroke-dasharray:5 3;stroke-width:1}
 code{background:#f3f3f3;padding:1px 3px}`
 

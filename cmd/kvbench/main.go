@@ -106,6 +106,8 @@ type options struct {
 	cpuProfile string
 	// des are the discrete-event engine's options (--engine des, sweep).
 	des des.Options
+	// tgt are the options of a run against a deployment (--target).
+	tgt targetOptions
 }
 
 // desFlags are the flags that only the discrete-event engine reads.
@@ -176,12 +178,20 @@ it.`,
 				return err
 			}
 			opt.des = o
+			if opt.tgt.on() {
+				return runTarget(cmd.Context(), cmd.Flags(), c, opt, stdout, stderr)
+			}
+			if opt.tgt.plan {
+				writePlan(stdout, c, nil)
+				return nil
+			}
 			return runStudy(cmd.Context(), c, opt, stdout, stderr)
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	f := root.Flags()
 	addStudyFlags(f, &cfg, &opt, false)
+	addTargetFlags(f, &opt.tgt)
 	f.StringVar(&opt.engine, "engine", engineLive, "engine: live (simulators and gateways on loopback) or des (discrete-event, virtual time)")
 	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout), newSweepCmd(stdout, stderr),
 		newProxybenchCmd(stdout, stderr), newProxybenchEngineCmd())
@@ -336,12 +346,20 @@ func runStudy(ctx context.Context, cfg study.Config, opt options, stdout, stderr
 		ctx, cancel = context.WithTimeout(ctx, opt.timeout)
 		defer cancel()
 	}
-	var factory study.EngineFactory
-	engine := fmt.Sprintf("live engine, speed %g", cfg.Speed)
-	if opt.engine == engineDES {
+	return runWith(ctx, cfg, opt, nil, "", log, stdout, stderr)
+}
+
+// runWith runs the study on factory (nil: the --engine's) and writes the
+// outputs; engine describes the engine in the opening line.
+func runWith(ctx context.Context, cfg study.Config, opt options, factory study.EngineFactory, engine string,
+	log *slog.Logger, stdout, stderr io.Writer) error {
+	switch {
+	case factory != nil:
+	case opt.engine == engineDES:
 		factory = desFactory(opt.des)
 		engine = fmt.Sprintf("DES engine, delays sync %v load %v kv %v", opt.des.SyncDelay, opt.des.LoadDelay, opt.des.KVDelay)
-	} else {
+	default:
+		engine = fmt.Sprintf("live engine, speed %g", cfg.Speed)
 		lc := live.DefaultConfig()
 		lc.Profile = cfg.Profile
 		lc.Speed = cfg.Speed
@@ -363,6 +381,7 @@ func runStudy(ctx context.Context, cfg study.Config, opt options, stdout, stderr
 	if nw > 1 {
 		prog = study.NewLineProgress(stderr) // phases of different cells overlap
 	}
+	prog = study.WithOverall(prog, phases)
 	stopProfile, err := startProfile(opt.cpuProfile)
 	if err != nil {
 		return reportErr(stderr, err)

@@ -857,7 +857,7 @@ func writeTarget(w io.Writer, t *TargetInfo) {
 	case IsolationReset:
 		fmt.Fprintf(w, "- Cache isolation: every engine's prefix cache was reset (POST /reset_prefix_cache) before each phase and hot-spot retry.\n")
 	case IsolationSalt:
-		fmt.Fprintf(w, "- Cache isolation: an engine refused /reset_prefix_cache, so each phase and hot-spot retry sent a fresh `cache_salt`; "+
+		fmt.Fprintf(w, "- Cache isolation: no engine cache was reset (an engine refused /reset_prefix_cache, or --isolation cache_salt): each phase and hot-spot retry sent a fresh `cache_salt`; "+
 			"earlier phases' blocks stayed in the engines' caches (taking capacity, never matched).\n")
 	}
 	for _, m := range t.ModeSwitches {

@@ -192,6 +192,9 @@ func runTarget(ctx context.Context, f *pflag.FlagSet, c study.Config, opt option
 		defer cancel()
 	}
 	c, d, err := targetStudy(ctx, c, tc, opt.tgt.plan)
+	if d != nil {
+		defer d.Close()
+	}
 	if err != nil {
 		return reportErr(stderr, err)
 	}

@@ -154,7 +154,17 @@ func Probe(ctx context.Context, c Config, noReset bool) (*Deployment, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	d := &Deployment{cfg: c, hc: &http.Client{}, info: &study.TargetInfo{Gateways: c.Gateways}}
+	d := &Deployment{cfg: c, hc: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}},
+		info: &study.TargetInfo{Gateways: c.Gateways}}
+	if err := d.probe(ctx, noReset); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Deployment) probe(ctx context.Context, noReset bool) error {
+	c := d.cfg
 	var err error
 	base := ""
 	if len(c.Gateways) > 0 {
@@ -163,12 +173,12 @@ func Probe(ctx context.Context, c Config, noReset bool) (*Deployment, error) {
 		base = c.Engines[0].URL
 	}
 	if d.info.Models, err = d.models(ctx, base); err != nil {
-		return nil, err
+		return err
 	}
 	d.info.Model = c.Model
 	if d.info.Model == "" {
 		if len(d.info.Models) == 0 {
-			return nil, fmt.Errorf("%w: %s/v1/models lists no model; give --model", ErrProbe, base)
+			return fmt.Errorf("%w: %s/v1/models lists no model; give --model", ErrProbe, base)
 		}
 		d.info.Model = d.info.Models[0]
 	}
@@ -179,13 +189,13 @@ func Probe(ctx context.Context, c Config, noReset bool) (*Deployment, error) {
 			d.info.GatewayVersions = append(d.info.GatewayVersions, d.version(ctx, g))
 			m, err := d.mode(ctx, g)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			d.modes = append(d.modes, m)
 		}
 		if len(c.Engines) == 0 {
 			if d.cfg.Engines, err = d.replicas(ctx, c.Gateways[0]); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
@@ -204,8 +214,12 @@ func Probe(ctx context.Context, c Config, noReset bool) (*Deployment, error) {
 			}
 		}
 	}
-	return d, nil
+	return nil
 }
+
+// Close releases the control connections; the Worlds it made close
+// themselves (the Runner closes each).
+func (d *Deployment) Close() { d.hc.CloseIdleConnections() }
 
 // Info returns the deployment's description; the same pointer goes into
 // study.Config.Target, and the engine factory appends mode switches to it.

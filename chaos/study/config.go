@@ -99,6 +99,18 @@ var Strategies = []string{"random", "least-request", "prefix-cache", "consistent
 // Modes are the gateway index modes.
 var Modes = []string{"history", "kv-events", "hybrid"}
 
+// ClientStrategies are the strategies of a run straight at engines, no
+// gateway (kvbench --engines without --target): kvbench itself picks the
+// replica per request, the baselines any gateway must beat.
+var ClientStrategies = []string{"random", "round-robin"}
+
+// ModeNone is the only mode of a run straight at engines: no index.
+const ModeNone = "none"
+
+// Direct reports whether the study runs straight at engines, without a
+// gateway (Target set with no gateways).
+func (c *Config) Direct() bool { return c.Target != nil && len(c.Target.Gateways) == 0 }
+
 // DefaultConfig returns the default grid: the seed's four scenarios and
 // three strategies plus cost, in history mode (the seed's calibration) and
 // hybrid mode (where cost is meant to win), one gateway, two replicas, two
@@ -159,14 +171,18 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%w: %q", ErrUnknownScenario, s)
 		}
 	}
+	strategies, modes := Strategies, Modes
+	if c.Direct() {
+		strategies, modes = ClientStrategies, []string{ModeNone}
+	}
 	for _, s := range c.Strategies {
-		if !slices.Contains(Strategies, s) {
-			return bad("unknown strategy %q (want one of %v)", s, Strategies)
+		if !slices.Contains(strategies, s) {
+			return bad("unknown strategy %q (want one of %v)", s, strategies)
 		}
 	}
 	for _, m := range c.Modes {
-		if !slices.Contains(Modes, m) {
-			return bad("unknown mode %q (want one of %v)", m, Modes)
+		if !slices.Contains(modes, m) {
+			return bad("unknown mode %q (want one of %v)", m, modes)
 		}
 	}
 	for _, g := range c.Gateways {

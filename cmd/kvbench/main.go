@@ -262,6 +262,11 @@ func resolve(cmd *cobra.Command, flagged study.Config, opt options, grid bool) (
 	// Every multi-gateway cell isolated: the study-wide flag the DES
 	// engine and older readers use.
 	c.GatewaysIsolated = len(c.Sync) == 1 && c.Sync[0] == study.SyncIsolated
+	if opt.tgt.on() {
+		// Validated once the deployment is probed (its replicas, and
+		// the client-side strategies without gateways).
+		return c, o, nil
+	}
 	switch opt.engine {
 	case engineLive:
 		for _, name := range desFlags {

@@ -72,8 +72,16 @@ func resolveTarget(f *pflag.FlagSet, c study.Config, t targetOptions) (study.Con
 	if tc.Engines, err = parseEngines(t.engines); err != nil {
 		return c, tc, err
 	}
+	tc.Seed = c.Seed
 	if len(t.gateways) == 0 {
-		return c, tc, fmt.Errorf("%w: --engines without --target (client-side baselines) is not implemented yet", study.ErrInvalidConfig)
+		// Straight at the engines: kvbench's own baselines, no index.
+		if f.Changed("modes") {
+			return c, tc, fmt.Errorf("%w: --modes needs gateways (--target); --engines alone runs mode %s", study.ErrInvalidConfig, study.ModeNone)
+		}
+		c.Modes = []string{study.ModeNone}
+		if !f.Changed("strategies") {
+			c.Strategies = study.ClientStrategies
+		}
 	}
 	for _, name := range []string{"gateways", "sync", "no-sync", "replicas", "profile", "engine-block-size", "parallel"} {
 		if f.Changed(name) {
@@ -85,7 +93,7 @@ func resolveTarget(f *pflag.FlagSet, c study.Config, t targetOptions) (study.Con
 	}
 	tc.Speed = c.Speed
 	c.Engine = engineTarget
-	c.Gateways = []int{len(t.gateways)}
+	c.Gateways = []int{max(len(t.gateways), 1)}
 	c.Profile = "deployment"
 	c.EngineBlockSize = 0
 	return c, tc, tc.Validate()
@@ -155,6 +163,10 @@ func writePlan(w io.Writer, c study.Config, d *studytarget.Deployment) {
 		fmt.Fprintf(w, "plan: no engine cache is reset: every phase gets a fresh cache_salt\n")
 	}
 	modes := d.Modes()
+	if len(t.Gateways) == 0 {
+		fmt.Fprintf(w, "plan: no gateway: kvbench picks the replica per request itself (%s)\n", strings.Join(c.Strategies, ", "))
+		return
+	}
 	for _, cell := range cells {
 		if allEqual(modes, cell.Mode) {
 			fmt.Fprintf(w, "plan: cell %s: the gateways already route in %s\n", cell.Name(), cell.Mode)

@@ -29,7 +29,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -95,6 +97,8 @@ type Config struct {
 	ControlTimeout time.Duration
 	// IdleTimeout bounds waiting for idle engines. Default 2 min.
 	IdleTimeout time.Duration
+	// Seed seeds the client-side random strategy (no gateways).
+	Seed uint64
 }
 
 // DefaultConfig returns the defaults for everything but the endpoints.
@@ -141,6 +145,7 @@ type Deployment struct {
 	info *study.TargetInfo
 	// modes are the modes the gateways were found in, by gateway.
 	modes []string
+	seed  uint64
 }
 
 // Probe inspects the deployment without sending a completion: the model
@@ -155,7 +160,7 @@ func Probe(ctx context.Context, c Config, noReset bool) (*Deployment, error) {
 		return nil, err
 	}
 	d := &Deployment{cfg: c, hc: &http.Client{Transport: &http.Transport{Proxy: nil, DisableCompression: true}},
-		info: &study.TargetInfo{Gateways: c.Gateways}}
+		info: &study.TargetInfo{Gateways: c.Gateways}, seed: c.Seed}
 	if err := d.probe(ctx, noReset); err != nil {
 		d.Close()
 		return nil, err
@@ -447,12 +452,39 @@ type World struct {
 	*httpenv.Env
 	d     *Deployment
 	salts int
+	// rng and next pick replicas client-side when there is no gateway.
+	rng  *rand.Rand
+	next int
 }
 
-var (
-	_ study.Engine  = (*World)(nil)
-	_ study.Settler = (*World)(nil)
-)
+// Send implements study.Engine. Without gateways a routed request goes
+// straight to a replica kvbench picks: uniformly at random for "random",
+// in turn for "round-robin", and for any other strategy (the scenarios'
+// initialisation steps, which need a document's requests to land together)
+// by a hash of the prompt's first affinityBytes bytes, the document's salt.
+func (w *World) Send(req study.Request, done func(study.Outcome)) {
+	if len(w.d.cfg.Gateways) == 0 && !req.Target.Direct {
+		n := len(w.d.cfg.Engines)
+		var r int
+		switch req.Target.Strategy {
+		case "random":
+			r = w.rng.IntN(n)
+		case "round-robin":
+			r = w.next % n
+			w.next++
+		default:
+			h := fnv.New64a()
+			_, _ = h.Write([]byte(req.Prompt[:min(len(req.Prompt), affinityBytes)]))
+			r = int(h.Sum64() % uint64(n))
+		}
+		req.Target = study.Target{Direct: true, Replica: r}
+	}
+	w.Env.Send(req, done)
+}
+
+// affinityBytes is the prompt prefix that pins a request to a replica in
+// a run without gateways: a document's salt (study.SaltHexLen).
+const affinityBytes = study.SaltHexLen
 
 // Factory returns a study.EngineFactory over d: per cell it sets the index
 // mode (verified on every gateway) and returns a World. The cell's gateway
@@ -479,7 +511,7 @@ func Factory(d *Deployment) study.EngineFactory {
 		if err != nil {
 			return nil, err
 		}
-		w := &World{Env: env, d: d}
+		w := &World{Env: env, d: d, rng: rand.New(rand.NewPCG(d.seed, 17))}
 		return w, nil
 	}
 }

@@ -83,7 +83,7 @@ func resolveTarget(f *pflag.FlagSet, c study.Config, t targetOptions) (study.Con
 			c.Strategies = study.ClientStrategies
 		}
 	}
-	for _, name := range []string{"gateways", "sync", "no-sync", "replicas", "profile", "engine-block-size", "parallel"} {
+	for _, name := range []string{"engine", "gateways", "sync", "no-sync", "replicas", "profile", "engine-block-size", "parallel"} {
 		if f.Changed(name) {
 			return c, tc, fmt.Errorf("%w: --%s does not apply to --target (the deployment decides it)", study.ErrInvalidConfig, name)
 		}

@@ -261,3 +261,26 @@ func TestTargetAgainstCluster(t *testing.T) {
 	assert.Contains(t, rc, "every field matches")
 	assert.Less(t, time.Since(start), 90*time.Second)
 }
+
+// TestTargetFlags: flags the deployment decides are refused with --target,
+// --engines entries must be name=URL, and --plan of an in-process grid
+// prints the phases without running anything.
+func TestTargetFlags(t *testing.T) {
+	_, _, err := run(t, "--target", "http://127.0.0.1:1", "--replicas", "3")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "--replicas does not apply to --target")
+	_, _, err = run(t, "--target", "http://127.0.0.1:1", "--engine", "des")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+	_, _, err = run(t, "--engines", "r1=127.0.0.1:8001")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+	_, _, err = run(t, "--engines", "r1=http://127.0.0.1:1", "--modes", "history")
+	require.ErrorIs(t, err, study.ErrInvalidConfig, "no gateway, no index mode")
+
+	dir := filepath.Join(t.TempDir(), "out")
+	out, stderr, err := run(t, "--quick", "--plan", "--out", dir)
+	require.NoError(t, err, stderr)
+	assert.Contains(t, out, "plan: 6 phases, 48 scheduled arrivals each at 1.6 RPS: at least 30s of arrivals per phase (model time), 3s wall at speed 10")
+	assert.Contains(t, out, "r1-hot50-cost@history/g1")
+	_, err = os.Stat(dir)
+	assert.True(t, os.IsNotExist(err), "--plan runs nothing")
+}

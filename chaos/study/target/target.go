@@ -395,10 +395,9 @@ func (d *Deployment) SetMode(ctx context.Context, mode string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ModeTimeout)
 	defer cancel()
-	patch, _ := json.Marshal(map[string]any{
-		"index_mode": mode,
-		"models":     map[string]any{d.cfg.Model: map[string]any{"index_mode": nil}},
-	})
+	// The cluster-wide default only: a model's own index_mode, if the
+	// operator set one, wins, and the verification below says so.
+	patch, _ := json.Marshal(map[string]any{"index_mode": mode})
 	version, err := d.patch(ctx, patch)
 	if err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrMode, mode, err)
@@ -417,8 +416,8 @@ func (d *Deployment) SetMode(ctx context.Context, mode string) error {
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("%w: gateway %s still routes in %q %v after config version %d", ErrMode, g, last,
-					d.cfg.ModeTimeout, version)
+				return fmt.Errorf("%w: gateway %s still routes in %q %v after config version %d (does models.%s.index_mode override the default?)",
+					ErrMode, g, last, d.cfg.ModeTimeout, version, d.cfg.Model)
 			case <-time.After(d.cfg.Poll):
 			}
 		}

@@ -19,6 +19,11 @@
 // turns each millisecond of host scheduling delay into S model
 // milliseconds.
 //
+// --target runs the study against a running deployment instead (package
+// chaos/study/target; README "Against a running deployment"):
+//
+//	kvbench --target http://gw1:8080 --target http://gw2:8080 --engines r1=http://e1:8000,r2=http://e2:8000
+//
 // Several gateways (--gateways 3) form one cluster sharing the index and
 // load reports (node's cluster mode: gossip, embedded NATS, raft, all on
 // loopback); --no-sync runs them isolated instead, and --sync
@@ -168,7 +173,14 @@ default grid sized for scale (hot50; least-request, prefix-cache, cost;
 history; 1 round; synced and isolated gateways; 0.8 RPS and 24 in flight per
 replica): any axis flag given explicitly replaces its default, --quick the
 whole grid. Its cells run in parallel (--parallel); results do not depend on
-it.`,
+it.
+
+--target URL (repeatable) runs the same study against gateways you started
+(--engines name=URL,... for their engines' metrics and cache resets; index
+modes switched through the admin API, token from $KVMESH_ADMIN_TOKEN, and
+verified on every gateway); --engines alone runs kvbench's own client-side
+random and round-robin baselines straight at the engines. --plan prints the
+phases, the expected duration and what will be reset, and sends nothing.`,
 		Version:       buildinfo.String("kvbench"),
 		SilenceUsage:  true,
 		SilenceErrors: true,

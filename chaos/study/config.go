@@ -79,6 +79,10 @@ type Config struct {
 	// HostChecks are filled in by the Runner (one per cell, when the
 	// engine is a HostChecker): how faithfully the host kept model time.
 	HostChecks []HostCheck `json:"host_checks,omitempty"`
+	// Target describes the deployment of a target run (nil otherwise).
+	// The engine factory fills in ModeSwitches as the run goes: copies of
+	// a Config share it.
+	Target *TargetInfo `json:"target,omitempty"`
 }
 
 // Gateway sharing settings (Config.Sync).
@@ -94,6 +98,18 @@ var Strategies = []string{"random", "least-request", "prefix-cache", "consistent
 
 // Modes are the gateway index modes.
 var Modes = []string{"history", "kv-events", "hybrid"}
+
+// ClientStrategies are the strategies of a run straight at engines, no
+// gateway (kvbench --engines without --target): kvbench itself picks the
+// replica per request, the baselines any gateway must beat.
+var ClientStrategies = []string{"random", "round-robin"}
+
+// ModeNone is the only mode of a run straight at engines: no index.
+const ModeNone = "none"
+
+// Direct reports whether the study runs straight at engines, without a
+// gateway (Target set with no gateways).
+func (c *Config) Direct() bool { return c.Target != nil && len(c.Target.Gateways) == 0 }
 
 // DefaultConfig returns the default grid: the seed's four scenarios and
 // three strategies plus cost, in history mode (the seed's calibration) and
@@ -155,14 +171,18 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("%w: %q", ErrUnknownScenario, s)
 		}
 	}
+	strategies, modes := Strategies, Modes
+	if c.Direct() {
+		strategies, modes = ClientStrategies, []string{ModeNone}
+	}
 	for _, s := range c.Strategies {
-		if !slices.Contains(Strategies, s) {
-			return bad("unknown strategy %q (want one of %v)", s, Strategies)
+		if !slices.Contains(strategies, s) {
+			return bad("unknown strategy %q (want one of %v)", s, strategies)
 		}
 	}
 	for _, m := range c.Modes {
-		if !slices.Contains(Modes, m) {
-			return bad("unknown mode %q (want one of %v)", m, Modes)
+		if !slices.Contains(modes, m) {
+			return bad("unknown mode %q (want one of %v)", m, modes)
 		}
 	}
 	for _, g := range c.Gateways {
@@ -254,4 +274,49 @@ func (c *Config) RoundStrategies(r int) []string {
 		slices.Reverse(s)
 	}
 	return s
+}
+
+// TargetInfo describes the deployment a target run (kvbench --target)
+// measured: what ran where, and how phases were isolated. It is absent for
+// the in-process engines.
+type TargetInfo struct {
+	// Gateways are the gateways' base URLs, in arrival rotation order
+	// (empty when requests went straight to the engines).
+	Gateways []string `json:"gateways"`
+	// GatewayVersions are the versions the gateways report in
+	// kvmesh_build_info, in Gateways order ("?" when not exposed).
+	GatewayVersions []string `json:"gateway_versions"`
+	// Engines are the engine replicas as name=URL, in study order.
+	Engines []string `json:"engines"`
+	// Model is the served model (from /v1/models unless given).
+	Model string `json:"model"`
+	// Models are every id /v1/models listed.
+	Models []string `json:"models,omitempty"`
+	// Clustered reports that the gateways answer the cluster admin API
+	// (one cluster sharing the index; index modes can be switched).
+	Clustered bool `json:"clustered"`
+	// Isolation is how phases were kept from each other's cached
+	// prefixes: IsolationReset or IsolationSalt.
+	Isolation string `json:"isolation"`
+	// ModeSwitches records every index-mode change and its verification.
+	ModeSwitches []ModeSwitch `json:"mode_switches,omitempty"`
+}
+
+// Cache isolation methods of a target run (TargetInfo.Isolation).
+const (
+	// IsolationReset clears every engine's prefix cache through POST
+	// /reset_prefix_cache before each phase (and init retry).
+	IsolationReset = "reset"
+	// IsolationSalt sends a fresh cache_salt per phase (and init retry)
+	// when an engine refuses the reset.
+	IsolationSalt = "cache_salt"
+)
+
+// ModeSwitch is one index-mode change of a target run: the admin API's
+// config version and the wall time until every gateway routed in the mode.
+type ModeSwitch struct {
+	Mode          string  `json:"mode"`
+	ConfigVersion uint64  `json:"config_version"`
+	Verified      int     `json:"verified_gateways"`
+	WaitMS        float64 `json:"wait_ms"`
 }

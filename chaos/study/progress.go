@@ -102,3 +102,32 @@ func phaseLine(name string, run *Run, det *PhaseDetail, err error, wall time.Dur
 }
 
 func (p *lineProgress) Note(line string) { fmt.Fprintln(p.w, line) }
+
+// WithOverall wraps p with one overall line after every phase: phases done
+// of total, the wall time so far and an ETA at the mean wall time per
+// phase so far.
+func WithOverall(p Progress, total int) Progress {
+	return &overallProgress{Progress: p, total: total, start: time.Now()}
+}
+
+type overallProgress struct {
+	Progress
+	total, done int
+	start       time.Time
+}
+
+func (o *overallProgress) PhaseDone(name string, run *Run, det *PhaseDetail, err error) {
+	o.Progress.PhaseDone(name, run, det, err)
+	o.done++
+	o.Progress.Note(OverallLine(o.done, o.total, time.Since(o.start)))
+}
+
+// OverallLine is the overall progress line: "overall: 3/8 phases done,
+// 1m30s elapsed, ETA 2m30s".
+func OverallLine(done, total int, elapsed time.Duration) string {
+	eta := "?"
+	if done > 0 {
+		eta = (elapsed / time.Duration(done) * time.Duration(max(total-done, 0))).Round(time.Second).String()
+	}
+	return fmt.Sprintf("overall: %d/%d phases done, %s elapsed, ETA %s", done, total, elapsed.Round(time.Second), eta)
+}

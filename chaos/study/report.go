@@ -610,6 +610,7 @@ func WriteMarkdown(w io.Writer, res *Results) error {
 	fmt.Fprintf(w, "Engine `%s`, profile `%s`, %s, speed %g (all times are model time), %g RPS, %d arrivals per phase, "+
 		"in-flight cap %d, max_tokens %d, %d replicas, seed %d, %d round(s) (even rounds run the strategies in reverse).\n\n",
 		c.Engine, c.Profile, blockSizeText(c), c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.MaxTokens, c.Replicas, c.Seed, c.Rounds)
+	writeTarget(w, c.Target)
 	writeTerms(w)
 	fmt.Fprintf(w, "Pass = complete stream (HTTP 200, content, [DONE], exactly max_tokens completion tokens) and "+
 		"TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v, over scheduled arrivals (unsent arrivals count as failures). "+
@@ -821,4 +822,51 @@ func bootstrapLayout(res *Results, phase string) (string, bool) {
 		return strings.Join(parts, "/"), hi-lo <= 1
 	}
 	return "unknown", false
+}
+
+// writeTarget says, for a run against a deployment (kvbench --target), what
+// was measured where: gateways and their versions, engines, model, how
+// phases were isolated and every index-mode switch.
+func writeTarget(w io.Writer, t *TargetInfo) {
+	if t == nil {
+		return
+	}
+	fmt.Fprintf(w, "## Deployment\n\n")
+	fmt.Fprintf(w, "Measured against a running deployment (kvbench --target); nothing was simulated by kvbench and the profile is the deployment's own.\n\n")
+	if len(t.Gateways) > 0 {
+		cl := "not a cluster (each routes on its own index)"
+		if t.Clustered {
+			cl = "one cluster (shared index, admin API)"
+		}
+		fmt.Fprintf(w, "- Gateways (%d, %s): ", len(t.Gateways), cl)
+		for i, g := range t.Gateways {
+			v := "?"
+			if i < len(t.GatewayVersions) {
+				v = t.GatewayVersions[i]
+			}
+			if i > 0 {
+				fmt.Fprint(w, ", ")
+			}
+			fmt.Fprintf(w, "`%s` (version %s)", g, v)
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "- Engines (%d): `%s`; model `%s` (/v1/models: %s)\n", len(t.Engines), strings.Join(t.Engines, "`, `"),
+		t.Model, strings.Join(t.Models, ", "))
+	switch t.Isolation {
+	case IsolationReset:
+		fmt.Fprintf(w, "- Cache isolation: every engine's prefix cache was reset (POST /reset_prefix_cache) before each phase and hot-spot retry.\n")
+	case IsolationSalt:
+		fmt.Fprintf(w, "- Cache isolation: no engine cache was reset (an engine refused /reset_prefix_cache, or --isolation cache_salt): each phase and hot-spot retry sent a fresh `cache_salt`; "+
+			"earlier phases' blocks stayed in the engines' caches (taking capacity, never matched).\n")
+	}
+	for _, m := range t.ModeSwitches {
+		if m.ConfigVersion == 0 {
+			fmt.Fprintf(w, "- Index mode %s: every gateway already routed in it (%d checked).\n", m.Mode, m.Verified)
+			continue
+		}
+		fmt.Fprintf(w, "- Index mode %s: set through the admin API (config version %d); all %d gateways verified routing in it after %.0f ms.\n",
+			m.Mode, m.ConfigVersion, m.Verified, m.WaitMS)
+	}
+	fmt.Fprintln(w)
 }

@@ -19,6 +19,11 @@
 // turns each millisecond of host scheduling delay into S model
 // milliseconds.
 //
+// --target runs the study against a running deployment instead (package
+// chaos/study/target; README "Against a running deployment"):
+//
+//	kvbench --target http://gw1:8080 --target http://gw2:8080 --engines r1=http://e1:8000,r2=http://e2:8000
+//
 // Several gateways (--gateways 3) form one cluster sharing the index and
 // load reports (node's cluster mode: gossip, embedded NATS, raft, all on
 // loopback); --no-sync runs them isolated instead, and --sync
@@ -106,6 +111,8 @@ type options struct {
 	cpuProfile string
 	// des are the discrete-event engine's options (--engine des, sweep).
 	des des.Options
+	// tgt are the options of a run against a deployment (--target).
+	tgt targetOptions
 }
 
 // desFlags are the flags that only the discrete-event engine reads.
@@ -166,7 +173,14 @@ default grid sized for scale (hot50; least-request, prefix-cache, cost;
 history; 1 round; synced and isolated gateways; 0.8 RPS and 24 in flight per
 replica): any axis flag given explicitly replaces its default, --quick the
 whole grid. Its cells run in parallel (--parallel); results do not depend on
-it.`,
+it.
+
+--target URL (repeatable) runs the same study against gateways you started
+(--engines name=URL,... for their engines' metrics and cache resets; index
+modes switched through the admin API, token from $KVMESH_ADMIN_TOKEN, and
+verified on every gateway); --engines alone runs kvbench's own client-side
+random and round-robin baselines straight at the engines. --plan prints the
+phases, the expected duration and what will be reset, and sends nothing.`,
 		Version:       buildinfo.String("kvbench"),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -176,12 +190,20 @@ it.`,
 				return err
 			}
 			opt.des = o
+			if opt.tgt.on() {
+				return runTarget(cmd.Context(), cmd.Flags(), c, opt, stdout, stderr)
+			}
+			if opt.tgt.plan {
+				writePlan(stdout, c, nil)
+				return nil
+			}
 			return runStudy(cmd.Context(), c, opt, stdout, stderr)
 		},
 	}
 	root.SetVersionTemplate("{{.Version}}\n")
 	f := root.Flags()
 	addStudyFlags(f, &cfg, &opt, false)
+	addTargetFlags(f, &opt.tgt)
 	f.StringVar(&opt.engine, "engine", engineLive, "engine: live (simulators and gateways on loopback) or des (discrete-event, virtual time)")
 	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout), newSweepCmd(stdout, stderr),
 		newProxybenchCmd(stdout, stderr), newProxybenchEngineCmd())
@@ -252,6 +274,11 @@ func resolve(cmd *cobra.Command, flagged study.Config, opt options, grid bool) (
 	// Every multi-gateway cell isolated: the study-wide flag the DES
 	// engine and older readers use.
 	c.GatewaysIsolated = len(c.Sync) == 1 && c.Sync[0] == study.SyncIsolated
+	if opt.tgt.on() {
+		// Validated once the deployment is probed (its replicas, and
+		// the client-side strategies without gateways).
+		return c, o, nil
+	}
 	switch opt.engine {
 	case engineLive:
 		for _, name := range desFlags {
@@ -336,12 +363,20 @@ func runStudy(ctx context.Context, cfg study.Config, opt options, stdout, stderr
 		ctx, cancel = context.WithTimeout(ctx, opt.timeout)
 		defer cancel()
 	}
-	var factory study.EngineFactory
-	engine := fmt.Sprintf("live engine, speed %g", cfg.Speed)
-	if opt.engine == engineDES {
+	return runWith(ctx, cfg, opt, nil, "", log, stdout, stderr)
+}
+
+// runWith runs the study on factory (nil: the --engine's) and writes the
+// outputs; engine describes the engine in the opening line.
+func runWith(ctx context.Context, cfg study.Config, opt options, factory study.EngineFactory, engine string,
+	log *slog.Logger, stdout, stderr io.Writer) error {
+	switch {
+	case factory != nil:
+	case opt.engine == engineDES:
 		factory = desFactory(opt.des)
 		engine = fmt.Sprintf("DES engine, delays sync %v load %v kv %v", opt.des.SyncDelay, opt.des.LoadDelay, opt.des.KVDelay)
-	} else {
+	default:
+		engine = fmt.Sprintf("live engine, speed %g", cfg.Speed)
 		lc := live.DefaultConfig()
 		lc.Profile = cfg.Profile
 		lc.Speed = cfg.Speed
@@ -363,6 +398,7 @@ func runStudy(ctx context.Context, cfg study.Config, opt options, stdout, stderr
 	if nw > 1 {
 		prog = study.NewLineProgress(stderr) // phases of different cells overlap
 	}
+	prog = study.WithOverall(prog, phases)
 	stopProfile, err := startProfile(opt.cpuProfile)
 	if err != nil {
 		return reportErr(stderr, err)

@@ -62,6 +62,10 @@ type Request struct {
 	// Replica names the replica when the request goes straight to an
 	// engine (no gateway header to read it from).
 	Replica string
+	// CacheSalt, if not empty, is sent as vLLM's cache_salt: requests
+	// with different salts never share prefix-cache blocks (a target run
+	// isolates phases with it on engines that refuse /reset_prefix_cache).
+	CacheSalt string
 }
 
 type body struct {
@@ -73,6 +77,7 @@ type body struct {
 	Stream        bool          `json:"stream"`
 	StreamOptions streamOptions `json:"stream_options"`
 	User          string        `json:"user,omitempty"`
+	CacheSalt     string        `json:"cache_salt,omitempty"`
 }
 
 type streamOptions struct {
@@ -107,6 +112,7 @@ func (c *Client) Do(ctx context.Context, req Request) (study.Outcome, time.Time)
 	b, err := json.Marshal(body{
 		Model: c.Model, Prompt: req.Prompt, MaxTokens: req.MaxTokens, Temperature: 0,
 		IgnoreEOS: true, Stream: true, StreamOptions: streamOptions{IncludeUsage: true}, User: req.Session,
+		CacheSalt: req.CacheSalt,
 	})
 	start := time.Now()
 	if err != nil {

@@ -153,6 +153,9 @@ type Env struct {
 
 	closeOnce sync.Once
 	closed    chan struct{}
+
+	// salt is sent as cache_salt with every request ("" : none).
+	salt string
 }
 
 var _ study.Engine = (*Env)(nil)
@@ -238,7 +241,7 @@ func (e *Env) Send(req study.Request, done func(study.Outcome)) {
 	e.pending++
 	e.wg.Add(1)
 	abort, ctx := e.abort, e.sendCtx
-	creq := client.Request{Prompt: req.Prompt, MaxTokens: req.MaxTokens, Session: req.Session}
+	creq := client.Request{Prompt: req.Prompt, MaxTokens: req.MaxTokens, Session: req.Session, CacheSalt: e.salt}
 	if req.Target.Direct {
 		en := e.cfg.Engines[req.Target.Replica]
 		creq.URL = strings.TrimRight(en.URL, "/") + "/v1/completions"
@@ -256,6 +259,12 @@ func (e *Env) Send(req study.Request, done func(study.Outcome)) {
 		e.post(abort, func() { done(o) })
 	}()
 }
+
+// SetCacheSalt makes every later request carry salt as vLLM's cache_salt
+// ("" sends none): a fresh salt starts a phase on caches that share
+// nothing with earlier phases, on engines that cannot be reset. Like
+// every method it must not be called while Run is running.
+func (e *Env) SetCacheSalt(salt string) { e.salt = salt }
 
 // Observe implements study.Engine.
 func (e *Env) Observe(done func(study.Observation)) {

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/chaos/study"
+)
+
+// freePorts reserves n loopback ports and releases them together, just
+// before the processes that take them start.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		_ = l.Close()
+	}
+	return ports
+}
+
+// startProc starts a separately running process whose output goes to a log
+// file in dir; the test's cleanup kills it (by its own pid) and waits.
+func startProc(t *testing.T, dir, name string, env []string, bin string, args ...string) {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(dir, name+".log"))
+	require.NoError(t, err)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	require.NoError(t, cmd.Start(), name)
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("%s log (last 2 KB):\n%s", name, b[max(0, len(b)-2048):])
+		}
+	})
+}
+
+// waitOK polls url until it answers 200 or the deadline passes.
+func waitOK(t *testing.T, deadline time.Time, url string) {
+	t.Helper()
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready in time (last error %v)", url, err)
+		}
+		time.Sleep(100 * time.Millisecond) // polling a separate process, with a deadline
+	}
+}
+
+// validateResults checks results.json against docs/results.md's schema 2:
+// the top-level keys, every run's exact keys and their JSON types.
+func validateResults(t *testing.T, raw []byte) {
+	t.Helper()
+	var top map[string]json.RawMessage
+	require.NoError(t, json.Unmarshal(raw, &top))
+	assert.ElementsMatch(t, []string{"schema_version", "runs", "config"}, keysOf(top))
+	var v int
+	require.NoError(t, json.Unmarshal(top["schema_version"], &v))
+	require.Equal(t, study.ResultsSchemaVersion, v)
+	var runs []map[string]any
+	require.NoError(t, json.Unmarshal(top["runs"], &runs))
+	require.NotEmpty(t, runs)
+	types := map[string]string{
+		"scenario": "string", "round": "number", "strategy": "string", "mode": "string", "gateways": "number",
+		"sync": "string", "replicas": "number", "arrivals": "number", "succeeded": "number", "failed": "number",
+		"slo_pass": "number", "ttft_p95_s": "number|null", "tpot_p95_ms": "number|null", "e2e_p95_s": "number|null",
+		"token_hit_rate": "number|null", "per_replica": "object", "selection": "object", "max_waiting": "object",
+	}
+	for _, r := range runs {
+		assert.ElementsMatch(t, keysOf(types), keysOf(r))
+		for k, want := range types {
+			got := "null"
+			switch r[k].(type) {
+			case string:
+				got = "string"
+			case float64:
+				got = "number"
+			case map[string]any:
+				got = "object"
+			}
+			assert.Contains(t, strings.Split(want, "|"), got, "run key %s", k)
+		}
+		assert.Contains(t, []string{"single", "synced", "isolated"}, r["sync"])
+	}
+}
+
+func keysOf[V any](m map[string]V) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+// TestTargetAgainstCluster is issue 17's CI acceptance: two vllmsim
+// engines and a three-gateway kvmesh cluster, built with go build and
+// started as separate processes with the README's cluster flags on
+// loopback, and a short --target study over them in history and hybrid
+// mode: results.json validates, the hybrid switch is applied through the
+// admin API and verified on all three gateways, and requests.jsonl
+// recomputes to the same tables.
+func TestTargetAgainstCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts five processes; skipped in -short")
+	}
+	if raceEnabled {
+		t.Skip("the processes are built without -race; nothing here needs the detector")
+	}
+	tmp := t.TempDir()
+	bin := filepath.Join(tmp, "bin")
+	build := exec.Command("go", "build", "-o", bin+string(os.PathSeparator), "./cmd/kvmesh", "./cmd/vllmsim")
+	build.Dir = filepath.Join("..", "..")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	kvmesh, vllmsim := filepath.Join(bin, "kvmesh"), filepath.Join(bin, "vllmsim")
+
+	keyOut, err := exec.Command(kvmesh, "keygen").Output()
+	require.NoError(t, err)
+	env := []string{"KVMESH_ADMIN_TOKEN=testtoken", "KVMESH_CLUSTER_KEY=" + strings.TrimSpace(string(keyOut))}
+	t.Setenv("KVMESH_ADMIN_TOKEN", "testtoken") // kvbench reads it
+
+	// The study and its cluster get 90 s from here, whatever the load.
+	start := time.Now()
+	deadline := start.Add(90 * time.Second)
+
+	// Engines: HTTP, KV events and replay ports; gateways: HTTP, gossip,
+	// peer, admin, raft, NATS client and cluster ports.
+	p := freePorts(t, 2*3+3*7)
+	eng := func(i int) (http, kv, replay int) { return p[3*i], p[3*i+1], p[3*i+2] }
+	gwp := func(i, k int) int { return p[6+7*i+k] }
+	var reps []string
+	var engines []string
+	for i := range 2 {
+		h, kv, rp := eng(i)
+		startProc(t, tmp, fmt.Sprintf("sim%d", i+1), nil, vllmsim, "--host", "127.0.0.1", "--port", fmt.Sprint(h),
+			"--served-model-name", "M", "--profile", "fast", "--enable-reset-endpoint", "--log-level", "warn",
+			"--kv-events-config", fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%d","replay_endpoint":"tcp://127.0.0.1:%d"}`, kv, rp))
+		reps = append(reps, "--replica", fmt.Sprintf("r%d=http://127.0.0.1:%d,kv=tcp://127.0.0.1:%d,replay=tcp://127.0.0.1:%d", i+1, h, kv, rp))
+		engines = append(engines, fmt.Sprintf("r%d=http://127.0.0.1:%d", i+1, h))
+	}
+	var targets []string
+	for i := range 3 {
+		a := func(k int) string { return fmt.Sprintf("127.0.0.1:%d", gwp(i, k)) }
+		args := []string{"serve", "--node-id", fmt.Sprintf("gw-%d", i), "--cluster-profile", "local", "--bootstrap-expect", "3",
+			"--data-dir", filepath.Join(tmp, fmt.Sprintf("raft%d", i)), "--http-addr", a(0), "--gossip-addr", a(1),
+			"--peer-addr", a(2), "--admin-addr", a(3), "--raft-addr", a(4), "--nats-client-addr", a(5),
+			"--nats-cluster-addr", a(6), "--index-mode", "history", "--log-level", "warn", "--model", "M"}
+		args = append(args, reps...)
+		if i > 0 {
+			args = append(args, "--join", fmt.Sprintf("127.0.0.1:%d", gwp(0, 1)))
+		}
+		startProc(t, tmp, fmt.Sprintf("gw%d", i), env, kvmesh, args...)
+		targets = append(targets, "--target", "http://"+a(0))
+	}
+	for i := range 2 {
+		h, _, _ := eng(i)
+		waitOK(t, deadline, fmt.Sprintf("http://127.0.0.1:%d/health", h))
+	}
+	for i := range 3 {
+		waitOK(t, deadline, fmt.Sprintf("http://127.0.0.1:%d/ready", gwp(i, 0)))
+	}
+	t.Logf("cluster ready in %v", time.Since(start).Round(time.Millisecond))
+
+	outDir := filepath.Join(tmp, "out")
+	args := append(append([]string{}, targets...),
+		"--engines", strings.Join(engines, ","), "--admin-addr", fmt.Sprintf("127.0.0.1:%d", gwp(2, 3)),
+		"--scenarios", "warm", "--strategies", "least-request,prefix-cache", "--modes", "history,hybrid",
+		"--rounds", "1", "--arrivals", "12", "--rps", "8", "--max-tokens", "32", "--out", outDir,
+		"--timeout", time.Until(deadline).Round(time.Second).String())
+
+	planOut, stderr, err := run(t, append(append([]string{}, args...), "--plan")...)
+	require.NoError(t, err, stderr)
+	assert.Contains(t, planOut, "plan: 4 phases")
+	assert.Contains(t, planOut, "switches the cluster's index_mode history,history,history -> hybrid")
+	_, err = os.Stat(outDir)
+	assert.True(t, os.IsNotExist(err), "--plan writes nothing")
+
+	stdout, stderr, err := run(t, args...)
+	require.NoError(t, err, stderr)
+	t.Logf("study done %v after start", time.Since(start).Round(time.Millisecond))
+	assert.Contains(t, stderr, "overall: 4/4 phases done")
+	assert.Contains(t, stdout, "== warm — hybrid · 3 gateways, synced (shared index) ==")
+
+	raw, err := os.ReadFile(filepath.Join(outDir, study.FileResults))
+	require.NoError(t, err)
+	validateResults(t, raw)
+	var res study.Results
+	require.NoError(t, json.Unmarshal(raw, &res))
+	require.Len(t, res.Runs, 4)
+	for _, r := range res.Runs {
+		assert.Equal(t, 3, r.Gateways)
+		assert.Equal(t, 12, r.Arrivals)
+		assert.Equal(t, 12, r.Succeeded, "%s/%s/%s", r.Scenario, r.Strategy, r.Mode)
+		assert.Equal(t, 12, r.PerReplica["r1"]+r.PerReplica["r2"], "the gateways' replica names")
+	}
+	tg := res.Config.Target
+	require.NotNil(t, tg)
+	assert.Equal(t, "target", res.Config.Engine)
+	assert.Equal(t, "M", tg.Model)
+	assert.True(t, tg.Clustered)
+	assert.Equal(t, study.IsolationReset, tg.Isolation)
+	assert.Len(t, tg.GatewayVersions, 3)
+	require.Len(t, tg.ModeSwitches, 2)
+	assert.Equal(t, study.ModeSwitch{Mode: "history", Verified: 3}, tg.ModeSwitches[0], "already in history")
+	hy := tg.ModeSwitches[1]
+	assert.Equal(t, "hybrid", hy.Mode)
+	assert.Positive(t, hy.ConfigVersion, "applied through the admin API")
+	assert.Equal(t, 3, hy.Verified, "every gateway verified routing in hybrid")
+
+	// Each gateway now routes in hybrid, as the run verified.
+	for i := range 3 {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet,
+			fmt.Sprintf("http://127.0.0.1:%d/debug/route?model=M&prompt=x", gwp(i, 0)), nil)
+		req.Header.Set("Authorization", "Bearer testtoken")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var rep struct {
+			IndexMode string `json:"index_mode"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&rep))
+		_ = resp.Body.Close()
+		assert.Equal(t, "hybrid", rep.IndexMode, "gateway %d", i)
+	}
+
+	md, err := os.ReadFile(filepath.Join(outDir, study.FileReport))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "## Deployment")
+	assert.Contains(t, string(md), "all 3 gateways verified routing in it")
+
+	rc, stderr, err := run(t, "recompute", filepath.Join(outDir, study.FileRequests))
+	require.NoError(t, err, stderr)
+	assert.Contains(t, rc, "every field matches")
+	assert.Less(t, time.Since(start), 90*time.Second)
+}
+
+// TestTargetFlags: flags the deployment decides are refused with --target,
+// --engines entries must be name=URL, and --plan of an in-process grid
+// prints the phases without running anything.
+func TestTargetFlags(t *testing.T) {
+	_, _, err := run(t, "--target", "http://127.0.0.1:1", "--replicas", "3")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "--replicas does not apply to --target")
+	_, _, err = run(t, "--target", "http://127.0.0.1:1", "--engine", "des")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+	_, _, err = run(t, "--engines", "r1=127.0.0.1:8001")
+	require.ErrorIs(t, err, study.ErrInvalidConfig)
+	_, _, err = run(t, "--engines", "r1=http://127.0.0.1:1", "--modes", "history")
+	require.ErrorIs(t, err, study.ErrInvalidConfig, "no gateway, no index mode")
+
+	dir := filepath.Join(t.TempDir(), "out")
+	out, stderr, err := run(t, "--quick", "--plan", "--out", dir)
+	require.NoError(t, err, stderr)
+	assert.Contains(t, out, "plan: 6 phases, 48 scheduled arrivals each at 1.6 RPS: at least 30s of arrivals per phase (model time), 3s wall at speed 10")
+	assert.Contains(t, out, "r1-hot50-cost@history/g1")
+	_, err = os.Stat(dir)
+	assert.True(t, os.IsNotExist(err), "--plan runs nothing")
+}

@@ -489,14 +489,22 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		fmt.Fprintln(out)
 	}
 	if rep.Explanation != nil {
+		// The tiers come from the report (every strategy): MATCHED is
+		// the GPU match routing uses, CPU and DISK the run after it that
+		// the engine holds offloaded (cost prices it as a load).
+		tiers := make(map[string]node.ReplicaTiers, len(rep.Tiers))
+		for _, t := range rep.Tiers {
+			tiers[t.Name] = t
+		}
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tQUEUED\tPEER-QUEUED\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
+		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tCPU\tDISK\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tQUEUED\tPEER-QUEUED\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
 		for _, r := range rep.Explanation.Replicas {
 			pick := ""
 			if r.Picked {
 				pick = "*"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%.4g\t%s\t%s\n", r.Name, r.Matched, r.MatchFraction,
+			t := tiers[r.Name]
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%.4g\t%s\t%s\n", r.Name, r.Matched, t.CPU, t.Disk, r.MatchFraction,
 				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Queued, r.PeerQueued, r.Score, r.Filtered, pick)
 		}
 		if err := tw.Flush(); err != nil {

@@ -149,6 +149,8 @@ type CostConfig struct {
 	KVSaturation                float64 `json:"kv_saturation"`
 	Alpha                       float64 `json:"alpha"`
 	MinSampleTokens             int     `json:"min_sample_tokens"`
+	CPULoadTokensPerSecond      float64 `json:"cpu_load_tokens_per_second"`
+	DiskLoadTokensPerSecond     float64 `json:"disk_load_tokens_per_second"`
 }
 
 // IndexConfig is the prefix index's capacity and TTLs (index.Config's

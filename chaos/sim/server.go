@@ -455,6 +455,10 @@ func (s *Server) publishLocked(evs []kvevents.Event) {
 		return
 	}
 	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: evs}
+	if s.cfg.DataParallelSize > 1 {
+		rank := int64(s.cfg.DataParallelRank)
+		b.DataParallelRank = &rank
+	}
 	if _, err := s.pub.Publish(b); err != nil {
 		s.metrics.pubErrors.Inc()
 		s.log.Warn("vllmsim: publish kv events", "err", err)

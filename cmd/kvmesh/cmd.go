@@ -75,7 +75,7 @@ func newServeCmdFlags() (*cobra.Command, *serveFlags) {
 		Short: "Run a gateway",
 		Long: `Run a gateway in front of vLLM replicas.
 
-Replicas are given as --replica name=url[,kv=endpoint][,kv-bind=endpoint][,replay=endpoint][,model=name]
+Replicas are given as --replica name=url[,kv=endpoint][,kv-bind=endpoint][,replay=endpoint][,model=name][,dp=N]
 (repeatable): kv= connects to an engine whose KV-event publisher binds (vLLM with
 tcp://*:5557), kv-bind= binds for engines whose publisher connects, replay= is the
 engine's replay ROUTER. Replicas without model= serve --model. A YAML file
@@ -108,7 +108,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	d := &f.cfg
 	fl.StringVar(&f.configPath, "config", "", "YAML config file (flags override it)")
 	fl.StringVar(&f.model, "model", "", "model name served by --replica flags that name none")
-	fl.StringArrayVar(&f.replicas, "replica", nil, "replica: name=url[,kv=...][,kv-bind=...][,replay=...][,model=...] (repeatable)")
+	fl.StringArrayVar(&f.replicas, "replica", nil, "replica: name=url[,kv=...][,kv-bind=...][,replay=...][,model=...][,dp=N] (repeatable; dp: data-parallel ranks, each its own replica name#r)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fl.StringVar(&d.HTTPAddr, "http-addr", d.HTTPAddr, "listen address of the API, /metrics and /debug/*; all interfaces by default because it is the ingress clients reach (debug views and the admin API need the admin token)")

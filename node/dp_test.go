@@ -98,6 +98,15 @@ func TestDataParallelRanksRouteByHeader(t *testing.T) {
 		c.Tokenizer = TokenizerCharacter
 		c.BlockSize = 16
 	}, ReplicaConfig{Name: "e", URL: d.URL(), KVEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), DataParallelSize: 2})
+	// The front's /metrics carries each rank's series, labelled by engine
+	// as vLLM labels them, so each rank replica scrapes its own load.
+	mresp, err := http.Get(d.URL() + "/metrics")
+	require.NoError(t, err)
+	metrics := readAll(t, mresp)
+	require.Contains(t, metrics, `vllm:num_requests_running{engine="1",model_name="m"}`)
+	l, err := parseRankLoad([]byte(metrics), "1")
+	require.NoError(t, err)
+	require.Equal(t, int64(0), l.running)
 	waitSubscribed(t, n, d.Rank(0), "e#0")
 	waitSubscribed(t, n, d.Rank(1), "e#1")
 
@@ -141,4 +150,27 @@ func TestDataParallelRanksRouteByHeader(t *testing.T) {
 	require.NoError(t, err)
 	readAll(t, resp)
 	require.Equal(t, before0+1, finished(0))
+}
+
+// TestParseRankLoad: a rank replica reads its own engine core's series
+// (vLLM's engine label), and the whole engine's when none is labelled.
+func TestParseRankLoad(t *testing.T) {
+	text := `# HELP vllm:num_requests_running x
+vllm:num_requests_running{engine="0",model_name="m"} 3
+vllm:num_requests_running{engine="1",model_name="m"} 5
+vllm:num_requests_waiting{engine="0",model_name="m"} 1
+vllm:num_requests_waiting{engine="1",model_name="m"} 0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.9
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.2
+vllm:num_requests_running{engine="10",model_name="m"} 7
+`
+	l, err := parseRankLoad([]byte(text), "1")
+	require.NoError(t, err)
+	require.Equal(t, engineLoad{running: 5, waiting: 0, kvUsage: 0.2}, l)
+	l, err = parseRankLoad([]byte(text), "0")
+	require.NoError(t, err)
+	require.Equal(t, engineLoad{running: 3, waiting: 1, kvUsage: 0.9}, l)
+	l, err = parseRankLoad([]byte("vllm:num_requests_running{model_name=\"m\"} 4\n"), "1")
+	require.NoError(t, err)
+	require.Equal(t, int64(4), l.running)
 }

@@ -107,3 +107,43 @@ func TestRouteTiersNoAllocs(t *testing.T) {
 		t.Fatalf("%v allocs per Route", n)
 	}
 }
+
+// BenchmarkRouteCostTiers: one cost Route over 16 replicas and a
+// 320-block prompt, replica 0 holding it in its CPU tier: "gpu-only" is
+// the route before tiers were priced (CPU and disk rates negative: Match
+// alone), "tiers" asks MatchTiers and prices the offloaded run.
+func BenchmarkRouteCostTiers(b *testing.B) {
+	ix, _, _, keys, req := tierFixture(b)
+	const n = 16
+	ids := make([]index.ReplicaID, n)
+	load := &arrayLoad{}
+	for i := range ids {
+		ids[i] = index.ReplicaID(i)
+		ix.SetReplicaRoot(ids[i], ix.Hasher().Root("m", "", ""))
+		load.names = append(load.names, "r"+string(rune('a'+i)))
+		load.inflight = append(load.inflight, i%3)
+		load.queued = append(load.queued, 100*i)
+		load.publishes = append(load.publishes, true)
+	}
+	for _, tc := range []struct {
+		name string
+		rate float64
+	}{{"gpu-only", -1}, {"tiers", 0}} {
+		b.Run(tc.name, func(b *testing.B) {
+			cfg := DefaultConfig()
+			cfg.Cost.CPULoadTokensPerSecond, cfg.Cost.DiskLoadTokensPerSecond = tc.rate, tc.rate
+			set, err := NewSet(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var s Scratch
+			rng := NewRand(1)
+			in := &Input{Keys: keys, Replicas: ids, Index: ix, Mode: index.ModeKVEvents, Load: load,
+				Strategy: set.Cost, Rand: &rng, Request: &req}
+			b.ReportAllocs()
+			for b.Loop() {
+				s.Route(in)
+			}
+		})
+	}
+}

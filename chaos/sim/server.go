@@ -122,7 +122,11 @@ func NewServer(cfg Config) (*Server, error) {
 		stop:     make(chan struct{}),
 		serveErr: make(chan error, 1),
 	}
-	s.metrics = newMetrics(cfg.ServedModelName, s.Stats)
+	engine := -1
+	if cfg.DataParallelSize > 1 {
+		engine = cfg.DataParallelRank
+	}
+	s.metrics = newMetrics(cfg.ServedModelName, engine, s.Stats)
 	return s, nil
 }
 

@@ -425,7 +425,7 @@ func routingDocument(c *Config) (config.RoutingConfig, error) {
 			Adapters: append([]string(nil), m.Adapters...), SharedResponseStore: m.SharedResponseStore}
 		for _, r := range m.Replicas {
 			mc.Replicas = append(mc.Replicas, config.ReplicaConfig{Name: r.Name, URL: r.URL,
-				KV: r.KVEndpoint, KVBind: r.KVBind, Replay: r.ReplayEndpoint})
+				KV: r.KVEndpoint, KVBind: r.KVBind, Replay: r.ReplayEndpoint, DataParallelSize: r.DataParallelSize})
 		}
 		d.Models[m.Name] = mc
 	}
@@ -450,7 +450,7 @@ func specFromDocument(version uint64, d *config.RoutingConfig) routingSpec {
 			Adapters: append([]string(nil), m.Adapters...), SharedResponseStore: m.SharedResponseStore}
 		for _, r := range m.Replicas {
 			mc.Replicas = append(mc.Replicas, ReplicaConfig{Name: r.Name, URL: r.URL,
-				KVEndpoint: r.KV, KVBind: r.KVBind, ReplayEndpoint: r.Replay})
+				KVEndpoint: r.KV, KVBind: r.KVBind, ReplayEndpoint: r.Replay, DataParallelSize: r.DataParallelSize})
 		}
 		spec.models = append(spec.models, mc)
 	}

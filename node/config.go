@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -320,6 +321,18 @@ type ReplicaConfig struct {
 	// ReplayEndpoint is the engine's replay ROUTER endpoint, used to fill
 	// sequence gaps. Empty: gaps reset the replica's confirmed entries.
 	ReplayEndpoint string `yaml:"replay"`
+	// DataParallelSize is the engine's data-parallel size (vLLM
+	// --data-parallel-size N): N engine cores behind one URL, rank r
+	// publishing its KV events on KVEndpoint's port + r (and replaying on
+	// ReplayEndpoint's port + r). The gateway then treats each rank as a
+	// replica of its own named "name#r" (its own residency in the index)
+	// and sends a request to the rank it picks with vLLM's
+	// X-data-parallel-rank header. 0 or 1: one engine. KV endpoints must
+	// be tcp://host:port; kv_bind is not supported with it.
+	DataParallelSize int `yaml:"data_parallel_size"`
+	// DataParallelRank is set by the gateway on a rank replica expanded
+	// from DataParallelSize; not configurable.
+	DataParallelRank int `yaml:"-"`
 }
 
 // PublishesKVEvents reports whether the replica has a KV-event source.
@@ -413,7 +426,8 @@ func ParseConfigYAML(data []byte, base Config) (Config, error) {
 }
 
 // ParseReplicaSpec parses the --replica flag form
-// "name=url[,kv=endpoint][,kv-bind=endpoint][,replay=endpoint][,model=name]".
+// "name=url[,kv=endpoint][,kv-bind=endpoint][,replay=endpoint][,model=name][,dp=N]"
+// (dp: ReplicaConfig.DataParallelSize).
 // The returned model is "" when the spec names none.
 func ParseReplicaSpec(spec string) (ReplicaConfig, string, error) {
 	var r ReplicaConfig
@@ -438,8 +452,14 @@ func ParseReplicaSpec(spec string) (ReplicaConfig, string, error) {
 			r.ReplayEndpoint = v
 		case "model":
 			model = v
+		case "dp":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return r, "", fmt.Errorf("%w: %q: dp=%q wants a size >= 1", ErrBadReplicaSpec, spec, v)
+			}
+			r.DataParallelSize = n
 		default:
-			return r, "", fmt.Errorf("%w: %q: unknown option %q (want kv, kv-bind, replay or model)", ErrBadReplicaSpec, spec, k)
+			return r, "", fmt.Errorf("%w: %q: unknown option %q (want kv, kv-bind, replay, model or dp)", ErrBadReplicaSpec, spec, k)
 		}
 	}
 	return r, model, nil
@@ -644,6 +664,22 @@ func (c *Config) Validate() error {
 			}
 			if r.ReplayEndpoint != "" && !r.PublishesKVEvents() {
 				bad("replica %q: replay needs kv or kv_bind", r.Name)
+			}
+			if r.DataParallelSize < 0 || r.DataParallelSize > MaxDataParallelSize {
+				bad("replica %q: data_parallel_size %d not in 0..%d", r.Name, r.DataParallelSize, MaxDataParallelSize)
+			} else if r.DataParallelSize > 1 {
+				if r.KVBind != "" {
+					bad("replica %q: kv_bind is not supported with data_parallel_size", r.Name)
+				}
+				for _, ep := range []string{r.KVEndpoint, r.ReplayEndpoint} {
+					if ep == "" {
+						continue
+					}
+					if _, err := offsetPort(ep, r.DataParallelSize-1); err != nil {
+						bad("replica %q: %v", r.Name, err)
+					}
+				}
+				total += r.DataParallelSize - 1
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -140,7 +141,26 @@ func (n *Node) fetchLoad(ctx context.Context, r *replica) (engineLoad, error) {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return engineLoad{}, fmt.Errorf("status %d", resp.StatusCode)
 	}
-	return parseEngineLoad(io.LimitReader(resp.Body, 16<<20))
+	if r.dpRank == "" {
+		return parseEngineLoad(io.LimitReader(resp.Body, 16<<20))
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return engineLoad{}, err
+	}
+	return parseRankLoad(data, r.dpRank)
+}
+
+// parseRankLoad is parseEngineLoad for one data-parallel rank: the series
+// labelled engine="rank" (vLLM labels its metrics per engine core), or
+// every series when the engine labels none so (then each rank sees the
+// whole engine's load).
+func parseRankLoad(data []byte, rank string) (engineLoad, error) {
+	l, err := parseEngineLoadFiltered(bytes.NewReader(data), `engine="`+rank+`"`)
+	if err == nil {
+		return l, nil
+	}
+	return parseEngineLoad(bytes.NewReader(data))
 }
 
 // engineLoad is what one scrape yields. Counts are -1 and kvUsage NaN when
@@ -155,7 +175,11 @@ type engineLoad struct {
 // ranks behind one URL), taking the highest KV usage. It understands label
 // values with escaped quotes, braces and spaces, optional timestamps and
 // the special values NaN and ±Inf (which it ignores).
-func parseEngineLoad(rd io.Reader) (engineLoad, error) {
+func parseEngineLoad(rd io.Reader) (engineLoad, error) { return parseEngineLoadFiltered(rd, "") }
+
+// parseEngineLoadFiltered is parseEngineLoad over the samples whose label
+// set holds label (`name="value"`; "" keeps every sample).
+func parseEngineLoadFiltered(rd io.Reader, label string) (engineLoad, error) {
 	l := engineLoad{running: -1, waiting: -1, kvUsage: math.NaN()}
 	var running, waiting, kv float64
 	var haveR, haveW, haveKV, haveGPU bool
@@ -165,6 +189,9 @@ func parseEngineLoad(rd io.Reader) (engineLoad, error) {
 	for sc.Scan() {
 		line := sc.Text()
 		if len(line) == 0 || line[0] == '#' || !strings.HasPrefix(line, "vllm:") {
+			continue
+		}
+		if label != "" && !hasLabel(line, label) {
 			continue
 		}
 		name, v, ok := parseSample(line)
@@ -253,4 +280,15 @@ func parseSample(line string) (string, float64, bool) {
 		return "", 0, false
 	}
 	return name, v, true
+}
+
+// hasLabel reports whether sample line's label set holds label
+// (`name="value"`, as the exposition format writes it).
+func hasLabel(line, label string) bool {
+	i := strings.IndexByte(line, '{')
+	if i < 0 {
+		return false
+	}
+	set := line[i:]
+	return strings.Contains(set, "{"+label) || strings.Contains(set, ","+label)
 }

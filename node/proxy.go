@@ -245,6 +245,9 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		up.Header.Del(HeaderStrategy)
 		up.Header.Del(HeaderPinReplica)
 		up.Header.Del(HeaderAdminToken)
+		if rep.dpRank != "" {
+			up.Header.Set(HeaderDataParallelRank, rep.dpRank)
+		}
 		up.ContentLength = upLen
 		up.Header.Set("Content-Length", strconv.FormatInt(upLen, 10))
 	}
@@ -280,7 +283,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	)
 	if direct {
 		resp, uc, err = n.up.roundTrip(ctx, &upstreamReq{addr: rep.dialAddr, host: rep.base.Host,
-			path: rep.pathPrefix + req.upstreamPath(), rawQuery: r.URL.RawQuery, hdr: r.Header, body: body})
+			path: rep.pathPrefix + req.upstreamPath(), rawQuery: r.URL.RawQuery, hdr: r.Header, body: body, dpRank: rep.dpRank})
 	} else {
 		resp, err = n.transport.RoundTrip(up)
 	}

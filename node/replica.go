@@ -4,6 +4,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,6 +60,9 @@ type replica struct {
 	model     string // the pool's model; a replica moved to another pool is a new *replica
 	base      *url.URL
 	targetPod string // host:port, AIBrix's target-pod header value
+	// dpRank is the HeaderDataParallelRank value of a data-parallel rank
+	// replica (expandRanks), "" otherwise.
+	dpRank string
 	// dialAddr (host:port) and pathPrefix (the URL's path without a
 	// trailing slash) address a plain-http replica for the proxy's own
 	// client (upstream.go); dialAddr is "" when the Transport serves it.
@@ -133,6 +137,9 @@ func newReplica(id index.ReplicaID, cfg ReplicaConfig, model string) (*replica, 
 		}
 		r.dialAddr = net.JoinHostPort(u.Hostname(), port)
 		r.pathPrefix = strings.TrimRight(u.EscapedPath(), "/")
+	}
+	if cfg.DataParallelSize > 1 {
+		r.dpRank = strconv.Itoa(cfg.DataParallelRank)
 	}
 	r.running.Store(-1)
 	r.waiting.Store(-1)

@@ -170,8 +170,12 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 				return nil, ch, fmt.Errorf("%w: model %q: %w", ErrInvalidConfig, mc.Name, err)
 			}
 		}
-		members := make([]route.RingMember, 0, len(mc.Replicas))
-		for _, rc := range mc.Replicas {
+		rcs, err := expandRanks(mc.Replicas)
+		if err != nil {
+			return nil, ch, fmt.Errorf("model %q: %w", mc.Name, err)
+		}
+		members := make([]route.RingMember, 0, len(rcs))
+		for _, rc := range rcs {
 			if _, dup := t.byName[rc.Name]; dup {
 				return nil, ch, fmt.Errorf("%w: replica %q appears twice", ErrInvalidConfig, rc.Name)
 			}

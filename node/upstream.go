@@ -169,7 +169,13 @@ type upstreamReq struct {
 	addr, host, path, rawQuery string
 	hdr                        http.Header
 	body                       []byte
+	// dpRank, when non-empty, is sent as HeaderDataParallelRank in place
+	// of any the client sent (a data-parallel rank replica).
+	dpRank string
 }
+
+// canonicalDPRank is HeaderDataParallelRank as net/http keys it.
+var canonicalDPRank = http.CanonicalHeaderKey(HeaderDataParallelRank)
 
 // gatewayHeaders are the client's header fields (canonical, as net/http
 // keys them) the gateway consumes itself and never forwards, besides
@@ -195,7 +201,7 @@ func appendRequest(b []byte, r *upstreamReq) []byte {
 	b = append(b, "\r\n"...)
 	conn := r.hdr["Connection"]
 	for k, vs := range r.hdr {
-		if !forwarded(k, conn) {
+		if !forwarded(k, conn) || (r.dpRank != "" && k == canonicalDPRank) {
 			continue
 		}
 		for _, v := range vs {
@@ -204,6 +210,12 @@ func appendRequest(b []byte, r *upstreamReq) []byte {
 			b = append(b, v...)
 			b = append(b, "\r\n"...)
 		}
+	}
+	if r.dpRank != "" {
+		b = append(b, HeaderDataParallelRank...)
+		b = append(b, ": "...)
+		b = append(b, r.dpRank...)
+		b = append(b, "\r\n"...)
 	}
 	b = append(b, "Content-Length: "...)
 	b = strconv.AppendInt(b, int64(len(r.body)), 10)

@@ -71,6 +71,23 @@ type IndexView interface {
 
 var _ IndexView = (*index.Index)(nil)
 
+// TierIndexView is an IndexView that also reports the offload-tier run
+// after each candidate's GPU match: index.Index's MatchTiers (see there).
+type TierIndexView interface {
+	IndexView
+	MatchTiers(keys []index.BlockKey, candidates []index.ReplicaID, mode index.Mode, now int64, gpu, cpu, disk []int32) int
+}
+
+var _ TierIndexView = (*index.Index)(nil)
+
+// TierPricer is a Strategy that prices blocks held in an engine's offload
+// tiers (Candidate.OffloadCPU, OffloadDisk). Route asks the index for
+// tiers (TierIndexView) only when the strategy is one and PricesTiers
+// reports true: the others pay for the GPU match alone.
+type TierPricer interface {
+	PricesTiers() bool
+}
+
 // LoadView is a gateway's view of the replicas it routes among, by their
 // position in Input.Replicas: the node implements it over its replicas'
 // atomics and its peers' reports, the discrete-event simulator over its
@@ -117,7 +134,8 @@ type Routed struct {
 	// Matched is the number of leading blocks the picked replica is
 	// believed to hold, and Uncached the prompt work it still has to
 	// prefill (Request.UncachedTokens, in the keys' units: what the caller
-	// adds to the replica's queued prefill).
+	// adds to the replica's queued prefill), less the blocks it loads from
+	// an offload tier when the strategy priced them (TierPricer).
 	Matched, Uncached int
 	// Ledger is where the caller records the decision once the replica
 	// accepted the request (see LedgerFor).
@@ -148,8 +166,16 @@ func LedgerFor(mode index.Mode, publishesKVEvents bool) index.Ledger {
 // Route allocates nothing in steady state. It must not be used by two
 // calls at once.
 type Scratch struct {
-	matched []int32
-	cands   []Candidate
+	matched, cpu, disk []int32
+	cands              []Candidate
+}
+
+// grow returns b with length n, reusing its array when large enough.
+func grow(b []int32, n int) []int32 {
+	if cap(b) < n {
+		return make([]int32, n)
+	}
+	return b[:n]
 }
 
 // Route is the gateway's routing step, shared by node and the
@@ -161,19 +187,31 @@ type Scratch struct {
 // clock and allocates nothing once s has grown to the replica count.
 func (s *Scratch) Route(in *Input) Routed {
 	n := len(in.Replicas)
-	if cap(s.matched) < n {
-		s.matched = make([]int32, n)
+	s.matched = grow(s.matched, n)
+	tiers := false
+	if tp, ok := in.Strategy.(TierPricer); ok && tp.PricesTiers() {
+		if tv, ok := in.Index.(TierIndexView); ok {
+			tiers = true
+			s.cpu, s.disk = grow(s.cpu, n), grow(s.disk, n)
+			tv.MatchTiers(in.Keys, in.Replicas, in.Mode, in.Request.Now, s.matched, s.cpu, s.disk)
+		}
 	}
-	s.matched = s.matched[:n]
-	in.Index.Match(in.Keys, in.Replicas, in.Mode, in.Request.Now, s.matched)
+	if !tiers {
+		in.Index.Match(in.Keys, in.Replicas, in.Mode, in.Request.Now, s.matched)
+	}
 	s.cands = s.cands[:0]
 	for i, id := range in.Replicas {
-		s.cands = append(s.cands, Candidate{ID: id, Matched: int(s.matched[i])})
+		c := Candidate{ID: id, Matched: int(s.matched[i])}
+		if tiers {
+			c.OffloadCPU, c.OffloadDisk = int(s.cpu[i]), int(s.disk[i])
+		}
+		s.cands = append(s.cands, c)
 		in.Load.Candidate(i, &s.cands[i])
 	}
 	d := in.Strategy.Pick(in.Request, s.cands, in.Rand, in.Explain)
-	matched := s.cands[d.Index].Matched
-	uncached := in.Request.UncachedTokens(matched)
+	picked := &s.cands[d.Index]
+	matched := picked.Matched
+	uncached := in.Request.UncachedTokens(matched) - in.Request.offloadedTokens(picked)
 	return Routed{
 		Decision: d,
 		Matched:  matched,

@@ -40,7 +40,11 @@ import (
 //     prompt work this gateway (and, as reported, its peers) sent
 //     there that has not produced a first token yet;
 //   - own prefill = uncached·p, uncached = (TotalBlocks−Matched)·BlockTokens
-//     plus the partial tail;
+//     plus the partial tail; where the replica holds the run after its GPU
+//     match in an offload tier (Candidate.OffloadCPU, OffloadDisk), those
+//     blocks are priced as loads at the tier's bandwidth instead
+//     (OffloadConfig.PrefillSeconds, rates in CostConfig) and count as
+//     neither uncached work nor prefill chunks below;
 //   - stretch (decode interference): with R = min(N, C) sequences
 //     decoding, each prefill chunk (ChunkTokens) shares its engine step
 //     with the decode batch, which adds one memory-bound decode pass (d,
@@ -117,9 +121,10 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 		hold = max(hold, float64(req.MaxTokens))
 	}
 	slotWait := full * hold * r.decodeStep / float64(capacity)
-	uncached := req.tokens(req.UncachedTokens(cand.Matched))
+	// own: the uncached prompt recomputed, or loaded where cand holds it
+	// in an offload tier (ownPrefill); uncached: the tokens computed.
+	own, uncached := c.ownPrefill(req, cand, r.prefillSecPerToken)
 	queuedPrefill := queued * r.prefillSecPerToken
-	own := uncached * r.prefillSecPerToken
 	stretch := 0.0
 	if running := min(n, capacity); running > 0 {
 		chunks := math.Ceil((queued + uncached) / float64(cfg.ChunkTokens))
@@ -358,7 +363,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		var cache estimates
 		class := c.chunks(req, &cands[best])
 		for k := rng.IntN(unseen + 1); k > 0; k-- {
-			placed.add(best, req.UncachedTokens(cands[best].Matched))
+			placed.add(best, c.computedUnits(req, &cands[best]))
 			cache.drop(best)
 			if next, _, _ := c.choose(req, cands, &placed, class, &cache, rng, nil); next >= 0 {
 				best = next
@@ -396,7 +401,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 // ranked by first.
 func (c *Cost) chunks(req *Request, cand *Candidate) int {
 	chunk := float64(c.model.cfg.ChunkTokens)
-	return max(1, int(math.Ceil(req.tokens(req.UncachedTokens(cand.Matched))/chunk)))
+	return max(1, int(math.Ceil(req.tokens(c.computedUnits(req, cand))/chunk)))
 }
 
 // cachedEstimates is how many candidates' estimates an estimates holds;

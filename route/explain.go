@@ -77,15 +77,20 @@ type Explanation struct {
 
 // ExplainedReplica is one candidate's part of an Explanation.
 type ExplainedReplica struct {
-	ID            index.ReplicaID `json:"id"`
-	Name          string          `json:"name"`
-	Matched       int             `json:"matched_blocks"`
-	MatchFraction float64         `json:"match_fraction"`
-	InFlight      int             `json:"in_flight"`
-	LocalInFlight int             `json:"local_in_flight"`
-	Running       int             `json:"running"`
-	Waiting       int             `json:"waiting"`
-	KVUsage       float64         `json:"kv_usage"`
+	ID      index.ReplicaID `json:"id"`
+	Name    string          `json:"name"`
+	Matched int             `json:"matched_blocks"`
+	// OffloadCPU and OffloadDisk are the run after Matched in the
+	// engine's offload tiers as the strategy saw it (Candidate; 0 for a
+	// strategy that does not price tiers).
+	OffloadCPU    int     `json:"offload_cpu_blocks,omitempty"`
+	OffloadDisk   int     `json:"offload_disk_blocks,omitempty"`
+	MatchFraction float64 `json:"match_fraction"`
+	InFlight      int     `json:"in_flight"`
+	LocalInFlight int     `json:"local_in_flight"`
+	Running       int     `json:"running"`
+	Waiting       int     `json:"waiting"`
+	KVUsage       float64 `json:"kv_usage"`
 	// QueuedPrefill is the uncached prompt tokens this gateway has sent
 	// to the replica and not yet seen a first token for; PeerQueuedPrefill
 	// the same figure its peers last reported (cost's queue input).
@@ -125,6 +130,7 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 		}
 		e.Replicas[i] = ExplainedReplica{
 			ID: c.ID, Name: c.Name, Matched: c.Matched, MatchFraction: frac,
+			OffloadCPU: c.OffloadCPU, OffloadDisk: c.OffloadDisk,
 			InFlight: c.InFlight, LocalInFlight: c.LocalInFlight,
 			Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage,
 			QueuedPrefill: c.QueuedPrefillTokens, PeerQueuedPrefill: c.PeerQueuedPrefillTokens,

@@ -50,6 +50,30 @@ type CostConfig struct {
 	// not used to learn the prefill rate, because their TTFT is mostly
 	// fixed overhead. Default 256.
 	MinSampleTokens int `json:"min_sample_tokens" yaml:"min_sample_tokens"`
+	// CPULoadTokensPerSecond is how fast an engine loads a prefix it
+	// holds in its CPU offload tier (vLLM's CPU offloading, LMCache)
+	// instead of recomputing it, in prompt tokens per second
+	// (OffloadConfig.CPULoadTokensPerSecond). 0 means the default,
+	// 50,000 (so a document without the field gets it); a negative value
+	// turns the CPU tier's term off (those blocks priced as a recompute,
+	// as before tiers were known). Must be finite.
+	CPULoadTokensPerSecond float64 `json:"cpu_load_tokens_per_second" yaml:"cpu_load_tokens_per_second"`
+	// DiskLoadTokensPerSecond is the same for a disk tier. 0 means the
+	// default, 10,000; negative turns the term off. Must be finite.
+	DiskLoadTokensPerSecond float64 `json:"disk_load_tokens_per_second" yaml:"disk_load_tokens_per_second"`
+}
+
+// offload resolves the load rates: the OffloadConfig the cost prices
+// tiers with, and whether each tier is priced at all.
+func (c *CostConfig) offload() (o OffloadConfig, cpu, disk bool) {
+	o = DefaultOffloadConfig()
+	if c.CPULoadTokensPerSecond > 0 {
+		o.CPULoadTokensPerSecond = c.CPULoadTokensPerSecond
+	}
+	if c.DiskLoadTokensPerSecond > 0 {
+		o.DiskLoadTokensPerSecond = c.DiskLoadTokensPerSecond
+	}
+	return o, c.CPULoadTokensPerSecond >= 0, c.DiskLoadTokensPerSecond >= 0
 }
 
 // DefaultCostConfig returns the defaults documented on CostConfig.
@@ -90,6 +114,10 @@ func (c CostConfig) Validate() error {
 		return fmt.Errorf("%w: cost Alpha %v must be in (0, 1]", ErrInvalidConfig, c.Alpha)
 	case c.MinSampleTokens < 1:
 		return fmt.Errorf("%w: cost MinSampleTokens %d must be ≥ 1", ErrInvalidConfig, c.MinSampleTokens)
+	case math.IsNaN(c.CPULoadTokensPerSecond) || math.IsInf(c.CPULoadTokensPerSecond, 0) ||
+		math.IsNaN(c.DiskLoadTokensPerSecond) || math.IsInf(c.DiskLoadTokensPerSecond, 0):
+		return fmt.Errorf("%w: cost offload load rates %v and %v tokens/s must be finite",
+			ErrInvalidConfig, c.CPULoadTokensPerSecond, c.DiskLoadTokensPerSecond)
 	}
 	return nil
 }

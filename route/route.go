@@ -24,6 +24,13 @@ type Candidate struct {
 	// Matched is the number of leading blocks of this prompt the index
 	// believes the replica holds (0..Request.TotalBlocks).
 	Matched int
+	// OffloadCPU and OffloadDisk are the run of blocks after Matched the
+	// replica holds in its CPU and then disk offload tier
+	// (index.MatchTiers): the engine loads them instead of recomputing
+	// them. Route fills them only for a strategy that prices them
+	// (TierPricer); the others see 0. prefix-cache never reads them: its
+	// match is GPU-only (AIBrix's semantics).
+	OffloadCPU, OffloadDisk int
 
 	// InFlight is the cluster-wide count of requests in flight to the
 	// replica as this gateway knows it: its own exact count plus the counts

@@ -38,6 +38,12 @@ type Options struct {
 	MaxNumSeqs          int
 	MaxNumBatchedTokens int
 	MaxModelLen         int
+	// OffloadBlocks is each engine's CPU offload tier in blocks (0: none;
+	// sim.EngineConfig.OffloadBlocks): GPU evictions go there, publish CPU
+	// KV events and load at OffloadLoadTokensPerSecond (default 50,000,
+	// the cost model's default CPU rate) instead of being recomputed.
+	OffloadBlocks              int
+	OffloadLoadTokensPerSecond float64
 	// Tokenizer is the engines' tokenizer: "tiktoken" (default, cl100k, the
 	// seed's ~5K-token prompts) or "bytes". Gateways with KV events use
 	// the same one (node's character tokenizer for "bytes"); in history
@@ -138,6 +144,8 @@ func (o *Options) Validate() error {
 		return bad("engine tokens %d < block size", o.EngineTokens)
 	case o.MaxNumSeqs < 1 || o.MaxNumBatchedTokens < 1 || o.MaxModelLen < 1:
 		return bad("engine limits must be >= 1")
+	case o.OffloadBlocks < 0 || o.OffloadLoadTokensPerSecond < 0:
+		return bad("offload blocks %d and rate %v must be >= 0", o.OffloadBlocks, o.OffloadLoadTokensPerSecond)
 	case o.Tokenizer != tokenizer.NameTiktoken && o.Tokenizer != tokenizer.NameBytes:
 		return bad("tokenizer %q (want tiktoken or bytes)", o.Tokenizer)
 	case o.SyncDelay < 0 || o.LoadDelay < 0 || o.KVDelay < 0:

@@ -25,6 +25,8 @@ type World struct {
 	opts  Options
 	names []string
 	ids   []index.ReplicaID
+	// final is the engines' stats at Close (EngineStats).
+	final []sim.Stats
 	tok   tokenizer.Tokenizer
 	// prompts turns gateway-routed prompts into tokens and keys.
 	prompts *prompts
@@ -104,6 +106,13 @@ func New(o Options) (*World, error) {
 		// replicas, which keeps 64 replicas' maps small.
 		HashSeed:   mix(o.Seed, "engine-hash") | 1,
 		EmitEvents: o.events(),
+	}
+	if o.OffloadBlocks > 0 {
+		ec.OffloadBlocks = o.OffloadBlocks
+		ec.OffloadLoadTokensPerSecond = o.OffloadLoadTokensPerSecond
+		if ec.OffloadLoadTokensPerSecond == 0 {
+			ec.OffloadLoadTokensPerSecond = route.DefaultOffloadConfig().CPULoadTokensPerSecond
+		}
 	}
 	for i := range o.Replicas {
 		eng, err := sim.NewEngine(ec)
@@ -418,9 +427,24 @@ func (w *World) WaitIdle(context.Context) error {
 // Close implements study.Engine; it is idempotent.
 func (w *World) Close() error {
 	if !w.closed {
+		w.final = w.EngineStats()
 		w.closed = true
 		w.q = queue{}
 		w.reps, w.gws = nil, nil
 	}
 	return nil
+}
+
+// EngineStats returns each replica's engine counters and gauges
+// (sim.Engine.Stats), in Replicas order: cumulative over the World's life,
+// initialisation steps included; after Close, the figures at Close.
+func (w *World) EngineStats() []sim.Stats {
+	if w.closed {
+		return w.final
+	}
+	out := make([]sim.Stats, len(w.reps))
+	for i, r := range w.reps {
+		out[i] = r.stats()
+	}
+	return out
 }

@@ -92,6 +92,15 @@ type Config struct {
 	// "hf:<dir>" (a model's Hugging Face tokenizer and chat template, as
 	// vLLM applies them; see node/tokenizer.LoadHF).
 	Tokenizer string
+	// DataParallelSize is vLLM's --data-parallel-size: with N > 1,
+	// NewServing builds a DPServer of N engines (ranks), each with its own
+	// KV pool, scheduler and KV-event publisher (rank r on the endpoints'
+	// port + r, data_parallel_rank r in its batches) behind one HTTP
+	// address. 0 or 1: one engine.
+	DataParallelSize int
+	// DataParallelRank is the rank of this engine within a DPServer (set
+	// by it; published in every batch when DataParallelSize > 1).
+	DataParallelRank int
 	// KVEvents configures KV-event publishing.
 	KVEvents KVEventsConfig
 	// Publisher, if set, receives KV events instead of a publisher built
@@ -149,6 +158,10 @@ func LocalConfig() Config {
 func (c Config) Validate() error {
 	if c.Port < 0 || c.Port > 65535 {
 		return fmt.Errorf("%w: port %d", ErrInvalidConfig, c.Port)
+	}
+	if c.DataParallelSize < 0 || c.DataParallelSize > 256 || c.DataParallelRank < 0 ||
+		c.DataParallelRank >= max(c.DataParallelSize, 1) {
+		return fmt.Errorf("%w: data-parallel rank %d of size %d", ErrInvalidConfig, c.DataParallelRank, c.DataParallelSize)
 	}
 	if c.ServedModelName == "" {
 		return fmt.Errorf("%w: empty served model name", ErrInvalidConfig)

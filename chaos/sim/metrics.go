@@ -2,6 +2,7 @@ package sim
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"strconv"
 )
 
 // ttftBuckets are vLLM's buckets for vllm:time_to_first_token_seconds.
@@ -46,8 +47,14 @@ type metrics struct {
 
 // newMetrics registers the metrics; gauges and the prefix-cache counters read
 // the engine through stats, which must be safe to call from any goroutine.
-func newMetrics(model string, stats func() Stats) *metrics {
+func newMetrics(model string, engine int, stats func() Stats) *metrics {
 	l := prometheus.Labels{"model_name": model}
+	if engine >= 0 {
+		// vLLM labels every metric with the engine core's index too (its
+		// data-parallel rank); the simulator adds it for a DPServer's
+		// ranks only, so a single engine's exposition stays as it was.
+		l["engine"] = strconv.Itoa(engine)
+	}
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		success: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -122,7 +122,11 @@ func NewServer(cfg Config) (*Server, error) {
 		stop:     make(chan struct{}),
 		serveErr: make(chan error, 1),
 	}
-	s.metrics = newMetrics(cfg.ServedModelName, s.Stats)
+	engine := -1
+	if cfg.DataParallelSize > 1 {
+		engine = cfg.DataParallelRank
+	}
+	s.metrics = newMetrics(cfg.ServedModelName, engine, s.Stats)
 	return s, nil
 }
 
@@ -455,6 +459,10 @@ func (s *Server) publishLocked(evs []kvevents.Event) {
 		return
 	}
 	b := kvevents.Batch{TS: float64(time.Now().UnixNano()) / 1e9, Events: evs}
+	if s.cfg.DataParallelSize > 1 {
+		rank := int64(s.cfg.DataParallelRank)
+		b.DataParallelRank = &rank
+	}
 	if _, err := s.pub.Publish(b); err != nil {
 		s.metrics.pubErrors.Inc()
 		s.log.Warn("vllmsim: publish kv events", "err", err)

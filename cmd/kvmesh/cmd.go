@@ -75,7 +75,7 @@ func newServeCmdFlags() (*cobra.Command, *serveFlags) {
 		Short: "Run a gateway",
 		Long: `Run a gateway in front of vLLM replicas.
 
-Replicas are given as --replica name=url[,kv=endpoint][,kv-bind=endpoint][,replay=endpoint][,model=name]
+Replicas are given as --replica name=url[,kv=endpoint][,kv-bind=endpoint][,replay=endpoint][,model=name][,dp=N]
 (repeatable): kv= connects to an engine whose KV-event publisher binds (vLLM with
 tcp://*:5557), kv-bind= binds for engines whose publisher connects, replay= is the
 engine's replay ROUTER. Replicas without model= serve --model. A YAML file
@@ -108,7 +108,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	d := &f.cfg
 	fl.StringVar(&f.configPath, "config", "", "YAML config file (flags override it)")
 	fl.StringVar(&f.model, "model", "", "model name served by --replica flags that name none")
-	fl.StringArrayVar(&f.replicas, "replica", nil, "replica: name=url[,kv=...][,kv-bind=...][,replay=...][,model=...] (repeatable)")
+	fl.StringArrayVar(&f.replicas, "replica", nil, "replica: name=url[,kv=...][,kv-bind=...][,replay=...][,model=...][,dp=N] (repeatable; dp: data-parallel ranks, each its own replica name#r)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	fl.StringVar(&d.HTTPAddr, "http-addr", d.HTTPAddr, "listen address of the API, /metrics and /debug/*; all interfaces by default because it is the ingress clients reach (debug views and the admin API need the admin token)")
@@ -502,14 +502,22 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		fmt.Fprintln(out)
 	}
 	if rep.Explanation != nil {
+		// The tiers come from the report (every strategy): MATCHED is
+		// the GPU match routing uses, CPU and DISK the run after it that
+		// the engine holds offloaded (cost prices it as a load).
+		tiers := make(map[string]node.ReplicaTiers, len(rep.Tiers))
+		for _, t := range rep.Tiers {
+			tiers[t.Name] = t
+		}
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tQUEUED\tPEER-QUEUED\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
+		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tCPU\tDISK\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tQUEUED\tPEER-QUEUED\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
 		for _, r := range rep.Explanation.Replicas {
 			pick := ""
 			if r.Picked {
 				pick = "*"
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%.4g\t%s\t%s\n", r.Name, r.Matched, r.MatchFraction,
+			t := tiers[r.Name]
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%.4g\t%s\t%s\n", r.Name, r.Matched, t.CPU, t.Disk, r.MatchFraction,
 				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Queued, r.PeerQueued, r.Score, r.Filtered, pick)
 		}
 		if err := tw.Flush(); err != nil {

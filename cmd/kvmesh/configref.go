@@ -305,7 +305,7 @@ func writeConfigReference(w io.Writer) error {
 	p("Durations are Go durations (`250ms`, `2s`, `1h30m`).\n\n")
 	p("## Gateway: YAML file and flags\n\n")
 	p("Keys of the `--config` YAML file (unknown keys are refused). `models[]`\n")
-	p("are the replica pools; `--model` and `--replica name=url[,kv=...][,kv-bind=...][,replay=...][,model=...]`\n")
+	p("are the replica pools; `--model` and `--replica name=url[,kv=...][,kv-bind=...][,replay=...][,model=...][,dp=N]`\n")
 	p("add to them from the command line.\n\n")
 	table(w, "YAML key", "flag", gw)
 	p("\n## Cluster document: `kvmesh config`, admin API\n\n")

@@ -48,14 +48,14 @@ const shutdownGrace = 10 * time.Second
 
 // run parses args, starts the server, calls ready with its address, and
 // serves until ctx ends.
-func run(ctx context.Context, args []string, logw io.Writer, ready func(*sim.Server)) error {
+func run(ctx context.Context, args []string, logw io.Writer, ready func(sim.Serving)) error {
 	cfg, level, err := parseFlags(args, logw)
 	if err != nil {
 		return err
 	}
 	log := slog.New(logx.Dedup(slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level})))
 	cfg.Logger = log
-	s, err := sim.NewServer(cfg)
+	s, err := sim.NewServing(cfg)
 	if err != nil {
 		return err
 	}
@@ -108,6 +108,7 @@ func parseFlags(args []string, out io.Writer) (sim.Config, slog.Level, error) {
 	fs.Float64Var(&cfg.Speed, "speed", cfg.Speed, "divide every modelled duration by this factor (a host too slow to keep up shows in kvmesh_sim_driver_lag_seconds, not in model time)")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", cfg.Tokenizer, "tokenizer: tiktoken (cl100k), bytes, or hf:<dir> (a model's tokenizer.json and tokenizer_config.json: prompts, chat templates and /tokenize as vLLM)")
 	fs.BoolVar(&cfg.EnableResetEndpoint, "enable-reset-endpoint", false, "serve POST /reset_prefix_cache")
+	fs.IntVar(&cfg.DataParallelSize, "data-parallel-size", 1, "data-parallel ranks (engines) behind this server: each its own KV pool, scheduler and KV-event publisher on the endpoint's port + rank; a request's X-data-parallel-rank header picks one, else the least loaded")
 	fs.Uint64Var(&cfg.HashSeed, "hash-seed", 0, "engine block hash seed (0 = random per process, like vLLM)")
 	fs.BoolVar(&enablePrefixCaching, "enable-prefix-caching", true, "accepted for vLLM compatibility; prefix caching is always on")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

@@ -62,15 +62,15 @@ func TestParseFlagsVLLMNames(t *testing.T) {
 func TestRunServesAndStopsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan *sim.Server, 1)
+	ready := make(chan sim.Serving, 1)
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--profile", "fast", "--tokenizer", "bytes",
 			"--served-model-name", "m",
 			"--kv-events-config", `{"enable_kv_cache_events":true,"endpoint":"tcp://*:0","replay_endpoint":"tcp://127.0.0.1:0"}`},
-			io.Discard, func(s *sim.Server) { ready <- s })
+			io.Discard, func(s sim.Serving) { ready <- s })
 	}()
-	var s *sim.Server
+	var s sim.Serving
 	select {
 	case s = <-ready:
 	case err := <-done:

@@ -108,6 +108,10 @@ type ReplicaConfig struct {
 	KVBind string `json:"kv_bind,omitempty"`
 	// Replay is the engine's replay ROUTER endpoint; empty: gaps reset.
 	Replay string `json:"replay,omitempty"`
+	// DataParallelSize is the engine's data-parallel size (node's
+	// ReplicaConfig.DataParallelSize: each rank a replica "name#r",
+	// events on the endpoints' port + r); 0 or 1: one engine.
+	DataParallelSize int `json:"data_parallel_size,omitempty"`
 }
 
 // PrefixCacheConfig is prefix-cache's thresholds (route.PrefixCacheConfig,
@@ -411,6 +415,12 @@ func (r ReplicaConfig) validate() error {
 		if ep != "" && !strings.Contains(ep, "://") {
 			return &FieldError{Path: path, Err: fmt.Errorf("%q is not a ZMQ endpoint (want tcp://host:port or ipc://path)", ep)}
 		}
+	}
+	switch {
+	case r.DataParallelSize < 0 || r.DataParallelSize > 256:
+		return &FieldError{Path: "data_parallel_size", Err: fmt.Errorf("%d not in 0..256", r.DataParallelSize)}
+	case r.DataParallelSize > 1 && r.KVBind != "":
+		return &FieldError{Path: "kv_bind", Err: errors.New("not supported with data_parallel_size")}
 	}
 	return nil
 }

@@ -15,9 +15,9 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/sim"
 )
 
-// freePorts returns a port p on 127.0.0.1 such that p..p+n-1 were free a
+// consecutivePorts returns a port p on 127.0.0.1 such that p..p+n-1 were free a
 // moment ago (a data-parallel engine binds rank r's publisher on p+r).
-func freePorts(t *testing.T, n int) int {
+func consecutivePorts(t *testing.T, n int) int {
 	t.Helper()
 	for range 50 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -77,7 +77,7 @@ func TestExpandRanks(t *testing.T) {
 // holds to rank 1 with X-data-parallel-rank, which the engine's own
 // balancer (both ranks idle: rank 0) would not have chosen.
 func TestDataParallelRanksRouteByHeader(t *testing.T) {
-	port := freePorts(t, 2)
+	port := consecutivePorts(t, 2)
 	cfg := sim.LocalConfig()
 	cfg.ServedModelName = "m"
 	cfg.Logger = slog.New(slog.DiscardHandler)

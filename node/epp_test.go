@@ -172,7 +172,7 @@ func TestEPPImmediateResponses(t *testing.T) {
 		{"/v1/completions", `{"model":"nope","prompt":"x"}`, http.StatusNotFound, CodeModelNotFound},
 		{"/v1/completions", `not json`, http.StatusBadRequest, CodeInvalidJSON},
 		{"/v1/nothing", `{}`, http.StatusNotFound, CodeNotFound},
-		{"/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("y", 5000) + `"}`, http.StatusRequestEntityTooLarge, CodeBodyTooLarge},
+		{"/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("y", 50000) + `"}`, http.StatusRequestEntityTooLarge, CodeBodyTooLarge},
 	} {
 		resp := postTo(t, base, tc.path, tc.body, nil)
 		got := readAll(t, resp)

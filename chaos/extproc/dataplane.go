@@ -232,8 +232,14 @@ func (x *exchange) requestPath(body []byte) error {
 	}
 	for off := 0; off < len(body); off += x.d.cfg.ChunkBytes {
 		end := min(off+x.d.cfg.ChunkBytes, len(body))
-		if err := x.stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
-			RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}}); err != nil {
+		err := x.stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+			RequestBody: &extprocv3.HttpBody{Body: body[off:end], EndOfStream: end == len(body)}}})
+		if errors.Is(err, io.EOF) {
+			// The picker ended the stream early (an immediate response to
+			// a body too large): its answer waits in Recv.
+			break
+		}
+		if err != nil {
 			return err
 		}
 	}

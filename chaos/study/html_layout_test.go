@@ -13,7 +13,7 @@ import (
 type textBox struct {
 	s                      string
 	x0, x1, y0, y1         float64
-	inside, legend, rotate bool
+	inside, rotate bool
 }
 
 var svgText = regexp.MustCompile(`<text x="([0-9.-]+)" y="([0-9.-]+)" class="([^"]+)"([^>]*)>([^<]*)</text>`)

@@ -11,8 +11,8 @@ import (
 // .t and .tk classes and an average glyph width of 0.6 em. No browser runs
 // here to measure them; the approximation errs on the wide side.
 type textBox struct {
-	s                      string
-	x0, x1, y0, y1         float64
+	s              string
+	x0, x1, y0, y1 float64
 	inside, rotate bool
 }
 

@@ -432,6 +432,7 @@ func routingDocument(c *Config) (config.RoutingConfig, error) {
 	d.PrefixCache = config.PrefixCacheConfig{PrefixCacheConfig: c.Route.PrefixCache, BlockSize: c.BlockSize, Tokenizer: c.Tokenizer}
 	d.ConsistentHash = c.Route.ConsistentHash
 	d.Cost = c.Route.Cost
+	d.PeerLoadDelaySeconds = c.Route.PeerLoadDelaySeconds
 	d.Index = config.IndexConfig{Capacity: c.IndexCapacity, HistoryTTL: config.Duration(c.HistoryTTL),
 		SpeculativeTTL: config.Duration(c.SpeculativeTTL)}
 	if err := d.Validate(); err != nil {

@@ -234,6 +234,7 @@ var documentToGateway = map[string]string{
 	"index.capacity":                   "index_capacity",
 	"index.history_ttl":                "history_ttl",
 	"index.speculative_ttl":            "speculative_ttl",
+	"peer_load_delay_seconds":          "peer_load_delay_seconds",
 }
 
 func writeConfigReference(w io.Writer) error {

@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -35,4 +36,14 @@ func TestServeDiscoveryAndEPPFlags(t *testing.T) {
 		_, err := parseServe(t, strings.Fields(bad)...)
 		assert.ErrorIs(t, err, node.ErrInvalidConfig, bad)
 	}
+}
+
+// TestIndexAndPeerLoadFlags: the index TTLs and the peers' load delay,
+// settable in the YAML file and the cluster document, have flags too.
+func TestIndexAndPeerLoadFlags(t *testing.T) {
+	cfg, err := parseServe(t, strings.Fields("--model M --replica a=http://127.0.0.1:1 --history-ttl 1h --speculative-ttl 5s --peer-load-delay-seconds 0.3")...)
+	require.NoError(t, err)
+	assert.Equal(t, time.Hour, cfg.HistoryTTL)
+	assert.Equal(t, 5*time.Second, cfg.SpeculativeTTL)
+	assert.Equal(t, 0.3, cfg.Route.PeerLoadDelaySeconds)
 }

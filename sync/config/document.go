@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"sort"
 	"strconv"
@@ -60,6 +61,10 @@ type RoutingConfig struct {
 	ConsistentHash route.ConsistentHashConfig `json:"consistent_hash"`
 	// Cost holds the cost model's priors and engine facts.
 	Cost route.CostConfig `json:"cost"`
+	// PeerLoadDelaySeconds: see route.Config (how stale peers' reported
+	// load is; 0 = the default, 0.1 s). The gateway YAML key of the same
+	// name and --peer-load-delay-seconds seed it.
+	PeerLoadDelaySeconds float64 `json:"peer_load_delay_seconds"`
 	// Index holds the prefix index's capacity and TTLs.
 	Index IndexConfig `json:"index"`
 	// SLO holds the service-level targets the gateway reports against.
@@ -215,9 +220,10 @@ func DefaultRoutingConfig() RoutingConfig {
 // Route converts the strategy parameters to route.Config.
 func (c *RoutingConfig) Route() route.Config {
 	return route.Config{
-		PrefixCache:    c.PrefixCache.PrefixCacheConfig,
-		ConsistentHash: c.ConsistentHash,
-		Cost:           c.Cost,
+		PrefixCache:          c.PrefixCache.PrefixCacheConfig,
+		ConsistentHash:       c.ConsistentHash,
+		Cost:                 c.Cost,
+		PeerLoadDelaySeconds: c.PeerLoadDelaySeconds,
 	}
 }
 
@@ -355,6 +361,9 @@ func (c *RoutingConfig) Validate() error {
 	}
 	if err := rc.ConsistentHash.Validate(); err != nil {
 		bad("consistent_hash", err)
+	}
+	if math.IsNaN(rc.PeerLoadDelaySeconds) || math.IsInf(rc.PeerLoadDelaySeconds, 0) {
+		bad("peer_load_delay_seconds", fmt.Errorf("%v is not finite", rc.PeerLoadDelaySeconds))
 	}
 	if err := rc.Cost.Validate(); err != nil {
 		bad("cost", err)

@@ -201,31 +201,49 @@ func (n *Node) serveEndpoint(ep *endpoint) http.HandlerFunc {
 			return
 		}
 		req.arrived = arrived
-		if sid := r.Header.Get(HeaderSession); sid != "" {
-			req.user = sid
-		}
-		t := n.tbl.Load()
-		p, lora, owner, aerr := n.endpointTarget(r.Context(), t, ep, req)
+		p, lora, strat, pinned, aerr := n.endpointRoute(r.Context(), r, ep, req)
 		if aerr != nil {
 			n.refuse(w, aerr)
 			return
-		}
-		strat, aerr := n.endpointStrategy(r, t, p, ep)
-		if aerr != nil {
-			n.refuse(w, aerr)
-			return
-		}
-		pinned := r.Header.Get(HeaderPinReplica)
-		if pin, aerr := n.pinFor(r, p); aerr != nil {
-			n.refuse(w, aerr)
-			return
-		} else if pin != nil {
-			strat = pin
-		} else if owner != nil {
-			strat, pinned = pinStrategy{name: owner.name}, owner.name
 		}
 		n.forward(w, r, ep, req, body, p, lora, strat, pinned)
 	}
+}
+
+// endpointRoute resolves where a parsed request of ep goes, for the proxy
+// and the endpoint picker alike: the session header, the model's pool and
+// adapter, the strategy, and the replica the request is pinned to (by the
+// pin header, or as the owner of the stored response it names; "" when
+// none), whose pin strategy then replaces the pool's.
+func (n *Node) endpointRoute(ctx context.Context, r *http.Request, ep *endpoint, req *inferenceRequest) (
+	p *pool, lora string, strat route.Strategy, pinned string, aerr *apiError) {
+	if sid := r.Header.Get(HeaderSession); sid != "" {
+		req.user = sid
+	}
+	t := n.tbl.Load()
+	var owner *replica
+	if p, lora, owner, aerr = n.endpointTarget(ctx, t, ep, req); aerr != nil {
+		return
+	}
+	if strat, aerr = n.endpointStrategy(r, t, p, ep); aerr != nil {
+		return
+	}
+	pin, aerr := n.pinFor(r, p)
+	switch {
+	case aerr != nil:
+	case pin != nil:
+		strat, pinned = pin, r.Header.Get(HeaderPinReplica)
+	case owner != nil:
+		strat, pinned = pinStrategy{name: owner.name}, owner.name
+	}
+	return
+}
+
+// responseIDOf is the response id of a /v1/responses/{id}[/cancel] path.
+func responseIDOf(path string) string {
+	id, _ := strings.CutPrefix(path, "/v1/responses/")
+	id, _ = strings.CutSuffix(id, "/cancel")
+	return id
 }
 
 // endpointStrategy is the strategy for a request of ep: the header's, else
@@ -338,9 +356,7 @@ func (n *Node) debugEndpoint(w http.ResponseWriter, r *http.Request, path string
 	case shapeMultipart:
 		req = &inferenceRequest{kind: kindCompletions, partial: true, path: path, model: r.URL.Query().Get("model")}
 	case shapeResponseByID:
-		id, _ := strings.CutPrefix(path, "/v1/responses/")
-		id, _ = strings.CutSuffix(id, "/cancel")
-		req = &inferenceRequest{kind: kindCompletions, partial: true, path: path, responseID: id}
+		req = &inferenceRequest{kind: kindCompletions, partial: true, path: path, responseID: responseIDOf(path)}
 	default:
 		req, aerr = parseEndpoint(ep, path, body)
 	}

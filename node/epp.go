@@ -570,9 +570,7 @@ func (x *eppExchange) pick() *apiError {
 	case shapeMultipart:
 		req, aerr = multipartModel(x.hdr.Get("Content-Type"), x.body, x.path)
 	case shapeResponseByID:
-		id, _ := strings.CutPrefix(x.path, "/v1/responses/")
-		id, _ = strings.CutSuffix(id, "/cancel")
-		req = &inferenceRequest{kind: kindCompletions, partial: true, method: x.method, path: x.path, responseID: id}
+		req = &inferenceRequest{kind: kindCompletions, partial: true, method: x.method, path: x.path, responseID: responseIDOf(x.path)}
 	default:
 		req, aerr = parseEndpoint(ep, x.path, x.body)
 	}
@@ -580,29 +578,10 @@ func (x *eppExchange) pick() *apiError {
 		return aerr
 	}
 	r := &http.Request{Method: x.method, URL: &url.URL{Path: x.path, RawQuery: x.query}, Header: x.hdr}
-	if sid := r.Header.Get(HeaderSession); sid != "" {
-		req.user = sid
-	}
 	ctx := x.stream.Context()
-	t := n.tbl.Load()
-	p, lora, owner, aerr := n.endpointTarget(ctx, t, ep, req)
+	p, lora, strat, pinned, aerr := n.endpointRoute(ctx, r, ep, req)
 	if aerr != nil {
 		return aerr
-	}
-	strat, aerr := n.endpointStrategy(r, t, p, ep)
-	if aerr != nil {
-		return aerr
-	}
-	pin, aerr := n.pinFor(r, p)
-	if aerr != nil {
-		return aerr
-	}
-	pinned := ""
-	switch {
-	case pin != nil:
-		strat, pinned = pin, r.Header.Get(HeaderPinReplica)
-	case owner != nil:
-		strat, pinned = pinStrategy{name: owner.name}, owner.name
 	}
 	sub := p
 	if x.hinted {

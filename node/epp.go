@@ -442,10 +442,7 @@ func (x *eppExchange) send(r *extprocv3.ProcessingResponse) error { return x.str
 func (x *eppExchange) readHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) {
 	x.hdr = http.Header{}
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		v := string(hv.GetRawValue())
-		if v == "" {
-			v = hv.GetValue()
-		}
+		v := headerText(hv)
 		switch k := strings.ToLower(hv.GetKey()); k {
 		case ":method":
 			x.method = v
@@ -467,6 +464,15 @@ func (x *eppExchange) readHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3
 			x.subset = endpointList(v)
 		}
 	}
+}
+
+// headerText is an ext_proc header's value: Envoy sends raw_value, older
+// data planes value.
+func headerText(hv *corev3.HeaderValue) string {
+	if v := hv.GetRawValue(); len(v) > 0 {
+		return string(v)
+	}
+	return hv.GetValue()
 }
 
 // endpointList reads a list of "ip:port" from a metadata value: a list of
@@ -669,10 +675,7 @@ func (x *eppExchange) responseHeaders(msg *extprocv3.ProcessingRequest, h *extpr
 	}
 	code := 0
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		v := string(hv.GetRawValue())
-		if v == "" {
-			v = hv.GetValue()
-		}
+		v := headerText(hv)
 		switch strings.ToLower(hv.GetKey()) {
 		case ":status":
 			code, _ = strconv.Atoi(v)

@@ -51,7 +51,20 @@ type clusterParts struct {
 	joined        atomic.Bool // sync.Cluster.Start returned: joined and bootstrapped
 	configApplied atomic.Bool // a raft config version was applied to the router
 	applyErrors   atomic.Uint64
+	// handledVersion is the last raft config version onConfigApply
+	// handled (applied, or refused and logged); caughtUp latches once it
+	// was the cluster's current version (see configCurrent).
+	handledVersion atomic.Uint64
+	caughtUp       atomic.Bool
+	staleWarned    atomic.Bool
+	storeOpened    time.Time // set by startCluster before the store's first apply
 }
+
+// configCatchUpGrace bounds how long a gateway whose raft config no leader
+// has confirmed current stays unready: past it, the gateway serves with the
+// last config it applied (a cluster that lost its quorum still routes), says
+// so in /ready and logs it once.
+const configCatchUpGrace = 15 * time.Second
 
 func newClusterParts(cfg *Config) (*clusterParts, error) {
 	id, err := cfg.Cluster.nodeID()
@@ -155,7 +168,33 @@ func (n *Node) Ready() bool {
 	if n.cl == nil {
 		return true
 	}
-	return n.cl.joined.Load() && n.cl.configApplied.Load()
+	return n.cl.joined.Load() && n.cl.configApplied.Load() && n.configCurrent()
+}
+
+// configCurrent reports whether the router holds the cluster's current
+// routing config: the raft store is caught up with a leader and its
+// version reached the router. A gateway restarted from its data directory
+// first applies its own last snapshot, possibly versions behind the
+// cluster's, so an applied version alone does not make it ready. Once
+// current it stays so (readiness must not flap on every write); past
+// configCatchUpGrace without a leader it gives up waiting.
+func (n *Node) configCurrent() bool {
+	cl := n.cl
+	if cl.caughtUp.Load() {
+		return true
+	}
+	if cl.store.CaughtUp() && cl.handledVersion.Load() >= cl.store.Current().Version {
+		cl.caughtUp.Store(true)
+		return true
+	}
+	if time.Since(cl.storeOpened) < configCatchUpGrace {
+		return false
+	}
+	if cl.staleWarned.CompareAndSwap(false, true) {
+		n.log.Warn("no raft leader has confirmed this gateway's routing config is current; serving with the last version applied",
+			"version", cl.handledVersion.Load(), "waited", configCatchUpGrace)
+	}
+	return true
 }
 
 // startCluster opens cluster mode in order: the admin gRPC listener, the
@@ -224,6 +263,7 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	}
 	sc.Logger = n.log // the store adds component=config
 	sc.Registerer = n.m.reg
+	cl.storeOpened = time.Now()
 	if cl.store, err = openStore(sc); err != nil {
 		return err
 	}
@@ -364,6 +404,7 @@ func (n *Node) onConfigApply(v *config.Versioned) {
 	if v == nil || v.Config == nil {
 		return
 	}
+	defer n.cl.handledVersion.Store(v.Version)
 	spec := specFromDocument(v.Version, v.Config)
 	if err := n.applySpec(spec); err != nil {
 		n.cl.applyErrors.Add(1)

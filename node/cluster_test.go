@@ -172,7 +172,8 @@ func memberNames(ns []*Node) []string {
 func settleCluster(t testing.TB, gws []*Node) {
 	t.Helper()
 	for _, g := range gws {
-		require.Eventually(t, func() bool { return len(g.Cluster().Members()) == len(gws) }, 10*time.Second, time.Millisecond)
+		ok := assert.Eventually(t, func() bool { return len(g.Cluster().Members()) == len(gws) }, 10*time.Second, time.Millisecond)
+		require.True(t, ok, "%s lists members %v", g.NodeID(), memberList(g))
 	}
 	warm := "warm-up " + strings.Repeat("w", 64)
 	resp := post(t, gws[len(gws)-1], "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, warm), nil)
@@ -191,6 +192,15 @@ func settleCluster(t testing.TB, gws []*Node) {
 		}, 10*time.Second, time.Millisecond, "warm-up decision on %s never reached %s (members %d, NATS %v)",
 			gws[len(gws)-1].NodeID(), g.NodeID(), len(g.Cluster().Members()), g.Cluster().NATSConnected())
 	}
+}
+
+// memberList lists the gateways g's membership holds, for failure messages.
+func memberList(g *Node) []string {
+	var names []string
+	for _, m := range g.Cluster().Members() {
+		names = append(names, m.Name)
+	}
+	return names
 }
 
 func waitReady(t testing.TB, ns ...*Node) {

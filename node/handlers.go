@@ -109,6 +109,8 @@ func (n *Node) serveReady(w http.ResponseWriter, r *http.Request) {
 			msg = "gateway has not joined the cluster yet"
 		case n.cl != nil && !n.cl.configApplied.Load():
 			msg = "no cluster routing config applied yet"
+		case n.cl != nil:
+			msg = "routing config not yet caught up with the raft leader"
 		}
 		n.refuse(w, &apiError{status: http.StatusServiceUnavailable, code: CodeNotReady, message: msg, retryAfter: 1})
 		return
@@ -134,11 +136,17 @@ type ReadyReport struct {
 	// TokenizerDisagreements lists replicas whose /tokenize disagreed with
 	// the gateway's tokenizer at their last probe (see agreement.go).
 	TokenizerDisagreements []AgreementReport `json:"tokenizer_disagreements,omitempty"`
+	// ConfigUnconfirmed is set when no raft leader has confirmed that the
+	// routing config in force is the cluster's current one (the gateway
+	// waited its catch-up grace and serves with the last version it
+	// applied; a cluster without quorum still routes).
+	ConfigUnconfirmed bool `json:"config_unconfirmed,omitempty"`
 }
 
 func (n *Node) readyReport() ReadyReport {
 	t := n.tbl.Load()
 	rep := ReadyReport{Status: "ready", ConfigVersion: n.tableVersion.Load(), ConfigDigest: t.digest, Suspect: n.Suspects()}
+	rep.ConfigUnconfirmed = n.cl != nil && !n.cl.caughtUp.Load()
 	for _, a := range n.Agreement() {
 		if a.Verdict == AgreementDisagree {
 			rep.TokenizerDisagreements = append(rep.TokenizerDisagreements, a)

@@ -436,15 +436,17 @@ func (c *Cluster) Leave(timeout time.Duration) error {
 	return c.leave(timeout)
 }
 
-// leave gossips metadata marked Leaving, then memberlist's leave.
+// leave gossips metadata marked Leaving, announces the leave to every
+// member directly, then runs memberlist's leave.
 func (c *Cluster) leave(timeout time.Duration) error {
 	c.leaving.Store(true)
 	if meta, err := c.encodeMeta(); err == nil {
-		if err := c.ms.updateMeta(meta, timeout/2); err != nil {
+		if err := c.ms.updateMeta(meta, timeout/3); err != nil {
 			c.log.Debug("gossiping leave intent", "err", err)
 		}
 	}
-	return c.ms.leave(timeout / 2)
+	c.ms.announceLeave(timeout / 3)
+	return c.ms.leave(timeout / 3)
 }
 
 // GossipAddr is the gossip address peers join (host:port), after Start.

@@ -125,6 +125,13 @@ type Config struct {
 	// it paces memberlist broadcasts (the NATS-outage fallback).
 	GossipInterval time.Duration
 
+	// PushPullInterval overrides the profile's full state exchange with a
+	// random member when non-zero. Membership otherwise spreads by gossip,
+	// sent a handful of times over UDP; a member whose every copy was lost
+	// learns of a join only at the next push-pull (memberlist's local
+	// profile: 15 s, LAN: 30 s).
+	PushPullInterval time.Duration
+
 	// HTTPAddr, RaftAddr and AdminAddr (admin gRPC) are advertised in
 	// metadata only (for `kvmesh members` and the config store). Default "".
 	HTTPAddr  string
@@ -280,6 +287,7 @@ func DefaultConfig() Config {
 		ReconnectInterval: 10 * time.Second,
 		ReconnectTimeout:  time.Hour,
 		GossipProfile:     ProfileLAN,
+		PushPullInterval:  10 * time.Second, // memberlist LAN: 30 s; a gateway cluster is small
 		PeerAddr:          "0.0.0.0:7947",
 		NATSClientAddr:    "127.0.0.1:4222",
 		NATSClusterAddr:   "0.0.0.0:6222",
@@ -311,6 +319,7 @@ func LocalConfig(nodeName string) Config {
 	c.ProbeTimeout = 200 * time.Millisecond
 	c.SuspicionMult = 3
 	c.GossipInterval = 50 * time.Millisecond
+	c.PushPullInterval = 2 * time.Second
 	c.JoinRetry = 200 * time.Millisecond
 	c.ReconnectInterval = 500 * time.Millisecond
 	c.PeerAddr = "127.0.0.1:0"
@@ -355,8 +364,8 @@ func (c Config) Validate() error {
 	if c.GossipProfile != ProfileLAN && c.GossipProfile != ProfileLocal {
 		return bad("GossipProfile", "%q is not %q or %q", c.GossipProfile, ProfileLAN, ProfileLocal)
 	}
-	if c.ProbeInterval < 0 || c.ProbeTimeout < 0 || c.SuspicionMult < 0 || c.GossipInterval < 0 {
-		return bad("ProbeInterval/ProbeTimeout/SuspicionMult/GossipInterval", "must not be negative")
+	if c.ProbeInterval < 0 || c.ProbeTimeout < 0 || c.SuspicionMult < 0 || c.GossipInterval < 0 || c.PushPullInterval < 0 {
+		return bad("ProbeInterval/ProbeTimeout/SuspicionMult/GossipInterval/PushPullInterval", "must not be negative")
 	}
 	if _, err := splitHostPort(c.PeerAddr); err != nil {
 		return bad("PeerAddr", "%v", err)

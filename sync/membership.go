@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -102,7 +103,24 @@ type membership struct {
 	signal    chan struct{}
 	changed   chan struct{} // closed and replaced at every change
 	failed    map[string]failedMember
+	leaving   map[string]time.Time // members that announced a leave (leaveIntentPrefix)
 }
+
+// leaveIntentPrefix starts the user message a gateway sends every member
+// over memberlist's reliable (TCP) channel just before it leaves,
+// followed by its name. Metadata with Leaving set says the same, but it
+// spreads by gossip, and memberlist's own leave message replaces a
+// metadata broadcast still queued for the same node: on a loaded machine
+// peers then saw the leave without the metadata and took it for a crash.
+// The leading 0 byte never starts a sync message, so peers of the previous
+// release count it as one malformed gossip message and go on.
+const leaveIntentPrefix = "\x00kvmesh/leave\x00"
+
+var leaveIntentMsg = []byte(leaveIntentPrefix)
+
+// leaveIntentTTL bounds how long an announced leave waits for the member
+// to go; a member that announced and then stayed is treated as usual.
+const leaveIntentTTL = time.Minute
 
 // failedMember is a member the failure detector declared dead, which the
 // reconnect loop keeps trying (it may be alive behind a healed partition).
@@ -121,6 +139,7 @@ func newMembership(cfg Config, log *slog.Logger, m *metrics, onMsg func([]byte))
 		signal:  make(chan struct{}, 1),
 		changed: make(chan struct{}),
 		failed:  make(map[string]failedMember),
+		leaving: make(map[string]time.Time),
 	}
 }
 
@@ -162,6 +181,14 @@ func (ms *membership) memberlistConfig(transport memberlist.Transport) (*memberl
 	if ms.cfg.GossipInterval > 0 {
 		mc.GossipInterval = ms.cfg.GossipInterval
 	}
+	if ms.cfg.PushPullInterval > 0 {
+		mc.PushPullInterval = ms.cfg.PushPullInterval
+	}
+	// memberlist sends each membership message RetransmitMult *
+	// ceil(log10(n+1)) times in all: 2 in the local profile for a small
+	// cluster, so two lost datagrams on a loaded machine hid a join until
+	// the next push-pull. The LAN profile's 4 costs a few small packets.
+	mc.RetransmitMult = max(mc.RetransmitMult, 4)
 	switch {
 	case len(ms.cfg.SecretKey) > 0:
 		mc.SecretKey = ms.cfg.SecretKey
@@ -200,9 +227,8 @@ func (ms *membership) start(meta []byte, transport memberlist.Transport) error {
 	ms.queue = &memberlist.TransmitLimitedQueue{
 		NumNodes: ml.NumMembers,
 		// Probes piggyback broadcasts too, so a few transmits can all go
-		// to one peer; deltas are worth more retransmits than memberlist's
-		// own state messages.
-		RetransmitMult: max(mc.RetransmitMult, 4),
+		// to one peer: at least 4 (above).
+		RetransmitMult: mc.RetransmitMult,
 	}
 	return nil
 }
@@ -356,6 +382,57 @@ func (ms *membership) broadcast(msg []byte) {
 	}
 }
 
+// announceLeave tells every member, over memberlist's reliable channel,
+// that this gateway is about to leave, waiting up to timeout for the
+// answers (a member that does not answer learns of the leave by gossip
+// and may count it as a failure).
+func (ms *membership) announceLeave(timeout time.Duration) {
+	if ms.ml == nil {
+		return
+	}
+	msg := []byte(leaveIntentPrefix + ms.cfg.NodeName)
+	var wg sync.WaitGroup
+	for _, n := range ms.ml.Members() {
+		if n.Name == ms.cfg.NodeName {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := ms.ml.SendReliable(n, msg); err != nil {
+				ms.log.Debug("announcing leave", "to", n.Name, "err", err)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		ms.log.Debug("announcing leave: not every member answered in time", "timeout", timeout)
+	}
+}
+
+// noteLeaving records a member's announced leave.
+func (ms *membership) noteLeaving(name string) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	now := time.Now()
+	for n, at := range ms.leaving {
+		if now.Sub(at) > leaveIntentTTL {
+			delete(ms.leaving, n)
+		}
+	}
+	if len(ms.leaving) < maxQueuedEvents {
+		ms.leaving[name] = now
+	}
+}
+
 // leave broadcasts a graceful leave and waits up to timeout for it to spread.
 func (ms *membership) leave(timeout time.Duration) error {
 	if ms.ml == nil {
@@ -395,11 +472,17 @@ func (ms *membership) handle(kind MemberEventKind, n *memberlist.Node) {
 	case MemberJoin, MemberUpdate:
 		ms.members[n.Name] = mem
 		delete(ms.failed, n.Name)
+		if kind == MemberJoin {
+			delete(ms.leaving, n.Name) // back: a later death is a failure again
+		}
 	default:
 		// memberlist does not say whether a node left or died (Node.State
 		// is not updated): a gateway that leaves gracefully first gossips
-		// metadata with Leaving set.
-		if old, ok := ms.members[n.Name]; !(ok && old.Meta.Leaving) && !meta.Leaving {
+		// metadata with Leaving set and announces it to every member.
+		at, announced := ms.leaving[n.Name]
+		announced = announced && time.Since(at) <= leaveIntentTTL
+		delete(ms.leaving, n.Name)
+		if old, ok := ms.members[n.Name]; !(ok && old.Meta.Leaving) && !meta.Leaving && !announced {
 			kind = MemberFail
 		}
 		delete(ms.members, n.Name)
@@ -440,6 +523,10 @@ func (d *mlDelegate) NodeMeta(limit int) []byte {
 }
 
 func (d *mlDelegate) NotifyMsg(b []byte) {
+	if name, ok := bytes.CutPrefix(b, leaveIntentMsg); ok {
+		(*membership)(d).noteLeaving(string(name))
+		return
+	}
 	if len(b) > 0 && d.onMsg != nil {
 		d.onMsg(b)
 	}

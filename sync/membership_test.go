@@ -1,6 +1,8 @@
 package sync
 
 import (
+	"log/slog"
+	"net"
 	"testing"
 	"time"
 
@@ -110,4 +112,40 @@ func TestMetaRoundTripAndLimit(t *testing.T) {
 	m.IndexModes = string(make([]byte, 600))
 	_, err = AppendMeta(nil, m, memberlist.MetaMaxSize)
 	require.ErrorIs(t, err, ErrMetaTooLarge)
+}
+
+// TestAnnouncedLeaveIsALeave: a member that announced its leave over the
+// reliable channel is reported as leaving even when its metadata with
+// Leaving set never arrived (memberlist's leave message replaces a queued
+// metadata broadcast); an unannounced departure is a failure, and an
+// announcement does not outlive the member's return.
+func TestAnnouncedLeaveIsALeave(t *testing.T) {
+	cfg := LocalConfig("a")
+	ms := newMembership(cfg, slog.New(slog.DiscardHandler), newMetrics(func() bool { return false }), nil)
+	meta, err := AppendMeta(nil, NodeMeta{Cluster: cfg.ClusterName}, 512)
+	require.NoError(t, err)
+	node := func(name string) *memberlist.Node {
+		return &memberlist.Node{Name: name, Addr: net.IPv4(127, 0, 0, 1), Port: 7946, Meta: meta}
+	}
+	lastKind := func() MemberEventKind {
+		ms.mu.Lock()
+		defer ms.mu.Unlock()
+		return ms.events[len(ms.events)-1].Kind
+	}
+	delegate := (*mlDelegate)(ms)
+	events := (*mlEvents)(ms)
+
+	events.NotifyJoin(node("b"))
+	events.NotifyLeave(node("b"))
+	require.Equal(t, MemberFail, lastKind(), "no announcement: a failure")
+
+	events.NotifyJoin(node("c"))
+	delegate.NotifyMsg([]byte(leaveIntentPrefix + "c"))
+	events.NotifyLeave(node("c"))
+	require.Equal(t, MemberLeave, lastKind(), "announced: a leave")
+
+	delegate.NotifyMsg([]byte(leaveIntentPrefix + "d"))
+	events.NotifyJoin(node("d")) // announced, then (re)joined: the announcement is spent
+	events.NotifyLeave(node("d"))
+	require.Equal(t, MemberFail, lastKind())
 }

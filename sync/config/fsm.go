@@ -35,6 +35,7 @@ type applyResult struct {
 // concurrently from any goroutine and never blocks.
 type FSM struct {
 	cur      atomic.Pointer[Versioned]
+	index    atomic.Uint64 // raft index of the last command or configuration entry taken
 	metrics  *metrics
 	log      *slog.Logger
 	onChange func() // called after every swap; must not block
@@ -48,6 +49,10 @@ func newFSM(m *metrics, log *slog.Logger, onChange func()) *FSM {
 	return f
 }
 
+// Index is the raft index of the last command or configuration entry the
+// FSM took (0 before the first; a restored snapshot does not set it).
+func (f *FSM) Index() uint64 { return f.index.Load() }
+
 // Current returns the last applied config (Version 0, Config nil before
 // the first apply).
 func (f *FSM) Current() *Versioned { return f.cur.Load() }
@@ -56,6 +61,7 @@ func (f *FSM) Current() *Versioned { return f.cur.Load() }
 // recorded as rejected (counted, logged) and leaves the config unchanged;
 // every node reaches the same verdict because the check is deterministic.
 func (f *FSM) Apply(l *raft.Log) any {
+	defer f.index.Store(l.Index)
 	if l.Type != raft.LogCommand {
 		return nil
 	}
@@ -82,6 +88,7 @@ var _ raft.ConfigurationStore = (*FSM)(nil)
 // with each committed membership configuration, which this FSM does not
 // keep, only exports (kvmesh_config_membership_index).
 func (f *FSM) StoreConfiguration(index uint64, _ raft.Configuration) {
+	f.index.Store(index)
 	f.metrics.membership.Set(float64(index))
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -304,6 +305,59 @@ func (s *Store) WaitLeader(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// CaughtUp reports whether this node's config is as current as the
+// cluster's: a leader has contacted it (or it leads) and its FSM has taken
+// every entry it knows to be committed. A node restarted from its data
+// directory has its last snapshot applied before any leader speaks, and
+// raft replays the rest of its log only once a leader tells it the commit
+// index, so until then Current may be several versions old.
+func (s *Store) CaughtUp() bool {
+	var target uint64
+	switch s.raft.State() {
+	case raft.Leader:
+		// A new leader's commit index trails until its first entry of
+		// the term commits; everything in its own log will commit.
+		target = s.raft.LastIndex()
+	case raft.Follower:
+		if s.raft.LastContact().IsZero() {
+			return false
+		}
+		stats := s.raft.Stats()
+		commit, err := strconv.ParseUint(stats["commit_index"], 10, 64)
+		if err != nil || commit == 0 {
+			return false
+		}
+		target = commit
+	default:
+		return false
+	}
+	if s.raft.AppliedIndex() < target {
+		return false
+	}
+	// raft counts an entry applied once it is queued for the FSM; Current
+	// moves when the FSM takes it. Entries past the FSM's last one must be
+	// ones it never sees (a new leader's no-op) or already in the snapshot
+	// it restored.
+	floor := max(s.fsm.Index(), s.snapshotIndex())
+	for i := target; i > floor; i-- {
+		var l raft.Log
+		if err := s.wal.GetLog(i, &l); err != nil {
+			return errors.Is(err, raft.ErrLogNotFound) // compacted: in the snapshot
+		}
+		if l.Type == raft.LogCommand || l.Type == raft.LogConfiguration {
+			return false
+		}
+	}
+	return true
+}
+
+// snapshotIndex is the raft index of this node's latest snapshot, 0 when
+// it has none.
+func (s *Store) snapshotIndex() uint64 {
+	i, _ := strconv.ParseUint(s.raft.Stats()["last_snapshot_index"], 10, 64)
+	return i
 }
 
 // NodeID returns this node's id.

@@ -436,3 +436,39 @@ func TestOwnTransportHasNoPipeline(t *testing.T) {
 	_, ok := nd.store.trans.(raft.WithPreVote)
 	require.True(t, ok, "the wrapper keeps the network transport's other capabilities")
 }
+
+// TestRestartedFollowerCatchesUp: a follower restarted from its data
+// directory applies its own snapshot first, versions behind the cluster;
+// it counts as caught up only once a leader has brought it to the
+// cluster's version (a gateway's readiness waits for that).
+func TestRestartedFollowerCatchesUp(t *testing.T) {
+	c := newCluster(t, 3, 3, true, func(cfg *StoreConfig) { cfg.SnapshotThreshold = 2 })
+	leader := c.waitLeader(10 * time.Second)
+	v, err := leader.store.Set(ctxT(t, 5*time.Second), testConfig(), nil)
+	require.NoError(t, err)
+	c.waitVersion(v, c.nodes...)
+	require.Eventually(t, leader.store.CaughtUp, 5*time.Second, 5*time.Millisecond, "the leader is caught up")
+	f := c.follower()
+	require.Eventually(t, f.store.CaughtUp, 5*time.Second, 5*time.Millisecond, "a follower the leader reached is caught up")
+	require.NoError(t, f.store.raft.Snapshot().Error())
+
+	c.stop(f)
+	for _, patch := range []string{`{"hash_seed":7}`, `{"hash_seed":8}`} {
+		v, err = leader.store.Patch(ctxT(t, 5*time.Second), []byte(patch), nil)
+		require.NoError(t, err)
+	}
+	c.start(f) // same data dir; in memory it stays cut off until heal
+	require.Less(t, f.store.Current().Version, v, "the restarted follower starts from its own snapshot")
+	require.False(t, f.store.CaughtUp(), "no leader has reached it yet")
+
+	c.heal()
+	var at uint64
+	require.Eventually(t, func() bool {
+		if !f.store.CaughtUp() {
+			return false
+		}
+		at = f.store.Current().Version
+		return true
+	}, 10*time.Second, time.Millisecond)
+	require.Equal(t, v, at, "caught up means holding the cluster's version")
+}

@@ -79,6 +79,11 @@ type Config struct {
 	// HostChecks are filled in by the Runner (one per cell, when the
 	// engine is a HostChecker): how faithfully the host kept model time.
 	HostChecks []HostCheck `json:"host_checks,omitempty"`
+	// Workload, when set, is the user's traffic (kvbench --workload):
+	// Scenarios is then exactly [ScenarioWorkload] and Arrivals its
+	// request count. results.json records its summary (path, hash,
+	// counts), not its prompts.
+	Workload *Workload `json:"workload,omitempty"`
 	// Target describes the deployment of a target run (nil otherwise).
 	// The engine factory fills in ModeSwitches as the run goes: copies of
 	// a Config share it.
@@ -166,8 +171,19 @@ func (c *Config) Validate() error {
 	if len(c.Scenarios) == 0 || len(c.Strategies) == 0 || len(c.Modes) == 0 || len(c.Gateways) == 0 {
 		return bad("scenarios, strategies, modes and gateways must be non-empty")
 	}
+	if c.Workload != nil {
+		if len(c.Scenarios) != 1 || c.Scenarios[0] != ScenarioWorkload {
+			return bad("a workload file replaces the scenarios: scenarios must be [%s], not %v", ScenarioWorkload, c.Scenarios)
+		}
+		if c.Arrivals != c.Workload.Requests {
+			return bad("arrivals %d: the workload has %d requests", c.Arrivals, c.Workload.Requests)
+		}
+	}
 	for _, s := range c.Scenarios {
-		if !slices.Contains(Scenarios, s) {
+		if s == ScenarioWorkload && c.Workload == nil {
+			return fmt.Errorf("%w: %q needs a workload file (--workload)", ErrUnknownScenario, s)
+		}
+		if !slices.Contains(Scenarios, s) && s != ScenarioWorkload {
 			return fmt.Errorf("%w: %q", ErrUnknownScenario, s)
 		}
 	}

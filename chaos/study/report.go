@@ -611,6 +611,7 @@ func WriteMarkdown(w io.Writer, res *Results) error {
 		"in-flight cap %d, max_tokens %d, %d replicas, seed %d, %d round(s) (even rounds run the strategies in reverse).\n\n",
 		c.Engine, c.Profile, blockSizeText(c), c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.MaxTokens, c.Replicas, c.Seed, c.Rounds)
 	writeTarget(w, c.Target)
+	writeWorkload(w, c.Workload)
 	writeTerms(w)
 	fmt.Fprintf(w, "Pass = complete stream (HTTP 200, content, [DONE], exactly max_tokens completion tokens) and "+
 		"TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v, over scheduled arrivals (unsent arrivals count as failures). "+
@@ -754,7 +755,7 @@ func writeTerms(w io.Writer) {
 		"(two vLLM replicas, one gateway, 96 arrivals per phase; its table is `SeedTable` in chaos/study/seed.go). "+
 		"A *scenario* is a workload over groups of documents: *cold* (nothing cached), *warm* (each document sent once before "+
 		"the phase, so it is cached on some replica and known to the index), *hot50* / *hot90* (50 % / 90 % of arrivals go to one "+
-		"hot group, placed on one replica first), *multiturn* (sessions that extend their own chat). "+
+		"hot group, placed on one replica first), *multiturn* (sessions that extend their own chat), *workload* (your own prompts and sessions from a --workload file). "+
 		"A *strategy* picks the replica: *random*, *least-request*, *prefix-cache* (AIBrix's: longest cached prefix unless load is imbalanced), "+
 		"*consistent-hash*, *cost* (kvmesh's estimate of time to first token). The *index mode* is what the gateway believes is cached: "+
 		"*history* (its own past decisions), *kv-events* (the engines' KV-cache events), *hybrid* (both). "+
@@ -822,6 +823,28 @@ func bootstrapLayout(res *Results, phase string) (string, bool) {
 		return strings.Join(parts, "/"), hi-lo <= 1
 	}
 	return "unknown", false
+}
+
+// writeWorkload says, for a run of a user's workload (kvbench
+// --workload), which traffic was replayed and how.
+func writeWorkload(w io.Writer, wl *Workload) {
+	if wl == nil {
+		return
+	}
+	fmt.Fprintf(w, "## Workload\n\n")
+	fmt.Fprintf(w, "- File `%s` (sha256 `%s`): %d requests in %d arrival units (%d multi-turn sessions); the seed's documents were not used.\n",
+		wl.Path, wl.SHA256, wl.Requests, wl.Units, wl.Sessions)
+	if wl.Scheduled {
+		fmt.Fprintf(w, "- Arrivals at the file's `at_ms` times (model time from each phase's start); a session's later turns follow the previous answer after `think_ms`.\n")
+	} else {
+		fmt.Fprintf(w, "- Arrivals in file order at the configured RPS (a session takes one slot per turn); a session's later turns follow the previous answer after `think_ms`.\n")
+	}
+	if wl.Salted {
+		fmt.Fprintf(w, "- Every prompt was prefixed with a per-phase salt line (`kvbench <32 hex>`), the same for every request of a phase: phases share no prefix in engine caches or gateway indexes; within a phase the file's prefix sharing is kept.\n")
+	} else {
+		fmt.Fprintf(w, "- Prompts went exactly as written (--workload-salt=false): phases are isolated only by the engines' cache reset or cache_salt, and the gateways' history indexes still remember earlier phases' prompts.\n")
+	}
+	fmt.Fprintln(w)
 }
 
 // writeTarget says, for a run against a deployment (kvbench --target), what

@@ -76,6 +76,9 @@ type Plan struct {
 	Sessions     int
 	Turns        int
 	SessionGroup []int
+	// Workload, when set, replaces Docs, Sequence and the sessions: the
+	// phase replays a user's workload file (ScenarioWorkload).
+	Workload *Workload
 	// Init records how the initial state was established.
 	Init InitInfo
 }
@@ -97,6 +100,11 @@ func prepare(ctx context.Context, e Engine, cfg *Config, ph *Phase) (*Plan, erro
 		return prepareWarm(ctx, e, cfg, ph)
 	case ScenarioHot50, ScenarioHot90:
 		return prepareHot(ctx, e, cfg, ph)
+	case ScenarioWorkload:
+		if cfg.Workload == nil {
+			return nil, fmt.Errorf("%w: scenario %s needs a workload file", ErrInvalidConfig, ScenarioWorkload)
+		}
+		return &Plan{Workload: cfg.Workload, Init: InitInfo{Attempts: 1}}, nil
 	case ScenarioMultiturn:
 		sessions := (cfg.Arrivals + cfg.Turns - 1) / cfg.Turns
 		return &Plan{

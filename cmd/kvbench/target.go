@@ -141,9 +141,22 @@ func writePlan(w io.Writer, c study.Config, d *studytarget.Deployment) {
 		}
 	}
 	model := time.Duration(float64(c.Arrivals) / c.RPS * float64(time.Second))
+	rate := fmt.Sprintf("at %g RPS", c.RPS)
+	if wl := c.Workload; wl != nil {
+		model = wl.Span(c.RPS)
+		if wl.Scheduled {
+			rate = "on the workload's at_ms schedule"
+		}
+		salt := "salted per phase"
+		if !wl.Salted {
+			salt = "sent as written"
+		}
+		fmt.Fprintf(w, "plan: workload %s (sha256 %.12s): %d requests, %d arrival units, %d sessions; prompts %s\n",
+			wl.Path, wl.SHA256, wl.Requests, wl.Units, wl.Sessions, salt)
+	}
 	wall := time.Duration(float64(model) / c.Speed)
-	fmt.Fprintf(w, "plan: %d phases, %d scheduled arrivals each at %g RPS: at least %v of arrivals per phase (model time), %v wall at speed %g; %v wall in all, plus initialisation and draining\n",
-		phases, c.Arrivals, c.RPS, model.Round(time.Millisecond), wall.Round(time.Millisecond), c.Speed,
+	fmt.Fprintf(w, "plan: %d phases, %d scheduled arrivals each %s: at least %v of arrivals per phase (model time), %v wall at speed %g; %v wall in all, plus initialisation and draining\n",
+		phases, c.Arrivals, rate, model.Round(time.Millisecond), wall.Round(time.Millisecond), c.Speed,
 		(wall * time.Duration(phases)).Round(time.Second))
 	for _, l := range perPhase {
 		fmt.Fprintln(w, l)

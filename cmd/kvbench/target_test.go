@@ -259,6 +259,28 @@ func TestTargetAgainstCluster(t *testing.T) {
 	rc, stderr, err := run(t, "recompute", filepath.Join(outDir, study.FileRequests))
 	require.NoError(t, err, stderr)
 	assert.Contains(t, rc, "every field matches")
+
+	// The documented example workload through the same cluster, which now
+	// routes in hybrid: every line one request, through the gateways.
+	wlDir := filepath.Join(tmp, "wl")
+	_, stderr, err = run(t, append(append([]string{}, targets...),
+		"--engines", strings.Join(engines, ","), "--workload", exampleWorkload, "--strategies", "prefix-cache",
+		"--modes", "hybrid", "--rounds", "1", "--max-tokens", "16", "--out", wlDir,
+		"--timeout", time.Until(deadline).Round(time.Second).String())...)
+	require.NoError(t, err, stderr)
+	raw, err = os.ReadFile(filepath.Join(wlDir, study.FileResults))
+	require.NoError(t, err)
+	validateResults(t, raw)
+	var wl study.Results
+	require.NoError(t, json.Unmarshal(raw, &wl))
+	require.Len(t, wl.Runs, 1)
+	assert.Equal(t, study.ScenarioWorkload, wl.Runs[0].Scenario)
+	assert.Equal(t, 14, wl.Runs[0].Succeeded)
+	assert.Equal(t, 14, wl.Runs[0].PerReplica["r1"]+wl.Runs[0].PerReplica["r2"])
+	require.NotNil(t, wl.Config.Workload)
+	assert.Equal(t, 14, wl.Config.Workload.Requests)
+	require.NotNil(t, wl.Config.Target)
+	assert.Equal(t, []study.ModeSwitch{{Mode: "hybrid", Verified: 3}}, wl.Config.Target.ModeSwitches)
 	assert.Less(t, time.Since(start), 90*time.Second)
 }
 

@@ -79,6 +79,13 @@ type Config struct {
 	// HostChecks are filled in by the Runner (one per cell, when the
 	// engine is a HostChecker): how faithfully the host kept model time.
 	HostChecks []HostCheck `json:"host_checks,omitempty"`
+	// BodyRepeats is how often Sentence appears in a seed document's
+	// body; 0 means SentenceRepeats (300, the seed's). Prompt sizing
+	// (PromptSizing) sets it.
+	BodyRepeats int `json:"body_repeats,omitempty"`
+	// PromptSizing, when set, records how BodyRepeats was chosen: the
+	// seed's prompts sized in the engine's own tokens.
+	PromptSizing *PromptSizing `json:"prompt_sizing,omitempty"`
 	// Workload, when set, is the user's traffic (kvbench --workload):
 	// Scenarios is then exactly [ScenarioWorkload] and Arrivals its
 	// request count. results.json records its summary (path, hash,
@@ -235,6 +242,8 @@ func (c *Config) Validate() error {
 		return bad("groups %d < replicas %d: every replica needs a group", c.Groups, c.Replicas)
 	case c.InitRetries < 0:
 		return bad("init retries < 0")
+	case c.BodyRepeats < 0:
+		return bad("body repeats %d < 0", c.BodyRepeats)
 	case c.Turns < 1:
 		return bad("turns %d < 1", c.Turns)
 	case c.Think < 0:

@@ -612,6 +612,10 @@ func WriteMarkdown(w io.Writer, res *Results) error {
 		c.Engine, c.Profile, blockSizeText(c), c.Speed, c.RPS, c.Arrivals, c.InflightCap, c.MaxTokens, c.Replicas, c.Seed, c.Rounds)
 	writeTarget(w, c.Target)
 	writeWorkload(w, c.Workload)
+	if ps := c.PromptSizing; ps != nil {
+		fmt.Fprintf(w, "**Prompt sizing.** The seed's %d-sentence body is %d tokens of the seed's model (Qwen3) in a probe prompt; this run's "+
+			"prompts were sized in the engine's own tokens instead: %s.\n\n", SentenceRepeats, SeedPromptTokens, SizingLine(*ps))
+	}
 	writeTerms(w)
 	fmt.Fprintf(w, "Pass = complete stream (HTTP 200, content, [DONE], exactly max_tokens completion tokens) and "+
 		"TTFT ≤ %v, TPOT ≤ %v, E2E ≤ %v, over scheduled arrivals (unsent arrivals count as failures). "+

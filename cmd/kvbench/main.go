@@ -117,6 +117,10 @@ type options struct {
 	// scenarios; workloadSalt prefixes its prompts with a per-phase salt.
 	workload     string
 	workloadSalt bool
+	// tokenizer and promptTokens size the seed's prompts in an engine's
+	// tokens (--tokenizer, --prompt-tokens).
+	tokenizer    string
+	promptTokens int
 }
 
 // desFlags are the flags that only the discrete-event engine reads.
@@ -196,8 +200,14 @@ phases, the expected duration and what will be reset, and sends nothing.`,
 				return err
 			}
 			opt.des = o
+			if err := checkSizingFlags(cmd.Flags(), opt); err != nil {
+				return err
+			}
 			if opt.tgt.on() {
 				return runTarget(cmd.Context(), cmd.Flags(), c, opt, stdout, stderr)
+			}
+			if c, err = sizePrompts(cmd.Context(), c, opt, "", "", stderr); err != nil {
+				return reportErr(stderr, err)
 			}
 			if opt.tgt.plan {
 				writePlan(stdout, c, nil)
@@ -210,6 +220,8 @@ phases, the expected duration and what will be reset, and sends nothing.`,
 	f := root.Flags()
 	addStudyFlags(f, &cfg, &opt, false)
 	addTargetFlags(f, &opt.tgt)
+	f.StringVar(&opt.tokenizer, "tokenizer", "", "size the seed's prompts in the engine's own tokens: hf:<dir> (the model's tokenizer.json), tiktoken, bytes, or engine (POST /tokenize on the first engine of --target/--engines); the body's sentence count is chosen so a prompt is --prompt-tokens long")
+	f.IntVar(&opt.promptTokens, "prompt-tokens", study.SeedPromptTokens, "with --tokenizer: a seed prompt's length in the engine's tokens (default: the seed's prompt in its Qwen3 tokens)")
 	f.StringVar(&opt.engine, "engine", engineLive, "engine: live (simulators and gateways on loopback) or des (discrete-event, virtual time)")
 	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout), newSweepCmd(stdout, stderr),
 		newProxybenchCmd(stdout, stderr), newProxybenchEngineCmd())
@@ -334,6 +346,18 @@ func applyWorkload(f *pflag.FlagSet, c *study.Config, opt options) error {
 	c.Workload = w
 	c.Scenarios = []string{study.ScenarioWorkload}
 	c.Arrivals = w.Requests
+	return nil
+}
+
+// checkSizingFlags refuses --prompt-tokens without --tokenizer and
+// --tokenizer with --workload (whose prompts go as written).
+func checkSizingFlags(f *pflag.FlagSet, opt options) error {
+	if f.Changed("prompt-tokens") && opt.tokenizer == "" {
+		return fmt.Errorf("%w: --prompt-tokens needs --tokenizer (the tokens of which engine?)", study.ErrInvalidConfig)
+	}
+	if opt.tokenizer != "" && opt.workload != "" {
+		return fmt.Errorf("%w: --tokenizer sizes the seed's prompts; a --workload's prompts go as written", study.ErrInvalidConfig)
+	}
 	return nil
 }
 

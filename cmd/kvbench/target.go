@@ -154,6 +154,9 @@ func writePlan(w io.Writer, c study.Config, d *studytarget.Deployment) {
 		fmt.Fprintf(w, "plan: workload %s (sha256 %.12s): %d requests, %d arrival units, %d sessions; prompts %s\n",
 			wl.Path, wl.SHA256, wl.Requests, wl.Units, wl.Sessions, salt)
 	}
+	if c.PromptSizing != nil {
+		fmt.Fprintf(w, "plan: %s\n", study.SizingLine(*c.PromptSizing))
+	}
 	wall := time.Duration(float64(model) / c.Speed)
 	fmt.Fprintf(w, "plan: %d phases, %d scheduled arrivals each %s: at least %v of arrivals per phase (model time), %v wall at speed %g; %v wall in all, plus initialisation and draining\n",
 		phases, c.Arrivals, rate, model.Round(time.Millisecond), wall.Round(time.Millisecond), c.Speed,
@@ -221,6 +224,9 @@ func runTarget(ctx context.Context, f *pflag.FlagSet, c study.Config, opt option
 		defer d.Close()
 	}
 	if err != nil {
+		return reportErr(stderr, err)
+	}
+	if c, err = sizePrompts(ctx, c, opt, d.Engines()[0].URL, d.Info().Model, stderr); err != nil {
 		return reportErr(stderr, err)
 	}
 	if opt.tgt.plan {

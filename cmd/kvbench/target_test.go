@@ -195,11 +195,13 @@ func TestTargetAgainstCluster(t *testing.T) {
 		"--engines", strings.Join(engines, ","), "--admin-addr", fmt.Sprintf("127.0.0.1:%d", gwp(2, 3)),
 		"--scenarios", "warm", "--strategies", "least-request,prefix-cache", "--modes", "history,hybrid",
 		"--rounds", "1", "--arrivals", "12", "--rps", "8", "--max-tokens", "32", "--out", outDir,
+		"--tokenizer", "engine", "--prompt-tokens", "3000",
 		"--timeout", time.Until(deadline).Round(time.Second).String())
 
 	planOut, stderr, err := run(t, append(append([]string{}, args...), "--plan")...)
 	require.NoError(t, err, stderr)
 	assert.Contains(t, planOut, "plan: 4 phases")
+	assert.Contains(t, planOut, fmt.Sprintf("plan: seed prompts sized to 3000 tokens with engine http://127.0.0.1:%d/tokenize: ", p[0]))
 	assert.Contains(t, planOut, "switches the cluster's index_mode history,history,history -> hybrid")
 	_, err = os.Stat(outDir)
 	assert.True(t, os.IsNotExist(err), "--plan writes nothing")
@@ -221,6 +223,21 @@ func TestTargetAgainstCluster(t *testing.T) {
 		assert.Equal(t, 12, r.Arrivals)
 		assert.Equal(t, 12, r.Succeeded, "%s/%s/%s", r.Scenario, r.Strategy, r.Mode)
 		assert.Equal(t, 12, r.PerReplica["r1"]+r.PerReplica["r2"], "the gateways' replica names")
+	}
+	// The prompts were sized with the engines' /tokenize: the measured
+	// requests' usage (the engine's count) is 3,000 tokens give or take
+	// the salts' and numbers' variation and half a sentence.
+	require.NotNil(t, res.Config.PromptSizing)
+	assert.Equal(t, res.Config.PromptSizing.Repeats, res.Config.BodyRepeats)
+	rf, err := os.Open(filepath.Join(outDir, study.FileRequests))
+	require.NoError(t, err)
+	recs, err := study.ReadRequests(rf)
+	_ = rf.Close()
+	require.NoError(t, err)
+	require.Len(t, recs, 48)
+	for _, r := range recs {
+		require.NotNil(t, r.Usage)
+		assert.InDelta(t, 3000, r.Usage.PromptTokens, 40, "%s #%d", r.Phase, r.Seq)
 	}
 	tg := res.Config.Target
 	require.NotNil(t, tg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -238,6 +239,17 @@ func TestTargetAgainstCluster(t *testing.T) {
 	for _, r := range recs {
 		require.NotNil(t, r.Usage)
 		assert.InDelta(t, 3000, r.Usage.PromptTokens, 40, "%s #%d", r.Phase, r.Seq)
+	}
+	// The client's schedule lag is measured per phase, as in process, so
+	// a lagging client would be flagged ("Client lagged").
+	praw, err := os.ReadFile(filepath.Join(outDir, study.FilePhases))
+	require.NoError(t, err)
+	var phases []study.PhaseDetail
+	require.NoError(t, json.Unmarshal(praw, &phases))
+	require.Len(t, phases, 4)
+	for _, ph := range phases {
+		assert.False(t, math.IsNaN(float64(ph.LagP95S)), "%s: lag measured", ph.Name)
+		assert.GreaterOrEqual(t, float64(ph.LagMaxS), float64(ph.LagP95S), ph.Name)
 	}
 	tg := res.Config.Target
 	require.NotNil(t, tg)

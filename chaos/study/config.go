@@ -318,8 +318,13 @@ type TargetInfo struct {
 	// Models are every id /v1/models listed.
 	Models []string `json:"models,omitempty"`
 	// Clustered reports that the gateways answer the cluster admin API
-	// (one cluster sharing the index; index modes can be switched).
+	// and form one cluster (sharing the index; index modes can be
+	// switched).
 	Clustered bool `json:"clustered"`
+	// Clusters is how many separate clusters the gateways that answer
+	// the admin API form (each is switched through its own admin API);
+	// gateways without it are not counted.
+	Clusters int `json:"clusters,omitempty"`
 	// Isolation is how phases were kept from each other's cached
 	// prefixes: IsolationReset or IsolationSalt.
 	Isolation string `json:"isolation"`
@@ -340,8 +345,15 @@ const (
 // ModeSwitch is one index-mode change of a target run: the admin API's
 // config version and the wall time until every gateway routed in the mode.
 type ModeSwitch struct {
-	Mode          string  `json:"mode"`
-	ConfigVersion uint64  `json:"config_version"`
-	Verified      int     `json:"verified_gateways"`
-	WaitMS        float64 `json:"wait_ms"`
+	Mode          string `json:"mode"`
+	ConfigVersion uint64 `json:"config_version"`
+	// ConfigVersions are every written cluster's config version when
+	// the gateways form several clusters (the first is ConfigVersion).
+	ConfigVersions []uint64 `json:"config_versions,omitempty"`
+	// Scope is what was written: "cluster" (the default index_mode),
+	// "model" (models.<model>.index_mode) or "mixed" (both, in different
+	// clusters); empty when nothing was written.
+	Scope    string  `json:"scope,omitempty"`
+	Verified int     `json:"verified_gateways"`
+	WaitMS   float64 `json:"wait_ms"`
 }

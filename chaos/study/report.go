@@ -875,8 +875,11 @@ func writeTarget(w io.Writer, t *TargetInfo) {
 	fmt.Fprintf(w, "Measured against a running deployment (kvbench --target); nothing was simulated by kvbench and the profile is the deployment's own.\n\n")
 	if len(t.Gateways) > 0 {
 		cl := "not a cluster (each routes on its own index)"
-		if t.Clustered {
+		switch {
+		case t.Clustered:
 			cl = "one cluster (shared index, admin API)"
+		case t.Clusters > 1:
+			cl = fmt.Sprintf("%d separate clusters (each routes on its own cluster's index; modes set through each cluster's admin API)", t.Clusters)
 		}
 		fmt.Fprintf(w, "- Gateways (%d, %s): ", len(t.Gateways), cl)
 		for i, g := range t.Gateways {
@@ -905,8 +908,19 @@ func writeTarget(w io.Writer, t *TargetInfo) {
 			fmt.Fprintf(w, "- Index mode %s: every gateway already routed in it (%d checked).\n", m.Mode, m.Verified)
 			continue
 		}
-		fmt.Fprintf(w, "- Index mode %s: set through the admin API (config version %d); all %d gateways verified routing in it after %.0f ms.\n",
-			m.Mode, m.ConfigVersion, m.Verified, m.WaitMS)
+		what := "the cluster default index_mode"
+		switch m.Scope {
+		case "model":
+			what = "the model's own index_mode (models.<model>.index_mode)"
+		case "mixed":
+			what = "the model's own index_mode in some clusters, the default in others"
+		}
+		versions := fmt.Sprintf("config version %d", m.ConfigVersion)
+		if len(m.ConfigVersions) > 1 {
+			versions = fmt.Sprintf("%d clusters, config versions %v", len(m.ConfigVersions), m.ConfigVersions)
+		}
+		fmt.Fprintf(w, "- Index mode %s: set through the admin API as %s (%s); all %d gateways verified routing in it after %.0f ms.\n",
+			m.Mode, what, versions, m.Verified, m.WaitMS)
 	}
 	fmt.Fprintln(w)
 }

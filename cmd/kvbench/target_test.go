@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/chaos/study"
+	studytarget "github.com/kvmesh/kvmesh/chaos/study/target"
 )
 
 // freePorts reserves n loopback ports and releases them together, just
@@ -374,6 +375,9 @@ func TestTargetFlags(t *testing.T) {
 	require.ErrorIs(t, err, study.ErrInvalidConfig)
 	_, _, err = run(t, "--engines", "r1=http://127.0.0.1:1", "--modes", "history")
 	require.ErrorIs(t, err, study.ErrInvalidConfig, "no gateway, no index mode")
+	_, _, err = run(t, "--target", "http://127.0.0.1:1", "--mode-scope", "everything")
+	require.ErrorIs(t, err, studytarget.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), `mode scope "everything"`)
 
 	dir := filepath.Join(t.TempDir(), "out")
 	out, stderr, err := run(t, "--quick", "--plan", "--out", dir)

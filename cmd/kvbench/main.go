@@ -220,7 +220,7 @@ phases, the expected duration and what will be reset, and sends nothing.`,
 	f := root.Flags()
 	addStudyFlags(f, &cfg, &opt, false)
 	addTargetFlags(f, &opt.tgt)
-	f.StringVar(&opt.tokenizer, "tokenizer", "", "size the seed's prompts in the engine's own tokens: hf:<dir> (the model's tokenizer.json), tiktoken, bytes, or engine (POST /tokenize on the first engine of --target/--engines); the body's sentence count is chosen so a prompt is --prompt-tokens long")
+	f.StringVar(&opt.tokenizer, "tokenizer", "", "size the seed's prompts in the engine's own tokens: hf:<dir> (the model's tokenizer.json), tiktoken, bytes, or engine (POST /tokenize on the first engine of --target/--engines); the body's sentence count is chosen so a prompt is --prompt-tokens long (in process this only resizes the prompts: the simulators keep counting with tiktoken)")
 	f.IntVar(&opt.promptTokens, "prompt-tokens", study.SeedPromptTokens, "with --tokenizer: a seed prompt's length in the engine's tokens (default: the seed's prompt in its Qwen3 tokens)")
 	f.StringVar(&opt.engine, "engine", engineLive, "engine: live (simulators and gateways on loopback) or des (discrete-event, virtual time)")
 	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout), newSweepCmd(stdout, stderr),

@@ -79,6 +79,18 @@ type Config struct {
 	// HostChecks are filled in by the Runner (one per cell, when the
 	// engine is a HostChecker): how faithfully the host kept model time.
 	HostChecks []HostCheck `json:"host_checks,omitempty"`
+	// BodyRepeats is how often Sentence appears in a seed document's
+	// body; 0 means SentenceRepeats (300, the seed's). Prompt sizing
+	// (PromptSizing) sets it.
+	BodyRepeats int `json:"body_repeats,omitempty"`
+	// PromptSizing, when set, records how BodyRepeats was chosen: the
+	// seed's prompts sized in the engine's own tokens.
+	PromptSizing *PromptSizing `json:"prompt_sizing,omitempty"`
+	// Workload, when set, is the user's traffic (kvbench --workload):
+	// Scenarios is then exactly [ScenarioWorkload] and Arrivals its
+	// request count. results.json records its summary (path, hash,
+	// counts), not its prompts.
+	Workload *Workload `json:"workload,omitempty"`
 	// Target describes the deployment of a target run (nil otherwise).
 	// The engine factory fills in ModeSwitches as the run goes: copies of
 	// a Config share it.
@@ -166,8 +178,19 @@ func (c *Config) Validate() error {
 	if len(c.Scenarios) == 0 || len(c.Strategies) == 0 || len(c.Modes) == 0 || len(c.Gateways) == 0 {
 		return bad("scenarios, strategies, modes and gateways must be non-empty")
 	}
+	if c.Workload != nil {
+		if len(c.Scenarios) != 1 || c.Scenarios[0] != ScenarioWorkload {
+			return bad("a workload file replaces the scenarios: scenarios must be [%s], not %v", ScenarioWorkload, c.Scenarios)
+		}
+		if c.Arrivals != c.Workload.Requests {
+			return bad("arrivals %d: the workload has %d requests", c.Arrivals, c.Workload.Requests)
+		}
+	}
 	for _, s := range c.Scenarios {
-		if !slices.Contains(Scenarios, s) {
+		if s == ScenarioWorkload && c.Workload == nil {
+			return fmt.Errorf("%w: %q needs a workload file (--workload)", ErrUnknownScenario, s)
+		}
+		if !slices.Contains(Scenarios, s) && s != ScenarioWorkload {
 			return fmt.Errorf("%w: %q", ErrUnknownScenario, s)
 		}
 	}
@@ -219,6 +242,8 @@ func (c *Config) Validate() error {
 		return bad("groups %d < replicas %d: every replica needs a group", c.Groups, c.Replicas)
 	case c.InitRetries < 0:
 		return bad("init retries < 0")
+	case c.BodyRepeats < 0:
+		return bad("body repeats %d < 0", c.BodyRepeats)
 	case c.Turns < 1:
 		return bad("turns %d < 1", c.Turns)
 	case c.Think < 0:
@@ -293,8 +318,13 @@ type TargetInfo struct {
 	// Models are every id /v1/models listed.
 	Models []string `json:"models,omitempty"`
 	// Clustered reports that the gateways answer the cluster admin API
-	// (one cluster sharing the index; index modes can be switched).
+	// and form one cluster (sharing the index; index modes can be
+	// switched).
 	Clustered bool `json:"clustered"`
+	// Clusters is how many separate clusters the gateways that answer
+	// the admin API form (each is switched through its own admin API);
+	// gateways without it are not counted.
+	Clusters int `json:"clusters,omitempty"`
 	// Isolation is how phases were kept from each other's cached
 	// prefixes: IsolationReset or IsolationSalt.
 	Isolation string `json:"isolation"`
@@ -315,8 +345,15 @@ const (
 // ModeSwitch is one index-mode change of a target run: the admin API's
 // config version and the wall time until every gateway routed in the mode.
 type ModeSwitch struct {
-	Mode          string  `json:"mode"`
-	ConfigVersion uint64  `json:"config_version"`
-	Verified      int     `json:"verified_gateways"`
-	WaitMS        float64 `json:"wait_ms"`
+	Mode          string `json:"mode"`
+	ConfigVersion uint64 `json:"config_version"`
+	// ConfigVersions are every written cluster's config version when
+	// the gateways form several clusters (the first is ConfigVersion).
+	ConfigVersions []uint64 `json:"config_versions,omitempty"`
+	// Scope is what was written: "cluster" (the default index_mode),
+	// "model" (models.<model>.index_mode) or "mixed" (both, in different
+	// clusters); empty when nothing was written.
+	Scope    string  `json:"scope,omitempty"`
+	Verified int     `json:"verified_gateways"`
+	WaitMS   float64 `json:"wait_ms"`
 }

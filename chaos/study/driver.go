@@ -31,6 +31,8 @@ type driver struct {
 	// prefixes caches each document's Prefix (about 29 KB, the same for
 	// every arrival of its group), built on first use.
 	prefixes []string
+	// salt is the per-phase salt line of a salted workload phase.
+	salt string
 }
 
 // prefix returns plan.Docs[g].Prefix(), built once per phase.
@@ -54,7 +56,10 @@ func drive(ctx context.Context, e Engine, cfg *Config, ph *Phase, plan *Plan, st
 	}
 	d.t0 = e.Now() + time.Millisecond
 	interval := time.Duration(float64(time.Second) / cfg.RPS)
-	if plan.Turns > 1 {
+	switch {
+	case plan.Workload != nil:
+		d.startWorkload()
+	case plan.Turns > 1:
 		d.recs = make([]RequestRecord, plan.Sessions*plan.Turns)
 		d.pending = len(d.recs)
 		for s := range plan.Sessions {
@@ -68,7 +73,7 @@ func drive(ctx context.Context, e Engine, cfg *Config, ph *Phase, plan *Plan, st
 			d.recs[s*plan.Turns].Scheduled = secs(at - d.t0)
 			e.At(at, func() { d.turn(s, 1, "", "") })
 		}
-	} else {
+	default:
 		d.recs = make([]RequestRecord, len(plan.Sequence))
 		d.pending = len(d.recs)
 		for i, g := range plan.Sequence {
@@ -144,7 +149,7 @@ func (d *driver) send(i int, prefix, tail string, then func(Outcome)) bool {
 	}
 	req := Request{
 		Prompt:    tail,
-		MaxTokens: d.cfg.MaxTokens,
+		MaxTokens: r.MaxTokens,
 		Session:   session,
 		Target:    Target{Gateway: gw, Strategy: d.ph.Strategy},
 	}

@@ -236,8 +236,9 @@ func WriteHTML(w io.Writer, res *Results) error {
 		fmt.Fprintf(w, "<p>%s</p>\n", html.EscapeString(HostCheckLine(hc)))
 	}
 	if lag := LaggingPhases(res); len(lag) > 0 {
-		fmt.Fprintf(w, "<p><b>Host did not keep up</b> (arrivals sent more than %v late at P95; latencies inflated): %s.</p>\n",
-			LagTolerance, html.EscapeString(strings.Join(lag, ", ")))
+		head, why := lagText(res)
+		fmt.Fprintf(w, "<p><b>%s</b> (arrivals sent more than %v late at P95: %s): %s.</p>\n",
+			head, LagTolerance, html.EscapeString(why), html.EscapeString(strings.Join(lag, ", ")))
 	}
 	for _, sc := range scenariosOf(res) {
 		fmt.Fprintf(w, "<h2>%s</h2>\n", html.EscapeString(sc))

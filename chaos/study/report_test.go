@@ -223,3 +223,44 @@ func TestPerReplicaSummaryAtScale(t *testing.T) {
 	require.NoError(t, study.WriteMarkdown(&md, small))
 	assert.Contains(t, md.String(), "40 / 56")
 }
+
+// TestTargetReportSaysWhereAndFlagsClientLag: a target run's report.md
+// names the deployment (gateways and versions, engine count, model,
+// isolation) and flags a lagging phase as the client's lag, not as
+// inflated engine latencies; in process the same lag is the host's.
+func TestTargetReportSaysWhereAndFlagsClientLag(t *testing.T) {
+	cfg := study.DefaultConfig()
+	cfg.Rounds = 1
+	res := &study.Results{Config: cfg, Runs: []study.Run{
+		run("warm", 1, "least-request", "history", 96, 0.3, 0.93, 48, 48),
+		run("warm", 1, "prefix-cache", "history", 90, 0.4, 0.93, 50, 46),
+	}, Phases: []study.PhaseDetail{
+		{Name: "r1-warm-least-request@history/g1", Measured: true, LagP95S: 0.02},
+		{Name: "r1-warm-prefix-cache@history/g1", Measured: true, LagP95S: 0.35},
+	}}
+	var inProc bytes.Buffer
+	require.NoError(t, study.WriteMarkdown(&inProc, res))
+	assert.Contains(t, inProc.String(), "**Host did not keep up** in 1 phase(s)")
+	assert.NotContains(t, inProc.String(), "## Deployment")
+
+	res.Config.Target = &study.TargetInfo{
+		Gateways: []string{"http://gw1:8080"}, GatewayVersions: []string{"v1.2.3"},
+		Engines: []string{"e1=http://e1:8000", "e2=http://e2:8000"}, Model: "Qwen/Qwen3-8B",
+		Models: []string{"Qwen/Qwen3-8B"}, Clustered: true, Isolation: study.IsolationSalt,
+	}
+	var md, txt, page bytes.Buffer
+	require.NoError(t, study.WriteMarkdown(&md, res))
+	study.WriteTables(&txt, res)
+	require.NoError(t, study.WriteHTML(&page, res))
+	m := md.String()
+	assert.Contains(t, m, "## Deployment")
+	assert.Contains(t, m, "`http://gw1:8080` (version v1.2.3)")
+	assert.Contains(t, m, "- Engines (2): `e1=http://e1:8000`, `e2=http://e2:8000`; model `Qwen/Qwen3-8B`")
+	assert.Contains(t, m, "Cache isolation: no engine cache was reset")
+	assert.Contains(t, m, "**Client lagged** in 1 phase(s)")
+	assert.Contains(t, m, "r1-warm-prefix-cache@history/g1 (lag P95 350 ms)")
+	assert.NotContains(t, m, "r1-warm-least-request@history/g1 (lag")
+	assert.NotContains(t, m, "Host did not keep up")
+	assert.Contains(t, txt.String(), "Client lagged (arrivals sent > 100ms late at P95")
+	assert.Contains(t, page.String(), "<b>Client lagged</b>")
+}

@@ -281,7 +281,10 @@ func RunPhase(ctx context.Context, e Engine, cfg *Config, ph *Phase, prog Progre
 		return fail(err)
 	}
 	total := len(plan.Sequence)
-	if plan.Turns > 1 {
+	switch {
+	case plan.Workload != nil:
+		total = plan.Workload.Requests
+	case plan.Turns > 1:
 		total = plan.Sessions * plan.Turns
 	}
 	step := func() {}

@@ -76,6 +76,9 @@ type Plan struct {
 	Sessions     int
 	Turns        int
 	SessionGroup []int
+	// Workload, when set, replaces Docs, Sequence and the sessions: the
+	// phase replays a user's workload file (ScenarioWorkload).
+	Workload *Workload
 	// Init records how the initial state was established.
 	Init InitInfo
 }
@@ -89,7 +92,7 @@ func prepare(ctx context.Context, e Engine, cfg *Config, ph *Phase) (*Plan, erro
 	switch ph.Scenario {
 	case ScenarioCold:
 		return &Plan{
-			Docs:     Documents(cfg.Seed, ph.Name, 0, cfg.Groups, 0),
+			Docs:     cfg.documents(ph.Name, 0, cfg.Groups, 0),
 			Sequence: GroupSequence(ph.Seed, ph.Scenario, cfg.Groups, cfg.Arrivals, 0),
 			Init:     InitInfo{Attempts: 1},
 		}, nil
@@ -97,10 +100,15 @@ func prepare(ctx context.Context, e Engine, cfg *Config, ph *Phase) (*Plan, erro
 		return prepareWarm(ctx, e, cfg, ph)
 	case ScenarioHot50, ScenarioHot90:
 		return prepareHot(ctx, e, cfg, ph)
+	case ScenarioWorkload:
+		if cfg.Workload == nil {
+			return nil, fmt.Errorf("%w: scenario %s needs a workload file", ErrInvalidConfig, ScenarioWorkload)
+		}
+		return &Plan{Workload: cfg.Workload, Init: InitInfo{Attempts: 1}}, nil
 	case ScenarioMultiturn:
 		sessions := (cfg.Arrivals + cfg.Turns - 1) / cfg.Turns
 		return &Plan{
-			Docs:         Documents(cfg.Seed, ph.Name, 0, cfg.Groups, 0),
+			Docs:         cfg.documents(ph.Name, 0, cfg.Groups, 0),
 			Sessions:     sessions,
 			Turns:        cfg.Turns,
 			SessionGroup: GroupSequence(ph.Seed, ph.Scenario, cfg.Groups, sessions, 0),
@@ -116,7 +124,7 @@ func prepare(ctx context.Context, e Engine, cfg *Config, ph *Phase) (*Plan, erro
 // layout that results is whatever the gateway chose: the seed did not force
 // 4/4, and neither does this.
 func prepareWarm(ctx context.Context, e Engine, cfg *Config, ph *Phase) (*Plan, error) {
-	docs := Documents(cfg.Seed, ph.Name, 0, cfg.Groups, 0)
+	docs := cfg.documents(ph.Name, 0, cfg.Groups, 0)
 	var direct []Request
 	for g, d := range docs {
 		for r := range e.Replicas() {
@@ -208,7 +216,7 @@ func prepareHot(ctx context.Context, e Engine, cfg *Config, ph *Phase) (*Plan, e
 				return nil, err
 			}
 		}
-		docs := Documents(cfg.Seed, ph.Name, 0, cands, attempt)
+		docs := cfg.documents(ph.Name, 0, cands, attempt)
 		info.Candidates = info.Candidates[:0]
 		byReplica := make([][]int, len(names))
 		for c, d := range docs {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 
 	"github.com/zeebo/xxh3"
 )
@@ -24,7 +25,27 @@ const QuestionText = "Explain the operational tradeoffs in detail."
 const SaltHexLen = 256
 
 // body is the shared document body, built once.
-var body = strings.TrimSuffix(strings.Repeat(Sentence+"\n", SentenceRepeats), "\n")
+var body = bodyText(SentenceRepeats)
+
+// bodies holds the bodies of other repeat counts (prompt sizing), built
+// once each.
+var bodies sync.Map // int -> string
+
+func bodyText(repeats int) string {
+	return strings.TrimSuffix(strings.Repeat(Sentence+"\n", repeats), "\n")
+}
+
+// bodyOf returns the body of repeats sentences (0: SentenceRepeats).
+func bodyOf(repeats int) string {
+	if repeats == 0 || repeats == SentenceRepeats {
+		return body
+	}
+	if b, ok := bodies.Load(repeats); ok {
+		return b.(string)
+	}
+	b, _ := bodies.LoadOrStore(repeats, bodyText(repeats))
+	return b.(string)
+}
 
 // Document is one prefix group as a phase uses it: the salt that isolates it
 // from every other phase and the document number printed in the prompt.
@@ -34,12 +55,18 @@ type Document struct {
 	// Salt is SaltHexLen hexadecimal characters, distinct per phase,
 	// document and initialisation attempt.
 	Salt string
+	// Repeats is how often Sentence appears in the body; 0 means
+	// SentenceRepeats (the seed's). Prompt sizing (Config.BodyRepeats)
+	// sets it so that a prompt is as long in the engine's tokens as the
+	// seed's was in its own.
+	Repeats int
 }
 
 // Prefix returns the part of every prompt of this document that precedes the
 // question line: the salt, the "Document N" line and the repeated sentence,
 // each on its own line.
 func (d Document) Prefix() string {
+	body := bodyOf(d.Repeats)
 	var b strings.Builder
 	b.Grow(len(d.Salt) + len(body) + 32)
 	b.WriteString(d.Salt)

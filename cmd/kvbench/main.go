@@ -113,6 +113,14 @@ type options struct {
 	des des.Options
 	// tgt are the options of a run against a deployment (--target).
 	tgt targetOptions
+	// workload is a workload file (--workload) replacing the seed's
+	// scenarios; workloadSalt prefixes its prompts with a per-phase salt.
+	workload     string
+	workloadSalt bool
+	// tokenizer and promptTokens size the seed's prompts in an engine's
+	// tokens (--tokenizer, --prompt-tokens).
+	tokenizer    string
+	promptTokens int
 }
 
 // desFlags are the flags that only the discrete-event engine reads.
@@ -143,6 +151,8 @@ func addStudyFlags(f *pflag.FlagSet, cfg *study.Config, opt *options, sweep bool
 	f.StringVar(&opt.out, "out", "kvbench-out", "output directory")
 	f.StringVar(&opt.logLevel, "log-level", "warn", "log level of simulators and gateways (debug, info, warn, error)")
 	f.IntVar(&cfg.EngineBlockSize, "engine-block-size", cfg.EngineBlockSize, "simulated engines' KV block size in tokens (1568 = the seed's hybrid-model granularity; history mode only)")
+	f.StringVar(&opt.workload, "workload", "", "JSONL file of your own prompts and multi-turn sessions (optional at_ms arrival schedule; docs/workload.md): replaces the seed's scenarios and documents, one phase per strategy, mode, cell and round")
+	f.BoolVar(&opt.workloadSalt, "workload-salt", true, "with --workload: prefix every prompt with a per-phase salt line, so phases share no prefix in the engines' caches or the gateways' indexes (false: prompts go exactly as written)")
 	f.DurationVar(&opt.timeout, "timeout", 0, "stop the study after this wall time (0: no limit)")
 	f.IntVar(&opt.parallel, "parallel", 0, "cells (mode × gateways × sync) run at once, each on its own engine; results do not depend on it (0: GOMAXPROCS with --engine des; the live engine runs one cell at a time)")
 	f.StringVar(&opt.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
@@ -190,8 +200,14 @@ phases, the expected duration and what will be reset, and sends nothing.`,
 				return err
 			}
 			opt.des = o
+			if err := checkSizingFlags(cmd.Flags(), opt); err != nil {
+				return err
+			}
 			if opt.tgt.on() {
 				return runTarget(cmd.Context(), cmd.Flags(), c, opt, stdout, stderr)
+			}
+			if c, err = sizePrompts(cmd.Context(), c, opt, "", "", stderr); err != nil {
+				return reportErr(stderr, err)
 			}
 			if opt.tgt.plan {
 				writePlan(stdout, c, nil)
@@ -204,6 +220,8 @@ phases, the expected duration and what will be reset, and sends nothing.`,
 	f := root.Flags()
 	addStudyFlags(f, &cfg, &opt, false)
 	addTargetFlags(f, &opt.tgt)
+	f.StringVar(&opt.tokenizer, "tokenizer", "", "size the seed's prompts in the engine's own tokens: hf:<dir> (the model's tokenizer.json), tiktoken, bytes, or engine (POST /tokenize on the first engine of --target/--engines); the body's sentence count is chosen so a prompt is --prompt-tokens long (in process this only resizes the prompts: the simulators keep counting with tiktoken)")
+	f.IntVar(&opt.promptTokens, "prompt-tokens", study.SeedPromptTokens, "with --tokenizer: a seed prompt's length in the engine's tokens (default: the seed's prompt in its Qwen3 tokens)")
 	f.StringVar(&opt.engine, "engine", engineLive, "engine: live (simulators and gateways on loopback) or des (discrete-event, virtual time)")
 	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout), newSweepCmd(stdout, stderr),
 		newProxybenchCmd(stdout, stderr), newProxybenchEngineCmd())
@@ -264,6 +282,9 @@ func resolve(cmd *cobra.Command, flagged study.Config, opt options, grid bool) (
 			"replicas", "seed", "speed", "profile", "rps", "arrivals", "inflight-cap", "max-tokens", "turns",
 			"engine-block-size")
 	}
+	if err := applyWorkload(f, &c, opt); err != nil {
+		return c, opt.des, err
+	}
 	o := opt.des
 	if opt.noSync {
 		if f.Changed("sync") {
@@ -300,6 +321,44 @@ func resolve(cmd *cobra.Command, flagged study.Config, opt options, grid bool) (
 		return c, o, fmt.Errorf("%w: --engine %q (want %s or %s)", study.ErrInvalidConfig, opt.engine, engineLive, engineDES)
 	}
 	return c, o, c.Validate()
+}
+
+// applyWorkload loads --workload into c: its one scenario, and as many
+// arrivals per phase as it has requests. The flags it replaces must not
+// be given.
+func applyWorkload(f *pflag.FlagSet, c *study.Config, opt options) error {
+	if opt.workload == "" {
+		if f.Changed("workload-salt") {
+			return fmt.Errorf("%w: --workload-salt needs --workload", study.ErrInvalidConfig)
+		}
+		return nil
+	}
+	for _, name := range []string{"scenarios", "arrivals", "turns"} {
+		if f.Changed(name) {
+			return fmt.Errorf("%w: --%s does not apply to --workload (the file decides it)", study.ErrInvalidConfig, name)
+		}
+	}
+	w, err := study.LoadWorkload(opt.workload)
+	if err != nil {
+		return err
+	}
+	w.Salted = opt.workloadSalt
+	c.Workload = w
+	c.Scenarios = []string{study.ScenarioWorkload}
+	c.Arrivals = w.Requests
+	return nil
+}
+
+// checkSizingFlags refuses --prompt-tokens without --tokenizer and
+// --tokenizer with --workload (whose prompts go as written).
+func checkSizingFlags(f *pflag.FlagSet, opt options) error {
+	if f.Changed("prompt-tokens") && opt.tokenizer == "" {
+		return fmt.Errorf("%w: --prompt-tokens needs --tokenizer (the tokens of which engine?)", study.ErrInvalidConfig)
+	}
+	if opt.tokenizer != "" && opt.workload != "" {
+		return fmt.Errorf("%w: --tokenizer sizes the seed's prompts; a --workload's prompts go as written", study.ErrInvalidConfig)
+	}
+	return nil
 }
 
 // desFactory builds DES worlds from o, isolating a cell's gateways when

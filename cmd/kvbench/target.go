@@ -26,6 +26,7 @@ type targetOptions struct {
 	adminAddr string
 	model     string
 	isolation string
+	modeScope string
 	plan      bool
 }
 
@@ -35,6 +36,7 @@ func addTargetFlags(f *pflag.FlagSet, t *targetOptions) {
 	f.StringVar(&t.adminAddr, "admin-addr", "", "a gateway's admin gRPC address for index-mode switches (token from $"+config.TokenEnv+"; default: the first --target's HTTP admin API)")
 	f.StringVar(&t.model, "model", "", "model to request (default: the first id of /v1/models)")
 	f.StringVar(&t.isolation, "isolation", studytarget.IsolationAuto, "how phases are kept apart on the engines' caches: auto (reset when every engine allows it, else cache_salt), reset or cache_salt")
+	f.StringVar(&t.modeScope, "mode-scope", studytarget.ScopeAuto, "what an index-mode switch writes in each cluster's config: auto (the model's own models.<model>.index_mode when the cluster sets one, else the cluster default), cluster (the default; refused when the model overrides it) or model (always the model's own entry, other models untouched)")
 	f.BoolVar(&t.plan, "plan", false, "print the phases, their arrivals, the expected duration and what will be reset, and exit without sending a request")
 }
 
@@ -68,6 +70,7 @@ func resolveTarget(f *pflag.FlagSet, c study.Config, t targetOptions) (study.Con
 	tc.AdminToken = os.Getenv(config.TokenEnv)
 	tc.Model = t.model
 	tc.Isolation = t.isolation
+	tc.ModeScope = t.modeScope
 	var err error
 	if tc.Engines, err = parseEngines(t.engines); err != nil {
 		return c, tc, err
@@ -141,9 +144,25 @@ func writePlan(w io.Writer, c study.Config, d *studytarget.Deployment) {
 		}
 	}
 	model := time.Duration(float64(c.Arrivals) / c.RPS * float64(time.Second))
+	rate := fmt.Sprintf("at %g RPS", c.RPS)
+	if wl := c.Workload; wl != nil {
+		model = wl.Span(c.RPS)
+		if wl.Scheduled {
+			rate = "on the workload's at_ms schedule"
+		}
+		salt := "salted per phase"
+		if !wl.Salted {
+			salt = "sent as written"
+		}
+		fmt.Fprintf(w, "plan: workload %s (sha256 %.12s): %d requests, %d arrival units, %d sessions; prompts %s\n",
+			wl.Path, wl.SHA256, wl.Requests, wl.Units, wl.Sessions, salt)
+	}
+	if c.PromptSizing != nil {
+		fmt.Fprintf(w, "plan: %s\n", study.SizingLine(*c.PromptSizing))
+	}
 	wall := time.Duration(float64(model) / c.Speed)
-	fmt.Fprintf(w, "plan: %d phases, %d scheduled arrivals each at %g RPS: at least %v of arrivals per phase (model time), %v wall at speed %g; %v wall in all, plus initialisation and draining\n",
-		phases, c.Arrivals, c.RPS, model.Round(time.Millisecond), wall.Round(time.Millisecond), c.Speed,
+	fmt.Fprintf(w, "plan: %d phases, %d scheduled arrivals each %s: at least %v of arrivals per phase (model time), %v wall at speed %g; %v wall in all, plus initialisation and draining\n",
+		phases, c.Arrivals, rate, model.Round(time.Millisecond), wall.Round(time.Millisecond), c.Speed,
 		(wall * time.Duration(phases)).Round(time.Second))
 	for _, l := range perPhase {
 		fmt.Fprintln(w, l)
@@ -154,8 +173,7 @@ func writePlan(w io.Writer, c study.Config, d *studytarget.Deployment) {
 	}
 	t := d.Info()
 	fmt.Fprintf(w, "plan: model %s; gateways %s (versions %s, %s); engines %s\n", t.Model, strings.Join(t.Gateways, " "),
-		strings.Join(t.GatewayVersions, " "), map[bool]string{true: "one cluster", false: "not a cluster"}[t.Clustered],
-		strings.Join(t.Engines, " "))
+		strings.Join(t.GatewayVersions, " "), clusterText(t), strings.Join(t.Engines, " "))
 	switch t.Isolation {
 	case study.IsolationReset:
 		fmt.Fprintf(w, "plan: before every phase (and hot-spot retry) POST /reset_prefix_cache on every engine: %s\n", strings.Join(t.Engines, " "))
@@ -172,10 +190,23 @@ func writePlan(w io.Writer, c study.Config, d *studytarget.Deployment) {
 			fmt.Fprintf(w, "plan: cell %s: the gateways already route in %s\n", cell.Name(), cell.Mode)
 			continue
 		}
-		fmt.Fprintf(w, "plan: cell %s switches the cluster's index_mode %s -> %s through the admin API and waits until every gateway routes in it\n",
-			cell.Name(), strings.Join(modes, ","), cell.Mode)
+		fmt.Fprintf(w, "plan: cell %s switches index_mode %s -> %s through the admin API of %d cluster(s) (--mode-scope %s) and waits until every gateway routes in it\n",
+			cell.Name(), strings.Join(modes, ","), cell.Mode, t.Clusters, d.ModeScope())
 		modes = []string{cell.Mode}
 	}
+}
+
+// clusterText says how the gateways are clustered.
+func clusterText(t *study.TargetInfo) string {
+	switch {
+	case t.Clustered:
+		return "one cluster"
+	case t.Clusters > 1:
+		return fmt.Sprintf("%d separate clusters", t.Clusters)
+	case t.Clusters == 1:
+		return "one cluster and gateways without the admin API"
+	}
+	return "not a cluster"
 }
 
 func allEqual(xs []string, v string) bool {
@@ -208,6 +239,9 @@ func runTarget(ctx context.Context, f *pflag.FlagSet, c study.Config, opt option
 		defer d.Close()
 	}
 	if err != nil {
+		return reportErr(stderr, err)
+	}
+	if c, err = sizePrompts(ctx, c, opt, d.Engines()[0].URL, d.Info().Model, stderr); err != nil {
 		return reportErr(stderr, err)
 	}
 	if opt.tgt.plan {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/chaos/study"
+	studytarget "github.com/kvmesh/kvmesh/chaos/study/target"
 )
 
 // freePorts reserves n loopback ports and releases them together, just
@@ -148,9 +150,10 @@ func TestTargetAgainstCluster(t *testing.T) {
 	env := []string{"KVMESH_ADMIN_TOKEN=testtoken", "KVMESH_CLUSTER_KEY=" + strings.TrimSpace(string(keyOut))}
 	t.Setenv("KVMESH_ADMIN_TOKEN", "testtoken") // kvbench reads it
 
-	// The study and its cluster get 90 s from here, whatever the load.
+	// The studies (the seed grid, the example workload, two separate
+	// clusters) and their gateways get 150 s from here, whatever the load.
 	start := time.Now()
-	deadline := start.Add(90 * time.Second)
+	deadline := start.Add(150 * time.Second)
 
 	// Engines: HTTP, KV events and replay ports; gateways: HTTP, gossip,
 	// peer, admin, raft, NATS client and cluster ports.
@@ -195,12 +198,14 @@ func TestTargetAgainstCluster(t *testing.T) {
 		"--engines", strings.Join(engines, ","), "--admin-addr", fmt.Sprintf("127.0.0.1:%d", gwp(2, 3)),
 		"--scenarios", "warm", "--strategies", "least-request,prefix-cache", "--modes", "history,hybrid",
 		"--rounds", "1", "--arrivals", "12", "--rps", "8", "--max-tokens", "32", "--out", outDir,
+		"--tokenizer", "engine", "--prompt-tokens", "3000",
 		"--timeout", time.Until(deadline).Round(time.Second).String())
 
 	planOut, stderr, err := run(t, append(append([]string{}, args...), "--plan")...)
 	require.NoError(t, err, stderr)
 	assert.Contains(t, planOut, "plan: 4 phases")
-	assert.Contains(t, planOut, "switches the cluster's index_mode history,history,history -> hybrid")
+	assert.Contains(t, planOut, fmt.Sprintf("plan: seed prompts sized to 3000 tokens with engine http://127.0.0.1:%d/tokenize: ", p[0]))
+	assert.Contains(t, planOut, "switches index_mode history,history,history -> hybrid through the admin API of 1 cluster(s) (--mode-scope auto)")
 	_, err = os.Stat(outDir)
 	assert.True(t, os.IsNotExist(err), "--plan writes nothing")
 
@@ -221,6 +226,32 @@ func TestTargetAgainstCluster(t *testing.T) {
 		assert.Equal(t, 12, r.Arrivals)
 		assert.Equal(t, 12, r.Succeeded, "%s/%s/%s", r.Scenario, r.Strategy, r.Mode)
 		assert.Equal(t, 12, r.PerReplica["r1"]+r.PerReplica["r2"], "the gateways' replica names")
+	}
+	// The prompts were sized with the engines' /tokenize: the measured
+	// requests' usage (the engine's count) is 3,000 tokens give or take
+	// the salts' and numbers' variation and half a sentence.
+	require.NotNil(t, res.Config.PromptSizing)
+	assert.Equal(t, res.Config.PromptSizing.Repeats, res.Config.BodyRepeats)
+	rf, err := os.Open(filepath.Join(outDir, study.FileRequests))
+	require.NoError(t, err)
+	recs, err := study.ReadRequests(rf)
+	_ = rf.Close()
+	require.NoError(t, err)
+	require.Len(t, recs, 48)
+	for _, r := range recs {
+		require.NotNil(t, r.Usage)
+		assert.InDelta(t, 3000, r.Usage.PromptTokens, 40, "%s #%d", r.Phase, r.Seq)
+	}
+	// The client's schedule lag is measured per phase, as in process, so
+	// a lagging client would be flagged ("Client lagged").
+	praw, err := os.ReadFile(filepath.Join(outDir, study.FilePhases))
+	require.NoError(t, err)
+	var phases []study.PhaseDetail
+	require.NoError(t, json.Unmarshal(praw, &phases))
+	require.Len(t, phases, 4)
+	for _, ph := range phases {
+		assert.False(t, math.IsNaN(float64(ph.LagP95S)), "%s: lag measured", ph.Name)
+		assert.GreaterOrEqual(t, float64(ph.LagMaxS), float64(ph.LagP95S), ph.Name)
 	}
 	tg := res.Config.Target
 	require.NotNil(t, tg)
@@ -259,7 +290,76 @@ func TestTargetAgainstCluster(t *testing.T) {
 	rc, stderr, err := run(t, "recompute", filepath.Join(outDir, study.FileRequests))
 	require.NoError(t, err, stderr)
 	assert.Contains(t, rc, "every field matches")
-	assert.Less(t, time.Since(start), 90*time.Second)
+
+	// The documented example workload through the same cluster, which now
+	// routes in hybrid: every line one request, through the gateways.
+	wlDir := filepath.Join(tmp, "wl")
+	_, stderr, err = run(t, append(append([]string{}, targets...),
+		"--engines", strings.Join(engines, ","), "--workload", exampleWorkload, "--strategies", "prefix-cache",
+		"--modes", "hybrid", "--rounds", "1", "--max-tokens", "16", "--out", wlDir,
+		"--timeout", time.Until(deadline).Round(time.Second).String())...)
+	require.NoError(t, err, stderr)
+	raw, err = os.ReadFile(filepath.Join(wlDir, study.FileResults))
+	require.NoError(t, err)
+	validateResults(t, raw)
+	var wl study.Results
+	require.NoError(t, json.Unmarshal(raw, &wl))
+	require.Len(t, wl.Runs, 1)
+	assert.Equal(t, study.ScenarioWorkload, wl.Runs[0].Scenario)
+	assert.Equal(t, 14, wl.Runs[0].Succeeded)
+	assert.Equal(t, 14, wl.Runs[0].PerReplica["r1"]+wl.Runs[0].PerReplica["r2"])
+	require.NotNil(t, wl.Config.Workload)
+	assert.Equal(t, 14, wl.Config.Workload.Requests)
+	require.NotNil(t, wl.Config.Target)
+	assert.Equal(t, []study.ModeSwitch{{Mode: "hybrid", Verified: 3}}, wl.Config.Target.ModeSwitches)
+
+	// Two more gateways over the same engines, each its own one-node
+	// cluster: not one cluster, so their cells are isolated, and a mode
+	// switch writes each cluster through its own admin API.
+	q := freePorts(t, 2*7)
+	var solo []string
+	for i := range 2 {
+		a := func(k int) string { return fmt.Sprintf("127.0.0.1:%d", q[7*i+k]) }
+		args := []string{"serve", "--node-id", "solo", "--cluster-profile", "local", "--bootstrap-expect", "1",
+			"--data-dir", filepath.Join(tmp, fmt.Sprintf("solo%d", i)), "--http-addr", a(0), "--gossip-addr", a(1),
+			"--peer-addr", a(2), "--admin-addr", a(3), "--raft-addr", a(4), "--nats-client-addr", a(5),
+			"--nats-cluster-addr", a(6), "--index-mode", "history", "--log-level", "warn", "--model", "M"}
+		startProc(t, tmp, fmt.Sprintf("solo%d", i), env, kvmesh, append(args, reps...)...)
+		solo = append(solo, "--target", "http://"+a(0))
+	}
+	for i := range 2 {
+		waitOK(t, deadline, fmt.Sprintf("http://127.0.0.1:%d/ready", q[7*i]))
+	}
+	soloDir := filepath.Join(tmp, "solo")
+	_, stderr, err = run(t, append(append([]string{}, solo...),
+		"--engines", strings.Join(engines, ","), "--scenarios", "cold", "--strategies", "least-request",
+		"--modes", "history,hybrid", "--rounds", "1", "--arrivals", "4", "--rps", "8", "--max-tokens", "8",
+		"--out", soloDir, "--timeout", time.Until(deadline).Round(time.Second).String())...)
+	require.NoError(t, err, stderr)
+	raw, err = os.ReadFile(filepath.Join(soloDir, study.FileResults))
+	require.NoError(t, err)
+	var so study.Results
+	require.NoError(t, json.Unmarshal(raw, &so))
+	require.Len(t, so.Runs, 2)
+	for _, r := range so.Runs {
+		assert.True(t, r.Isolated, "separate clusters share no index")
+		assert.Equal(t, 4, r.Succeeded)
+	}
+	st := so.Config.Target
+	require.NotNil(t, st)
+	assert.False(t, st.Clustered)
+	assert.Equal(t, 2, st.Clusters)
+	require.Len(t, st.ModeSwitches, 2)
+	sw := st.ModeSwitches[1]
+	assert.Equal(t, "hybrid", sw.Mode)
+	assert.Equal(t, "cluster", sw.Scope)
+	assert.Len(t, sw.ConfigVersions, 2, "one write per cluster")
+	assert.Equal(t, 2, sw.Verified)
+	md, err = os.ReadFile(filepath.Join(soloDir, study.FileReport))
+	require.NoError(t, err)
+	assert.Contains(t, string(md), "2 separate clusters")
+	t.Logf("all three studies done %v after start", time.Since(start).Round(time.Millisecond))
+	assert.Less(t, time.Since(start), 150*time.Second)
 }
 
 // TestTargetFlags: flags the deployment decides are refused with --target,
@@ -275,6 +375,9 @@ func TestTargetFlags(t *testing.T) {
 	require.ErrorIs(t, err, study.ErrInvalidConfig)
 	_, _, err = run(t, "--engines", "r1=http://127.0.0.1:1", "--modes", "history")
 	require.ErrorIs(t, err, study.ErrInvalidConfig, "no gateway, no index mode")
+	_, _, err = run(t, "--target", "http://127.0.0.1:1", "--mode-scope", "everything")
+	require.ErrorIs(t, err, studytarget.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), `mode scope "everything"`)
 
 	dir := filepath.Join(t.TempDir(), "out")
 	out, stderr, err := run(t, "--quick", "--plan", "--out", dir)

@@ -6,10 +6,13 @@
 //
 // Per cell (index mode) the engine switches the gateways' index mode through
 // the cluster admin API (gRPC at Config.AdminAddr, else the HTTP admin API
-// of the first gateway; bearer Config.AdminToken) and then polls every
+// of the cluster's first gateway; bearer Config.AdminToken) and then polls every
 // gateway's /debug/route until each routes the model in that mode: a phase
-// never starts on a gateway still in the previous mode. Gateways that are
-// not a cluster (no admin API) can only be measured in the mode they run.
+// never starts on a gateway still in the previous mode. Gateways that form
+// several separate clusters are switched through each cluster's admin API;
+// the switch writes the cluster default, or the model's own index_mode
+// when the cluster document overrides it (Config.ModeScope). Gateways
+// without the admin API can only be measured in the mode they run.
 //
 // Phases are isolated by POST /reset_prefix_cache on every engine when all
 // of them allow it (Probe tries it once), otherwise by a fresh cache_salt
@@ -62,6 +65,13 @@ const (
 	IsolationAuto = "auto"
 )
 
+// Mode switch scopes (Config.ModeScope, study.ModeSwitch.Scope).
+const (
+	ScopeAuto    = "auto"
+	ScopeCluster = "cluster"
+	ScopeModel   = "model"
+)
+
 // Config configures a target run.
 type Config struct {
 	// Gateways are the gateways' base URLs (http://host:port). Empty: the
@@ -85,6 +95,12 @@ type Config struct {
 	// Isolation is IsolationAuto, study.IsolationReset or
 	// study.IsolationSalt.
 	Isolation string
+	// ModeScope says what an index-mode switch writes: ScopeAuto (the
+	// model's own models.<model>.index_mode when the cluster document
+	// sets one, else the cluster default), ScopeCluster (the default
+	// index_mode; refused when the model overrides it) or ScopeModel
+	// (always the model's own entry, leaving other models alone).
+	ModeScope string
 	// ModeTimeout bounds an index-mode switch and its verification (wall
 	// time). Default 30 s.
 	ModeTimeout time.Duration
@@ -106,6 +122,7 @@ func DefaultConfig() Config {
 	return Config{
 		Speed:          1,
 		Isolation:      IsolationAuto,
+		ModeScope:      ScopeAuto,
 		ModeTimeout:    30 * time.Second,
 		SettleTimeout:  30 * time.Second,
 		Poll:           20 * time.Millisecond,
@@ -130,6 +147,11 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: isolation %q (want %s, %s or %s)", ErrInvalidConfig, c.Isolation,
 			IsolationAuto, study.IsolationReset, study.IsolationSalt)
 	}
+	switch c.ModeScope {
+	case ScopeAuto, ScopeCluster, ScopeModel:
+	default:
+		return fmt.Errorf("%w: mode scope %q (want %s, %s or %s)", ErrInvalidConfig, c.ModeScope, ScopeAuto, ScopeCluster, ScopeModel)
+	}
 	for _, g := range c.Gateways {
 		if !strings.HasPrefix(g, "http://") && !strings.HasPrefix(g, "https://") {
 			return fmt.Errorf("%w: gateway %q is not an http(s) URL", ErrInvalidConfig, g)
@@ -145,7 +167,10 @@ type Deployment struct {
 	info *study.TargetInfo
 	// modes are the modes the gateways were found in, by gateway.
 	modes []string
-	seed  uint64
+	// cluster is each gateway's cluster number (clusters in order of
+	// their first gateway), -1 for a gateway without the admin API.
+	cluster []int
+	seed    uint64
 }
 
 // Probe inspects the deployment without sending a completion: the model
@@ -189,7 +214,9 @@ func (d *Deployment) probe(ctx context.Context, noReset bool) error {
 	}
 	d.cfg.Model = d.info.Model
 	if len(c.Gateways) > 0 {
-		d.info.Clustered = d.clustered(ctx, c.Gateways[0])
+		if err := d.clusters(ctx); err != nil {
+			return err
+		}
 		for _, g := range c.Gateways {
 			d.info.GatewayVersions = append(d.info.GatewayVersions, d.version(ctx, g))
 			m, err := d.mode(ctx, g)
@@ -236,6 +263,9 @@ func (d *Deployment) Engines() []httpenv.Endpoint { return d.cfg.Engines }
 // Modes returns the index mode each gateway routed the model in when
 // probed.
 func (d *Deployment) Modes() []string { return d.modes }
+
+// ModeScope returns Config.ModeScope.
+func (d *Deployment) ModeScope() string { return d.cfg.ModeScope }
 
 func (d *Deployment) ctl(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, d.cfg.ControlTimeout)
@@ -298,10 +328,68 @@ func (d *Deployment) models(ctx context.Context, base string) ([]string, error) 
 	return ids, nil
 }
 
-// clustered reports whether the gateway serves the cluster admin API.
-func (d *Deployment) clustered(ctx context.Context, gw string) bool {
-	_, err := d.do(ctx, http.MethodGet, trim(gw)+"/admin/v1/status", true, nil, nil)
-	return err == nil
+// clusters finds which gateways serve the cluster admin API and which of
+// them belong to one cluster: gateways i and j do when either lists the
+// other (node id and raft address) among its members (/admin/v1/status,
+// /admin/v1/members).
+// Clustered is set when every gateway is in one cluster.
+func (d *Deployment) clusters(ctx context.Context) error {
+	gws := d.cfg.Gateways
+	ids := make([]string, len(gws))
+	members := make([]map[string]bool, len(gws))
+	for i, g := range gws {
+		var st struct {
+			NodeID string `json:"node_id"`
+		}
+		if _, err := d.do(ctx, http.MethodGet, trim(g)+"/admin/v1/status", true, nil, &st); err != nil {
+			continue // no admin API: not a cluster member (or not ours)
+		}
+		var ms struct {
+			Members []struct {
+				ID       string `json:"id"`
+				RaftAddr string `json:"raft_addr"`
+			} `json:"members"`
+		}
+		// A member is its id and raft address: two separate clusters
+		// may well both have a node called gw-0.
+		ids[i] = st.NodeID
+		members[i] = map[string]bool{}
+		if _, err := d.do(ctx, http.MethodGet, trim(g)+"/admin/v1/members", true, nil, &ms); err == nil {
+			for _, m := range ms.Members {
+				key := m.ID + "@" + m.RaftAddr
+				members[i][key] = true
+				if m.ID == st.NodeID {
+					ids[i] = key
+				}
+			}
+		}
+		members[i][ids[i]] = true
+	}
+	d.cluster = make([]int, len(gws))
+	n := 0
+	for i := range gws {
+		d.cluster[i] = -1
+		if members[i] == nil {
+			continue
+		}
+		for j := range i {
+			if d.cluster[j] >= 0 && (members[i][ids[j]] || members[j][ids[i]]) {
+				d.cluster[i] = d.cluster[j]
+				break
+			}
+		}
+		if d.cluster[i] < 0 {
+			d.cluster[i] = n
+			n++
+		}
+	}
+	d.info.Clusters = n
+	d.info.Clustered = n == 1 && !slices.Contains(d.cluster, -1)
+	if d.cfg.AdminAddr != "" && n > 1 {
+		return fmt.Errorf("%w: the gateways form %d separate clusters and --admin-addr names one; leave it out to switch each through its gateways' HTTP admin API",
+			ErrProbe, n)
+	}
+	return nil
 }
 
 // version reads kvmesh_build_info's version label ("?" when absent).
@@ -378,8 +466,13 @@ func (d *Deployment) reset(ctx context.Context, engine string) error {
 	return err
 }
 
-// SetMode switches every gateway to mode through the admin API and waits
-// until each routes the model in it; it records the switch in Info.
+// SetMode switches every gateway to mode and waits until each routes the
+// model in it; it records the switch in Info. Each cluster among the
+// gateways is written once through its admin API (Config.AdminAddr's gRPC
+// when there is one cluster and it is given, else the HTTP admin API of
+// the cluster's first gateway): the cluster default index_mode, or the
+// model's own models.<model>.index_mode (Config.ModeScope). A gateway
+// without the admin API that routes in another mode cannot be switched.
 func (d *Deployment) SetMode(ctx context.Context, mode string) error {
 	if len(d.cfg.Gateways) == 0 {
 		return nil
@@ -389,20 +482,50 @@ func (d *Deployment) SetMode(ctx context.Context, mode string) error {
 		d.info.ModeSwitches = append(d.info.ModeSwitches, study.ModeSwitch{Mode: mode, Verified: len(d.modes)})
 		return nil // already there
 	}
-	if !d.info.Clustered {
-		return fmt.Errorf("%w: gateways run %v and are not a cluster (no admin API): cannot switch to %s; run --modes %s",
-			ErrMode, d.modes, mode, d.modes[0])
+	for i, g := range d.cfg.Gateways {
+		if d.cluster[i] < 0 && d.modes[i] != mode {
+			return fmt.Errorf("%w: gateway %s routes in %s and has no cluster admin API: cannot switch it to %s; run --modes %s",
+				ErrMode, g, d.modes[i], mode, d.modes[i])
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ModeTimeout)
 	defer cancel()
-	// The cluster-wide default only: a model's own index_mode, if the
-	// operator set one, wins, and the verification below says so.
-	patch, _ := json.Marshal(map[string]any{"index_mode": mode})
-	version, err := d.patch(ctx, patch)
-	if err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrMode, mode, err)
+	sw := study.ModeSwitch{Mode: mode}
+	for c := range d.info.Clusters {
+		first := slices.Index(d.cluster, c)
+		stale := false
+		for i := range d.cfg.Gateways {
+			stale = stale || (d.cluster[i] == c && d.modes[i] != mode)
+		}
+		if !stale {
+			continue
+		}
+		scope, err := d.scope(ctx, first, mode)
+		if err != nil {
+			return err
+		}
+		patch := map[string]any{"index_mode": mode}
+		if scope == ScopeModel {
+			patch = map[string]any{"models": map[string]any{d.cfg.Model: map[string]any{"index_mode": mode}}}
+		}
+		body, _ := json.Marshal(patch)
+		version, err := d.patch(ctx, first, body)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrMode, mode, err)
+		}
+		if sw.ConfigVersion == 0 {
+			sw.ConfigVersion = version
+		}
+		sw.ConfigVersions = append(sw.ConfigVersions, version)
+		if sw.Scope != "" && sw.Scope != scope {
+			sw.Scope = "mixed"
+		} else {
+			sw.Scope = scope
+		}
 	}
-	verified := 0
+	if len(sw.ConfigVersions) < 2 {
+		sw.ConfigVersions = nil
+	}
 	for i, g := range d.cfg.Gateways {
 		last := ""
 		for {
@@ -416,21 +539,78 @@ func (d *Deployment) SetMode(ctx context.Context, mode string) error {
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("%w: gateway %s still routes in %q %v after config version %d (does models.%s.index_mode override the default?)",
-					ErrMode, g, last, d.cfg.ModeTimeout, version, d.cfg.Model)
+				return fmt.Errorf("%w: gateway %s still routes in %q %v after config version %d (does models.%s.index_mode override the default? --mode-scope model writes it)",
+					ErrMode, g, last, d.cfg.ModeTimeout, sw.ConfigVersion, d.cfg.Model)
 			case <-time.After(d.cfg.Poll):
 			}
 		}
 		d.modes[i] = mode
-		verified++
+		sw.Verified++
 	}
-	d.info.ModeSwitches = append(d.info.ModeSwitches, study.ModeSwitch{Mode: mode, ConfigVersion: version,
-		Verified: verified, WaitMS: float64(time.Since(t0).Microseconds()) / 1000})
+	sw.WaitMS = float64(time.Since(t0).Microseconds()) / 1000
+	d.info.ModeSwitches = append(d.info.ModeSwitches, sw)
 	return nil
 }
 
-// patch applies a merge patch to the cluster's routing config.
-func (d *Deployment) patch(ctx context.Context, patch []byte) (uint64, error) {
+// scope decides what a switch of the cluster holding gateway gw writes:
+// the model's own index_mode (ScopeModel, or ScopeAuto when the cluster
+// document sets one) or the cluster default.
+func (d *Deployment) scope(ctx context.Context, gw int, mode string) (string, error) {
+	doc, err := d.config(ctx, gw)
+	if err != nil {
+		return "", fmt.Errorf("%w: read the cluster config: %w", ErrMode, err)
+	}
+	mc, listed := doc.Models[d.cfg.Model]
+	switch d.cfg.ModeScope {
+	case ScopeModel:
+		if !listed {
+			return "", fmt.Errorf("%w: --mode-scope model: the cluster document of %s has no models.%s entry to set index_mode on",
+				ErrMode, d.cfg.Gateways[gw], d.cfg.Model)
+		}
+		return ScopeModel, nil
+	case ScopeCluster:
+		if mc.IndexMode != "" && mc.IndexMode != mode {
+			return "", fmt.Errorf("%w: models.%s.index_mode is %q in the cluster of %s and overrides the default: use --mode-scope model or auto",
+				ErrMode, d.cfg.Model, mc.IndexMode, d.cfg.Gateways[gw])
+		}
+		return ScopeCluster, nil
+	}
+	if mc.IndexMode != "" {
+		return ScopeModel, nil
+	}
+	return ScopeCluster, nil
+}
+
+// config reads the routing config of the cluster holding gateway gw.
+func (d *Deployment) config(ctx context.Context, gw int) (*config.RoutingConfig, error) {
+	if d.cfg.AdminAddr != "" {
+		c, err := config.Dial(d.cfg.AdminAddr, config.ClientOptions{Token: d.cfg.AdminToken})
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = c.Close() }()
+		v, err := c.GetConfig(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if v.Config == nil {
+			return &config.RoutingConfig{}, nil
+		}
+		return v.Config, nil
+	}
+	var v config.Versioned
+	if _, err := d.do(ctx, http.MethodGet, trim(d.cfg.Gateways[gw])+"/admin/v1/config", true, nil, &v); err != nil {
+		return nil, err
+	}
+	if v.Config == nil {
+		return &config.RoutingConfig{}, nil
+	}
+	return v.Config, nil
+}
+
+// patch applies a merge patch to the routing config of the cluster
+// holding gateway gw.
+func (d *Deployment) patch(ctx context.Context, gw int, patch []byte) (uint64, error) {
 	if d.cfg.AdminAddr != "" {
 		c, err := config.Dial(d.cfg.AdminAddr, config.ClientOptions{Token: d.cfg.AdminToken})
 		if err != nil {
@@ -442,7 +622,7 @@ func (d *Deployment) patch(ctx context.Context, patch []byte) (uint64, error) {
 	var out struct {
 		Version uint64 `json:"version"`
 	}
-	_, err := d.do(ctx, http.MethodPatch, trim(d.cfg.Gateways[0])+"/admin/v1/config", true, patch, &out)
+	_, err := d.do(ctx, http.MethodPatch, trim(d.cfg.Gateways[gw])+"/admin/v1/config", true, patch, &out)
 	return out.Version, err
 }
 

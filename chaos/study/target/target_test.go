@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -163,4 +164,99 @@ func TestNoGatewayBaselines(t *testing.T) {
 	assert.Equal(t, same[0], same[1])
 	assert.Equal(t, same[0], same[2])
 	require.NoError(t, e.WaitIdle(ctx))
+}
+
+// adminJSON sends an admin API call with the test token and decodes a
+// JSON answer into v (nil: ignored).
+func adminJSON(t *testing.T, method, url, body string, v any) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer tok")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s %s", method, url)
+	if v != nil {
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
+	}
+}
+
+// TestModeSwitchRespectsModelOverride: when the cluster document gives
+// the model its own index_mode, --mode-scope auto switches that entry
+// (the default stays), cluster refuses before writing anything, and model
+// writes the model's entry even without an override.
+func TestModeSwitchRespectsModelOverride(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a two-gateway cluster")
+	}
+	w := deployment(t)
+	ctx := context.Background()
+	gws := gatewayURLs(w)
+	adminJSON(t, http.MethodPatch, gws[0]+"/admin/v1/config", `{"models":{"M":{"index_mode":"kv-events"}}}`, nil)
+	probe := func(scope, want string) *target.Deployment {
+		tc := target.DefaultConfig()
+		tc.Gateways = gws
+		tc.AdminToken = "tok"
+		tc.ModeScope = scope
+		var d *target.Deployment
+		// A config change reaches every gateway through raft: probe
+		// until both route in want.
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var err error
+			d, err = target.Probe(ctx, tc, true)
+			require.NoError(t, err)
+			if m := d.Modes(); m[0] == want && m[1] == want {
+				break
+			}
+			d.Close()
+			require.True(t, time.Now().Before(deadline), "gateways did not agree on the mode")
+			time.Sleep(20 * time.Millisecond) // polling the cluster, with a deadline
+		}
+		t.Cleanup(d.Close)
+		assert.True(t, d.Info().Clustered)
+		assert.Equal(t, 1, d.Info().Clusters)
+		return d
+	}
+	defaultMode := func() (string, string) {
+		var v struct {
+			Config struct {
+				IndexMode string `json:"index_mode"`
+				Models    map[string]struct {
+					IndexMode string `json:"index_mode"`
+				} `json:"models"`
+			} `json:"config"`
+		}
+		adminJSON(t, http.MethodGet, gws[1]+"/admin/v1/config", "", &v)
+		return v.Config.IndexMode, v.Config.Models["M"].IndexMode
+	}
+
+	d := probe(target.ScopeCluster, "kv-events")
+	err := d.SetMode(ctx, "hybrid")
+	require.ErrorIs(t, err, target.ErrMode)
+	assert.Contains(t, err.Error(), `models.M.index_mode is "kv-events"`)
+	def, own := defaultMode()
+	assert.Equal(t, [2]string{"history", "kv-events"}, [2]string{def, own}, "nothing written")
+
+	d = probe(target.ScopeAuto, "kv-events")
+	require.NoError(t, d.SetMode(ctx, "hybrid"))
+	sw := d.Info().ModeSwitches[0]
+	assert.Equal(t, "model", sw.Scope)
+	assert.Positive(t, sw.ConfigVersion)
+	assert.Equal(t, 2, sw.Verified)
+	def, own = defaultMode()
+	assert.Equal(t, [2]string{"history", "hybrid"}, [2]string{def, own}, "the model's entry switched, the default kept")
+	for _, g := range gws {
+		assert.Equal(t, "hybrid", routeMode(t, g), g)
+	}
+
+	// Without an override, model scope still writes the model's entry.
+	adminJSON(t, http.MethodPatch, gws[0]+"/admin/v1/config", `{"models":{"M":{"index_mode":null}}}`, nil)
+	d = probe(target.ScopeModel, "history")
+	require.NoError(t, d.SetMode(ctx, "kv-events"))
+	assert.Equal(t, "model", d.Info().ModeSwitches[0].Scope)
+	def, own = defaultMode()
+	assert.Equal(t, [2]string{"history", "kv-events"}, [2]string{def, own})
 }

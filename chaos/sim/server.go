@@ -540,6 +540,31 @@ func (s *Server) CachedBlocks() []CachedBlock {
 	return s.eng.CachedBlocks()
 }
 
+// WindowCachedBlocks returns the blocks a hybrid engine's sliding-window
+// group can reuse (nil without one).
+func (s *Server) WindowCachedBlocks() []CachedBlock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.WindowCachedBlocks()
+}
+
+// OffloadedBlocks returns the blocks the engine's CPU offload tier holds
+// (nil without one).
+func (s *Server) OffloadedBlocks() []CachedBlock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.OffloadedBlocks()
+}
+
+// PrefixHit is Engine.PrefixHit under the server's lock: the blocks a new
+// request with tokens would take from the GPU cache (by vLLM's rule for
+// the engine's groups) and load from the offload tier, right now.
+func (s *Server) PrefixHit(tokens []uint32) (gpu, offloaded int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.PrefixHit(tokens)
+}
+
 // HashTokens returns the engine hashes of the full blocks of tokens.
 func (s *Server) HashTokens(tokens []uint32) []kvevents.EngineHash {
 	s.mu.Lock()

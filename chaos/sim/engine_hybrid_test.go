@@ -28,11 +28,17 @@ type engineRig struct {
 }
 
 func newEngineRig(t *testing.T, cfg EngineConfig) *engineRig {
+	return newEngineRigIndexed(t, cfg, cfg.BlockSize)
+}
+
+// newEngineRigIndexed indexes at indexBlock tokens (a divisor of the
+// engine's block, as the DES indexes 1568-token engine blocks at 784).
+func newEngineRigIndexed(t *testing.T, cfg EngineConfig, indexBlock int) *engineRig {
 	t.Helper()
 	e, err := NewEngine(cfg)
 	require.NoError(t, err)
 	icfg := index.DefaultConfig()
-	icfg.BlockTokens = cfg.BlockSize
+	icfg.BlockTokens = indexBlock
 	ix, err := index.New(icfg)
 	require.NoError(t, err)
 	g := &engineRig{t: t, e: e, ix: ix, root: ix.Hasher().Root("m", "", ""), now: time.Unix(1000, 0)}
@@ -106,14 +112,16 @@ func (g *engineRig) requireGroupsMatch() {
 	}
 }
 
-// match is the index's hit for tokens, capped as vLLM caps its own (at
-// most the prompt minus one token).
+// match is the index's hit for tokens in engine blocks, capped as vLLM
+// caps its own (at most the prompt minus one token).
 func (g *engineRig) match(tokens []uint32) int {
+	per := g.e.cfg.BlockSize / g.ix.Hasher().BlockTokens()
 	keys := g.ix.Hasher().AppendKeys(nil, g.root, tokens)
-	keys = keys[:min(len(keys), (len(tokens)-1)/g.e.cfg.BlockSize)]
+	keys = keys[:min(len(keys), (len(tokens)-1)/g.e.cfg.BlockSize*per)]
 	out := make([]int32, 1)
 	g.ix.Match(keys, []index.ReplicaID{0}, index.ModeKVEvents, 0, out)
-	return int(out[0])
+	require.Zero(g.t, int(out[0])%per, "the index matches whole engine blocks")
+	return int(out[0]) / per
 }
 
 func hybridEngineConfig(numBlocks, windowBlocks, window int) EngineConfig {
@@ -195,8 +203,8 @@ func TestHybridEngineShortPrompt(t *testing.T) {
 // cached blocks, the index's match equals the engine's hit for every
 // prompt seen, and a prompt sent alone is admitted with exactly that hit.
 func TestHybridEngineRandomWorkload(t *testing.T) {
-	for _, tc := range []struct{ full, window, win int }{{160, 96, 64}, {96, 160, 48}, {128, 128, 200}} {
-		g := newEngineRig(t, hybridEngineConfig(tc.full, tc.window, tc.win))
+	for _, tc := range []struct{ full, window, win, indexBlock int }{{160, 96, 64, 16}, {96, 160, 48, 16}, {128, 128, 200, 16}, {160, 96, 72, 8}} {
+		g := newEngineRigIndexed(t, hybridEngineConfig(tc.full, tc.window, tc.win), tc.indexBlock)
 		rng := rand.New(rand.NewPCG(uint64(tc.win), 5))
 		prefixes := [][]uint32{promptTokens(1, 12), promptTokens(2, 20), promptTokens(3, 4)}
 		var seen [][]uint32

@@ -170,7 +170,8 @@ func (s *Server) start(ctx context.Context) error {
 		}
 	}()
 	s.log.Info("vllmsim started", "addr", ln.Addr().String(), "profile", s.cfg.Profile.Name, "speed", s.cfg.Speed,
-		"block_size", s.cfg.BlockSize, "num_gpu_blocks", s.cfg.NumGPUBlocks, "max_num_seqs", s.cfg.MaxNumSeqs)
+		"block_size", s.cfg.BlockSize, "num_gpu_blocks", s.cfg.NumGPUBlocks, "max_num_seqs", s.cfg.MaxNumSeqs,
+		"hybrid_sliding_window", s.cfg.HybridSlidingWindow, "kv_offload_blocks", s.cfg.KVOffloadBlocks)
 	return nil
 }
 

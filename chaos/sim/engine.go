@@ -165,7 +165,8 @@ func (r StepResult) End() time.Time { return r.Start.Add(r.Duration) }
 // Stats is a snapshot of the engine's gauges and counters.
 type Stats struct {
 	Running, Waiting int
-	// KVUsage is the fraction of blocks referenced by a request.
+	// KVUsage is the fraction of blocks referenced by a request (of a
+	// hybrid engine: in its fuller group).
 	KVUsage float64
 	// CachedBlocks is the number of blocks holding a cached hash.
 	CachedBlocks int
@@ -403,7 +404,7 @@ func (e *Engine) Stats() Stats {
 		s.Finished[k] = v
 	}
 	s.Running, s.Waiting = len(e.running), len(e.waiting)
-	s.KVUsage = e.pool.usage()
+	s.KVUsage = e.usage()
 	s.CachedBlocks = len(e.pool.cache)
 	return s
 }
@@ -411,7 +412,17 @@ func (e *Engine) Stats() Stats {
 // Load returns the gauges a load scrape reads (Stats' Running, Waiting and
 // KVUsage) without copying the counters.
 func (e *Engine) Load() (running, waiting int, kvUsage float64) {
-	return len(e.running), len(e.waiting), e.pool.usage()
+	return len(e.running), len(e.waiting), e.usage()
+}
+
+// usage is the fraction of blocks referenced by requests: of a hybrid
+// engine, in whichever group's pool is fuller (the one that limits
+// admission).
+func (e *Engine) usage() float64 {
+	if e.wpool == nil {
+		return e.pool.usage()
+	}
+	return max(e.pool.usage(), e.wpool.usage())
 }
 
 // CachedBlocks returns every block whose hash is cached, in block-id order.

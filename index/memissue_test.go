@@ -132,3 +132,21 @@ func BenchmarkMatchHybrid(b *testing.B) {
 		b.Fatalf("out %v", out)
 	}
 }
+
+// TestMemoryIssue16Target holds issue 16's memory target on its workload:
+// at most 64 bytes per (block, replica) entry in history mode, by the
+// index's own accounting (Stats.ApproxBytes: the arena's and the table's
+// capacities, deterministic where the heap is not). 74.9 B before the
+// arena grew by 1/16 and the table filled to 7/8.
+func TestMemoryIssue16Target(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds an 800k-block index")
+	}
+	x, _ := buildIssue16(t, 3200, false)
+	s := x.Stats()
+	per := float64(s.ApproxBytes) / float64(s.TotalEntries())
+	t.Logf("%d entries, %d blocks: %.2f B/entry", s.TotalEntries(), s.Blocks, per)
+	if per > 64 {
+		t.Fatalf("%.2f B per entry, want <= 64", per)
+	}
+}

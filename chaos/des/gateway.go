@@ -47,7 +47,7 @@ var _ route.LoadView = (*gateway)(nil)
 func newGateway(w *World, id int) (*gateway, error) {
 	o := &w.opts
 	charKeys := !o.events() || o.Tokenizer != tokenizer.NameTiktoken
-	block := o.EngineBlockSize
+	block := IndexBlockTokens(o.EngineBlockSize)
 	if !o.events() {
 		block = route.CharacterBlockTokens // node's character-mode default
 	}

@@ -44,6 +44,14 @@ type Options struct {
 	// the cost model's default CPU rate) instead of being recomputed.
 	OffloadBlocks              int
 	OffloadLoadTokensPerSecond float64
+	// HybridSlidingWindow, when > 0, makes every engine a hybrid-attention
+	// model (sim.EngineConfig.SlidingWindow): a full-attention group and a
+	// sliding-window group of this many tokens, each with its own pool
+	// (HybridWindowTokens tokens, 0: EngineTokens), evicting
+	// independently and publishing group_idx; hits follow vLLM's hybrid
+	// rule. Not with OffloadBlocks.
+	HybridSlidingWindow int
+	HybridWindowTokens  int
 	// Tokenizer is the engines' tokenizer: "tiktoken" (default, cl100k, the
 	// seed's ~5K-token prompts) or "bytes". Gateways with KV events use
 	// the same one (node's character tokenizer for "bytes"); in history
@@ -138,8 +146,11 @@ func (o *Options) Validate() error {
 		return bad("gateways %d < 1", o.Gateways)
 	case o.Model == "":
 		return bad("no model name")
-	case o.EngineBlockSize < 1 || o.EngineBlockSize > index.MaxBlockTokens:
-		return bad("engine block size %d not in 1..%d", o.EngineBlockSize, index.MaxBlockTokens)
+	case o.EngineBlockSize < 1 || o.EngineBlockSize > index.MaxBlockTokens && IndexBlockTokens(o.EngineBlockSize) < 8:
+		return bad("engine block size %d: < 1, or above %d without a divisor of 8..%d for the index", o.EngineBlockSize, index.MaxBlockTokens, index.MaxBlockTokens)
+	case o.HybridSlidingWindow < 0 || o.HybridSlidingWindow == 1 || o.HybridWindowTokens < 0 ||
+		o.HybridWindowTokens > 0 && o.HybridWindowTokens < o.EngineBlockSize || o.HybridSlidingWindow > 0 && o.OffloadBlocks > 0:
+		return bad("hybrid sliding window %d tokens in %d tokens (> 1, and not with an offload tier)", o.HybridSlidingWindow, o.HybridWindowTokens)
 	case o.EngineTokens < o.EngineBlockSize:
 		return bad("engine tokens %d < block size", o.EngineTokens)
 	case o.MaxNumSeqs < 1 || o.MaxNumBatchedTokens < 1 || o.MaxModelLen < 1:
@@ -169,6 +180,23 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 	}
 	return nil
+}
+
+// IndexBlockTokens is the gateways' index block for engines of
+// engineBlock tokens under KV events: the engine's block, or, above
+// index.MaxBlockTokens (the seed's hybrid model caches 1568-token blocks),
+// its largest divisor the index takes, so that each engine block stands
+// for a whole number of index blocks (index.StoredBlocks).
+func IndexBlockTokens(engineBlock int) int {
+	if engineBlock <= index.MaxBlockTokens {
+		return engineBlock
+	}
+	for d := index.MaxBlockTokens; d > 1; d-- {
+		if engineBlock%d == 0 {
+			return d
+		}
+	}
+	return 1
 }
 
 // events reports whether the engines publish KV events and the gateways

@@ -107,6 +107,10 @@ func New(o Options) (*World, error) {
 		HashSeed:   mix(o.Seed, "engine-hash") | 1,
 		EmitEvents: o.events(),
 	}
+	if o.HybridSlidingWindow > 0 {
+		ec.SlidingWindow = o.HybridSlidingWindow
+		ec.SlidingWindowBlocks = o.HybridWindowTokens / o.EngineBlockSize
+	}
 	if o.OffloadBlocks > 0 {
 		ec.OffloadBlocks = o.OffloadBlocks
 		ec.OffloadLoadTokensPerSecond = o.OffloadLoadTokensPerSecond

@@ -253,7 +253,7 @@ func (p *blockPool) cacheRun(blocks []*block, hashes []kvevents.EngineHash, pref
 		if i > 0 {
 			par, hp = hashes[i-1], true
 		}
-		if b.cached || p.cache[h] != nil {
+		if b == nil || b.cached || p.cache[h] != nil {
 			ev = nil
 			continue
 		}

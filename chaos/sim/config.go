@@ -83,6 +83,13 @@ type Config struct {
 	// KVOffloadTokensPerSecond (default 50,000 when a tier is set).
 	KVOffloadBlocks          int
 	KVOffloadTokensPerSecond float64
+	// HybridSlidingWindow, when > 0, simulates a hybrid-attention model:
+	// a full-attention KV-cache group and a sliding-window group of this
+	// many tokens, each with its own pool (HybridWindowBlocks blocks, 0:
+	// NumGPUBlocks) that caches and evicts on its own, publishing
+	// group_idx 0 and 1; see EngineConfig.SlidingWindow.
+	HybridSlidingWindow int
+	HybridWindowBlocks  int
 	// Profile is the step-time model; see LookupProfile.
 	Profile Profile
 	// Speed divides every modelled duration: 10 runs ten times faster than
@@ -190,6 +197,8 @@ func (c Config) engineConfig() EngineConfig {
 		Profile:                    c.Profile,
 		OffloadBlocks:              c.KVOffloadBlocks,
 		OffloadLoadTokensPerSecond: c.offloadRate(),
+		SlidingWindow:              c.HybridSlidingWindow,
+		SlidingWindowBlocks:        c.HybridWindowBlocks,
 		HashSeed:                   c.HashSeed,
 		EmitEvents:                 c.zmqEvents() || c.Publisher != nil,
 	}

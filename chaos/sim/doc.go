@@ -64,6 +64,22 @@
 //     scheduled (vLLM caches a block when it allocates the slots that fill
 //     it), in engine order with AllBlocksCleared from resets; no batch is
 //     published for a step that changed nothing in the cache.
+//   - Engines at the edges real ones reach (issue 16): a hybrid-attention
+//     model (EngineConfig.SlidingWindow, vllmsim --hybrid-sliding-window:
+//     a full-attention and a sliding-window KV-cache group, each in its
+//     own pool, publishing group_idx; see engine_hybrid.go for the vLLM
+//     rules it follows and where it differs), a CPU offload tier
+//     (OffloadBlocks, --kv-offload-blocks; medium CPU events, loads timed
+//     by a bandwidth) and data-parallel ranks (DPServer,
+//     --data-parallel-size). PrefixHit says what a new request would hit
+//     right now, by the engine's own rule: the truth a consumer's index is
+//     checked against (chaos/truth). vLLM shares one pool between groups;
+//     here each group has its own, and the window group allocates every
+//     block a request computes and frees those behind the window at the
+//     request's next step (remove_skipped_blocks). Not modelled: an engine
+//     that never allocates window blocks already behind the window when a
+//     long chunk is scheduled, which would press a small window pool less
+//     than here.
 //   - POST /reset_prefix_cache answers 200 with {"success": bool}: like
 //     vLLM, the reset is refused while any request holds blocks.
 //   - Error bodies are vLLM's: {"error": {"message", "type", "param",

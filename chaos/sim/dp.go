@@ -246,6 +246,17 @@ func (d *DPServer) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		d.proxies[0].ServeHTTP(w, req)
 		return
 	}
+	// The body is read whole before proxying: forwarded as a stream, it
+	// let the front's transport close the rank's connection while the
+	// response streamed back (clients saw unexpected EOF, about one stream
+	// in 300 at four in flight; TestDPFrontStreamsConcurrently).
+	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, maxBodyBytes))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
+		return
+	}
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.ContentLength = int64(len(body))
 	r, msg := d.pick(req)
 	if r < 0 {
 		http.Error(w, msg, http.StatusBadRequest)

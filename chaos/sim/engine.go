@@ -45,6 +45,16 @@ type EngineConfig struct {
 	// OffloadLoadTokensPerSecond is how fast offloaded blocks load (their
 	// tokens per second of step time). Must be > 0 with OffloadBlocks.
 	OffloadLoadTokensPerSecond float64
+	// SlidingWindow, when > 0, makes the engine a hybrid-attention model
+	// (see hybridEngine in engine_hybrid.go): KV-cache group 0 is full
+	// attention in the pool of NumBlocks blocks, group 1 a sliding window
+	// of SlidingWindow tokens in a pool of its own that caches and evicts
+	// independently, and the prefix hit follows vLLM's hybrid rule. It
+	// must be > 1, and the offload tier is not modelled with it.
+	SlidingWindow int
+	// SlidingWindowBlocks is the window group's pool in blocks (0: as
+	// many as NumBlocks).
+	SlidingWindowBlocks int
 }
 
 // DefaultEngineConfig is the engine of DefaultConfig: the seed's replica
@@ -72,6 +82,10 @@ func (c EngineConfig) Validate() error {
 		return fmt.Errorf("%w: num blocks %d < 1", ErrInvalidConfig, c.NumBlocks)
 	case c.OffloadBlocks < 0 || c.OffloadBlocks > 0 && !(c.OffloadLoadTokensPerSecond > 0):
 		return fmt.Errorf("%w: offload %d blocks at %v tokens/s", ErrInvalidConfig, c.OffloadBlocks, c.OffloadLoadTokensPerSecond)
+	case c.SlidingWindow < 0 || c.SlidingWindow == 1 || c.SlidingWindowBlocks < 0:
+		return fmt.Errorf("%w: sliding window of %d tokens in %d blocks", ErrInvalidConfig, c.SlidingWindow, c.SlidingWindowBlocks)
+	case c.SlidingWindow > 0 && c.OffloadBlocks > 0:
+		return fmt.Errorf("%w: a sliding-window group with an offload tier is not modelled", ErrInvalidConfig)
 	}
 	return c.Profile.Validate()
 }
@@ -151,7 +165,8 @@ func (r StepResult) End() time.Time { return r.Start.Add(r.Duration) }
 // Stats is a snapshot of the engine's gauges and counters.
 type Stats struct {
 	Running, Waiting int
-	// KVUsage is the fraction of blocks referenced by a request.
+	// KVUsage is the fraction of blocks referenced by a request (of a
+	// hybrid engine: in its fuller group).
 	KVUsage float64
 	// CachedBlocks is the number of blocks holding a cached hash.
 	CachedBlocks int
@@ -215,6 +230,10 @@ type seq struct {
 	outputs     int
 	numComputed int
 	blocks      []*block
+	// wblocks are the window group's blocks of a hybrid engine, index by
+	// index beside blocks; nil entries are vLLM's null blocks (before the
+	// window, never allocated or already freed).
+	wblocks []*block
 	// hashes[i] is the chained hash of full block i of tokens.
 	hashes []kvevents.EngineHash
 	// numCachedBlocks is how many leading blocks were offered to the cache.
@@ -228,8 +247,10 @@ type seq struct {
 // Engine is the pure engine model. It is not safe for concurrent use: the
 // caller serialises Add, Abort, Step and the readers.
 type Engine struct {
-	cfg     EngineConfig
-	pool    *blockPool
+	cfg  EngineConfig
+	pool *blockPool
+	// wpool is a hybrid engine's sliding-window group (nil otherwise).
+	wpool   *blockPool
 	waiting []*seq
 	running []*seq
 	byID    map[RequestID]*seq
@@ -255,6 +276,8 @@ type Engine struct {
 	head          *seq
 	headHit       []*block
 	headEvictions uint64
+	// whit is hybridHit's reused buffer.
+	whit []*block
 }
 
 // NewEngine returns an idle engine with an empty cache.
@@ -270,6 +293,13 @@ func NewEngine(cfg EngineConfig) (*Engine, error) {
 	}
 	if cfg.OffloadBlocks > 0 {
 		e.pool.offload = newOffloadStore(cfg.OffloadBlocks)
+	}
+	if cfg.SlidingWindow > 0 {
+		n := cfg.SlidingWindowBlocks
+		if n == 0 {
+			n = cfg.NumBlocks
+		}
+		e.wpool = newBlockPool(n, cfg.BlockSize, cfg.HashSeed, cfg.EmitEvents)
 	}
 	return e, nil
 }
@@ -290,7 +320,8 @@ func (e *Engine) Check(promptLen, maxTokens int) error {
 		return fmt.Errorf("%w: this model's maximum context length is %d tokens, however you requested %d tokens (%d in the prompt, %d in the completion)",
 			ErrPromptTooLong, e.cfg.MaxModelLen, promptLen+maxTokens, promptLen, maxTokens)
 	}
-	if need := (promptLen + maxTokens + e.cfg.BlockSize - 1) / e.cfg.BlockSize; need > e.cfg.NumBlocks {
+	if need := (promptLen + maxTokens + e.cfg.BlockSize - 1) / e.cfg.BlockSize; need > e.cfg.NumBlocks ||
+		e.wpool != nil && need > len(e.wpool.blocks) {
 		return fmt.Errorf("%w: needs %d blocks, the pool has %d", ErrRequestTooLarge, need, e.cfg.NumBlocks)
 	}
 	return nil
@@ -337,6 +368,7 @@ func (e *Engine) Abort(id RequestID) bool {
 	}
 	e.pool.free(s.blocks)
 	s.blocks = nil
+	e.freeWindow(s)
 	return true
 }
 
@@ -353,6 +385,13 @@ func removeSeq(q []*seq, s *seq) []*seq {
 // /reset_prefix_cache. It refuses (false) while any request holds blocks.
 // On success the returned events hold one AllBlocksCleared (if events are on).
 func (e *Engine) ResetPrefixCache() (bool, []kvevents.Event) {
+	if e.wpool != nil {
+		if e.pool.numUsed() != 0 || e.wpool.numUsed() != 0 {
+			return false, e.takeEvents()
+		}
+		e.wpool.reset()
+		e.wpool.takeEvents() // one AllBlocksCleared covers both groups
+	}
 	ok := e.pool.reset()
 	return ok, e.pool.takeEvents()
 }
@@ -365,7 +404,7 @@ func (e *Engine) Stats() Stats {
 		s.Finished[k] = v
 	}
 	s.Running, s.Waiting = len(e.running), len(e.waiting)
-	s.KVUsage = e.pool.usage()
+	s.KVUsage = e.usage()
 	s.CachedBlocks = len(e.pool.cache)
 	return s
 }
@@ -373,21 +412,34 @@ func (e *Engine) Stats() Stats {
 // Load returns the gauges a load scrape reads (Stats' Running, Waiting and
 // KVUsage) without copying the counters.
 func (e *Engine) Load() (running, waiting int, kvUsage float64) {
-	return len(e.running), len(e.waiting), e.pool.usage()
+	return len(e.running), len(e.waiting), e.usage()
+}
+
+// usage is the fraction of blocks referenced by requests: of a hybrid
+// engine, in whichever group's pool is fuller (the one that limits
+// admission).
+func (e *Engine) usage() float64 {
+	if e.wpool == nil {
+		return e.pool.usage()
+	}
+	return max(e.pool.usage(), e.wpool.usage())
 }
 
 // CachedBlocks returns every block whose hash is cached, in block-id order.
 // The token slices alias the engine's immutable token arrays.
-func (e *Engine) CachedBlocks() []CachedBlock {
-	out := make([]CachedBlock, 0, len(e.pool.cache))
-	for i := range e.pool.blocks {
-		b := &e.pool.blocks[i]
+func (e *Engine) CachedBlocks() []CachedBlock { return e.pool.cachedBlocks() }
+
+// cachedBlocks lists the pool's cached blocks in block-id order.
+func (p *blockPool) cachedBlocks() []CachedBlock {
+	out := make([]CachedBlock, 0, len(p.cache))
+	for i := range p.blocks {
+		b := &p.blocks[i]
 		if !b.cached {
 			continue
 		}
 		out = append(out, CachedBlock{
 			Hash: b.hash, Parent: b.parent, HasParent: b.hasParent,
-			Tokens: b.prefix[len(b.prefix)-e.cfg.BlockSize:], Prefix: b.prefix, InUse: b.refCnt > 0,
+			Tokens: b.prefix[len(b.prefix)-p.blockSize:], Prefix: b.prefix, InUse: b.refCnt > 0,
 		})
 	}
 	return out
@@ -443,10 +495,11 @@ func (e *Engine) Step(now time.Time) StepResult {
 	// Running requests first, in admission order; preempt from the back.
 	for i := 0; i < len(e.running) && budget > 0; {
 		s := e.running[i]
+		e.removeSkipped(s)
 		n := min(len(s.tokens)-s.numComputed, budget)
 		need := ceilDiv(s.numComputed+n, bs) - len(s.blocks)
 		scheduled := true
-		for need > e.pool.numFree() {
+		for need > e.numFree() {
 			victim := e.running[len(e.running)-1]
 			e.preempt(victim)
 			preempted = append(preempted, victim.id)
@@ -460,6 +513,9 @@ func (e *Engine) Step(now time.Time) StepResult {
 		}
 		if need > 0 {
 			s.blocks = e.pool.allocate(need, s.blocks)
+			if e.wpool != nil {
+				s.wblocks = e.wpool.allocate(need, s.wblocks)
+			}
 		}
 		decode := s.outputs > 0 && n == 1 && s.numComputed == len(s.tokens)-1
 		sched = append(sched, schedEntry{s: s, n: n, decode: decode})
@@ -471,6 +527,10 @@ func (e *Engine) Step(now time.Time) StepResult {
 	for len(preempted) == 0 && len(e.waiting) > 0 && len(e.running) < e.cfg.MaxNumSeqs && budget > 0 {
 		s := e.waiting[0]
 		hit := e.lookupHead(s)
+		var whit []*block
+		if e.wpool != nil {
+			hit, whit = e.hybridHit(s, hit)
+		}
 		freeHits := 0
 		for _, b := range hit {
 			if b.refCnt == 0 {
@@ -490,12 +550,21 @@ func (e *Engine) Step(now time.Time) StepResult {
 		computed := (len(hit) + loaded) * bs
 		n := min(len(s.tokens)-computed, budget)
 		need := ceilDiv(computed+n, bs) - len(hit)
-		if need > e.pool.numFree()-freeHits {
+		if need > e.pool.numFree()-freeHits || e.wpool != nil && need > e.wpool.numFree()-freeCount(whit) {
 			break
 		}
 		e.head = nil
 		for _, b := range hit {
 			e.pool.touch(b)
+		}
+		if e.wpool != nil {
+			// The hit's blocks before its window are null blocks.
+			s.wblocks = append(s.wblocks[:0], make([]*block, len(hit)-len(whit))...)
+			for _, b := range whit {
+				e.wpool.touch(b)
+				s.wblocks = append(s.wblocks, b)
+			}
+			s.wblocks = e.wpool.allocate(need, s.wblocks)
 		}
 		for i := len(hit); i < len(hit)+loaded; i++ {
 			e.pool.offload.touch(e.blockHash(s, i))
@@ -523,7 +592,7 @@ func (e *Engine) Step(now time.Time) StepResult {
 	e.preempted = preempted[:0]
 
 	if len(sched) == 0 {
-		res.Events = e.pool.takeEvents()
+		res.Events = e.takeEvents()
 		return res
 	}
 	scheduledOut := e.scheduled[:0]
@@ -576,6 +645,7 @@ func (e *Engine) Step(now time.Time) StepResult {
 			delete(e.byID, s.id)
 			e.pool.free(s.blocks)
 			s.blocks = nil
+			e.freeWindow(s)
 		}
 	}
 	e.outputs, e.finished = outputs, finished
@@ -585,7 +655,7 @@ func (e *Engine) Step(now time.Time) StepResult {
 	if len(finished) > 0 {
 		res.Finished = finished
 	}
-	res.Events = e.pool.takeEvents()
+	res.Events = e.takeEvents()
 	return res
 }
 
@@ -628,6 +698,9 @@ func (e *Engine) cacheBlocks(s *seq, from, to int) {
 		parent = e.blockHash(s, from-1)
 	}
 	e.pool.cacheRun(s.blocks[from:to], hashes, prefixes, parent, from > 0)
+	if e.wpool != nil {
+		e.wpool.cacheRun(s.wblocks[from:to], hashes, prefixes, parent, from > 0)
+	}
 	clear(prefixes) // drop the token arrays' references
 	e.cacheHashes, e.cachePrefixes = hashes, prefixes[:0]
 }
@@ -638,6 +711,7 @@ func (e *Engine) preempt(s *seq) {
 	e.running = removeSeq(e.running, s)
 	e.pool.free(s.blocks)
 	s.blocks = nil
+	e.freeWindow(s)
 	s.numComputed = 0
 	s.numCachedBlocks = 0
 	s.state = stateWaiting

@@ -170,7 +170,8 @@ func (s *Server) start(ctx context.Context) error {
 		}
 	}()
 	s.log.Info("vllmsim started", "addr", ln.Addr().String(), "profile", s.cfg.Profile.Name, "speed", s.cfg.Speed,
-		"block_size", s.cfg.BlockSize, "num_gpu_blocks", s.cfg.NumGPUBlocks, "max_num_seqs", s.cfg.MaxNumSeqs)
+		"block_size", s.cfg.BlockSize, "num_gpu_blocks", s.cfg.NumGPUBlocks, "max_num_seqs", s.cfg.MaxNumSeqs,
+		"hybrid_sliding_window", s.cfg.HybridSlidingWindow, "kv_offload_blocks", s.cfg.KVOffloadBlocks)
 	return nil
 }
 
@@ -538,6 +539,31 @@ func (s *Server) CachedBlocks() []CachedBlock {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.eng.CachedBlocks()
+}
+
+// WindowCachedBlocks returns the blocks a hybrid engine's sliding-window
+// group can reuse (nil without one).
+func (s *Server) WindowCachedBlocks() []CachedBlock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.WindowCachedBlocks()
+}
+
+// OffloadedBlocks returns the blocks the engine's CPU offload tier holds
+// (nil without one).
+func (s *Server) OffloadedBlocks() []CachedBlock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.OffloadedBlocks()
+}
+
+// PrefixHit is Engine.PrefixHit under the server's lock: the blocks a new
+// request with tokens would take from the GPU cache (by vLLM's rule for
+// the engine's groups) and load from the offload tier, right now.
+func (s *Server) PrefixHit(tokens []uint32) (gpu, offloaded int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eng.PrefixHit(tokens)
 }
 
 // HashTokens returns the engine hashes of the full blocks of tokens.

@@ -49,6 +49,10 @@ type Config struct {
 	// granularity (history mode only: the gateway index caps blocks at 1024
 	// tokens).
 	EngineBlockSize int `json:"engine_block_size,omitempty"`
+	// EngineProfile describes engines other than plain single-group ones
+	// without an offload tier (informational, like EngineBlockSize: a
+	// hybrid model's KV-cache groups, a CPU tier); "" for plain engines.
+	EngineProfile string `json:"engine_profile,omitempty"`
 	// RPS is the fixed arrival rate in model time (seed: 1.6).
 	RPS float64 `json:"rps"`
 	// Arrivals per phase (seed: 96).

@@ -685,6 +685,9 @@ func blockSizeText(c Config) string {
 	if c.EngineBlockSize <= 0 {
 		return "engine block size not recorded"
 	}
+	if c.EngineProfile != "" {
+		return fmt.Sprintf("engine block size %d tokens, %s", c.EngineBlockSize, c.EngineProfile)
+	}
 	return fmt.Sprintf("engine block size %d tokens", c.EngineBlockSize)
 }
 

@@ -10,9 +10,15 @@ import (
 )
 
 // Applier is a reference kvevents.Handler: it applies each named replica's
-// events to an index as a gateway does. GPU-tier BlockStored events go to
-// ApplyStored, BlockRemoved to ApplyRemoved, AllBlocksCleared and stream
-// resets to ClearReplica. Batches of replicas it does not know are ignored.
+// events to an index as a gateway does, with its own reading of the events
+// (not kvevents.Normalize, so a test compares two readings). BlockStored
+// events go to ApplyStored with their KV-cache group (group_idx, its kind
+// and sliding window) and their tier (medium GPU or none, CPU, DISK; other
+// media are skipped), BlockRemoved to ApplyRemovedGroup (GPU) or
+// ApplyRemovedTier (CPU, DISK), AllBlocksCleared and stream resets to
+// ClearReplica. Batches of replicas it does not know are ignored. It does
+// not derive roots from LoRA names or cache salts (the simulator sends
+// neither).
 //
 // One Applier may serve several Subscribers (one per replica): each replica
 // has its own scratch state, and a Subscriber calls the Handler for its
@@ -43,7 +49,28 @@ func NewApplier(ix *index.Index, replicas map[string]index.ReplicaID) *Applier {
 	return a
 }
 
-func gpuTier(medium string) bool { return medium == "" || medium == sim.MediumGPU || medium == "gpu" }
+// tierOf reads an event's medium: the GPU (none said, or "GPU"), the
+// simulator's CPU tier, or DISK; ok is false for anything else.
+func tierOf(medium string) (t index.Tier, ok bool) {
+	switch medium {
+	case "", sim.MediumGPU, "gpu":
+		return index.TierGPU, true
+	case sim.MediumCPU, "cpu":
+		return index.TierCPU, true
+	case "DISK", "disk":
+		return index.TierDisk, true
+	}
+	return 0, false
+}
+
+// groupKind reads a kv_cache_spec_kind: sliding_window, or full attention
+// for anything else the simulator sends.
+func groupKind(kind string) index.GroupKind {
+	if kind == sim.SpecSlidingWindow {
+		return index.GroupSliding
+	}
+	return index.GroupFull
+}
 
 // HandleBatch implements kvevents.Handler.
 func (a *Applier) HandleBatch(name string, _ kvevents.Seq, b *kvevents.Batch) {
@@ -56,17 +83,30 @@ func (a *Applier) HandleBatch(name string, _ kvevents.Seq, b *kvevents.Batch) {
 		switch ev.Kind {
 		case kvevents.KindBlockStored:
 			st := ev.Stored
-			if st == nil || !gpuTier(st.Medium) {
+			if st == nil {
+				continue
+			}
+			tier, ok := tierOf(st.Medium)
+			if !ok {
 				continue
 			}
 			r.hashes = appendHashes(r.hashes[:0], st.BlockHashes)
-			err := a.ix.ApplyStored(r.id, index.StoredBlocks{
+			sb := index.StoredBlocks{
 				Hashes:      r.hashes,
 				ParentHash:  uint64(st.ParentBlockHash),
 				HasParent:   st.HasParent,
 				Tokens:      st.TokenIDs,
 				BlockTokens: st.BlockSize,
-			})
+				Group:       st.GroupIdx,
+				Tier:        tier,
+			}
+			if st.GroupIdx != 0 || st.SpecKind != "" {
+				sb.GroupKind = groupKind(st.SpecKind)
+				if sb.GroupKind == index.GroupSliding {
+					sb.Window = st.SlidingWindow
+				}
+			}
+			err := a.ix.ApplyStored(r.id, sb)
 			if err != nil {
 				a.applyErrors.Add(1)
 				if errors.Is(err, index.ErrUnknownParent) {
@@ -75,11 +115,19 @@ func (a *Applier) HandleBatch(name string, _ kvevents.Seq, b *kvevents.Batch) {
 			}
 		case kvevents.KindBlockRemoved:
 			rm := ev.Removed
-			if rm == nil || !gpuTier(rm.Medium) {
+			if rm == nil {
+				continue
+			}
+			tier, ok := tierOf(rm.Medium)
+			if !ok {
 				continue
 			}
 			r.hashes = appendHashes(r.hashes[:0], rm.BlockHashes)
-			a.ix.ApplyRemoved(r.id, r.hashes)
+			if tier == index.TierGPU {
+				a.ix.ApplyRemovedGroup(r.id, rm.GroupIdx, r.hashes)
+			} else {
+				a.ix.ApplyRemovedTier(r.id, tier, r.hashes)
+			}
 		case kvevents.KindAllBlocksCleared:
 			a.ix.ClearReplica(r.id)
 		}

@@ -177,14 +177,159 @@ func Compare(t Truth, ix *index.Index, r index.ReplicaID) Comparison {
 	return c
 }
 
+// GroupedEngine is an Engine that may also hold blocks outside its GPU
+// full-attention group: a hybrid model's sliding-window group and an
+// offload tier (nil when it has none). *sim.Server implements it.
+type GroupedEngine interface {
+	Engine
+	WindowCachedBlocks() []sim.CachedBlock
+	OffloadedBlocks() []sim.CachedBlock
+}
+
+var _ GroupedEngine = (*sim.Server)(nil)
+
 // CompareEngine reads e's truth, keyed like ix from root, and compares it
-// with replica r in ix.
+// with replica r in ix. The keys are group 0's on the GPU (the confirmed
+// ledger). The index keeps a block's engine hash while any group or tier
+// holds it, so for a GroupedEngine the truth's hashes are those of every
+// group and tier.
 func CompareEngine(e Engine, ix *index.Index, r index.ReplicaID, root index.BlockKey) (Comparison, error) {
 	t, err := FromBlocks(e.CachedBlocks(), ix.Hasher(), root)
 	if err != nil {
 		return Comparison{}, err
 	}
+	if g, ok := e.(GroupedEngine); ok {
+		for _, bs := range [][]sim.CachedBlock{g.WindowCachedBlocks(), g.OffloadedBlocks()} {
+			for i := range bs {
+				t.Hashes[uint64(bs[i].Hash)] = struct{}{}
+			}
+		}
+	}
 	return Compare(t, ix, r), nil
+}
+
+// CompareTier measures the keys replica r holds in ix's offload tier
+// (index.AppendReplicaTierKeys) against blocks, the engine's own table of
+// that tier (sim.Server.OffloadedBlocks), keyed from root. Only the key
+// fields are filled: the index's engine hashes are shared by all tiers
+// (CompareEngine checks them).
+func CompareTier(blocks []sim.CachedBlock, ix *index.Index, r index.ReplicaID, root index.BlockKey, tier index.Tier) (Comparison, error) {
+	t, err := FromBlocks(blocks, ix.Hasher(), root)
+	if err != nil {
+		return Comparison{}, err
+	}
+	keys := ix.AppendReplicaTierKeys(nil, r, tier)
+	c := Comparison{TruthKeys: len(t.Keys)}
+	seen := make(map[index.BlockKey]struct{}, len(keys))
+	for _, k := range keys {
+		if _, dup := seen[k]; dup {
+			continue
+		}
+		seen[k] = struct{}{}
+		c.IndexKeys++
+		if _, ok := t.Keys[k]; ok {
+			c.CommonKeys++
+		} else if len(c.Extra) < maxExamples {
+			c.Extra = append(c.Extra, k)
+		}
+	}
+	for k := range t.Keys {
+		if _, ok := seen[k]; !ok {
+			if _, inner := t.Inner[k]; !inner {
+				c.MissingLast++
+			}
+			if len(c.Missing) < maxExamples {
+				c.Missing = append(c.Missing, k)
+			}
+		}
+	}
+	return c, nil
+}
+
+// HitEngine is an engine that says what it would hit: sim.Server.PrefixHit
+// (by its own rule: vLLM's hybrid rule for a hybrid model, the offload
+// tier's load for an offloading engine).
+type HitEngine interface {
+	PrefixHit(tokens []uint32) (gpu, offloaded int)
+}
+
+var _ HitEngine = (*sim.Server)(nil)
+
+// HitComparison is a set of prompts matched by an index and hit by the
+// engine.
+type HitComparison struct {
+	// Prompts is the number compared and Equal those for which the index's
+	// GPU match and offload run (CPU plus disk) both equal the engine's.
+	Prompts, Equal int
+	// GPUBlocks and OffloadBlocks sum the engine's hits over the prompts.
+	GPUBlocks, OffloadBlocks int
+	// Diffs describes up to 8 prompts that differ.
+	Diffs []string
+}
+
+// Exact reports whether the index agreed on every prompt.
+func (c HitComparison) Exact() bool { return c.Equal == c.Prompts }
+
+func (c HitComparison) String() string {
+	return fmt.Sprintf("hits: %d/%d prompts equal, engine gpu=%d offload=%d blocks, diffs %v",
+		c.Equal, c.Prompts, c.GPUBlocks, c.OffloadBlocks, c.Diffs)
+}
+
+// CompareHits asks e what each prompt (the engine's tokens) would hit and
+// ix what it matches for replica r in kv-events mode (MatchTiers), with
+// the keys capped as vLLM caps its hit (at most the prompt minus one
+// token). Speculative entries are ignored (the match runs at a time when
+// they have expired), so only what the engine's events said counts. The
+// engine's block must equal the index's (ErrBlockSize otherwise).
+func CompareHits(e HitEngine, engineBlock int, ix *index.Index, r index.ReplicaID, root index.BlockKey, prompts [][]uint32) (HitComparison, error) {
+	h := ix.Hasher()
+	if engineBlock != h.BlockTokens() {
+		return HitComparison{}, fmt.Errorf("%w: engine block of %d tokens, index block of %d", ErrBlockSize, engineBlock, h.BlockTokens())
+	}
+	// Far enough ahead that every speculative entry is expired.
+	later := time.Now().Add(24 * time.Hour).UnixNano()
+	var c HitComparison
+	var keys []index.BlockKey
+	gpu, cpu, disk := make([]int32, 1), make([]int32, 1), make([]int32, 1)
+	cand := []index.ReplicaID{r}
+	for _, p := range prompts {
+		if len(p) == 0 {
+			continue
+		}
+		keys = h.AppendKeys(keys[:0], root, p)
+		keys = keys[:min(len(keys), (len(p)-1)/engineBlock)]
+		ix.MatchTiers(keys, cand, index.ModeKVEvents, later, gpu, cpu, disk)
+		eg, eo := e.PrefixHit(p)
+		c.Prompts++
+		c.GPUBlocks += eg
+		c.OffloadBlocks += eo
+		if int(gpu[0]) == eg && int(cpu[0]+disk[0]) == eo {
+			c.Equal++
+		} else if len(c.Diffs) < maxExamples {
+			c.Diffs = append(c.Diffs, fmt.Sprintf("%d-token prompt: index gpu=%d offload=%d, engine gpu=%d offload=%d",
+				len(p), gpu[0], cpu[0]+disk[0], eg, eo))
+		}
+	}
+	return c, nil
+}
+
+// AwaitHits polls CompareHits like Await until the index agrees on every
+// prompt.
+func AwaitHits(ctx context.Context, poll time.Duration, check func() (HitComparison, error)) (HitComparison, time.Duration, error) {
+	start := time.Now()
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	for {
+		c, err := check()
+		if err != nil || c.Exact() {
+			return c, time.Since(start), err
+		}
+		select {
+		case <-ctx.Done():
+			return c, time.Since(start), fmt.Errorf("%w after %v: %s: %w", ErrTimeout, time.Since(start).Round(time.Millisecond), c, ctx.Err())
+		case <-tick.C:
+		}
+	}
 }
 
 // Await calls check every poll until ok accepts its result, and returns that

@@ -150,7 +150,7 @@ func addStudyFlags(f *pflag.FlagSet, cfg *study.Config, opt *options, sweep bool
 	f.BoolVar(&opt.quick, "quick", false, "reduced grid (warm and hot50; least-request, prefix-cache, cost; history; 1 round; 48 arrivals; speed 10): about a minute")
 	f.StringVar(&opt.out, "out", "kvbench-out", "output directory")
 	f.StringVar(&opt.logLevel, "log-level", "warn", "log level of simulators and gateways (debug, info, warn, error)")
-	f.IntVar(&cfg.EngineBlockSize, "engine-block-size", cfg.EngineBlockSize, "simulated engines' KV block size in tokens (1568 = the seed's hybrid-model granularity; history mode only)")
+	f.IntVar(&cfg.EngineBlockSize, "engine-block-size", cfg.EngineBlockSize, "simulated engines' KV block size in tokens (1568 = the seed's hybrid-model granularity: history mode only on the live engine; --engine des indexes it at 784-token blocks)")
 	f.StringVar(&opt.workload, "workload", "", "JSONL file of your own prompts and multi-turn sessions (optional at_ms arrival schedule; docs/workload.md): replaces the seed's scenarios and documents, one phase per strategy, mode, cell and round")
 	f.BoolVar(&opt.workloadSalt, "workload-salt", true, "with --workload: prefix every prompt with a per-phase salt line, so phases share no prefix in the engines' caches or the gateways' indexes (false: prompts go exactly as written)")
 	f.DurationVar(&opt.timeout, "timeout", 0, "stop the study after this wall time (0: no limit)")
@@ -159,6 +159,7 @@ func addStudyFlags(f *pflag.FlagSet, cfg *study.Config, opt *options, sweep bool
 	f.DurationVar(&opt.des.SyncDelay, "sync-delay", opt.des.SyncDelay, "DES: how long a routing decision takes to reach the peer gateways' indexes")
 	f.DurationVar(&opt.des.LoadDelay, "load-delay", opt.des.LoadDelay, "DES: how stale a gateway's view of its peers' in-flight counts is")
 	f.DurationVar(&opt.des.KVDelay, "kv-delay", opt.des.KVDelay, "DES: how long an engine's KV events take to reach the gateways")
+	addEngineProfileFlags(f, opt)
 }
 
 func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -313,6 +314,7 @@ func resolve(cmd *cobra.Command, flagged study.Config, opt options, grid bool) (
 		o.EngineBlockSize = c.EngineBlockSize
 		o.Seed = c.Seed
 		o.NoSync = c.GatewaysIsolated
+		c.EngineProfile = engineProfileText(o)
 		c = des.StudyConfig(c, o)
 		if err := o.Validate(); err != nil {
 			return c, o, err

@@ -101,6 +101,8 @@ func parseFlags(args []string, out io.Writer) (sim.Config, slog.Level, error) {
 	fs.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks-override", cfg.NumGPUBlocks, "KV cache capacity in blocks")
 	fs.IntVar(&cfg.KVOffloadBlocks, "kv-offload-blocks", 0, "CPU offload tier capacity in blocks (0: none): evicted blocks go there, publish medium CPU events, and load instead of recomputing")
 	fs.Float64Var(&cfg.KVOffloadTokensPerSecond, "kv-offload-tokens-per-second", 50_000, "load bandwidth of the CPU offload tier, in prompt tokens per second")
+	fs.IntVar(&cfg.HybridSlidingWindow, "hybrid-sliding-window", 0, "simulate a hybrid-attention model (0: off): a full-attention KV-cache group and a sliding-window group of this many tokens that evict independently and publish group_idx 0 and 1; prefix hits follow vLLM's hybrid rule")
+	fs.IntVar(&cfg.HybridWindowBlocks, "hybrid-window-blocks", 0, "KV capacity of the sliding-window group in blocks (0: --num-gpu-blocks-override)")
 	fs.StringVar(&kvJSON, "kv-events-config", "", `vLLM KV events config JSON: {"enable_kv_cache_events","publisher","endpoint","replay_endpoint","topic","buffer_steps","hwm"}`)
 	fs.StringVar(&kvEnc, "kv-events-encoding", cfg.KVEvents.Encoding, "KV event payload form: map (vLLM v0.26), array (older), map-envelope (newest)")
 	fs.StringVar(&kvForm, "kv-events-replay-form", cfg.KVEvents.ReplayForm, "replay reply form: with-topic (v0.26) or no-topic (<= v0.25)")

@@ -57,6 +57,14 @@ func TestParseFlagsVLLMNames(t *testing.T) {
 	require.ErrorIs(t, err, sim.ErrInvalidConfig)
 	_, _, err = parseFlags([]string{"--kv-events-encoding", "json", "--kv-events-config", `{"enable_kv_cache_events":true}`}, io.Discard)
 	require.ErrorIs(t, err, sim.ErrInvalidConfig)
+	cfg, _, err = parseFlags([]string{"--hybrid-sliding-window", "4096", "--hybrid-window-blocks", "300"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 4096, cfg.HybridSlidingWindow)
+	require.Equal(t, 300, cfg.HybridWindowBlocks)
+	_, _, err = parseFlags([]string{"--hybrid-sliding-window", "1"}, io.Discard)
+	require.ErrorIs(t, err, sim.ErrInvalidConfig)
+	_, _, err = parseFlags([]string{"--hybrid-sliding-window", "4096", "--kv-offload-blocks", "10"}, io.Discard)
+	require.ErrorIs(t, err, sim.ErrInvalidConfig, "the window group with an offload tier is not modelled")
 }
 
 func TestRunServesAndStopsOnCancel(t *testing.T) {

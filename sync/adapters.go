@@ -4,20 +4,20 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 )
 
-// ReplicaTable is a fixed Replicas: replica i of names has ReplicaID i, the
+// replicaTable is a fixed Replicas: replica i of names has ReplicaID i, the
 // way node numbers its replicas in configuration order. Immutable, so safe
 // for concurrent use.
-type ReplicaTable struct {
+type replicaTable struct {
 	ids   map[string]index.ReplicaID
 	names []string
 }
 
-var _ Replicas = (*ReplicaTable)(nil)
+var _ Replicas = (*replicaTable)(nil)
 
-// NewReplicaTable returns the table for names (copied). Duplicate names keep
+// newReplicaTable returns the table for names (copied). Duplicate names keep
 // their first ID.
-func NewReplicaTable(names []string) *ReplicaTable {
-	t := &ReplicaTable{ids: make(map[string]index.ReplicaID, len(names)), names: append([]string(nil), names...)}
+func newReplicaTable(names []string) *replicaTable {
+	t := &replicaTable{ids: make(map[string]index.ReplicaID, len(names)), names: append([]string(nil), names...)}
 	for i, n := range names {
 		if _, dup := t.ids[n]; !dup {
 			t.ids[n] = index.ReplicaID(i)
@@ -27,26 +27,26 @@ func NewReplicaTable(names []string) *ReplicaTable {
 }
 
 // ReplicaID implements Replicas.
-func (t *ReplicaTable) ReplicaID(name string) (index.ReplicaID, bool) {
+func (t *replicaTable) ReplicaID(name string) (index.ReplicaID, bool) {
 	id, ok := t.ids[name]
 	return id, ok
 }
 
 // ReplicaName implements Replicas.
-func (t *ReplicaTable) ReplicaName(id index.ReplicaID) (string, bool) {
+func (t *replicaTable) ReplicaName(id index.ReplicaID) (string, bool) {
 	if int(id) >= len(t.names) {
 		return "", false
 	}
 	return t.names[id], true
 }
 
-// LoadFunc adapts a function to LoadSource.
-type LoadFunc func(dst []ReplicaLoad) []ReplicaLoad
+// loadFunc adapts a function to LoadSource.
+type loadFunc func(dst []ReplicaLoad) []ReplicaLoad
 
-var _ LoadSource = LoadFunc(nil)
+var _ LoadSource = loadFunc(nil)
 
 // AppendInFlight implements LoadSource.
-func (f LoadFunc) AppendInFlight(dst []ReplicaLoad) []ReplicaLoad { return f(dst) }
+func (f loadFunc) AppendInFlight(dst []ReplicaLoad) []ReplicaLoad { return f(dst) }
 
 // KVOwner returns the live member that owns replica's KV events now ("" if
 // replica is not a KV source or there is no member).

@@ -20,7 +20,7 @@ type lag struct {
 	peer string
 }
 
-func (c *Cluster) storeDigest(d *Digest) {
+func (c *Cluster) storeDigest(d *digest) {
 	src := make(map[string]uint64, len(d.Sources))
 	for _, w := range d.Sources {
 		src[w.Source] = w.Seq
@@ -48,13 +48,13 @@ func (c *Cluster) digestLoop(ctx context.Context) {
 		}
 		mine := c.mySources()
 		st := c.deps.Index.Stats()
-		d := Digest{Origin: c.origin, SentAt: time.Now().UnixNano(),
+		d := digest{Origin: c.origin, SentAt: time.Now().UnixNano(),
 			Entries: [3]uint64{uint64(st.Entries[index.History]), uint64(st.Entries[index.Speculative]), uint64(st.Entries[index.Confirmed])}}
 		for s, v := range mine {
-			d.Sources = append(d.Sources, Watermark{Source: s, Seq: v})
+			d.Sources = append(d.Sources, watermark{Source: s, Seq: v})
 		}
 		var err error
-		if msg, err = AppendDigest(msg[:0], &d); err == nil {
+		if msg, err = appendDigest(msg[:0], &d); err == nil {
 			if c.bus.publish(c.bus.subj.digest, msg) == nil {
 				c.m.published.WithLabelValues("digest", "nats").Inc()
 			}

@@ -126,7 +126,7 @@ func (st *kvState) cleared() { st.gap = false }
 
 // inbound is one decoded peer message on its way to the applier.
 type inbound struct {
-	msg Message
+	msg message
 	via string // "nats" or "gossip"
 }
 
@@ -219,9 +219,9 @@ func (a *applier) takeLoss() bool {
 
 func (a *applier) applyLocked(in inbound) {
 	switch in.msg.Kind {
-	case KindDecisions:
+	case kindDecisions:
 		a.applyDecisionsLocked(in.msg.Decisions, false)
-	case KindKV:
+	case kindKV:
 		if reason := a.checkKVLocked(in.msg.KV, time.Now()); reason != "" {
 			a.c.m.kvRejected.WithLabelValues(in.via, reason).Inc()
 			a.c.log.Debug("KV batch refused", "replica", in.msg.KV.Replica, "origin", in.msg.KV.Origin,
@@ -520,19 +520,19 @@ func (a *applier) endBuffering() {
 }
 
 // sources returns a digest's watermark list.
-func (a *applier) sources() []Watermark {
+func (a *applier) sources() []watermark {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]Watermark, 0, len(a.origins)+len(a.kv))
+	out := make([]watermark, 0, len(a.origins)+len(a.kv))
 	for o, st := range a.origins {
-		out = append(out, Watermark{Source: srcDecisions + o, Seq: st.base})
+		out = append(out, watermark{Source: srcDecisions + o, Seq: st.base})
 	}
 	for r, st := range a.kv {
 		var v uint64
 		if seq, _, ok := st.mark(); ok {
 			v = seq + 1
 		}
-		out = append(out, Watermark{Source: srcKV + r, Seq: v})
+		out = append(out, watermark{Source: srcKV + r, Seq: v})
 	}
 	return out
 }

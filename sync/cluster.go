@@ -520,14 +520,14 @@ func (c *Cluster) onNATS(data []byte) { c.receive(data, "nats") }
 func (c *Cluster) onGossip(data []byte) { c.receive(data, "gossip") }
 
 func (c *Cluster) receive(data []byte, via string) {
-	m, err := DecodeMessage(data)
+	m, err := decodeMessage(data)
 	if err != nil {
 		c.m.malformed.WithLabelValues(via).Inc()
 		c.log.Debug("malformed peer message", "via", via, "bytes", len(data), "err", err)
 		return
 	}
 	switch m.Kind {
-	case KindDecisions:
+	case kindDecisions:
 		if m.Decisions.Origin == c.origin {
 			return
 		}
@@ -535,21 +535,21 @@ func (c *Cluster) receive(data []byte, via string) {
 			c.m.malformed.WithLabelValues(via).Inc()
 			return
 		}
-	case KindKV:
+	case kindKV:
 		if m.KV.Origin == c.origin {
 			return
 		}
-	case KindLoad:
+	case kindLoad:
 		if m.Load.Origin != c.origin {
 			c.peers.report(m.Load, time.Now())
 		}
 		return
-	case KindQueued:
+	case kindQueued:
 		if m.Load.Origin != c.origin {
 			c.queued.report(m.Load, time.Now())
 		}
 		return
-	case KindDigest:
+	case kindDigest:
 		if m.Digest.Origin != c.origin {
 			c.storeDigest(m.Digest)
 		}

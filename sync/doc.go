@@ -13,12 +13,12 @@
 //	cfg.NodeName, cfg.Join = "gw-a", []string{"10.0.0.2:7946"}
 //	cfg.KVSources = ...           // engines with a kv (connect) endpoint
 //	c, err := kvsync.New(cfg, kvsync.Deps{
-//		Index:        n.Index(),                       // required
-//		Replicas:     kvsync.NewReplicaTable(names),   // required: name <-> ReplicaID, in node's order
-//		Load:         kvsync.LoadFunc(appendLoad),     // exact in-flight counts and queued prefill
-//		AfterRestore: nil,                             // optional (restores keep local replica settings)
-//		Registerer:   n.Registry(),                    // kvmesh_sync_* metrics
-//		KVMetrics:    kvMetrics,                       // shared kvevents counters (optional)
+//		Index:        n.Index(),        // required
+//		Replicas:     ids,              // required: name <-> ReplicaID, in node's order
+//		Load:         loadSource{n},    // exact in-flight counts and queued prefill
+//		AfterRestore: reapply,          // optional (restores keep local replica settings)
+//		Registerer:   n.Registry(),     // kvmesh_sync_* metrics
+//		KVMetrics:    kvMetrics,        // shared kvevents counters (optional)
 //		Logger:       log,
 //	})
 //	err = c.Start(ctx)   // joins, bootstraps the index, returns
@@ -28,17 +28,17 @@
 //	...
 //	err = c.Shutdown(ctx) // graceful leave, then stop
 //
-// What node must change (a follow-up; node is not edited here): build a
-// ReplicaTable from its replica names in ID order (or implement Replicas)
-// and a LoadSource over its replicas' in-flight atomics; call PublishDecision in recordDecision; and not
-// start its own kvevents subscribers for replicas listed in
-// Config.KVSources (the cluster's owner ingests those for everyone;
-// KVOwner and OwnsKV say who does). Members and Changed satisfy the
-// sync/config store's Membership contract after converting Member. Replicas with kv_bind (the engine's publisher connects to the
-// gateway) cannot move between gateways: node keeps ingesting those
-// itself, and they are not shared. Every gateway must configure the same
-// replica names, model roots (index.SetReplicaRoot), hash seed and block
-// size; the config store (sync/config) is where they should come from.
+// node/cluster.go is that wiring: its replica table implements Replicas
+// and a LoadSource reads its replicas' in-flight atomics; it calls
+// PublishDecision when it records a decision, and does not start its own
+// kvevents subscribers for replicas listed in Config.KVSources (the
+// cluster's owner ingests those for everyone; KVOwner and OwnsKV say who
+// does). Members and Changed satisfy the sync/config store's Membership
+// contract after converting Member. Replicas with kv_bind (the engine's
+// publisher connects to the gateway) cannot move between gateways: node
+// keeps ingesting those itself, and they are not shared. Every gateway must
+// configure the same replica names, model roots (index.SetReplicaRoot),
+// hash seed and block size; they come from the raft config (sync/config).
 //
 // # Membership
 //
@@ -52,8 +52,9 @@
 // cluster are ignored. Events (join, update, leave, fail) are recorded
 // under memberlist's lock without blocking and delivered to
 // MemberListeners from the Cluster's own goroutine. A graceful Leave first
-// gossips metadata with Leaving set, which is how peers tell a leave from a
-// failure (memberlist's events do not say). Members declared failed are
+// gossips metadata with Leaving set and announces the leave to every member
+// over memberlist's reliable channel, which is how peers tell a leave from
+// a failure (memberlist's events do not say). Members declared failed are
 // retried every ReconnectInterval for ReconnectTimeout, so both sides of a
 // healed partition merge again (memberlist alone leaves each side holding
 // the other dead). MemNetwork is an in-memory
@@ -85,7 +86,7 @@
 // All peer messages (NATS payloads and gossip user messages) share one
 // binary, versioned format, documented field by field in wire.go:
 // header 'K' 'M' version kind, then varints, fixed 8-byte keys and
-// length-prefixed strings. DecodeMessage checks every count against the
+// length-prefixed strings. decodeMessage checks every count against the
 // bytes left before allocating, rejects trailing bytes, and never panics
 // (FuzzDecodeDelta). Malformed messages are dropped and counted
 // (kvmesh_sync_messages_malformed_total{source}). Because of that

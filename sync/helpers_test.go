@@ -127,7 +127,7 @@ func newGW(t testing.TB, name string, tr memberlist.Transport, mutate func(*Conf
 	}
 	g := &gw{name: name, ix: newIndex(t), reg: prometheus.NewRegistry(), load: &fakeLoad{}}
 	c, err := New(cfg, Deps{
-		Index: g.ix, Replicas: NewReplicaTable(testReplicas), Load: g.load,
+		Index: g.ix, Replicas: newReplicaTable(testReplicas), Load: g.load,
 		Registerer: g.reg, Logger: testLogger(t), Transport: tr,
 	})
 	require.NoError(t, err)

@@ -36,7 +36,7 @@ func newPeerLoad(ttl time.Duration, value func(*ReplicaLoad) int) *peerLoad {
 }
 
 // report stores origin's latest report and republishes the view.
-func (p *peerLoad) report(r *LoadReport, now time.Time) {
+func (p *peerLoad) report(r *loadReport, now time.Time) {
 	p.mu.Lock()
 	p.reports[r.Origin] = loadEntry{at: now, loads: r.Loads}
 	p.rebuildLocked(now)
@@ -125,9 +125,9 @@ func (c *Cluster) loadLoop(ctx context.Context) {
 				continue
 			}
 			loads = c.deps.Load.AppendInFlight(loads[:0])
-			r := LoadReport{Origin: c.origin, SentAt: now.UnixNano(), Loads: loads}
+			r := loadReport{Origin: c.origin, SentAt: now.UnixNano(), Loads: loads}
 			var err error
-			if msg, err = AppendLoad(msg[:0], &r); err != nil {
+			if msg, err = appendLoad(msg[:0], &r); err != nil {
 				c.log.Warn("encoding load report", "err", err)
 				continue
 			}
@@ -146,7 +146,7 @@ func (c *Cluster) loadLoop(ctx context.Context) {
 			if !queued && !queuedSent {
 				continue
 			}
-			if msg, err = AppendQueued(msg[:0], &r); err != nil {
+			if msg, err = appendQueued(msg[:0], &r); err != nil {
 				c.log.Warn("encoding queued prefill report", "err", err)
 				continue
 			}

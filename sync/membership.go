@@ -451,7 +451,7 @@ func (ms *membership) shutdown() error {
 // handle records a memberlist node event and queues it for listeners.
 // Called by memberlist with its state lock held: it must not block.
 func (ms *membership) handle(kind MemberEventKind, n *memberlist.Node) {
-	meta, err := DecodeMeta(n.Meta)
+	meta, err := decodeMeta(n.Meta)
 	if err != nil {
 		ms.m.malformed.WithLabelValues("meta").Inc()
 		ms.log.Warn("ignoring member with malformed metadata", "member", n.Name, "err", err)

@@ -102,11 +102,11 @@ func TestMetaRoundTripAndLimit(t *testing.T) {
 		NATSRoute: "nats-route://x:4", NATSClient: "nats://y:5", IndexModes: "hybrid", AdminAddr: "a:6", Leaving: true}
 	b, err := AppendMeta(nil, m, memberlist.MetaMaxSize)
 	require.NoError(t, err)
-	got, err := DecodeMeta(b)
+	got, err := decodeMeta(b)
 	require.NoError(t, err)
 	require.Equal(t, m, got)
 	for i := range len(b) - 1 { // the trailing flags byte is optional
-		_, err := DecodeMeta(b[:i])
+		_, err := decodeMeta(b[:i])
 		require.ErrorIs(t, err, ErrMalformed)
 	}
 	m.IndexModes = string(make([]byte, 600))

@@ -57,9 +57,9 @@ func (m *NodeMeta) fields() []*string {
 	return []*string{&m.Cluster, &m.Version, &m.HTTPAddr, &m.PeerAddr, &m.RaftAddr, &m.NATSRoute, &m.NATSClient, &m.IndexModes, &m.AdminAddr}
 }
 
-// DecodeMeta decodes node metadata. Errors wrap ErrMalformed; it never
+// decodeMeta decodes node metadata. Errors wrap ErrMalformed; it never
 // panics.
-func DecodeMeta(b []byte) (NodeMeta, error) {
+func decodeMeta(b []byte) (NodeMeta, error) {
 	var m NodeMeta
 	if len(b) == 0 || len(b) > memberlist.MetaMaxSize {
 		return m, fmt.Errorf("%w: metadata of %d bytes", ErrMalformed, len(b))

@@ -206,7 +206,7 @@ func (c *Cluster) restoreFrom(ctx context.Context, peer Member, boot, decisions 
 		mine := w[srcDecisions+c.origin]
 		delete(c.ap.origins, c.origin)
 		c.ring.after(mine, func(msg []byte) {
-			if m, err := DecodeMessage(msg); err == nil && m.Decisions != nil {
+			if m, err := decodeMessage(msg); err == nil && m.Decisions != nil {
 				c.ap.applyDecisionsLocked(m.Decisions, true)
 			}
 		})

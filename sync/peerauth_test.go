@@ -156,6 +156,6 @@ func TestPeerTLSConfigErrors(t *testing.T) {
 
 	cfg.PeerTLS = config.TLSFiles{CertFile: filepath.Join(t.TempDir(), "missing.pem"), KeyFile: "missing.key"}
 	require.NoError(t, cfg.Validate())
-	_, err := New(cfg, Deps{Index: newIndex(t), Replicas: NewReplicaTable(testReplicas)})
+	_, err := New(cfg, Deps{Index: newIndex(t), Replicas: newReplicaTable(testReplicas)})
 	require.ErrorIs(t, err, ErrInvalidConfig, "unreadable certificate")
 }

@@ -202,7 +202,7 @@ func (ms *membership) broadcastSplit(msg []byte, c *Cluster) {
 		ms.broadcast(append([]byte(nil), msg...))
 		return
 	}
-	m, err := DecodeMessage(msg)
+	m, err := decodeMessage(msg)
 	if err != nil || m.Decisions == nil {
 		return
 	}

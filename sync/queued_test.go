@@ -19,7 +19,7 @@ import (
 var loadV1Golden = []byte{'K', 'M', 1, 3, 2, 'g', '2', 0x01, 2, 2, 'r', '0', 3, 2, 'r', '1', 0}
 
 // decodeLoadV1 is a frozen copy of the previous release's decoding of a
-// load report (DecodeMessage's header checks, then decodeLoad, then the
+// load report (decodeMessage's header checks, then decodeLoad, then the
 // trailing-bytes check), written out here so that a change to the live
 // decoder cannot hide a break of what deployed gateways accept.
 func decodeLoadV1(data []byte) (map[string]int, error) {
@@ -81,16 +81,16 @@ func decodeLoadV1(data []byte) (map[string]int, error) {
 // prefill; and kind 5, which an old decoder rejects, is a separate message.
 func TestLoadWireCompatible(t *testing.T) {
 	// Old → new.
-	m, err := DecodeMessage(loadV1Golden)
+	m, err := decodeMessage(loadV1Golden)
 	require.NoError(t, err)
-	require.Equal(t, KindLoad, m.Kind)
-	require.Equal(t, &LoadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{
+	require.Equal(t, kindLoad, m.Kind)
+	require.Equal(t, &loadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{
 		{Replica: "r0", InFlight: 3}, {Replica: "r1"}}}, m.Load)
 
 	// New → old: the queued prefill does not change kind 3's bytes.
-	r := &LoadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{
+	r := &loadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{
 		{Replica: "r0", InFlight: 3, QueuedPrefillTokens: 9000}, {Replica: "r1", QueuedPrefillTokens: 17}}}
-	b, err := AppendLoad(nil, r)
+	b, err := appendLoad(nil, r)
 	require.NoError(t, err)
 	require.Equal(t, loadV1Golden, b)
 	old, err := decodeLoadV1(b)
@@ -98,23 +98,23 @@ func TestLoadWireCompatible(t *testing.T) {
 	require.Equal(t, map[string]int{"r0": 3, "r1": 0}, old)
 
 	// Kind 5 carries the queued prefill, and only it.
-	q, err := AppendQueued(nil, r)
+	q, err := appendQueued(nil, r)
 	require.NoError(t, err)
 	require.Equal(t, []byte{'K', 'M', 1, 5, 2, 'g', '2', 0x01, 2, 2, 'r', '0', 0xa8, 0x46, 2, 'r', '1', 17}, q)
-	m, err = DecodeMessage(q)
+	m, err = decodeMessage(q)
 	require.NoError(t, err)
-	require.Equal(t, KindQueued, m.Kind)
-	require.Equal(t, &LoadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{
+	require.Equal(t, kindQueued, m.Kind)
+	require.Equal(t, &loadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{
 		{Replica: "r0", QueuedPrefillTokens: 9000}, {Replica: "r1", QueuedPrefillTokens: 17}}}, m.Load)
 	// An old gateway would drop it: that is why it never goes to load.*.
 	_, err = decodeLoadV1(q)
 	require.Error(t, err)
 
 	// Out-of-range figures are clamped, never encoded undecodable.
-	b, err = AppendQueued(nil, &LoadReport{Origin: "g", Loads: []ReplicaLoad{
+	b, err = appendQueued(nil, &loadReport{Origin: "g", Loads: []ReplicaLoad{
 		{Replica: "a", QueuedPrefillTokens: -5}, {Replica: "b", QueuedPrefillTokens: math.MaxInt64}}})
 	require.NoError(t, err)
-	m, err = DecodeMessage(b)
+	m, err = decodeMessage(b)
 	require.NoError(t, err)
 	require.Equal(t, 0, m.Load.Loads[0].QueuedPrefillTokens)
 	require.Equal(t, math.MaxInt32, m.Load.Loads[1].QueuedPrefillTokens)
@@ -185,14 +185,14 @@ func TestPeerQueuedPrefillExpires(t *testing.T) {
 	p := newPeerLoad(time.Second, queuedPrefillOf)
 	t0 := time.Unix(1_700_000_000, 0)
 	view := func() map[string]int { return *p.view.Load() }
-	p.report(&LoadReport{Origin: "a#1", Loads: []ReplicaLoad{{Replica: "r0", InFlight: 9, QueuedPrefillTokens: 100}}}, t0)
-	p.report(&LoadReport{Origin: "b#1", Loads: []ReplicaLoad{{Replica: "r0", QueuedPrefillTokens: 20}}}, t0.Add(800*time.Millisecond))
+	p.report(&loadReport{Origin: "a#1", Loads: []ReplicaLoad{{Replica: "r0", InFlight: 9, QueuedPrefillTokens: 100}}}, t0)
+	p.report(&loadReport{Origin: "b#1", Loads: []ReplicaLoad{{Replica: "r0", QueuedPrefillTokens: 20}}}, t0.Add(800*time.Millisecond))
 	require.Equal(t, map[string]int{"r0": 120}, view())
 	require.Equal(t, 1, p.expire(t0.Add(1500*time.Millisecond)))
 	require.Equal(t, map[string]int{"r0": 20}, view())
 	require.Equal(t, 0, p.expire(t0.Add(2*time.Second)))
 	require.Empty(t, view())
-	p.report(&LoadReport{Origin: "b#2", Loads: []ReplicaLoad{{Replica: "r0", QueuedPrefillTokens: 5}}}, t0.Add(3*time.Second))
+	p.report(&loadReport{Origin: "b#2", Loads: []ReplicaLoad{{Replica: "r0", QueuedPrefillTokens: 5}}}, t0.Add(3*time.Second))
 	require.Equal(t, map[string]int{"r0": 5}, view())
 	p.forget("b", t0.Add(3*time.Second))
 	require.Empty(t, view())
@@ -204,7 +204,7 @@ func BenchmarkPeerLoadRead(b *testing.B) {
 	c := &Cluster{peers: newPeerLoad(time.Hour, inFlightOf), queued: newPeerLoad(time.Hour, queuedPrefillOf)}
 	now := time.Now()
 	for g := range 8 {
-		r := &LoadReport{Origin: string(rune('a'+g)) + "#1"}
+		r := &loadReport{Origin: string(rune('a'+g)) + "#1"}
 		for i := range 64 {
 			r.Loads = append(r.Loads, ReplicaLoad{Replica: "replica-" + string(rune('A'+i)), InFlight: i, QueuedPrefillTokens: 100 * i})
 		}

@@ -53,7 +53,7 @@ import (
 //
 // Trailing bytes after a message are an error. Every count is checked
 // against the bytes left before anything is allocated, so a hostile length
-// costs nothing; DecodeMessage never panics.
+// costs nothing; decodeMessage never panics.
 const (
 	wireMagic0  = 'K'
 	wireMagic1  = 'M'
@@ -67,29 +67,29 @@ const (
 	MaxMessageBytes = 8 << 20
 )
 
-// Kind is a peer message type.
-type Kind uint8
+// msgKind is a peer message type.
+type msgKind uint8
 
 // Message kinds.
 const (
-	KindDecisions Kind = 1
-	KindKV        Kind = 2
-	KindLoad      Kind = 3
-	KindDigest    Kind = 4
-	KindQueued    Kind = 5
+	kindDecisions msgKind = 1
+	kindKV        msgKind = 2
+	kindLoad      msgKind = 3
+	kindDigest    msgKind = 4
+	kindQueued    msgKind = 5
 )
 
-func (k Kind) String() string {
+func (k msgKind) String() string {
 	switch k {
-	case KindDecisions:
+	case kindDecisions:
 		return "decisions"
-	case KindKV:
+	case kindKV:
 		return "kv"
-	case KindLoad:
+	case kindLoad:
 		return "load"
-	case KindDigest:
+	case kindDigest:
 		return "digest"
-	case KindQueued:
+	case kindQueued:
 		return "queued"
 	}
 	return "unknown"
@@ -138,42 +138,42 @@ type ReplicaLoad struct {
 	QueuedPrefillTokens int
 }
 
-// LoadReport is a gateway's load. A kind-3 message carries (and decodes
+// loadReport is a gateway's load. A kind-3 message carries (and decodes
 // to) the InFlight counts only, a kind-5 message the QueuedPrefillTokens
 // only; the other field is 0.
-type LoadReport struct {
+type loadReport struct {
 	Origin string
 	SentAt int64
 	Loads  []ReplicaLoad
 }
 
-// Watermark is the last sequence number applied from one source:
+// watermark is the last sequence number applied from one source:
 // "d/<origin>" for an origin's decision batches, "kv/<replica>" for an
 // engine's KV batches (engine seq + 1; 0 = nothing applied).
-type Watermark struct {
+type watermark struct {
 	Source string
 	Seq    uint64
 }
 
-// Digest summarizes a gateway's index for anti-entropy.
-type Digest struct {
+// digest summarizes a gateway's index for anti-entropy.
+type digest struct {
 	Origin  string
 	SentAt  int64
 	Entries [3]uint64 // per ledger (informational)
-	Sources []Watermark
+	Sources []watermark
 }
 
-// Message is a decoded peer message; the field Kind names is set (Load
-// for both KindLoad and KindQueued).
-type Message struct {
-	Kind      Kind
+// message is a decoded peer message; the field Kind names is set (Load
+// for both kindLoad and kindQueued).
+type message struct {
+	Kind      msgKind
 	Decisions *DecisionBatch
 	KV        *KVBatch
-	Load      *LoadReport
-	Digest    *Digest
+	Load      *loadReport
+	Digest    *digest
 }
 
-func appendHeader(dst []byte, k Kind) []byte {
+func appendHeader(dst []byte, k msgKind) []byte {
 	return append(dst, wireMagic0, wireMagic1, wireVersion, byte(k))
 }
 
@@ -200,7 +200,7 @@ func AppendDecisions(dst []byte, b *DecisionBatch) ([]byte, error) {
 		return dst, fmt.Errorf("%w: %d decisions", ErrTooLarge, len(b.Entries))
 	}
 	start := len(dst)
-	dst = appendHeader(dst, KindDecisions)
+	dst = appendHeader(dst, kindDecisions)
 	dst = appendStr(dst, b.Origin)
 	dst = binary.AppendUvarint(dst, b.Seq)
 	dst = binary.AppendVarint(dst, b.SentAt)
@@ -267,7 +267,7 @@ func AppendKV(dst []byte, b *KVBatch) ([]byte, error) {
 		return dst, fmt.Errorf("%w: %d events", ErrTooLarge, len(b.Events))
 	}
 	start := len(dst)
-	dst = appendHeader(dst, KindKV)
+	dst = appendHeader(dst, kindKV)
 	dst = appendStr(dst, b.Origin)
 	dst = appendStr(dst, b.Replica)
 	dst = binary.AppendUvarint(dst, b.Seq)
@@ -294,18 +294,18 @@ func AppendKV(dst []byte, b *KVBatch) ([]byte, error) {
 	return dst, nil
 }
 
-// AppendLoad appends the kind-3 encoding of r (its InFlight counts) to dst.
-func AppendLoad(dst []byte, r *LoadReport) ([]byte, error) {
-	return appendLoads(dst, r, KindLoad)
+// appendLoad appends the kind-3 encoding of r (its InFlight counts) to dst.
+func appendLoad(dst []byte, r *loadReport) ([]byte, error) {
+	return appendLoads(dst, r, kindLoad)
 }
 
-// AppendQueued appends the kind-5 encoding of r (its QueuedPrefillTokens)
+// appendQueued appends the kind-5 encoding of r (its QueuedPrefillTokens)
 // to dst.
-func AppendQueued(dst []byte, r *LoadReport) ([]byte, error) {
-	return appendLoads(dst, r, KindQueued)
+func appendQueued(dst []byte, r *loadReport) ([]byte, error) {
+	return appendLoads(dst, r, kindQueued)
 }
 
-func appendLoads(dst []byte, r *LoadReport, k Kind) ([]byte, error) {
+func appendLoads(dst []byte, r *loadReport, k msgKind) ([]byte, error) {
 	if err := checkName("origin", r.Origin); err != nil {
 		return dst, err
 	}
@@ -322,7 +322,7 @@ func appendLoads(dst []byte, r *LoadReport, k Kind) ([]byte, error) {
 			return dst[:start], err
 		}
 		n := l.InFlight
-		if k == KindQueued {
+		if k == kindQueued {
 			n = l.QueuedPrefillTokens
 		}
 		dst = appendStr(dst, l.Replica)
@@ -331,8 +331,8 @@ func appendLoads(dst []byte, r *LoadReport, k Kind) ([]byte, error) {
 	return dst, nil
 }
 
-// AppendDigest appends the encoding of d to dst.
-func AppendDigest(dst []byte, d *Digest) ([]byte, error) {
+// appendDigest appends the encoding of d to dst.
+func appendDigest(dst []byte, d *digest) ([]byte, error) {
 	if err := checkName("origin", d.Origin); err != nil {
 		return dst, err
 	}
@@ -340,7 +340,7 @@ func AppendDigest(dst []byte, d *Digest) ([]byte, error) {
 		return dst, fmt.Errorf("%w: %d sources", ErrTooLarge, len(d.Sources))
 	}
 	start := len(dst)
-	dst = appendHeader(dst, KindDigest)
+	dst = appendHeader(dst, kindDigest)
 	dst = appendStr(dst, d.Origin)
 	dst = binary.AppendVarint(dst, d.SentAt)
 	for _, e := range d.Entries {
@@ -451,38 +451,38 @@ func (r *reader) str(what string) string {
 	return s
 }
 
-// DecodeMessage decodes one peer message. Errors wrap ErrMalformed; it never
+// decodeMessage decodes one peer message. Errors wrap ErrMalformed; it never
 // panics and keeps no reference to data.
-func DecodeMessage(data []byte) (Message, error) {
+func decodeMessage(data []byte) (message, error) {
 	if len(data) > MaxMessageBytes {
-		return Message{}, fmt.Errorf("%w: %d bytes", ErrMalformed, len(data))
+		return message{}, fmt.Errorf("%w: %d bytes", ErrMalformed, len(data))
 	}
 	if len(data) < 4 || data[0] != wireMagic0 || data[1] != wireMagic1 {
-		return Message{}, fmt.Errorf("%w: bad magic", ErrMalformed)
+		return message{}, fmt.Errorf("%w: bad magic", ErrMalformed)
 	}
 	if data[2] != wireVersion {
-		return Message{}, fmt.Errorf("%w: version %d", ErrMalformed, data[2])
+		return message{}, fmt.Errorf("%w: version %d", ErrMalformed, data[2])
 	}
 	r := &reader{b: data[4:]}
-	var m Message
-	m.Kind = Kind(data[3])
+	var m message
+	m.Kind = msgKind(data[3])
 	switch m.Kind {
-	case KindDecisions:
+	case kindDecisions:
 		m.Decisions = decodeDecisions(r)
-	case KindKV:
+	case kindKV:
 		m.KV = decodeKV(r)
-	case KindLoad, KindQueued:
+	case kindLoad, kindQueued:
 		m.Load = decodeLoad(r, m.Kind)
-	case KindDigest:
+	case kindDigest:
 		m.Digest = decodeDigest(r)
 	default:
-		return Message{}, fmt.Errorf("%w: kind %d", ErrMalformed, data[3])
+		return message{}, fmt.Errorf("%w: kind %d", ErrMalformed, data[3])
 	}
 	if r.err == nil && len(r.b) != 0 {
 		r.fail("%d trailing bytes", len(r.b))
 	}
 	if r.err != nil {
-		return Message{}, r.err
+		return message{}, r.err
 	}
 	return m, nil
 }
@@ -555,12 +555,12 @@ func decodeKV(r *reader) *KVBatch {
 	return b
 }
 
-func decodeLoad(r *reader, k Kind) *LoadReport {
+func decodeLoad(r *reader, k msgKind) *loadReport {
 	what := "inflight"
-	if k == KindQueued {
+	if k == kindQueued {
 		what = "queued tokens"
 	}
-	l := &LoadReport{Origin: r.str("origin"), SentAt: r.sv("sentAt")}
+	l := &loadReport{Origin: r.str("origin"), SentAt: r.sv("sentAt")}
 	n := r.count("loads", maxEntries, 2)
 	if r.err != nil {
 		return nil
@@ -572,7 +572,7 @@ func decodeLoad(r *reader, k Kind) *LoadReport {
 		if r.err == nil && v > math.MaxInt32 {
 			r.fail("%s %d", what, v)
 		}
-		if k == KindQueued {
+		if k == kindQueued {
 			l.Loads[i].QueuedPrefillTokens = int(v)
 		} else {
 			l.Loads[i].InFlight = int(v)
@@ -581,8 +581,8 @@ func decodeLoad(r *reader, k Kind) *LoadReport {
 	return l
 }
 
-func decodeDigest(r *reader) *Digest {
-	d := &Digest{Origin: r.str("origin"), SentAt: r.sv("sentAt")}
+func decodeDigest(r *reader) *digest {
+	d := &digest{Origin: r.str("origin"), SentAt: r.sv("sentAt")}
 	for i := range d.Entries {
 		d.Entries[i] = r.uv("entries")
 	}
@@ -590,9 +590,9 @@ func decodeDigest(r *reader) *Digest {
 	if r.err != nil {
 		return nil
 	}
-	d.Sources = make([]Watermark, n)
+	d.Sources = make([]watermark, n)
 	for i := range d.Sources {
-		d.Sources[i] = Watermark{Source: r.str("source"), Seq: r.uv("seq")}
+		d.Sources[i] = watermark{Source: r.str("source"), Seq: r.uv("seq")}
 	}
 	return d
 }

@@ -30,47 +30,47 @@ func sampleMessages(t testing.TB) [][]byte {
 		{Kind: index.KVCleared},
 	}}))
 	add(AppendKV(nil, &KVBatch{Origin: "g1", Replica: "r2", Seq: 43, Reset: true, Reason: uint8(kvevents.ResetRewind)}))
-	add(AppendLoad(nil, &LoadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{{Replica: "r0", InFlight: 3}, {Replica: "r1"}}}))
-	add(AppendQueued(nil, &LoadReport{Origin: "g2", SentAt: 4, Loads: []ReplicaLoad{
+	add(appendLoad(nil, &loadReport{Origin: "g2", SentAt: -1, Loads: []ReplicaLoad{{Replica: "r0", InFlight: 3}, {Replica: "r1"}}}))
+	add(appendQueued(nil, &loadReport{Origin: "g2", SentAt: 4, Loads: []ReplicaLoad{
 		{Replica: "r0", QueuedPrefillTokens: 4096}, {Replica: "r1"}}}))
-	add(AppendDigest(nil, &Digest{Origin: "g2", SentAt: 9, Entries: [3]uint64{1, 2, 3},
-		Sources: []Watermark{{"d/g0", 7}, {"kv/r2", 43}}}))
+	add(appendDigest(nil, &digest{Origin: "g2", SentAt: 9, Entries: [3]uint64{1, 2, 3},
+		Sources: []watermark{{"d/g0", 7}, {"kv/r2", 43}}}))
 	return out
 }
 
 func TestWireRoundTrip(t *testing.T) {
 	for _, b := range sampleMessages(t) {
-		m, err := DecodeMessage(b)
+		m, err := decodeMessage(b)
 		require.NoError(t, err)
 		require.Equal(t, b, reencode(t, m), "kind %v", m.Kind)
 		// Every strict prefix is malformed, never a panic or a shorter message.
 		for i := range b {
-			_, err := DecodeMessage(b[:i])
+			_, err := decodeMessage(b[:i])
 			require.ErrorIs(t, err, ErrMalformed, "prefix %d of kind %v", i, m.Kind)
 		}
-		_, err = DecodeMessage(append(bytes.Clone(b), 0))
+		_, err = decodeMessage(append(bytes.Clone(b), 0))
 		require.ErrorIs(t, err, ErrMalformed, "trailing byte")
 	}
-	m, err := DecodeMessage(sampleMessages(t)[0])
+	m, err := decodeMessage(sampleMessages(t)[0])
 	require.NoError(t, err)
 	require.Equal(t, int64(1_700_000_000_000_000_000-3_000_000), m.Decisions.Entries[0].At)
 	require.Equal(t, "r1", m.Decisions.Entries[1].Replica)
 }
 
-func reencode(t testing.TB, m Message) []byte {
+func reencode(t testing.TB, m message) []byte {
 	var b []byte
 	var err error
 	switch m.Kind {
-	case KindDecisions:
+	case kindDecisions:
 		b, err = AppendDecisions(nil, m.Decisions)
-	case KindKV:
+	case kindKV:
 		b, err = AppendKV(nil, m.KV)
-	case KindLoad:
-		b, err = AppendLoad(nil, m.Load)
-	case KindQueued:
-		b, err = AppendQueued(nil, m.Load)
-	case KindDigest:
-		b, err = AppendDigest(nil, m.Digest)
+	case kindLoad:
+		b, err = appendLoad(nil, m.Load)
+	case kindQueued:
+		b, err = appendQueued(nil, m.Load)
+	case kindDigest:
+		b, err = appendDigest(nil, m.Digest)
 	}
 	require.NoError(t, err)
 	return b
@@ -89,7 +89,7 @@ func TestWireRejects(t *testing.T) {
 		"reset events": {'K', 'M', 1, 2, 1, 'g', 1, 'r', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 3},
 	}
 	for name, b := range cases {
-		_, err := DecodeMessage(b)
+		_, err := decodeMessage(b)
 		require.ErrorIs(t, err, ErrMalformed, name)
 	}
 	_, err := AppendDecisions(nil, &DecisionBatch{Entries: []Decision{{Ledger: index.Confirmed}}})
@@ -98,7 +98,7 @@ func TestWireRejects(t *testing.T) {
 	require.ErrorIs(t, err, index.ErrMalformedStored)
 }
 
-// FuzzDecodeDelta: DecodeMessage never panics, and whatever it accepts
+// FuzzDecodeDelta: decodeMessage never panics, and whatever it accepts
 // re-encodes to the same bytes (the format has one encoding per message).
 func FuzzDecodeDelta(f *testing.F) {
 	for _, b := range sampleMessages(f) {
@@ -106,7 +106,7 @@ func FuzzDecodeDelta(f *testing.F) {
 	}
 	f.Add([]byte{'K', 'M', 1, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := DecodeMessage(b)
+		m, err := decodeMessage(b)
 		if err != nil {
 			return
 		}
@@ -114,7 +114,7 @@ func FuzzDecodeDelta(f *testing.F) {
 		if re == nil {
 			return
 		}
-		m2, err := DecodeMessage(re)
+		m2, err := decodeMessage(re)
 		if err != nil {
 			t.Fatalf("re-encoded message does not decode: %v", err)
 		}
@@ -126,20 +126,20 @@ func FuzzDecodeDelta(f *testing.F) {
 
 // reencodeLoose re-encodes m, or returns nil when the encoder refuses what
 // the decoder allowed (e.g. a decision with an age clipped at 0).
-func reencodeLoose(m Message) []byte {
+func reencodeLoose(m message) []byte {
 	var b []byte
 	var err error
 	switch m.Kind {
-	case KindDecisions:
+	case kindDecisions:
 		b, err = AppendDecisions(nil, m.Decisions)
-	case KindKV:
+	case kindKV:
 		b, err = AppendKV(nil, m.KV)
-	case KindLoad:
-		b, err = AppendLoad(nil, m.Load)
-	case KindQueued:
-		b, err = AppendQueued(nil, m.Load)
-	case KindDigest:
-		b, err = AppendDigest(nil, m.Digest)
+	case kindLoad:
+		b, err = appendLoad(nil, m.Load)
+	case kindQueued:
+		b, err = appendQueued(nil, m.Load)
+	case kindDigest:
+		b, err = appendDigest(nil, m.Digest)
 	}
 	if err != nil {
 		return nil
@@ -165,7 +165,7 @@ func TestGossipPiecesFitAPacket(t *testing.T) {
 	keys := map[string]int{}
 	for _, m := range got {
 		require.LessOrEqual(t, len(m), broadcastLimit)
-		d, err := DecodeMessage(m)
+		d, err := decodeMessage(m)
 		require.NoError(t, err)
 		for _, e := range d.Decisions.Entries {
 			keys[e.Replica] += len(e.Keys)

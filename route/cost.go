@@ -51,12 +51,21 @@ import (
 //     nearly independent of R) plus R tokens of compute (R·p):
 //     ceil((queued+uncached)/ChunkTokens)·(d + R·p).
 //
-// The delay imposed on others counts only at a replica whose running set
-// is full (N+1 ≥ C): about as many requests will queue behind this one as
-// wait ahead of it, and each also waits for its own prefill, so the cost is
-// TTFT + (N−C+2)·own prefill. Recomputing a prefix on a saturated replica
-// thus costs the whole queue there, not just this request, while joining
-// the queue of the replica that holds it costs only this request's wait.
+// The cost adds the delay this request imposes on others there:
+//
+//   - at a replica whose running set is full (N+1 ≥ C), about as many
+//     requests will queue behind this one as wait ahead of it, and each
+//     also waits for its own prefill: (N−C+2)·own prefill. Recomputing a
+//     prefix on a saturated replica thus costs the whole queue there, not
+//     just this request, while joining the queue of the replica that holds
+//     it costs only this request's wait;
+//   - at any loaded replica, the requests that arrive while this one's
+//     prefill computes wait for it (see arrivalDelay):
+//     N·(uncached·p)²/(2·L·d). A recompute is charged the queue it puts in
+//     front of the replica's next arrivals, so it is worth its hit-rate
+//     loss only where the holder's queue costs more than both; an idle
+//     replica (N = 0) charges nothing, and a cached prompt (uncached·p
+//     near 0) nearly nothing.
 //
 // Everything in TTFT but own prefill and overhead is returned as
 // Decision.EstimatedQueue, which the caller passes back in
@@ -132,7 +141,22 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 	}
 	queue = slotWait + queuedPrefill + stretch
 	ttft = cfg.PrefillOverheadSeconds + queue + own
-	return ttft, queue, ttft + full*own, n
+	cost = ttft + full*own + arrivalDelay(n, uncached*r.prefillSecPerToken, hold*r.decodeStep)
+	return ttft, queue, cost, n
+}
+
+// arrivalDelay is the delay a prefill of compute seconds imposes on the
+// requests that arrive at a replica while it computes: they wait for it
+// (the engine serves prefill first come, first served). By Little's law a
+// replica with n requests outstanding, each holding it for about hold
+// seconds (its output length times the decode step), receives n/hold
+// requests a second, so n·compute/hold of them arrive during the prefill,
+// each waiting compute/2 on average: n·compute²/(2·hold).
+func arrivalDelay(n int, compute, hold float64) float64 {
+	if n <= 0 || !(compute > 0) || !(hold > 0) {
+		return 0
+	}
+	return float64(n) * compute * compute / (2 * hold)
 }
 
 // capacity returns the number of sequences cand can run at once as far as

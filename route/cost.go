@@ -361,6 +361,15 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
 // on this view, so gateways with one stale view spread over the replicas
 // it ranks best instead of all choosing the first. The estimate then
 // counts the placements before this one as outstanding there.
+//
+// A gateway that no peer reports load to (isolated, or peers with nothing
+// in flight to these replicas) still sees other senders in the engines'
+// scrapes: what Running+Waiting shows beyond its own requests is their
+// load, as stale as the scrape (scrapeShare), and it stands in for the
+// peers' share above. With Config.PeerLoadDelaySeconds set to the scrape
+// interval, isolated gateways spread over the replicas a stale scrape
+// ranks best as synced ones do over a stale peer report; a scrape that
+// shows only this gateway's requests (one gateway) changes nothing.
 func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision {
 	if explain != nil {
 		explain.begin(NameCost, req, cands)
@@ -370,6 +379,9 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	share := 0.0
 	if c.peerDelay > 0 {
 		share = peerShare(cands)
+		if share == 0 {
+			share = scrapeShare(cands)
+		}
 	}
 	m.mu.RLock()
 	for i := range cands {
@@ -514,4 +526,21 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, class
 		}
 	}
 	return best, bound, bestMatch
+}
+
+// scrapeShare is the other senders' share of the traffic relative to this
+// gateway's when no peer reports its load (an isolated gateway): what
+// the engines' scrapes show outstanding beyond this gateway's own
+// requests, over its own, summed over the candidates with a scrape.
+func scrapeShare(cands []Candidate) float64 {
+	others, own := 0, 0
+	for i := range cands {
+		c := &cands[i]
+		local := max(c.LocalInFlight, 0)
+		own += local
+		if c.Running >= 0 && c.Waiting >= 0 {
+			others += max(c.Running+c.Waiting-local, 0)
+		}
+	}
+	return float64(others) / float64(max(own, 1))
 }

@@ -18,8 +18,11 @@ type Config struct {
 	// interval. Requests peers sent within that time are in no count this
 	// gateway sees; cost estimates how many there are from its own recent
 	// decisions and the peers' share of the traffic, and places them
-	// before choosing (see Cost.Pick). It matters only with peers: one
-	// gateway decides the same whatever its value. The default, 0, means
+	// before choosing (see Cost.Pick). When no peer reports load (an
+	// isolated gateway), the same applies to the other senders the
+	// engines' scrapes show, and the value is best the scrape interval.
+	// A gateway that is the replicas' only sender decides the same
+	// whatever its value. The default, 0, means
 	// DefaultPeerLoadDelaySeconds (0.1 s), so a Config built field by field
 	// (or a configuration document that does not carry the field) gets it;
 	// a negative value treats the peers' view as fresh (cost as before this

@@ -51,12 +51,21 @@ import (
 //     nearly independent of R) plus R tokens of compute (R·p):
 //     ceil((queued+uncached)/ChunkTokens)·(d + R·p).
 //
-// The delay imposed on others counts only at a replica whose running set
-// is full (N+1 ≥ C): about as many requests will queue behind this one as
-// wait ahead of it, and each also waits for its own prefill, so the cost is
-// TTFT + (N−C+2)·own prefill. Recomputing a prefix on a saturated replica
-// thus costs the whole queue there, not just this request, while joining
-// the queue of the replica that holds it costs only this request's wait.
+// The cost adds the delay this request imposes on others there:
+//
+//   - at a replica whose running set is full (N+1 ≥ C), about as many
+//     requests will queue behind this one as wait ahead of it, and each
+//     also waits for its own prefill: (N−C+2)·own prefill. Recomputing a
+//     prefix on a saturated replica thus costs the whole queue there, not
+//     just this request, while joining the queue of the replica that holds
+//     it costs only this request's wait;
+//   - at any loaded replica, the requests that arrive while this one's
+//     prefill computes wait for it (see arrivalDelay):
+//     N·(uncached·p)²/(2·L·d). A recompute is charged the queue it puts in
+//     front of the replica's next arrivals, so it is worth its hit-rate
+//     loss only where the holder's queue costs more than both; an idle
+//     replica (N = 0) charges nothing, and a cached prompt (uncached·p
+//     near 0) nearly nothing.
 //
 // Everything in TTFT but own prefill and overhead is returned as
 // Decision.EstimatedQueue, which the caller passes back in
@@ -132,7 +141,22 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 	}
 	queue = slotWait + queuedPrefill + stretch
 	ttft = cfg.PrefillOverheadSeconds + queue + own
-	return ttft, queue, ttft + full*own, n
+	cost = ttft + full*own + arrivalDelay(n, uncached*r.prefillSecPerToken, hold*r.decodeStep)
+	return ttft, queue, cost, n
+}
+
+// arrivalDelay is the delay a prefill of compute seconds imposes on the
+// requests that arrive at a replica while it computes: they wait for it
+// (the engine serves prefill first come, first served). By Little's law a
+// replica with n requests outstanding, each holding it for about hold
+// seconds (its output length times the decode step), receives n/hold
+// requests a second, so n·compute/hold of them arrive during the prefill,
+// each waiting compute/2 on average: n·compute²/(2·hold).
+func arrivalDelay(n int, compute, hold float64) float64 {
+	if n <= 0 || !(compute > 0) || !(hold > 0) {
+		return 0
+	}
+	return float64(n) * compute * compute / (2 * hold)
 }
 
 // capacity returns the number of sequences cand can run at once as far as
@@ -337,6 +361,15 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
 // on this view, so gateways with one stale view spread over the replicas
 // it ranks best instead of all choosing the first. The estimate then
 // counts the placements before this one as outstanding there.
+//
+// A gateway that no peer reports load to (isolated, or peers with nothing
+// in flight to these replicas) still sees other senders in the engines'
+// scrapes: what Running+Waiting shows beyond its own requests is their
+// load, as stale as the scrape (scrapeShare), and it stands in for the
+// peers' share above. With Config.PeerLoadDelaySeconds set to the scrape
+// interval, isolated gateways spread over the replicas a stale scrape
+// ranks best as synced ones do over a stale peer report; a scrape that
+// shows only this gateway's requests (one gateway) changes nothing.
 func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision {
 	if explain != nil {
 		explain.begin(NameCost, req, cands)
@@ -346,6 +379,9 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	share := 0.0
 	if c.peerDelay > 0 {
 		share = peerShare(cands)
+		if share == 0 {
+			share = scrapeShare(cands)
+		}
 	}
 	m.mu.RLock()
 	for i := range cands {
@@ -490,4 +526,21 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, class
 		}
 	}
 	return best, bound, bestMatch
+}
+
+// scrapeShare is the other senders' share of the traffic relative to this
+// gateway's when no peer reports its load (an isolated gateway): what
+// the engines' scrapes show outstanding beyond this gateway's own
+// requests, over its own, summed over the candidates with a scrape.
+func scrapeShare(cands []Candidate) float64 {
+	others, own := 0, 0
+	for i := range cands {
+		c := &cands[i]
+		local := max(c.LocalInFlight, 0)
+		own += local
+		if c.Running >= 0 && c.Waiting >= 0 {
+			others += max(c.Running+c.Waiting-local, 0)
+		}
+	}
+	return float64(others) / float64(max(own, 1))
 }

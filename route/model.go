@@ -283,7 +283,12 @@ func (m *Model) rate(id index.ReplicaID) replicaRates {
 //     UncachedTokens ≥ MinSampleTokens and the remainder is positive; an
 //     observation without QueueEstimated is a bound: it counts only when
 //     faster than the estimate it would update (the replica's, and
-//     separately the pool's);
+//     separately the pool's). So is one whose estimated queue is larger
+//     than the prefill time that remainder implies: the remainder is then
+//     more the queue estimate's error than prefill (the estimate counts a
+//     queued prefill in full until its first token, however far the
+//     engine got, and the slot wait by an even spread of completions), and
+//     only the whole TTFT (less overhead) bounds the prefill time;
 //   - decode step seconds, from TPOT when > 0;
 //   - output length, from OutputTokens when > 0.
 //
@@ -322,18 +327,25 @@ func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 	a := m.cfg.Alpha
 	if obs.UncachedTokens >= m.cfg.MinSampleTokens && obs.TTFT > 0 {
 		t := obs.TTFT - obs.QueueSeconds - m.cfg.PrefillOverheadSeconds
+		exact := obs.QueueEstimated
+		if exact && t < obs.QueueSeconds {
+			// The estimated queue is most of the TTFT: the remainder is
+			// more the queue estimate's error than prefill. Only the
+			// whole TTFT bounds the prefill time.
+			t, exact = obs.TTFT-m.cfg.PrefillOverheadSeconds, false
+		}
 		if t > 0 && !math.IsInf(t, 0) {
 			s := t / float64(obs.UncachedTokens)
 			pool := m.poolPrefill
 			if m.poolPrefillSamples == 0 {
 				pool = 1 / m.cfg.PriorPrefillTokensPerSecond
 			}
-			if obs.QueueEstimated || s < pool {
+			if exact || s < pool {
 				w := max(a/poolAlphaDivisor, 1/float64(m.poolPrefillSamples+2))
 				m.poolPrefill = pool + w*(min(max(s, pool/4), pool*4)-pool)
 				m.poolPrefillSamples++
 			}
-			if obs.QueueEstimated || s < r.prefillSecPerToken {
+			if exact || s < r.prefillSecPerToken {
 				s = min(max(s, r.prefillSecPerToken/4), r.prefillSecPerToken*4)
 				r.prefillSecPerToken += a * (s - r.prefillSecPerToken)
 				r.prefillSamples++

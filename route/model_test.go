@@ -38,8 +38,10 @@ func TestModelLearnsRates(t *testing.T) {
 			const id = index.ReplicaID(3)
 			for range tc.samples {
 				uncached := 500 + src.IntN(6000)
-				queue := src.Float64()
 				prefill := float64(uncached) / tc.prefillRate * (1 + tc.noise*(2*src.Float64()-1))
+				// An estimated queue up to the prefill itself: a larger
+				// one only bounds the prefill (TestModelQueueDominatedIsABound).
+				queue := src.Float64() * prefill
 				ttft := cfg.PrefillOverheadSeconds + queue + prefill
 				if src.Float64() < tc.outliers {
 					ttft += 10 * prefill // queued behind something the gateway did not see
@@ -302,4 +304,100 @@ func TestModelUnestimatedQueueIsABound(t *testing.T) {
 	m.Observe(2, estimated)
 	require.Less(t, m.Rates(2).PrefillTokensPerSecond, 2*prior)
 	require.EqualValues(t, 1, m.Rates(2).PrefillSamples)
+}
+
+// TestCostChargesArrivalDelay: a recompute on a loaded replica is charged
+// the wait of the requests arriving there while it computes
+// (arrivalDelay), so a holder whose slot wait is below recompute plus that
+// delay keeps the request; on an idle replica the same recompute charges
+// nothing and wins. Without the term both spread.
+func TestCostChargesArrivalDelay(t *testing.T) {
+	cfg := DefaultCostConfig()
+	cfg.MaxRunning = 8
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	c := NewCost(m)
+	// 4,000 tokens: 1.33 s of prefill at the prior 3,000 tokens/s. The
+	// holder has 9 in flight on 8 slots: 3 slot waits of 128·0.03/8 s,
+	// 1.44 s, more than the recompute's TTFT on either other replica.
+	req := Request{TotalBlocks: 250, BlockTokens: 16, PromptTokens: 4000, MaxTokens: 128}
+	compute := 4000 / cfg.PriorPrefillTokensPerSecond
+	hold := 128 * cfg.PriorDecodeStepSeconds
+	for _, tc := range []struct {
+		name     string
+		inflight int
+		want     int
+		sel      Selection
+	}{
+		{"loaded replica", 6, 0, SelectionCostLocality},
+		{"idle replica", 0, 1, SelectionCostSpread},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cands := []Candidate{
+				{ID: 0, Name: "holder", Matched: 250, InFlight: 9, Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
+				{ID: 1, Name: "other", InFlight: tc.inflight, Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
+			}
+			rng := NewRand(1)
+			var ex Explanation
+			d := c.Pick(&req, cands, &rng, &ex)
+			require.Equal(t, tc.want, d.Index)
+			require.Equal(t, tc.sel, d.Selection)
+			// The other replica's score carries the arrival delay: its
+			// TTFT estimate alone is below the holder's score.
+			e := c.estimateFor(&req, &cands[1])
+			require.InDelta(t, float64(tc.inflight)*compute*compute/(2*hold), ex.Replicas[1].Score-e, 1e-9)
+			require.Less(t, e, ex.Replicas[0].Score, "without the arrival delay the recompute would win")
+		})
+	}
+	require.Zero(t, arrivalDelay(0, 1, 1))
+	require.Zero(t, arrivalDelay(5, 0, 1))
+	require.Zero(t, arrivalDelay(5, 1, 0))
+}
+
+// estimateFor is cand's estimated TTFT for req on the model's current
+// rates (test helper).
+func (c *Cost) estimateFor(req *Request, cand *Candidate) float64 {
+	m := c.model
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	ttft, _, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{})
+	return ttft
+}
+
+// TestModelQueueDominatedIsABound: an observation whose estimated queue is
+// larger than the prefill time it leaves teaches the prefill rate only as
+// a bound (the whole TTFT), so a queue estimate counting a half-computed
+// prefill in full does not teach a prefill several times too fast; one
+// whose prefill is most of the TTFT is learned as before.
+func TestModelQueueDominatedIsABound(t *testing.T) {
+	cfg := DefaultCostConfig()
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	prior := cfg.PriorPrefillTokensPerSecond
+	// 5,000 tokens at the prior take 1.67 s; the decision expected 1.8 s
+	// of queue, the request met 0.3 s: the remainder (0.15 s) would read
+	// as 33,000 tokens/s.
+	dominated := Observation{UncachedTokens: 5000, TTFT: cfg.PrefillOverheadSeconds + 0.3 + 5000/prior,
+		QueueSeconds: 1.8, QueueEstimated: true}
+	for range 20 {
+		m.Observe(0, dominated)
+	}
+	require.Zero(t, m.Rates(0).PrefillSamples)
+	require.InEpsilon(t, prior, m.Rates(0).PrefillTokensPerSecond, 1e-9)
+	require.InEpsilon(t, prior, m.Rates(1).PrefillTokensPerSecond, 1e-9, "the pool learned a queue error as prefill")
+
+	// As a bound, the whole TTFT still lowers a slower estimate.
+	bound := dominated
+	bound.TTFT = cfg.PrefillOverheadSeconds + 5000/(2*prior) // 0.83 s < 1.8 s queue: bound
+	bound.QueueSeconds = 1.8
+	m.Observe(2, bound)
+	require.Greater(t, m.Rates(2).PrefillTokensPerSecond, prior)
+	require.EqualValues(t, 1, m.Rates(2).PrefillSamples)
+
+	// A queue smaller than the prefill it leaves is taken as estimated.
+	learned := Observation{UncachedTokens: 5000, TTFT: cfg.PrefillOverheadSeconds + 0.5 + 5000/(2*prior),
+		QueueSeconds: 0.5, QueueEstimated: true}
+	m.Observe(3, learned)
+	require.EqualValues(t, 1, m.Rates(3).PrefillSamples)
+	require.Greater(t, m.Rates(3).PrefillTokensPerSecond, prior)
 }

@@ -160,3 +160,44 @@ func TestCostStalePeersSpread(t *testing.T) {
 		t.Errorf("one gateway: burst %d/%d, busiest %d/%d differ", b1, b2, m1, m2)
 	}
 }
+
+// TestCostIsolatedSeesOthersThroughScrape: a gateway that no peer reports
+// load to (isolated: InFlight equals LocalInFlight) still sees other
+// senders in the engines' scrapes (Running+Waiting beyond its own
+// requests), and estimates the requests they sent since as it would
+// peers' (Explanation.UnseenPeerRequests); a scrape showing only its own
+// requests leaves the estimate at 0 (TestCostOneGatewayUnchanged).
+func TestCostIsolatedSeesOthersThroughScrape(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		others int // requests per replica the scrape shows beyond this gateway's
+		unseen bool
+	}{
+		{"others in the scrape", 6, true},
+		{"only its own", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := NewSet(DefaultConfig())
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := NewRand(3)
+			req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
+			cands := make([]Candidate, 4)
+			for i := range cands {
+				cands[i] = Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), LocalInFlight: 1, InFlight: 1,
+					Running: 1 + tc.others, Waiting: 0, KVUsage: 0.3}
+			}
+			// This gateway's own recent decisions, 10 ms apart.
+			for k := range 20 {
+				req.Now = int64(k) * 1e7
+				s.Cost.Pick(&req, cands, &rng, nil)
+			}
+			var ex Explanation
+			s.Cost.Pick(&req, cands, &rng, &ex)
+			if got := ex.UnseenPeerRequests > 0; got != tc.unseen {
+				t.Fatalf("unseen peer requests %d, want > 0: %v", ex.UnseenPeerRequests, tc.unseen)
+			}
+		})
+	}
+}

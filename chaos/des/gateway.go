@@ -65,8 +65,12 @@ func newGateway(w *World, id int) (*gateway, error) {
 	if rcfg.PeerLoadDelaySeconds == 0 {
 		// The gateways know how stale their peers' load is: the load
 		// interval an operator configures (route's default is sync's).
+		// Isolated gateways see each other only in the engines'
+		// scrapes, as stale as the scrape interval (see Cost.Pick).
 		rcfg.PeerLoadDelaySeconds = o.LoadDelay.Seconds()
-		if o.LoadDelay == 0 || o.NoSync {
+		if o.NoSync {
+			rcfg.PeerLoadDelaySeconds = o.ScrapeInterval.Seconds()
+		} else if o.LoadDelay == 0 {
 			rcfg.PeerLoadDelaySeconds = -1
 		}
 	}

@@ -158,7 +158,7 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 		var set *route.Set
 		if pp := prevPools[mc.Name]; sameRoute && pp != nil {
 			set = pp.set // keeps the cost model's learned rates
-		} else if set, err = route.NewSet(spec.route); err != nil {
+		} else if set, err = route.NewSet(n.routeConfig(spec.route)); err != nil {
 			return nil, ch, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
 		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: defMode, sharedStore: mc.SharedResponseStore}
@@ -405,4 +405,16 @@ func (r *replica) stopBackground(log interface {
 			log.Warn("closing KV-event subscriber", "replica", r.name, "err", err)
 		}
 	}
+}
+
+// routeConfig is rc as this gateway runs it: outside a cluster no peer
+// reports load, other senders to the same engines show only in the scrapes,
+// so an unset PeerLoadDelaySeconds is the scrape interval (see
+// route.Config.PeerLoadDelaySeconds; the DES does the same for isolated
+// gateways).
+func (n *Node) routeConfig(rc route.Config) route.Config {
+	if rc.PeerLoadDelaySeconds == 0 && n.cl == nil && n.cfg.ScrapeInterval > 0 {
+		rc.PeerLoadDelaySeconds = n.cfg.ScrapeInterval.Seconds()
+	}
+	return rc
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"github.com/kvmesh/kvmesh/route"
 	"net/http"
 	"strings"
 	"testing"
@@ -147,4 +148,21 @@ func TestReplicaIDsForeignNames(t *testing.T) {
 	assert.NoError(t, err, "configured names are not")
 	_, ok = m.ReplicaID("")
 	assert.False(t, ok)
+}
+
+// TestStandaloneTakesScrapeIntervalAsPeerDelay: outside a cluster other
+// senders show only in the engines' scrapes, so an unset peer load delay
+// is the scrape interval; a set one (or a cluster gateway's) is kept.
+func TestStandaloneTakesScrapeIntervalAsPeerDelay(t *testing.T) {
+	cfg := testConfig()
+	cfg.ScrapeInterval = 250 * time.Millisecond
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{{Name: "r0", URL: "http://127.0.0.1:10000"}}}}
+	n, err := New(cfg, nil)
+	require.NoError(t, err)
+	var rc route.Config
+	require.Equal(t, 0.25, n.routeConfig(rc).PeerLoadDelaySeconds)
+	rc.PeerLoadDelaySeconds = 0.05
+	require.Equal(t, 0.05, n.routeConfig(rc).PeerLoadDelaySeconds, "an operator's value stands")
+	n.cl = &clusterParts{}
+	require.Zero(t, n.routeConfig(route.Config{}).PeerLoadDelaySeconds, "a cluster gateway's peers report load")
 }

@@ -25,6 +25,8 @@ type Config struct {
 	// whatever its value. The default, 0, means
 	// DefaultPeerLoadDelaySeconds (0.1 s), so a Config built field by field
 	// (or a configuration document that does not carry the field) gets it;
+	// a gateway outside a cluster (kvmesh serve without --cluster) takes its
+	// scrape interval instead;
 	// a negative value treats the peers' view as fresh (cost as before this
 	// field existed). Must be finite.
 	PeerLoadDelaySeconds float64 `json:"peer_load_delay_seconds" yaml:"peer_load_delay_seconds"`

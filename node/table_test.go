@@ -2,12 +2,12 @@ package node
 
 import (
 	"fmt"
-	"github.com/kvmesh/kvmesh/route"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/route"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )

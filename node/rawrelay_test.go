@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,5 +165,55 @@ func TestClientLeavingMidStreamCancelsUpstream(t *testing.T) {
 	case <-gone:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the engine's request was not cancelled after the client left")
+	}
+}
+
+// TestReplicaClosingRightAfterDataIsSeenSoon: an engine that sends an
+// event and closes its connection at once (its FIN may reach the gateway
+// together with the event, and is then not signalled on its own) ends the
+// stream with an error event well before the idle timeout.
+func TestReplicaClosingRightAfterDataIsSeenSoon(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	ev := "data: {\"choices\":[{\"index\":0,\"text\":\"t\"}]}\n\n"
+	chunk := fmt.Sprintf("%x\r\n%s\r\n", len(ev), ev)
+	var pause atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"+chunk)
+				// Every other stream pauses as between tokens, so that
+				// the gateway waits for the next event; the others send
+				// it and close at once, while the gateway is still busy
+				// with the head.
+				if pause.Add(1)%2 == 0 {
+					time.Sleep(30 * time.Millisecond)
+				}
+				_, _ = io.WriteString(c, chunk)
+			}()
+		}
+	}()
+	n := startNode(t, func(c *Config) {
+		c.HealthInterval, c.ScrapeInterval = 0, 0
+		c.IdleTimeout = 5 * time.Second
+		c.EjectAfter = 100 // every stream here breaks
+	}, rc("a", "http://"+ln.Addr().String()))
+	for i := 0; i < 20; i++ {
+		start := time.Now()
+		got := readAll(t, post(t, n, "/v1/completions", streamReq, nil))
+		require.True(t, strings.HasPrefix(got, ev+ev), "%d: %q", i, got)
+		assert.Contains(t, got, `"code":"upstream_stream_broken"`, "%d", i)
+		assert.Less(t, time.Since(start), 3*time.Second, "%d: the close was seen only at the idle timeout", i)
 	}
 }

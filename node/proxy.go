@@ -343,7 +343,10 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	// that is the first token, so the prefill is done.
 	var res relayResult
 	if rawRelayable(uc, resp) {
-		res = n.relayRaw(r.Context(), uc, resp, w, flusher, streaming, releaseQueued)
+		res = n.relayRaw(r.Context(), uc, resp, w, flusher, streaming, rep, queued)
+		if res.firstAt != 0 {
+			queued = 0 // relayRaw released it
+		}
 	} else {
 		res = n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, releaseQueued)
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -200,147 +201,186 @@ func rawRelayable(uc *upConn, resp *http.Response) bool {
 // relayRaw is relay for a response on the proxy's own connection uc
 // (rawRelayable): the same contract (bytes unchanged, one write and flush
 // per upstream read, idle timeout through the read deadline, the client's
-// leaving through ctx's AfterFunc setting a past deadline). res.dirty is
-// set when the replica sent bytes after the body.
+// leaving through ctx's AfterFunc setting a past deadline). At the first
+// body byte it takes queued off rep's queued prefill (relay's onFirst; a
+// function value would cost the caller two allocations). res.dirty is set
+// when the replica sent bytes after the body.
 func (n *Node) relayRaw(clientCtx context.Context, uc *upConn, resp *http.Response, w io.Writer, flusher http.Flusher,
-	streaming bool, onFirst func()) relayResult {
-	var res relayResult
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
+	streaming bool, rep *replica, queued int64) relayResult {
+	rr := rawRelayPool.Get().(*rawRelay)
 	te := resp.TransferEncoding
-	d := bodyDecoder{chunked: len(te) == 1 && te[0] == "chunked", remain: resp.ContentLength}
-	if d.chunked {
-		d.line = make([]byte, 0, 64)
+	rr.n, rr.clientCtx, rr.uc, rr.w, rr.flusher, rr.streaming = n, clientCtx, uc, w, flusher, streaming
+	rr.rep, rr.queued = rep, queued
+	rr.d = bodyDecoder{chunked: len(te) == 1 && te[0] == "chunked", remain: resp.ContentLength, line: rr.d.line[:0]}
+	rr.run()
+	res := rr.res
+	*rr = rawRelay{buf: rr.buf, readFn: rr.readFn, d: bodyDecoder{line: rr.d.line[:0]}}
+	if cap(rr.d.line) <= 256 { // a long trailer line's buffer is not kept
+		rawRelayPool.Put(rr)
 	}
-	// handle relays one read's bytes; false ends the relay.
-	handle := func(in []byte) bool {
-		payload, extra, err := d.decode(in)
-		if len(payload) > 0 {
-			now := time.Now().UnixNano()
-			if res.firstAt == 0 {
-				res.firstAt = now
-				onFirst()
-			}
-			res.lastAt = now
-			if streaming {
-				res.sse.feed(payload, now)
-			} else {
-				res.body.feed(payload)
-			}
-			if _, werr := w.Write(payload); werr != nil {
-				res.clientGone, res.writeFailed = true, true
-				return false
-			}
-			if flusher != nil {
-				flusher.Flush()
-			}
-			res.bytes += int64(len(payload))
-			if k := len(payload); k >= 2 {
-				res.tail = [2]byte{payload[k-2], payload[k-1]}
-			} else {
-				res.tail = [2]byte{res.tail[1], payload[0]}
+	return res
+}
+
+// rawRelay is one relayRaw's state, pooled: its read callback is bound
+// once, so a relay allocates nothing.
+type rawRelay struct {
+	n         *Node
+	clientCtx context.Context
+	uc        *upConn
+	w         io.Writer
+	flusher   http.Flusher
+	streaming bool
+	rep       *replica
+	queued    int64 // taken off rep.queuedPrefill at the first body byte
+
+	res     relayResult
+	d       bodyDecoder
+	buf     []byte
+	last    time.Time // when the last bytes came
+	probing bool      // the read deadline is the probe's
+	stopped bool      // handle or a read error ended the relay
+	rerr    error     // the read callback's error
+	readFn  func(fd uintptr) bool
+}
+
+var rawRelayPool = sync.Pool{New: func() any {
+	rr := &rawRelay{buf: make([]byte, 32<<10), d: bodyDecoder{line: make([]byte, 0, 64)}}
+	rr.readFn = rr.read
+	return rr
+}}
+
+// handle relays one read's bytes; false ends the relay.
+func (rr *rawRelay) handle(in []byte) bool {
+	res := &rr.res
+	payload, extra, err := rr.d.decode(in)
+	if len(payload) > 0 {
+		now := time.Now().UnixNano()
+		if res.firstAt == 0 {
+			res.firstAt = now
+			if rr.queued != 0 {
+				rr.rep.queuedPrefill.Add(-rr.queued)
 			}
 		}
-		res.dirty = res.dirty || extra
-		if err != nil {
-			res.err = err
+		res.lastAt = now
+		if rr.streaming {
+			res.sse.feed(payload, now)
+		} else {
+			res.body.feed(payload)
+		}
+		if _, werr := rr.w.Write(payload); werr != nil {
+			res.clientGone, res.writeFailed = true, true
 			return false
 		}
-		return d.state != chDone
+		if rr.flusher != nil {
+			rr.flusher.Flush()
+		}
+		res.bytes += int64(len(payload))
+		if k := len(payload); k >= 2 {
+			res.tail = [2]byte{payload[k-2], payload[k-1]}
+		} else {
+			res.tail = [2]byte{res.tail[1], payload[0]}
+		}
 	}
+	res.dirty = res.dirty || extra
+	if err != nil {
+		res.err = err
+		return false
+	}
+	return rr.d.state != chDone
+}
+
+// arm sets the read deadline: the idle timeout after the last bytes, or
+// the probe's when sooner. It returns false when the client has left
+// (the past deadline its leaving set would have been overwritten).
+func (rr *rawRelay) arm(probe bool) bool {
+	d := rr.last.Add(rr.n.cfg.IdleTimeout)
+	if probe {
+		if p := time.Now().Add(rawProbe); p.Before(d) {
+			d = p
+		}
+	}
+	rr.probing = probe
+	_ = rr.uc.SetReadDeadline(d)
+	if rr.clientCtx.Err() != nil {
+		rr.res.clientGone, rr.stopped = true, true
+		return false
+	}
+	return true
+}
+
+// read is the RawConn.Read callback: it reads and relays until the
+// socket is drained (false: wait for readiness) or the relay ends.
+func (rr *rawRelay) read(fd uintptr) bool {
+	for {
+		nr, err := syscall.Read(int(fd), rr.buf)
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			if rr.probing && !rr.arm(false) {
+				return true
+			}
+			return false
+		case err != nil:
+			rr.rerr = os.NewSyscallError("read", err)
+			return true
+		case nr == 0:
+			rr.rerr = io.ErrUnexpectedEOF
+			return true
+		}
+		rr.last = time.Now()
+		if !rr.handle(rr.buf[:nr]) {
+			rr.stopped = true
+			return true
+		}
+		if nr < len(rr.buf) {
+			// Drained: wait for readiness before reading again, for
+			// at most rawProbe.
+			return !rr.arm(true)
+		}
+	}
+}
+
+func (rr *rawRelay) run() {
+	res := &rr.res
 	// The bytes that came with the response head.
-	if k := uc.br.Buffered(); k > 0 {
-		b, _ := uc.br.Peek(k)
-		k = copy(buf, b)
-		_, _ = uc.br.Discard(k)
-		if !handle(buf[:k]) {
-			return res
+	if k := rr.uc.br.Buffered(); k > 0 {
+		b, _ := rr.uc.br.Peek(k)
+		k = copy(rr.buf, b)
+		_, _ = rr.uc.br.Discard(k)
+		if !rr.handle(rr.buf[:k]) {
+			return
 		}
 	}
-	// After a short read the socket held no more data, but a FIN or RST
-	// that came with the data is not signalled again; the wait is then
-	// bounded by rawProbe, after which one read looks (see rawProbe).
-	last := time.Now()
-	probing := false
-	var rerr error
-	stopped := false // handle or a read error ended the relay
-	// arm sets the read deadline: the idle timeout, or the probe's when
-	// sooner; false when the client has left (the deadline its leaving
-	// set in the past would have been overwritten).
-	arm := func(probe bool) bool {
-		d := last.Add(n.cfg.IdleTimeout)
-		if probe {
-			if p := time.Now().Add(rawProbe); p.Before(d) {
-				d = p
-			}
-		}
-		probing = probe
-		_ = uc.SetReadDeadline(d)
-		if clientCtx.Err() != nil {
-			res.clientGone, stopped = true, true
-			return false
-		}
-		return true
-	}
-	read := func(fd uintptr) bool {
-		for {
-			nr, err := syscall.Read(int(fd), buf)
-			switch {
-			case err == syscall.EINTR:
-				continue
-			case err == syscall.EAGAIN:
-				if probing && !arm(false) {
-					return true
-				}
-				return false
-			case err != nil:
-				rerr = os.NewSyscallError("read", err)
-				return true
-			case nr == 0:
-				rerr = io.ErrUnexpectedEOF
-				return true
-			}
-			last = time.Now()
-			if !handle(buf[:nr]) {
-				stopped = true
-				return true
-			}
-			if nr < len(buf) {
-				// Drained: wait for readiness before reading again.
-				return !arm(true)
-			}
-		}
-	}
+	rr.last = time.Now()
 	var err error
 	for {
-		if !arm(false) {
-			return res
+		if !rr.arm(false) {
+			return
 		}
-		err = uc.rc.Read(read)
-		if stopped {
-			return res
+		err = rr.uc.rc.Read(rr.readFn)
+		if rr.stopped {
+			return
 		}
 		if err == nil {
-			err = rerr
+			err = rr.rerr
 			break
 		}
-		if clientCtx.Err() != nil {
+		if rr.clientCtx.Err() != nil {
 			res.clientGone = true
-			return res
+			return
 		}
 		var ne net.Error
-		if !probing || !errors.As(err, &ne) || !ne.Timeout() || time.Since(last) >= n.cfg.IdleTimeout {
+		if !rr.probing || !errors.As(err, &ne) || !ne.Timeout() || time.Since(rr.last) >= rr.n.cfg.IdleTimeout {
 			break
 		}
-		// The probe's deadline: Read starts over with a read.
+		// The probe's deadline passed: Read starts over with a read.
 	}
-	if clientCtx.Err() != nil {
+	if rr.clientCtx.Err() != nil {
 		res.clientGone = true
-		return res
+		return
 	}
 	var ne net.Error
 	res.idle = errors.As(err, &ne) && ne.Timeout()
 	res.err = err
-	return res
 }

@@ -113,7 +113,7 @@ func (d *bodyDecoder) decode(in []byte) (payload []byte, extra bool, err error) 
 				}
 				continue
 			}
-			d.excess += int64(len(line)) + 4
+			d.excess += int64(len(line)) + 2 // as net/http counts it
 			n, err := parseChunkSize(line)
 			if err != nil {
 				return out, false, err

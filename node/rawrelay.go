@@ -26,8 +26,14 @@ import (
 // returned less than the buffer (the socket was drained: TCP returns
 // everything queued), it waits for readiness before reading again, as
 // nginx does with epoll. Data arriving after the read raises a new
-// (edge-triggered) readiness event, so nothing is missed; a stale event
-// only costs the EAGAIN read that was there before.
+// (edge-triggered) readiness event, so no data is missed; a stale event
+// only costs the EAGAIN read that was there before. A FIN or RST is
+// different: when it comes in the same readiness event as the data before
+// it, the read returns the data and nothing signals the close again (Go
+// does not expose EPOLLRDHUP). So the wait after a short read is bounded
+// by rawProbe, after which one read looks; streams whose chunks come
+// closer together than rawProbe never probe. Each RawConn.Read call
+// starts with a read, because the call resets the readiness flag.
 //
 // The body is decoded here (chunked or Content-Length), so the payload of
 // every chunk the read returned is written to the client in one Write and

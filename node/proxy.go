@@ -341,8 +341,16 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	streaming := isEventStream(resp.Header)
 	// The queued prefill is released at the first body byte: for a stream
 	// that is the first token, so the prefill is done.
-	res := n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, releaseQueued)
-	clean = !res.clientGone && res.err == nil
+	var res relayResult
+	if rawRelayable(uc, resp) {
+		res = n.relayRaw(r.Context(), uc, resp, w, flusher, streaming, rep, queued)
+		if res.firstAt != 0 {
+			queued = 0 // relayRaw released it
+		}
+	} else {
+		res = n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, releaseQueued)
+	}
+	clean = !res.clientGone && res.err == nil && !res.dirty
 	n.m.request(rep.model, statusClass(resp.StatusCode)).Inc()
 	if !req.arrived.IsZero() {
 		n.m.duration(rep.model).Observe(time.Since(req.arrived).Seconds())
@@ -408,6 +416,7 @@ type relayResult struct {
 	clientGone  bool
 	writeFailed bool // clientGone because a write to the client failed
 	idle        bool // err is the idle timeout (the proxy's own client)
+	dirty       bool // relayRaw: the replica sent bytes after the body
 	err         error
 }
 

@@ -57,8 +57,9 @@ type upConn struct {
 	addr   string
 	br     *bufio.Reader
 	idleAt time.Time
-	reused bool        // taken from the idle stack
-	stop   func() bool // unregisters the cancellation hook (context.AfterFunc)
+	reused bool            // taken from the idle stack
+	rc     syscall.RawConn // for relayRaw; nil if the connection has none
+	stop   func() bool     // unregisters the cancellation hook (context.AfterFunc)
 }
 
 // brPool recycles the connections' read buffers: a connection that is
@@ -101,7 +102,13 @@ func (c *upstreamClient) dial(ctx context.Context, addr string) (*upConn, error)
 	}
 	br := brPool.Get().(*bufio.Reader)
 	br.Reset(conn)
-	return &upConn{Conn: conn, addr: addr, br: br}, nil
+	uc := &upConn{Conn: conn, addr: addr, br: br}
+	if sc, ok := conn.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			uc.rc = rc
+		}
+	}
+	return uc, nil
 }
 
 // put returns a connection whose last response was read to its end.

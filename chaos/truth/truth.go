@@ -138,7 +138,26 @@ func (c Comparison) String() string {
 func Compare(t Truth, ix *index.Index, r index.ReplicaID) Comparison {
 	keys := ix.AppendReplicaKeys(nil, r, index.Confirmed)
 	hashes := ix.AppendEngineHashes(nil, r)
-	c := Comparison{TruthKeys: len(t.Keys), TruthHashes: len(t.Hashes)}
+	c := compareKeys(t, keys)
+	c.TruthHashes = len(t.Hashes)
+	seenH := make(map[uint64]struct{}, len(hashes))
+	for _, h := range hashes {
+		if _, dup := seenH[h]; dup {
+			continue
+		}
+		seenH[h] = struct{}{}
+		c.IndexHashes++
+		if _, ok := t.Hashes[h]; ok {
+			c.CommonHashes++
+		}
+	}
+	return c
+}
+
+// compareKeys counts keys (an index's, duplicates ignored) against t's
+// keys, with examples of what is missing and extra.
+func compareKeys(t Truth, keys []index.BlockKey) Comparison {
+	c := Comparison{TruthKeys: len(t.Keys)}
 	seen := make(map[index.BlockKey]struct{}, len(keys))
 	for _, k := range keys {
 		if _, dup := seen[k]; dup {
@@ -161,17 +180,6 @@ func Compare(t Truth, ix *index.Index, r index.ReplicaID) Comparison {
 		}
 		if len(c.Missing) < maxExamples {
 			c.Missing = append(c.Missing, k)
-		}
-	}
-	seenH := make(map[uint64]struct{}, len(hashes))
-	for _, h := range hashes {
-		if _, dup := seenH[h]; dup {
-			continue
-		}
-		seenH[h] = struct{}{}
-		c.IndexHashes++
-		if _, ok := t.Hashes[h]; ok {
-			c.CommonHashes++
 		}
 	}
 	return c
@@ -218,32 +226,7 @@ func CompareTier(blocks []sim.CachedBlock, ix *index.Index, r index.ReplicaID, r
 	if err != nil {
 		return Comparison{}, err
 	}
-	keys := ix.AppendReplicaTierKeys(nil, r, tier)
-	c := Comparison{TruthKeys: len(t.Keys)}
-	seen := make(map[index.BlockKey]struct{}, len(keys))
-	for _, k := range keys {
-		if _, dup := seen[k]; dup {
-			continue
-		}
-		seen[k] = struct{}{}
-		c.IndexKeys++
-		if _, ok := t.Keys[k]; ok {
-			c.CommonKeys++
-		} else if len(c.Extra) < maxExamples {
-			c.Extra = append(c.Extra, k)
-		}
-	}
-	for k := range t.Keys {
-		if _, ok := seen[k]; !ok {
-			if _, inner := t.Inner[k]; !inner {
-				c.MissingLast++
-			}
-			if len(c.Missing) < maxExamples {
-				c.Missing = append(c.Missing, k)
-			}
-		}
-	}
-	return c, nil
+	return compareKeys(t, ix.AppendReplicaTierKeys(nil, r, tier)), nil
 }
 
 // HitEngine is an engine that says what it would hit: sim.Server.PrefixHit

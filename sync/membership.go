@@ -392,10 +392,18 @@ func (ms *membership) announceLeave(timeout time.Duration) {
 	}
 	msg := []byte(leaveIntentPrefix + ms.cfg.NodeName)
 	var wg sync.WaitGroup
-	for _, n := range ms.ml.Members() {
-		if n.Name == ms.cfg.NodeName {
+	// Our own view, copied: memberlist's Members returns its live nodes,
+	// which its packet handler updates without a lock we could take.
+	for _, m := range ms.snapshot() {
+		if m.Self {
 			continue
 		}
+		host, port, err := net.SplitHostPort(m.Addr)
+		p, perr := strconv.ParseUint(port, 10, 16)
+		if err != nil || perr != nil {
+			continue
+		}
+		n := &memberlist.Node{Name: m.Name, Addr: net.ParseIP(host), Port: uint16(p)}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

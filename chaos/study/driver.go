@@ -91,6 +91,11 @@ func drive(ctx context.Context, e Engine, cfg *Config, ph *Phase, plan *Plan, st
 }
 
 func (d *driver) record(i, group int) *RequestRecord {
+	return d.newRecord(i, group, d.plan.Docs[group].Number, d.cfg.MaxTokens)
+}
+
+// newRecord starts request i's record with this phase's fields.
+func (d *driver) newRecord(i, group, document, maxTokens int) *RequestRecord {
 	r := &d.recs[i]
 	*r = RequestRecord{
 		Phase:     d.ph.Name,
@@ -102,8 +107,8 @@ func (d *driver) record(i, group int) *RequestRecord {
 		Isolated:  d.ph.Cell.Isolated,
 		Seq:       i,
 		Group:     group,
-		Document:  d.plan.Docs[group].Number,
-		MaxTokens: d.cfg.MaxTokens,
+		Document:  document,
+		MaxTokens: maxTokens,
 	}
 	return r
 }

@@ -16,20 +16,7 @@ func (d *driver) startWorkload() {
 		if mt == 0 {
 			mt = d.cfg.MaxTokens
 		}
-		r := &d.recs[i]
-		*r = RequestRecord{
-			Phase:     d.ph.Name,
-			Scenario:  d.ph.Scenario,
-			Round:     d.ph.Round,
-			Strategy:  d.ph.Strategy,
-			Mode:      d.ph.Cell.Mode,
-			Gateways:  d.ph.Cell.Gateways,
-			Isolated:  d.ph.Cell.Isolated,
-			Seq:       i,
-			Group:     l.unit,
-			Document:  l.line,
-			MaxTokens: mt,
-		}
+		r := d.newRecord(i, l.unit, l.line, mt)
 		if un.session != "" {
 			r.Session, r.Turn = un.ordinal, l.turn
 		}

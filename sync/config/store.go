@@ -314,24 +314,25 @@ func (s *Store) WaitLeader(ctx context.Context) error {
 // raft replays the rest of its log only once a leader tells it the commit
 // index, so until then Current may be several versions old.
 func (s *Store) CaughtUp() bool {
-	var target uint64
-	switch s.raft.State() {
-	case raft.Leader:
-		// A new leader's commit index trails until its first entry of
-		// the term commits; everything in its own log will commit.
-		target = s.raft.LastIndex()
-	case raft.Follower:
-		if s.raft.LastContact().IsZero() {
-			return false
-		}
-		stats := s.raft.Stats()
-		commit, err := strconv.ParseUint(stats["commit_index"], 10, 64)
-		if err != nil || commit == 0 {
-			return false
-		}
-		target = commit
-	default:
+	state := s.raft.State()
+	switch {
+	case state == raft.Follower && s.raft.LastContact().IsZero():
 		return false
+	case state != raft.Leader && state != raft.Follower:
+		return false
+	}
+	stats := s.raft.Stats()
+	statIndex := func(key string) uint64 {
+		i, _ := strconv.ParseUint(stats[key], 10, 64)
+		return i
+	}
+	// A new leader's commit index trails until its first entry of the
+	// term commits; everything in its own log will commit.
+	target := s.raft.LastIndex()
+	if state == raft.Follower {
+		if target = statIndex("commit_index"); target == 0 {
+			return false
+		}
 	}
 	if s.raft.AppliedIndex() < target {
 		return false
@@ -340,7 +341,7 @@ func (s *Store) CaughtUp() bool {
 	// moves when the FSM takes it. Entries past the FSM's last one must be
 	// ones it never sees (a new leader's no-op) or already in the snapshot
 	// it restored.
-	floor := max(s.fsm.Index(), s.snapshotIndex())
+	floor := max(s.fsm.Index(), statIndex("last_snapshot_index"))
 	for i := target; i > floor; i-- {
 		var l raft.Log
 		if err := s.wal.GetLog(i, &l); err != nil {
@@ -351,13 +352,6 @@ func (s *Store) CaughtUp() bool {
 		}
 	}
 	return true
-}
-
-// snapshotIndex is the raft index of this node's latest snapshot, 0 when
-// it has none.
-func (s *Store) snapshotIndex() uint64 {
-	i, _ := strconv.ParseUint(s.raft.Stats()["last_snapshot_index"], 10, 64)
-	return i
 }
 
 // NodeID returns this node's id.

@@ -33,7 +33,7 @@ func TestLateJoinIdleEngineCatchesUp(t *testing.T) {
 	// Live traffic resumes; whatever the replay and the live stream both
 	// carried is delivered once.
 	n := publishMoreUntil(t, p, early, 30, func() bool { return h.batches() > early })
-	require.Eventually(t, func() bool { s, _ := h.lastBatchSeq(); return s == n-1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { s, ok := h.lastBatchSeq(); return ok && s == n-1 }, 5*time.Second, 5*time.Millisecond)
 	requireContiguous(t, h.snapshot(), 0, n, 30)
 	require.Zero(t, counterValue(t, m.Resets.WithLabelValues("r1", "rewind")))
 }

@@ -102,7 +102,7 @@ func TestInteropLibzmqPublisher(t *testing.T) {
 				cfg := testSubscriberConfig(pubAddr, routerAddr)
 				cfg.Topic = "kv"
 				startSubscriber(t, cfg, h, m, nil)
-				require.Eventually(t, func() bool { s, _ := h.lastBatchSeq(); return s == count-1 },
+				require.Eventually(t, func() bool { s, ok := h.lastBatchSeq(); return ok && s == count-1 },
 					10*time.Second, 10*time.Millisecond)
 				want := Seq(0)
 				for _, r := range h.snapshot() {

@@ -46,7 +46,7 @@ func TestMalformedLiveBatchRecoveredByReplay(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 
 	n := publishUntil(t, p, 20, func() bool { return h.batches() > 0 })
-	require.Eventually(t, func() bool { s, _ := h.lastBatchSeq(); return s == n-1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { s, ok := h.lastBatchSeq(); return ok && s == n-1 }, 5*time.Second, 5*time.Millisecond)
 	first := h.snapshot()[0].seq
 	bad.Store(int64(n + 2))
 	for range 6 {
@@ -54,7 +54,7 @@ func TestMalformedLiveBatchRecoveredByReplay(t *testing.T) {
 		require.NoError(t, err)
 		n++
 	}
-	require.Eventually(t, func() bool { s, _ := h.lastBatchSeq(); return s == n-1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { s, ok := h.lastBatchSeq(); return ok && s == n-1 }, 5*time.Second, 5*time.Millisecond)
 	requireContiguous(t, h.snapshot(), first, n, 20)
 	require.Equal(t, 1.0, counterValue(t, m.Malformed.WithLabelValues("r1")))
 	require.Zero(t, counterValue(t, m.Resets.WithLabelValues("r1", "malformed")))
@@ -87,8 +87,10 @@ func TestMalformedBatchUnrecoverableResets(t *testing.T) {
 	t.Cleanup(func() { _ = s.Close() })
 
 	n := publishUntil(t, p, 21, func() bool { return h.batches() > 0 })
-	require.Eventually(t, func() bool { s, _ := h.lastBatchSeq(); return s == n-1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { s, ok := h.lastBatchSeq(); return ok && s == n-1 }, 5*time.Second, 5*time.Millisecond)
 	before := len(h.snapshot())
+	// A batch lost in ZMQ's slow-joiner window may have counted as a gap.
+	gapsBefore := counterValue(t, m.Gaps.WithLabelValues("r1"))
 	badSeq := n + 2
 	bad.Store(int64(badSeq))
 	for range 6 {
@@ -96,7 +98,7 @@ func TestMalformedBatchUnrecoverableResets(t *testing.T) {
 		require.NoError(t, err)
 		n++
 	}
-	require.Eventually(t, func() bool { s, _ := h.lastBatchSeq(); return s == n-1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { s, ok := h.lastBatchSeq(); return ok && s == n-1 }, 5*time.Second, 5*time.Millisecond)
 	recs := h.snapshot()[before:]
 	requireContiguous(t, recs[:2], badSeq-2, badSeq, 21)
 	require.Equal(t, ResetMalformed, recs[2].reset, "records %v", recs)
@@ -106,5 +108,5 @@ func TestMalformedBatchUnrecoverableResets(t *testing.T) {
 	require.Equal(t, int64(1), garbledReplayed.Load())
 	require.Equal(t, 2.0, counterValue(t, m.Malformed.WithLabelValues("r1")))
 	require.Equal(t, 1.0, counterValue(t, m.Resets.WithLabelValues("r1", "malformed")))
-	require.Zero(t, counterValue(t, m.Gaps.WithLabelValues("r1")))
+	require.Equal(t, gapsBefore, counterValue(t, m.Gaps.WithLabelValues("r1")), "a malformed batch is not a gap")
 }

@@ -40,7 +40,7 @@ func TestReplayFromOneJoinIsComplete(t *testing.T) {
 	require.Eventually(t, func() bool { return counterValue(t, m.Replays.WithLabelValues("r1", "complete")) == 1 },
 		5*time.Second, 5*time.Millisecond)
 	n := publishFrom(t, p, early+1, 40, func() bool { return h.batches() > early })
-	require.Eventually(t, func() bool { s, _ := h.lastBatchSeq(); return s == n-1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { s, ok := h.lastBatchSeq(); return ok && s == n-1 }, 5*time.Second, 5*time.Millisecond)
 	requireContiguous(t, h.snapshot(), 1, n, 40)
 	requireFromOneTolerated(t, m)
 }
@@ -62,7 +62,7 @@ func TestReplayFromOneLiveJoin(t *testing.T) {
 		require.NoError(t, err)
 		n++
 	}
-	require.Eventually(t, func() bool { s, _ := h.lastBatchSeq(); return s == n-1 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { s, ok := h.lastBatchSeq(); return ok && s == n-1 }, 5*time.Second, 5*time.Millisecond)
 	requireContiguous(t, h.snapshot(), 1, n, 41)
 	requireFromOneTolerated(t, m)
 }

@@ -105,6 +105,7 @@ type Proxy struct {
 	drop    [numDirections]atomic.Bool
 	mu      sync.Mutex
 	ln      net.Listener // nil while refusing
+	hold    *portHold    // while refusing: the port, bound but not listening
 	addr    string       // the bound address, kept across refusals
 	refuse  bool
 	conns   map[*link]struct{}
@@ -220,8 +221,10 @@ func (p *Proxy) SetDrop(on bool, dirs ...Direction) {
 // SetRefuse makes the target look down (on): the listener closes, so new
 // connections are refused by the kernel, as by a host with nothing on the
 // port; existing connections are untouched (Cut them too for a crash).
-// Off listens on the same address again. It returns an error only if that
-// address cannot be bound again.
+// While refusing, the port stays bound without a listener (on Linux), so
+// that nothing else on the machine takes it. Off listens on the same
+// address again. It returns an error only if that address cannot be bound
+// again.
 func (p *Proxy) SetRefuse(on bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -236,9 +239,22 @@ func (p *Proxy) SetRefuse(on bool) error {
 		if errors.Is(err, net.ErrClosed) {
 			err = nil
 		}
+		if h, herr := holdPort(p.addr); herr == nil {
+			p.hold = h
+		} else {
+			// Listening again binds afresh, as on other platforms.
+			p.log.Debug("faultproxy: cannot hold the port while refusing", "addr", p.addr, "err", herr)
+		}
 		return err
 	}
-	ln, err := net.Listen("tcp", p.addr)
+	var ln net.Listener
+	var err error
+	if p.hold != nil {
+		ln, err = p.hold.listen()
+		p.hold = nil
+	} else {
+		ln, err = net.Listen("tcp", p.addr)
+	}
 	if err != nil {
 		return fmt.Errorf("faultproxy: %s: listen again on %s: %w", p.cfg.Name, p.addr, err)
 	}
@@ -319,6 +335,10 @@ func (p *Proxy) Close() error {
 	close(p.done)
 	ln := p.ln
 	p.ln = nil
+	if p.hold != nil {
+		_ = p.hold.release()
+		p.hold = nil
+	}
 	if p.holdCh != nil {
 		close(p.holdCh)
 		p.holdCh = nil

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -234,6 +236,9 @@ func TestRefuse(t *testing.T) {
 	require.NoError(t, p.SetRefuse(true))
 	_, err = net.DialTimeout("tcp", p.Addr(), time.Second)
 	require.Error(t, err, "a refusing proxy's port takes no connections")
+	if runtime.GOOS == "linux" {
+		require.ErrorIs(t, err, syscall.ECONNREFUSED, "refused, as a port with nothing on it")
+	}
 	got, err := roundTrip(t, old, "still", 5*time.Second)
 	require.NoError(t, err, "existing connections keep working")
 	require.Equal(t, "still", got)

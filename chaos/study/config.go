@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/kvmesh/kvmesh/route"
 )
 
 // Config is one study: the grid of axes and the workload parameters. It is
@@ -109,8 +111,9 @@ const (
 	SyncIsolated = "isolated"
 )
 
-// Known strategy names (the gateway's).
-var Strategies = []string{"random", "least-request", "prefix-cache", "consistent-hash", "cost"}
+// Strategies are the gateway's strategy names, as route defines them: a
+// strategy added to route can be studied without a change here.
+var Strategies = route.Names()
 
 // Modes are the gateway index modes.
 var Modes = []string{"history", "kv-events", "hybrid"}

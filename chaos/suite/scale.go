@@ -203,8 +203,11 @@ func scaleOutAndIn(t *R) {
 }
 
 // drainTokens is the length of the streams the engine scale-in drains:
-// ~1.5 ms per token on the slowed engine, a few seconds in all.
-const drainTokens = 1500
+// ~1.5 ms per token on the slowed engine, about 4.5 s in all. They must
+// outlast the removal's commit and apply on every gateway: at 1,500
+// tokens a stream ended 0.2 s before that under three parallel CI runs
+// (load 15), with 2 s to spare on a lightly loaded machine.
+const drainTokens = 3000
 
 // sessionOn finds a consistent-hash session key that every gateway routes
 // to e (the ring is the same on every gateway) and returns it.

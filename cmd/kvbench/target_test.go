@@ -221,10 +221,21 @@ func TestTargetAgainstCluster(t *testing.T) {
 	var res study.Results
 	require.NoError(t, json.Unmarshal(raw, &res))
 	require.Len(t, res.Runs, 4)
+	rf, err := os.Open(filepath.Join(outDir, study.FileRequests))
+	require.NoError(t, err)
+	recs, err := study.ReadRequests(rf)
+	_ = rf.Close()
+	require.NoError(t, err)
+	var failures []string // what a failed request said, for the messages below
+	for _, r := range recs {
+		if r.Err != "" || r.Status != http.StatusOK {
+			failures = append(failures, fmt.Sprintf("%s #%d: status %d: %s", r.Phase, r.Seq, r.Status, r.Err))
+		}
+	}
 	for _, r := range res.Runs {
 		assert.Equal(t, 3, r.Gateways)
 		assert.Equal(t, 12, r.Arrivals)
-		assert.Equal(t, 12, r.Succeeded, "%s/%s/%s", r.Scenario, r.Strategy, r.Mode)
+		assert.Equal(t, 12, r.Succeeded, "%s/%s/%s; failed requests: %v", r.Scenario, r.Strategy, r.Mode, failures)
 		assert.Equal(t, 12, r.PerReplica["r1"]+r.PerReplica["r2"], "the gateways' replica names")
 	}
 	// The prompts were sized with the engines' /tokenize: the measured
@@ -232,11 +243,6 @@ func TestTargetAgainstCluster(t *testing.T) {
 	// the salts' and numbers' variation and half a sentence.
 	require.NotNil(t, res.Config.PromptSizing)
 	assert.Equal(t, res.Config.PromptSizing.Repeats, res.Config.BodyRepeats)
-	rf, err := os.Open(filepath.Join(outDir, study.FileRequests))
-	require.NoError(t, err)
-	recs, err := study.ReadRequests(rf)
-	_ = rf.Close()
-	require.NoError(t, err)
 	require.Len(t, recs, 48)
 	for _, r := range recs {
 		require.NotNil(t, r.Usage)

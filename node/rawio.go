@@ -1,7 +1,6 @@
 package node
 
 import (
-	"errors"
 	"io"
 	"net"
 	"os"
@@ -171,13 +170,15 @@ func (c *rawIOConn) Write(p []byte) (int, error) {
 	return n, c.opError("write", err)
 }
 
-// opError gives err net.Conn's shape: RawConn wraps the netpoller's
-// errors (deadline, closed) in an *net.OpError of its own ("raw-read"),
-// which is replaced; the callback's system call errors are wrapped.
+// opError gives err net.Conn's shape. RawConn wraps the netpoller's
+// errors (deadline, closed) in a new *net.OpError of its own ("raw-read",
+// no remote address), which is corrected in place rather than wrapped
+// again (net/http's aborted background read gets one per request); the
+// callback's system call errors are wrapped.
 func (c *rawIOConn) opError(op string, err error) error {
-	var oe *net.OpError
-	if errors.As(err, &oe) {
-		err = oe.Err
+	if oe, ok := err.(*net.OpError); ok {
+		oe.Op, oe.Source, oe.Addr = op, c.LocalAddr(), c.RemoteAddr()
+		return oe
 	}
 	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }

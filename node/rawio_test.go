@@ -107,7 +107,7 @@ func TestRawIOConnErrors(t *testing.T) {
 		_, err := a.Read(make([]byte, 8))
 		var ne net.Error
 		var oe *net.OpError
-		if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &oe) || oe.Op != "read" {
+		if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) || !errors.As(err, &oe) || oe.Op != "read" || oe.Addr == nil || oe.Addr.String() != a.RemoteAddr().String() {
 			t.Fatalf("Read past deadline = %v (%T)", err, err)
 		}
 	})

@@ -6,7 +6,6 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 )
 
 // Socket I/O that does not wake the runtime's sysmon thread (issue 21).
@@ -24,6 +23,11 @@ import (
 // Waiting for readiness is still the netpoller's, through
 // syscall.RawConn, so deadlines, Close and the goroutine parking behave
 // as with net.Conn.
+//
+// Under the race detector (rawio_race.go) the calls are syscall.Read and
+// syscall.Write, whose annotations tell the detector that a read follows
+// the write that sent its bytes; without them it would report races that
+// the sockets order.
 
 // rawRead is read(2) on a non-blocking fd without the scheduler's
 // syscall hooks; it retries EINTR.
@@ -32,14 +36,14 @@ func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
 		return 0, 0
 	}
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		n, e := sysRead(fd, p)
 		if e == syscall.EINTR {
 			continue
 		}
 		if e != 0 {
 			return 0, e
 		}
-		return int(n), 0
+		return n, 0
 	}
 }
 
@@ -50,14 +54,14 @@ func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) {
 		return 0, 0
 	}
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		n, e := sysWrite(fd, p)
 		if e == syscall.EINTR {
 			continue
 		}
 		if e != 0 {
 			return 0, e
 		}
-		return int(n), 0
+		return n, 0
 	}
 }
 

@@ -24,6 +24,12 @@ import (
 // syscall.RawConn, so deadlines, Close and the goroutine parking behave
 // as with net.Conn.
 //
+// What sysmon does for a busy process (preempting a goroutine that ran
+// 10 ms, polling the network when no P did for 10 ms) resumes at its next
+// timer instead of at the first syscall after an idle spell (while the
+// raw relay streams, its deadline is at most rawProbe away); a raw call
+// never blocks, so there is no P in a syscall for sysmon to retake.
+//
 // Under the race detector (rawio_race.go) the calls are syscall.Read and
 // syscall.Write, whose annotations tell the detector that a read follows
 // the write that sent its bytes; without them it would report races that

@@ -331,6 +331,8 @@ func (n *Node) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node: listen %s: %w", n.cfg.HTTPAddr, err)
 	}
+	// Client connections read and write without waking sysmon (rawio.go).
+	ln = rawIOListener{ln}
 	n.ln = ln
 	epp, err := n.listenEPP(ctx)
 	if err != nil {

@@ -318,16 +318,14 @@ func (rr *rawRelay) arm(probe bool) bool {
 // socket is drained (false: wait for readiness) or the relay ends.
 func (rr *rawRelay) read(fd uintptr) bool {
 	for {
-		nr, err := syscall.Read(int(fd), rr.buf)
+		nr, err := rawRead(fd, rr.buf)
 		switch {
-		case err == syscall.EINTR:
-			continue
 		case err == syscall.EAGAIN:
 			if rr.probing && !rr.arm(false) {
 				return true
 			}
 			return false
-		case err != nil:
+		case err != 0:
 			rr.rerr = os.NewSyscallError("read", err)
 			return true
 		case nr == 0:

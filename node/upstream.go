@@ -100,13 +100,12 @@ func (c *upstreamClient) dial(ctx context.Context, addr string) (*upConn, error)
 	if err != nil {
 		return nil, err
 	}
+	conn = newRawIOConn(conn)
 	br := brPool.Get().(*bufio.Reader)
 	br.Reset(conn)
 	uc := &upConn{Conn: conn, addr: addr, br: br}
-	if sc, ok := conn.(syscall.Conn); ok {
-		if rc, err := sc.SyscallConn(); err == nil {
-			uc.rc = rc
-		}
+	if rc, ok := conn.(*rawIOConn); ok {
+		uc.rc = rc.rc
 	}
 	return uc, nil
 }

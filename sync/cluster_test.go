@@ -61,7 +61,7 @@ func TestDecisionsConverge(t *testing.T) {
 			}
 		}
 		return true
-	}, 10*time.Second, 10*time.Millisecond)
+	}, converge, 10*time.Millisecond)
 	for _, g := range gws {
 		require.Equal(t, 40.0, metricValue(t, g.reg, "kvmesh_sync_deltas_applied_total", map[string]string{"kind": "decisions"}), g.name)
 		require.Equal(t, 0.0, metricValue(t, g.reg, "kvmesh_sync_messages_malformed_total", nil))

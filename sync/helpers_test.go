@@ -70,6 +70,14 @@ type gw struct {
 	held []net.Listener // NATS ports held during a test's outage (natsDown)
 }
 
+// converge bounds the waits for a cluster to converge (membership, KV
+// ownership, indexes alike). Under -race on a lightly loaded machine each
+// of those tests passes in under 3 s, cluster start included; the bound is
+// for a machine running several race-enabled test binaries at
+// once, where 10 s ran out (three CI runs in parallel, load 15). A longer
+// bound costs nothing when the condition holds.
+const converge = 30 * time.Second
+
 var testReplicas = []string{"r0", "r1", "r2"}
 
 // testKey is the cluster key of every test gateway of this package (one

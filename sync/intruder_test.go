@@ -89,7 +89,7 @@ func TestIntruderRefusedOnEveryPort(t *testing.T) {
 		want := float64(i + 1)
 		require.Eventually(t, func() bool {
 			return count("kvmesh_sync_nats_rejected_total", map[string]string{"port": "route", "reason": "handshake"}) >= want
-		}, 10*time.Second, 10*time.Millisecond, "foreign route %d refused and counted", i)
+		}, converge, 10*time.Millisecond, "foreign route %d refused and counted", i)
 		require.Equal(t, 0, s.NumRoutes(), "the foreign server has no route")
 		s.Shutdown()
 		s.WaitForShutdown()

@@ -77,7 +77,7 @@ func testHandover(t *testing.T, crash bool) {
 	require.Eventually(t, func() bool {
 		o := ownersOf(gws)
 		return len(o) == 1 && o[0] == want
-	}, 10*time.Second, 10*time.Millisecond, "exactly one owner, the rendezvous winner")
+	}, converge, 10*time.Millisecond, "exactly one owner, the rendezvous winner")
 
 	converged := func(live []*gw) func() bool {
 		return func() bool {
@@ -95,7 +95,7 @@ func testHandover(t *testing.T, crash bool) {
 	for i := range 5 {
 		complete(t, eng, i)
 	}
-	require.Eventually(t, converged(gws), 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, converged(gws), converge, 10*time.Millisecond)
 	for _, g := range gws {
 		require.Zero(t, metricValue(t, g.reg, "kvmesh_sync_sequence_gaps_total", nil), g.name)
 	}
@@ -118,11 +118,11 @@ func testHandover(t *testing.T, crash bool) {
 	require.Eventually(t, func() bool {
 		o := ownersOf(rest)
 		return len(o) == 1 && o[0] == next
-	}, 10*time.Second, 10*time.Millisecond)
+	}, converge, 10*time.Millisecond)
 	for i := 5; i < 10; i++ {
 		complete(t, eng, i)
 	}
-	require.Eventually(t, converged(rest), 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, converged(rest), converge, 10*time.Millisecond)
 	// Every cached block's prefix matches on every gateway.
 	h := rest[0].ix.Hasher()
 	for _, b := range eng.CachedBlocks() {
@@ -153,7 +153,7 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 		}
 	}
 	complete(t, eng, 0)
-	require.Eventually(t, truth(gws), 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, truth(gws), converge, 10*time.Millisecond)
 	var owner *gw
 	require.Eventually(t, func() bool {
 		for _, g := range gws {
@@ -162,7 +162,7 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 			}
 		}
 		return owner != nil
-	}, 10*time.Second, 10*time.Millisecond)
+	}, converge, 10*time.Millisecond)
 
 	for _, g := range gws {
 		natsDown(t, g)
@@ -171,7 +171,7 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 	for i := 1; i < 4; i++ {
 		complete(t, eng, i)
 	}
-	require.Eventually(t, truth([]*gw{owner}), 10*time.Second, 10*time.Millisecond, "the owner keeps ingesting")
+	require.Eventually(t, truth([]*gw{owner}), converge, 10*time.Millisecond, "the owner keeps ingesting")
 	for _, g := range gws {
 		natsUp(t, g)
 	}

@@ -81,7 +81,7 @@ func TestKVOutageWithRemovalsConverges(t *testing.T) {
 		}
 	}
 	complete(t, eng, 0)
-	require.Eventually(t, exact(gws...), 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, exact(gws...), converge, 10*time.Millisecond)
 	var owner *gw
 	require.Eventually(t, func() bool {
 		for _, g := range gws {
@@ -90,7 +90,7 @@ func TestKVOutageWithRemovalsConverges(t *testing.T) {
 			}
 		}
 		return owner != nil
-	}, 10*time.Second, 10*time.Millisecond)
+	}, converge, 10*time.Millisecond)
 
 	for _, g := range gws {
 		natsDown(t, g)
@@ -108,7 +108,7 @@ func TestKVOutageWithRemovalsConverges(t *testing.T) {
 	for i := 1; i <= 12; i++ {
 		complete(t, eng, i)
 	}
-	require.Eventually(t, exact(owner), 10*time.Second, 10*time.Millisecond, "the owner keeps ingesting")
+	require.Eventually(t, exact(owner), converge, 10*time.Millisecond, "the owner keeps ingesting")
 	for _, g := range gws {
 		if g != owner {
 			require.False(t, maps.Equal(confirmedKeys(g), confirmedKeys(owner)), "%s missed the outage's batches", g.name)
@@ -163,5 +163,5 @@ func TestKVOutageWithRemovalsConverges(t *testing.T) {
 	for i := 15; i <= 16; i++ {
 		complete(t, eng, i)
 	}
-	require.Eventually(t, exact(gws...), 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, exact(gws...), converge, 10*time.Millisecond)
 }

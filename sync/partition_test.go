@@ -32,7 +32,7 @@ func TestGossipPartitionDuplicateOwnersHarmless(t *testing.T) {
 	for i := range 3 {
 		complete(t, eng, i)
 	}
-	require.Eventually(t, truth, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, truth, converge, 10*time.Millisecond)
 	require.Len(t, ownersOf(gws), 1)
 
 	net.Partition("g2", "g0")
@@ -40,12 +40,12 @@ func TestGossipPartitionDuplicateOwnersHarmless(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return len(gws[2].c.Members()) == 1 && len(gws[0].c.Members()) == 2 && len(gws[1].c.Members()) == 2
 	}, 15*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return len(ownersOf(gws)) == 2 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(ownersOf(gws)) == 2 }, converge, 10*time.Millisecond,
 		"each side owns the engine")
 	for i := 3; i < 8; i++ {
 		complete(t, eng, i)
 	}
-	require.Eventually(t, truth, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, truth, converge, 10*time.Millisecond)
 	dups := 0.0
 	for _, g := range gws {
 		dups += metricValue(t, g.reg, "kvmesh_sync_deltas_dropped_total", map[string]string{"kind": "kv", "reason": "duplicate"})
@@ -70,5 +70,5 @@ func TestGossipPartitionDuplicateOwnersHarmless(t *testing.T) {
 	for i := 8; i < 10; i++ {
 		complete(t, eng, i)
 	}
-	require.Eventually(t, truth, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, truth, converge, 10*time.Millisecond)
 }

@@ -29,7 +29,7 @@ func TestRestartCatchUpViaSnapshot(t *testing.T) {
 	for p := range 30 {
 		chains[p] = decide(t, gws[p%2], p, index.ReplicaID(p%3), index.History)
 	}
-	require.Eventually(t, func() bool { return allMatch(gws, chains) }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return allMatch(gws, chains) }, converge, 10*time.Millisecond)
 
 	// g2 goes away; decisions continue without it.
 	gws[2].stop(t)
@@ -68,7 +68,7 @@ func TestRestartCatchUpViaSnapshot(t *testing.T) {
 	for p := 60; p < 90; p++ {
 		chains[p] = decide(t, live[p%3], p, index.ReplicaID(p%3), index.History)
 	}
-	require.Eventually(t, func() bool { return allMatch(live, chains) }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return allMatch(live, chains) }, converge, 10*time.Millisecond)
 	require.Zero(t, metricValue(t, fresh.reg, "kvmesh_sync_sequence_gaps_total", nil))
 }
 
@@ -78,7 +78,7 @@ func TestNATSOutageFallsBackToGossip(t *testing.T) {
 	for p := range 10 {
 		chains[p] = decide(t, gws[p%3], p, index.ReplicaID(p%3), index.History)
 	}
-	require.Eventually(t, func() bool { return allMatch(gws, chains) }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return allMatch(gws, chains) }, converge, 10*time.Millisecond)
 
 	// The whole NATS mesh goes down.
 	for _, g := range gws {
@@ -131,7 +131,7 @@ func TestNATSOutageFallsBackToGossip(t *testing.T) {
 	for p := 40; p < 50; p++ {
 		chains[p] = decide(t, gws[0], p, index.ReplicaID(p%3), index.History)
 	}
-	require.Eventually(t, func() bool { return allMatch(gws, chains) }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return allMatch(gws, chains) }, converge, 10*time.Millisecond)
 	require.Greater(t, metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total",
 		map[string]string{"kind": "decisions", "transport": "nats"}), before)
 }
@@ -153,7 +153,7 @@ func TestAntiEntropyRepairsDrift(t *testing.T) {
 			}
 		}
 		return true
-	}, 10*time.Second, 10*time.Millisecond, "g1: published %v applied %v dropped %v",
+	}, converge, 10*time.Millisecond, "g1: published %v applied %v dropped %v",
 		metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total", nil),
 		metricValue(t, gws[1].reg, "kvmesh_sync_deltas_applied_total", nil),
 		metricValue(t, gws[1].reg, "kvmesh_sync_deltas_dropped_total", nil))

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,36 +15,8 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/discovery"
 	"github.com/kvmesh/kvmesh/discovery/dnstest"
+	"github.com/kvmesh/kvmesh/internal/freeport"
 )
-
-// freePorts returns n ports free on every one of ips.
-func freePorts(t *testing.T, n int, ips ...string) []int {
-	t.Helper()
-	var out []int
-	for len(out) < n {
-		ln, err := net.Listen("tcp", ips[0]+":0")
-		require.NoError(t, err)
-		p := ln.Addr().(*net.TCPAddr).Port
-		ok := true
-		var hold []net.Listener
-		for _, ip := range ips[1:] {
-			l, err := net.Listen("tcp", fmt.Sprintf("%s:%d", ip, p))
-			if err != nil {
-				ok = false
-				break
-			}
-			hold = append(hold, l)
-		}
-		_ = ln.Close()
-		for _, l := range hold {
-			_ = l.Close()
-		}
-		if ok {
-			out = append(out, p)
-		}
-	}
-	return out
-}
 
 // TestDNSDiscoveryFollowsPods runs two simulated engines on their own
 // loopback IPs (same HTTP, KV-event and replay ports, as pods of one
@@ -55,7 +26,7 @@ func freePorts(t *testing.T, n int, ips ...string) []int {
 // within 2 s while its in-flight stream completes.
 func TestDNSDiscoveryFollowsPods(t *testing.T) {
 	ipA, ipB := "127.0.0.2", "127.0.0.3"
-	ports := freePorts(t, 3, ipA, ipB)
+	ports := freeport.Ports(t, 3, ipA, ipB)
 	http_, kv, replay := ports[0], ports[1], ports[2]
 	engine := func(ip string, speed float64) *sim.Server {
 		return startSimWith(t, func(c *sim.Config) {

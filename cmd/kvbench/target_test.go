@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,25 +18,8 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/study"
 	studytarget "github.com/kvmesh/kvmesh/chaos/study/target"
+	"github.com/kvmesh/kvmesh/internal/freeport"
 )
-
-// freePorts reserves n loopback ports and releases them together, just
-// before the processes that take them start.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	return ports
-}
 
 // startProc starts a separately running process whose output goes to a log
 // file in dir; the test's cleanup kills it (by its own pid) and waits.
@@ -157,7 +139,7 @@ func TestTargetAgainstCluster(t *testing.T) {
 
 	// Engines: HTTP, KV events and replay ports; gateways: HTTP, gossip,
 	// peer, admin, raft, NATS client and cluster ports.
-	p := freePorts(t, 2*3+3*7)
+	p := freeport.Ports(t, 2*3+3*7)
 	eng := func(i int) (http, kv, replay int) { return p[3*i], p[3*i+1], p[3*i+2] }
 	gwp := func(i, k int) int { return p[6+7*i+k] }
 	var reps []string
@@ -322,7 +304,7 @@ func TestTargetAgainstCluster(t *testing.T) {
 	// Two more gateways over the same engines, each its own one-node
 	// cluster: not one cluster, so their cells are isolated, and a mode
 	// switch writes each cluster through its own admin API.
-	q := freePorts(t, 2*7)
+	q := freeport.Ports(t, 2*7)
 	var solo []string
 	for i := range 2 {
 		a := func(k int) string { return fmt.Sprintf("127.0.0.1:%d", q[7*i+k]) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/discovery/kube"
+	"github.com/kvmesh/kvmesh/internal/freeport"
 	"github.com/kvmesh/kvmesh/node"
 )
 
@@ -28,7 +28,7 @@ import (
 // gateways' pools within 2 s.
 func TestPodsReachEveryGatewayPool(t *testing.T) {
 	ips := []string{"127.0.0.2", "127.0.0.3"}
-	port := freePort(t, ips...)
+	port := freeport.Ports(t, 1, ips...)[0]
 	for _, ip := range ips {
 		cfg := sim.LocalConfig()
 		cfg.Host, cfg.Port, cfg.ServedModelName = ip, port, "m"
@@ -105,29 +105,4 @@ func pool(port int) *unstructured.Unstructured {
 			"targetPorts": []any{map[string]any{"number": int64(port)}},
 		},
 	}}
-}
-
-// freePort returns a port free on every one of ips.
-func freePort(t *testing.T, ips ...string) int {
-	t.Helper()
-	for range 100 {
-		ln, err := net.Listen("tcp", ips[0]+":0")
-		require.NoError(t, err)
-		p := ln.Addr().(*net.TCPAddr).Port
-		ok := true
-		for _, ip := range ips[1:] {
-			l, err := net.Listen("tcp", fmt.Sprintf("%s:%d", ip, p))
-			if err != nil {
-				ok = false
-				break
-			}
-			_ = l.Close()
-		}
-		_ = ln.Close()
-		if ok {
-			return p
-		}
-	}
-	t.Fatal("no common free port")
-	return 0
 }

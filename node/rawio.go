@@ -37,37 +37,27 @@ import (
 
 // rawRead is read(2) on a non-blocking fd without the scheduler's
 // syscall hooks; it retries EINTR.
-func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
-	if len(p) == 0 {
-		return 0, 0
-	}
-	for {
-		n, e := sysRead(fd, p)
-		if e == syscall.EINTR {
-			continue
-		}
-		if e != 0 {
-			return 0, e
-		}
-		return n, 0
-	}
-}
+func rawRead(fd uintptr, p []byte) (int, syscall.Errno) { return retryEINTR(sysRead, fd, p) }
 
 // rawWrite is write(2) on a non-blocking fd without the scheduler's
 // syscall hooks; it retries EINTR.
-func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) {
+func rawWrite(fd uintptr, p []byte) (int, syscall.Errno) { return retryEINTR(sysWrite, fd, p) }
+
+// retryEINTR makes call (sysRead or sysWrite) on p unless p is empty,
+// again while a signal interrupts it; a failed call counts no bytes.
+func retryEINTR(call func(uintptr, []byte) (int, syscall.Errno), fd uintptr, p []byte) (int, syscall.Errno) {
 	if len(p) == 0 {
 		return 0, 0
 	}
 	for {
-		n, e := sysWrite(fd, p)
-		if e == syscall.EINTR {
+		n, e := call(fd, p)
+		switch e {
+		case syscall.EINTR:
 			continue
+		case 0:
+			return n, 0
 		}
-		if e != 0 {
-			return 0, e
-		}
-		return n, 0
+		return 0, e
 	}
 }
 

@@ -58,22 +58,26 @@ func TestWireRoundTrip(t *testing.T) {
 }
 
 func reencode(t testing.TB, m message) []byte {
-	var b []byte
-	var err error
-	switch m.Kind {
-	case kindDecisions:
-		b, err = AppendDecisions(nil, m.Decisions)
-	case kindKV:
-		b, err = AppendKV(nil, m.KV)
-	case kindLoad:
-		b, err = appendLoad(nil, m.Load)
-	case kindQueued:
-		b, err = appendQueued(nil, m.Load)
-	case kindDigest:
-		b, err = appendDigest(nil, m.Digest)
-	}
+	b, err := encodeMessage(m)
 	require.NoError(t, err)
 	return b
+}
+
+// encodeMessage encodes m with the encoder of its kind.
+func encodeMessage(m message) ([]byte, error) {
+	switch m.Kind {
+	case kindDecisions:
+		return AppendDecisions(nil, m.Decisions)
+	case kindKV:
+		return AppendKV(nil, m.KV)
+	case kindLoad:
+		return appendLoad(nil, m.Load)
+	case kindQueued:
+		return appendQueued(nil, m.Load)
+	case kindDigest:
+		return appendDigest(nil, m.Digest)
+	}
+	return nil, nil
 }
 
 func TestWireRejects(t *testing.T) {
@@ -127,20 +131,7 @@ func FuzzDecodeDelta(f *testing.F) {
 // reencodeLoose re-encodes m, or returns nil when the encoder refuses what
 // the decoder allowed (e.g. a decision with an age clipped at 0).
 func reencodeLoose(m message) []byte {
-	var b []byte
-	var err error
-	switch m.Kind {
-	case kindDecisions:
-		b, err = AppendDecisions(nil, m.Decisions)
-	case kindKV:
-		b, err = AppendKV(nil, m.KV)
-	case kindLoad:
-		b, err = appendLoad(nil, m.Load)
-	case kindQueued:
-		b, err = appendQueued(nil, m.Load)
-	case kindDigest:
-		b, err = appendDigest(nil, m.Digest)
-	}
+	b, err := encodeMessage(m)
 	if err != nil {
 		return nil
 	}

@@ -98,19 +98,13 @@ func free(p int, ips []string) bool {
 // ip_local_port_range, or IANA's 49152 elsewhere.
 func ephemeralLow() int {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			return 32768
-		}
+	if errors.Is(err, os.ErrNotExist) {
 		return 49152
 	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 32768
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		if v, err := strconv.Atoi(f[0]); err == nil {
+			return v
+		}
 	}
-	v, err := strconv.Atoi(f[0])
-	if err != nil {
-		return 32768
-	}
-	return v
+	return 32768 // Linux's default, when the file cannot be read
 }

@@ -737,7 +737,7 @@ func (x *eppExchange) observeBody(b []byte) {
 	x.res.lastAt = now
 	x.res.bytes += int64(len(b))
 	if x.streaming {
-		x.res.sse.feed(b, now)
+		x.res.sse.feed(b, now, x.served)
 	} else {
 		x.res.body.feed(b)
 	}

@@ -348,7 +348,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 			queued = 0 // relayRaw released it
 		}
 	} else {
-		res = n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, releaseQueued)
+		res = n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, rep, releaseQueued)
 	}
 	clean = !res.clientGone && res.err == nil && !res.dirty
 	n.m.request(rep.model, statusClass(resp.StatusCode)).Inc()
@@ -430,7 +430,7 @@ type relayResult struct {
 // connection's read deadline (res.idle; see below), else by cancelling ctx
 // with errIdleTimeout. onFirst runs when the first body byte arrives.
 func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseFunc, uc *upConn, w io.Writer, flusher http.Flusher,
-	body io.Reader, streaming bool, onFirst func()) relayResult {
+	body io.Reader, streaming bool, rep *replica, onFirst func()) relayResult {
 	var res relayResult
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
@@ -472,7 +472,7 @@ func (n *Node) relay(ctx, clientCtx context.Context, cancel context.CancelCauseF
 			}
 			chunk := buf[:nr]
 			if streaming {
-				res.sse.feed(chunk, now)
+				res.sse.feed(chunk, now, rep)
 			} else {
 				res.body.feed(chunk)
 			}

@@ -269,7 +269,7 @@ func (rr *rawRelay) handle(in []byte) bool {
 		}
 		res.lastAt = now
 		if rr.streaming {
-			res.sse.feed(payload, now)
+			res.sse.feed(payload, now, rr.rep)
 		} else {
 			res.body.feed(payload)
 		}

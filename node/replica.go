@@ -71,6 +71,10 @@ type replica struct {
 
 	inflight      atomic.Int64 // requests this gateway has open to the replica
 	queuedPrefill atomic.Int64 // uncached prompt tokens sent, first byte not yet seen
+	// When this gateway's streams last received a token from the replica
+	// (unix nanos) and the gap before it in the same stream: the engine's
+	// step period (route.Candidate.LastTokenAt, StepNanos; see sawToken).
+	lastToken, stepNanos atomic.Int64
 
 	// Engine-scraped load; -1 until the first successful scrape.
 	running  atomic.Int64
@@ -224,4 +228,16 @@ func (r *replica) load() (running, waiting int, kv float64) {
 		kv = -1
 	}
 	return int(r.running.Load()), int(r.waiting.Load()), kv
+}
+
+// sawToken notes a token relayed from the replica at now (unix nanos)
+// whose stream's previous token came at prev (0 for its first). Engines
+// emit a step's tokens together, so a gap within one stream is a step
+// and the last token marks a step's end: the cost model reads when the
+// step in progress ends from the two (route.Candidate.StepNanos).
+func (r *replica) sawToken(now, prev int64) {
+	r.lastToken.Store(now)
+	if prev > 0 && now > prev {
+		r.stepNanos.Store(now - prev)
+	}
 }

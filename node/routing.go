@@ -65,6 +65,7 @@ func (s *scratch) Candidate(i int, c *route.Candidate) {
 	c.Running, c.Waiting, c.KVUsage = r.load()
 	c.QueuedPrefillTokens = int(r.queuedPrefill.Load())
 	c.PeerQueuedPrefillTokens = queued
+	c.LastTokenAt, c.StepNanos = r.lastToken.Load(), r.stepNanos.Load()
 }
 
 // PublishesKVEvents reports whether reps[i] publishes KV events.

@@ -1,13 +1,17 @@
 package node
 
 import (
+	"bufio"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/route"
 )
 
 // queuedPeers is a PeerLoad whose peers also report queued prefill.
@@ -55,4 +59,50 @@ func TestPeerQueuedPrefillSteersCost(t *testing.T) {
 		seen[pick()] = true
 	}
 	assert.Len(t, seen, 2)
+}
+
+// TestStreamTokensTimeTheStep: the tokens a stream relays tell the load
+// view when the replica's engine step ends (route.Candidate.LastTokenAt,
+// StepNanos). Content events count; the usage event and [DONE] after them
+// do not, so the last token is the last content event's read, which the
+// client receives after the gateway read it (one clock: one process).
+func TestStreamTokensTimeTheStep(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(4)
+	e.chunkDelay.Store(int64(20 * time.Millisecond))
+	e.tailDelay.Store(int64(300 * time.Millisecond))
+	n := startNode(t, nil, rc("a", e.url()))
+	r := n.tbl.Load().byName["a"]
+	require.Zero(t, r.lastToken.Load(), "no stream yet")
+
+	start := time.Now().UnixNano()
+	resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"m","prompt":"hello","stream":true}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	var lastContent int64 // when the client read the last content event
+	for {
+		line, err := br.ReadString('\n')
+		if strings.Contains(line, `"text":"tok3"`) {
+			lastContent = time.Now().UnixNano()
+		}
+		if err != nil {
+			break
+		}
+	}
+	require.NotZero(t, lastContent, "the stream carried tok3")
+	end := time.Now().UnixNano()
+
+	last, step := r.lastToken.Load(), r.stepNanos.Load()
+	assert.GreaterOrEqual(t, last, start)
+	assert.LessOrEqual(t, last, lastContent, "the last token is the last content event, not the usage event 300 ms later")
+	assert.Positive(t, step, "a gap between two tokens of the stream")
+	assert.Less(t, step, end-start)
+
+	s := &scratch{reps: []*replica{r}}
+	var c route.Candidate
+	s.Candidate(0, &c)
+	assert.Equal(t, last, c.LastTokenAt)
+	assert.Equal(t, step, c.StepNanos)
 }

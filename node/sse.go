@@ -22,8 +22,19 @@ type sseTally struct {
 	usage       usageFigures // prompt and cached tokens of the last usage seen
 }
 
-// feed takes one relayed read, received at now (unix nanos).
-func (t *sseTally) feed(chunk []byte, now int64) {
+// feed takes one relayed read, received at now (unix nanos). When it
+// ends a content event it tells rep (when not nil) that a token came
+// (replica.sawToken).
+func (t *sseTally) feed(chunk []byte, now int64, rep *replica) {
+	prev := t.lastAt
+	t.feedLines(chunk, now)
+	if rep != nil && t.lastAt == now && prev != now {
+		rep.sawToken(now, prev)
+	}
+}
+
+// feedLines splits one read into lines.
+func (t *sseTally) feedLines(chunk []byte, now int64) {
 	for len(chunk) > 0 {
 		i := bytes.IndexByte(chunk, '\n')
 		if i < 0 {

@@ -16,8 +16,8 @@ func TestSSETallyCountsContentEvents(t *testing.T) {
 	// Every split of the stream into two reads gives the same tally.
 	for cut := 0; cut <= len(stream); cut++ {
 		var s sseTally
-		s.feed([]byte(stream[:cut]), 1)
-		s.feed([]byte(stream[cut:]), 2)
+		s.feed([]byte(stream[:cut]), 1, nil)
+		s.feed([]byte(stream[cut:]), 2, nil)
 		assert.Equal(t, 3, s.content, "cut %d", cut)
 		assert.True(t, s.hasUsage, "cut %d", cut)
 		assert.Equal(t, 7, s.usageTokens, "cut %d", cut)
@@ -26,7 +26,7 @@ func TestSSETallyCountsContentEvents(t *testing.T) {
 	// Without a usage event the count is the content events'; an error
 	// event is not content.
 	var s sseTally
-	s.feed([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"error\":{\"message\":\"x\"}}\n\n"), 5)
+	s.feed([]byte("data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"error\":{\"message\":\"x\"}}\n\n"), 5, nil)
 	assert.Equal(t, 1, s.content)
 	assert.False(t, s.hasUsage)
 	assert.Equal(t, int64(5), s.firstAt)
@@ -38,6 +38,6 @@ func BenchmarkSSETally(b *testing.B) {
 	b.SetBytes(int64(len(chunk)))
 	var s sseTally
 	for i := 0; i < b.N; i++ {
-		s.feed(chunk, int64(i))
+		s.feed(chunk, int64(i), nil)
 	}
 }

@@ -246,14 +246,15 @@ func TestCostCountsChunksInTokens(t *testing.T) {
 	ttft, queue, _, _ := c.estimate(&chars, &cand, r, nil, placement{})
 	p := 1 / m.Config().PriorPrefillTokensPerSecond
 	d := m.Config().PriorDecodeStepSeconds
-	// queued 1,000 tokens, own 7,150; (1,000+7,150)/2,048 → 4 chunks, 2 running.
-	wantQueue := 1000*p + 4*(d+2*p)
+	// queued 1,000 tokens, own 7,150; (1,000+7,150)/2,048 → 4 chunks, 2 running;
+	// no token timing: half a step's wait for the step in progress.
+	wantQueue := d/2 + 1000*p + 4*(d+2*p)
 	wantTTFT := m.Config().PrefillOverheadSeconds + wantQueue + 7150*p
 	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {
 		t.Fatalf("character keys: ttft %v queue %v, want %v %v", ttft, queue, wantTTFT, wantQueue)
 	}
 	ttft, queue, _, _ = c.estimate(&toks, &cand, r, nil, placement{})
-	wantQueue = 4000*p + 16*(d+2*p)
+	wantQueue = d/2 + 4000*p + 16*(d+2*p)
 	wantTTFT = m.Config().PrefillOverheadSeconds + wantQueue + 28600*p
 	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {
 		t.Fatalf("token keys: ttft %v queue %v, want %v %v", ttft, queue, wantTTFT, wantQueue)

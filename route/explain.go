@@ -96,6 +96,11 @@ type ExplainedReplica struct {
 	// the same figure its peers last reported (cost's queue input).
 	QueuedPrefill     int `json:"queued_prefill_tokens"`
 	PeerQueuedPrefill int `json:"peer_queued_prefill_tokens"`
+	// StepEndsIn is how long, in seconds from the decision, the engine
+	// step in progress runs on as the tokens this gateway's streams
+	// received time it (Candidate.LastTokenAt, StepNanos; cost's step
+	// wait); absent when they do not time it.
+	StepEndsIn float64 `json:"step_ends_in_s,omitempty"`
 	// Score is the strategy's figure for this candidate (see
 	// Explanation.ScoreUnit): cost's estimated TTFT plus the delay the
 	// request would impose on others there, in seconds (Bound is its
@@ -134,6 +139,9 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 			InFlight: c.InFlight, LocalInFlight: c.LocalInFlight,
 			Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage,
 			QueuedPrefill: c.QueuedPrefillTokens, PeerQueuedPrefill: c.PeerQueuedPrefillTokens,
+		}
+		if stepTimed(req.Now, c) {
+			e.Replicas[i].StepEndsIn = stepLeft(req.Now, c)
 		}
 	}
 }

@@ -54,6 +54,13 @@ type Candidate struct {
 	// prefill, and a recompute sent where a peer's prefill is running
 	// waits for it unforeseen.
 	PeerQueuedPrefillTokens int
+	// LastTokenAt is when this gateway last received a streamed token
+	// from the replica (Request.Now's clock; 0 when none), and StepNanos
+	// the gap between that token and the one before it in the same
+	// stream: the engine's step period then. An engine admits a new
+	// request at its next step, so a request sent now waits about
+	// LastTokenAt+StepNanos−Now before its prefill starts (see Cost).
+	LastTokenAt, StepNanos int64
 }
 
 // queuedPrefill is the prefill work the load view shows queued on c: this

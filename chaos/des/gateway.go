@@ -33,6 +33,9 @@ type gateway struct {
 	running, waiting []int
 	kvUsage          []float64
 	scraped          []uint64 // replica version at the last scrape
+	// When this gateway's streams last carried a token from each replica,
+	// and the step period then (route.Candidate.LastTokenAt, StepNanos).
+	lastToken, stepNanos []int64
 
 	// selections[s][sel] counts decisions of strategy route.Names()[s]
 	// with Selection sel (kvmesh_route_decisions_total).
@@ -83,7 +86,8 @@ func newGateway(w *World, id int) (*gateway, error) {
 		charKeys: charKeys, set: set, rngSeed: mix(o.Seed, "gateway-rng", fmt.Sprint(id)),
 		inflight: make([]int, o.Replicas), queued: make([]int, o.Replicas),
 		running: make([]int, o.Replicas), waiting: make([]int, o.Replicas), kvUsage: make([]float64, o.Replicas),
-		scraped: make([]uint64, o.Replicas),
+		scraped:   make([]uint64, o.Replicas),
+		lastToken: make([]int64, o.Replicas), stepNanos: make([]int64, o.Replicas),
 	}
 	if o.events() {
 		g.mode, _ = index.ParseMode(o.Mode)
@@ -169,6 +173,17 @@ func (g *gateway) Candidate(i int, c *route.Candidate) {
 	c.Running, c.Waiting, c.KVUsage = g.running[i], g.waiting[i], g.kvUsage[i]
 	c.QueuedPrefillTokens = g.queued[i]
 	c.PeerQueuedPrefillTokens = peerQueued
+	c.LastTokenAt, c.StepNanos = g.lastToken[i], g.stepNanos[i]
+}
+
+// sawToken notes a token streamed from replica rep at now (Unix ns); a
+// token after the stream's first comes one step after the one before it,
+// so step is that step's length.
+func (g *gateway) sawToken(rep int, now, step int64, first bool) {
+	g.lastToken[rep] = now
+	if !first {
+		g.stepNanos[rep] = step
+	}
 }
 
 // PublishesKVEvents reports whether replica i publishes KV events: every

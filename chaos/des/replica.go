@@ -67,12 +67,17 @@ func (r *replica) step(w *World) {
 func (r *replica) stepEnd(w *World) {
 	res := r.cur
 	r.cur = sim.StepResult{}
+	now := w.nowNs()
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
+		f := r.flights[o.ID]
+		if f != nil && f.gw != nil {
+			f.gw.sawToken(r.id, now, int64(res.Duration), o.Index == 0)
+		}
 		if o.Index != 0 {
 			continue
 		}
-		if f := r.flights[o.ID]; f != nil && !f.hasFirst {
+		if f != nil && !f.hasFirst {
 			f.first, f.hasFirst = w.now, true
 			if f.gw != nil && w.opts.QueuedUntilFirstToken {
 				f.gw.releaseQueued(f)

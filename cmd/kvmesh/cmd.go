@@ -474,6 +474,7 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 				KVUsage       float64 `json:"kv_usage"`
 				Queued        int     `json:"queued_prefill_tokens"`
 				PeerQueued    int     `json:"peer_queued_prefill_tokens"`
+				StepEndsIn    float64 `json:"step_ends_in_s"`
 				Score         float64 `json:"score"`
 				Filtered      string  `json:"filtered"`
 				Picked        bool    `json:"picked"`
@@ -516,15 +517,19 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			tiers[t.Name] = t
 		}
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tCPU\tDISK\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tQUEUED\tPEER-QUEUED\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
+		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tCPU\tDISK\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tQUEUED\tPEER-QUEUED\tSTEP-ENDS\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
 		for _, r := range rep.Explanation.Replicas {
 			pick := ""
 			if r.Picked {
 				pick = "*"
 			}
 			t := tiers[r.Name]
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%.4g\t%s\t%s\n", r.Name, r.Matched, t.CPU, t.Disk, r.MatchFraction,
-				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Queued, r.PeerQueued, r.Score, r.Filtered, pick)
+			step := "-" // no stream times the replica's step
+			if r.StepEndsIn > 0 {
+				step = fmt.Sprintf("%.0fms", 1000*r.StepEndsIn)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%s\t%.4g\t%s\t%s\n", r.Name, r.Matched, t.CPU, t.Disk, r.MatchFraction,
+				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Queued, r.PeerQueued, step, r.Score, r.Filtered, pick)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -1,0 +1,87 @@
+package route
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/index"
+)
+
+// TestStepWait: the wait for the step in progress is what the last token's
+// timing leaves of it, half a learned step when the timing says nothing
+// (no token yet, or none within the last step), none at an idle replica.
+func TestStepWait(t *testing.T) {
+	const ms = int64(1e6)
+	now := 1000 * ms
+	d := 0.030
+	cases := []struct {
+		name  string
+		last  int64
+		step  int64
+		n     int
+		wantS float64
+	}{
+		{"idle replica", now - 5*ms, 40 * ms, 0, 0},
+		{"no timing", 0, 0, 3, d / 2},
+		{"step ends in 30 ms", now - 10*ms, 40 * ms, 3, 0.030},
+		{"step ends now", now - 40*ms, 40 * ms, 3, d / 2},
+		{"token from a long-gone step", now - 500*ms, 40 * ms, 3, d / 2},
+		{"token stamped after now (another clock read)", now + 1*ms, 40 * ms, 3, d / 2},
+	}
+	for _, tc := range cases {
+		c := Candidate{LastTokenAt: tc.last, StepNanos: tc.step}
+		require.InDelta(t, tc.wantS, stepWait(now, &c, tc.n, d), 1e-12, tc.name)
+	}
+}
+
+// TestCostPicksTheSoonerStep: two replicas hold the prompt alike; the one
+// whose engine step ends sooner gets the request, even with one request
+// more in flight (a step is tens of milliseconds, one more sequence in the
+// batch a few), and the choice follows the step phase, not the replica.
+func TestCostPicksTheSoonerStep(t *testing.T) {
+	m, err := NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	c := NewCost(m)
+	const ms = int64(1e6)
+	now := int64(1_000_000) * ms
+	req := Request{TotalBlocks: 32, BlockTokens: 128, PromptTokens: 4096, Now: now}
+	cand := func(id int, inflight int, sinceToken int64) Candidate {
+		return Candidate{ID: index.ReplicaID(id), Name: string(rune('a' + id)), Matched: 32, InFlight: inflight, LocalInFlight: inflight,
+			Running: inflight, Waiting: 0, KVUsage: 0.3, LastTokenAt: now - sinceToken, StepNanos: 50 * ms}
+	}
+	for _, tc := range []struct {
+		name string
+		a, b Candidate
+		want int
+	}{
+		{"equal load, b's step ends sooner", cand(0, 5, 5*ms), cand(1, 5, 45*ms), 1},
+		{"equal load, a's step ends sooner", cand(0, 5, 45*ms), cand(1, 5, 5*ms), 0},
+		{"b runs one more and its step ends 20 ms sooner", cand(0, 4, 20*ms), cand(1, 5, 40*ms), 1},
+	} {
+		rng := NewRand(7)
+		d := c.Pick(&req, []Candidate{tc.a, tc.b}, &rng, nil)
+		require.Equal(t, tc.want, d.Index, tc.name)
+		require.Equal(t, SelectionCostLocality, d.Selection, tc.name)
+	}
+}
+
+// TestExplainShowsStepEnds: the explanation carries when each replica's
+// step ends as the streams time it, and nothing where they do not.
+func TestExplainShowsStepEnds(t *testing.T) {
+	m, err := NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	c := NewCost(m)
+	const ms = int64(1e6)
+	now := int64(1_000_000) * ms
+	req := Request{TotalBlocks: 4, BlockTokens: 128, PromptTokens: 512, Now: now}
+	cands := []Candidate{
+		{ID: 0, Name: "a", InFlight: 2, Running: 2, Waiting: 0, KVUsage: 0.1, LastTokenAt: now - 10*ms, StepNanos: 40 * ms},
+		{ID: 1, Name: "b", InFlight: 2, Running: 2, Waiting: 0, KVUsage: 0.1},
+	}
+	var ex Explanation
+	rng := NewRand(1)
+	c.Pick(&req, cands, &rng, &ex)
+	require.InDelta(t, 0.030, ex.Replicas[0].StepEndsIn, 1e-12)
+	require.Zero(t, ex.Replicas[1].StepEndsIn)
+}

@@ -122,6 +122,8 @@ func (n *Node) scrape(ctx context.Context, r *replica) {
 		return
 	}
 	r.scrapeOK.Store(true)
+	// The engine's figures are as of its answer, which just came.
+	r.scrapedInFlight.Store(r.inflight.Load())
 	r.running.Store(l.running)
 	r.waiting.Store(l.waiting)
 	r.kvUsage.Store(math.Float64bits(l.kvUsage))

@@ -75,6 +75,10 @@ type replica struct {
 	// (unix nanos) and the gap before it in the same stream: the engine's
 	// step period (route.Candidate.LastTokenAt, StepNanos; see sawToken).
 	lastToken, stepNanos atomic.Int64
+	// inflight as it was at the last successful scrape (-1 before it):
+	// what the engine shows beyond it is other senders' load
+	// (route.Candidate.ScrapedInFlight).
+	scrapedInFlight atomic.Int64
 
 	// Engine-scraped load; -1 until the first successful scrape.
 	running  atomic.Int64
@@ -146,6 +150,7 @@ func newReplica(id index.ReplicaID, cfg ReplicaConfig, model string) (*replica, 
 		r.dpRank = strconv.Itoa(cfg.DataParallelRank)
 	}
 	r.running.Store(-1)
+	r.scrapedInFlight.Store(-1)
 	r.waiting.Store(-1)
 	r.kvUsage.Store(math.Float64bits(math.NaN()))
 	return r, nil

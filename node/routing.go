@@ -66,6 +66,10 @@ func (s *scratch) Candidate(i int, c *route.Candidate) {
 	c.QueuedPrefillTokens = int(r.queuedPrefill.Load())
 	c.PeerQueuedPrefillTokens = queued
 	c.LastTokenAt, c.StepNanos = r.lastToken.Load(), r.stepNanos.Load()
+	// Peers' reports and the scrape are stale by different amounts: with
+	// peers the scrape is not compared with InFlight (route.Candidate).
+	c.ScrapedInFlight = int(r.scrapedInFlight.Load())
+	c.ScrapedInFlightKnown = s.peers == nil && c.ScrapedInFlight >= 0
 }
 
 // PublishesKVEvents reports whether reps[i] publishes KV events.

@@ -2,6 +2,7 @@ package node
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -105,4 +106,44 @@ func TestStreamTokensTimeTheStep(t *testing.T) {
 	s.Candidate(0, &c)
 	assert.Equal(t, last, c.LastTokenAt)
 	assert.Equal(t, step, c.StepNanos)
+}
+
+// TestScrapeRecordsInFlightBaseline: a scrape records the gateway's own
+// in-flight count beside the engine's figures, and the load view passes
+// it on only without peers' reports (route.Candidate.ScrapedInFlight):
+// with peers, whose reports are stale by another amount, the cost model
+// takes the larger count instead.
+func TestScrapeRecordsInFlightBaseline(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.chunks.Store(3)
+	e.chunkDelay.Store(int64(time.Hour)) // the stream stays open
+	e.running.Store(5)
+	n := startNode(t, nil, rc("a", e.url()))
+	r := n.tbl.Load().byName["a"]
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions",
+		strings.NewReader(`{"model":"m","prompt":"hello","stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	_, err = bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	require.EqualValues(t, 1, r.inflight.Load())
+	require.Eventually(t, func() bool { return r.scrapedInFlight.Load() == 1 && r.running.Load() == 5 },
+		10*time.Second, 5*time.Millisecond, "a scrape while the stream is open records it")
+
+	s := &scratch{reps: []*replica{r}}
+	var c route.Candidate
+	s.Candidate(0, &c)
+	assert.True(t, c.ScrapedInFlightKnown)
+	assert.Equal(t, 1, c.ScrapedInFlight)
+	assert.Equal(t, 5, c.Running)
+
+	s.peers = queuedPeers{inflight: map[string]int{"a": 2}}
+	c = route.Candidate{}
+	s.Candidate(0, &c)
+	assert.False(t, c.ScrapedInFlightKnown, "peers report their load")
+	assert.Equal(t, 3, c.InFlight)
 }

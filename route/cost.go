@@ -17,9 +17,14 @@ import (
 //
 // where:
 //
-//   - outstanding N = max(InFlight, Running+Waiting): the load view is
-//     partly stale, and requests this gateway (or a peer) sent that the
-//     engine has not reported yet are ahead of this one all the same;
+//   - outstanding N: InFlight, plus what the engine's last scrape showed
+//     beyond the InFlight of that moment (Candidate.ScrapedInFlight):
+//     requests of senders this gateway cannot see. Where peers report
+//     their load (their reports and the scrape are stale by different
+//     amounts), N = max(InFlight, Running+Waiting) instead: requests a
+//     peer sent that its report does not carry yet are ahead of this one
+//     all the same. The larger of the two alone was wrong for a gateway
+//     on its own: requests that ended since the scrape still counted;
 //   - capacity C: the running-set size, as far as the model knows it (see
 //     capacity: CostConfig.MaxRunning, KV saturation, or learned from
 //     scrapes showing requests waiting that prefill does not explain);
@@ -118,7 +123,11 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 	cfg := &c.model.cfg
 	n = max(cand.InFlight, 0)
 	if cand.Running >= 0 && cand.Waiting >= 0 {
-		n = max(n, cand.Running+cand.Waiting)
+		if cand.ScrapedInFlightKnown {
+			n += max(cand.Running+cand.Waiting-cand.ScrapedInFlight, 0)
+		} else {
+			n = max(n, cand.Running+cand.Waiting)
+		}
 	}
 	n += extra.requests
 	// Work in engine tokens: the keys' units converted (Request.UnitsPerToken).

@@ -85,3 +85,35 @@ func TestExplainShowsStepEnds(t *testing.T) {
 	require.InDelta(t, 0.030, ex.Replicas[0].StepEndsIn, 1e-12)
 	require.Zero(t, ex.Replicas[1].StepEndsIn)
 }
+
+// TestOutstandingCountsUnseenSendersOnce: without peers' reports the
+// engine's count beyond this gateway's in-flight at the scrape is other
+// senders' load, added to the fresh in-flight count, so requests that
+// ended since the scrape no longer count; where peers report, the larger
+// of the two counts stands.
+func TestOutstandingCountsUnseenSendersOnce(t *testing.T) {
+	m, err := NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	c := NewCost(m)
+	req := Request{TotalBlocks: 4, BlockTokens: 128, PromptTokens: 512}
+	r := m.rate(0)
+	for _, tc := range []struct {
+		name  string
+		cand  Candidate
+		wantN int
+	}{
+		{"own requests ended since the scrape", Candidate{InFlight: 2, LocalInFlight: 2, Running: 6, Waiting: 0,
+			ScrapedInFlight: 6, ScrapedInFlightKnown: true}, 2},
+		{"two requests of another sender", Candidate{InFlight: 2, LocalInFlight: 2, Running: 6, Waiting: 1,
+			ScrapedInFlight: 5, ScrapedInFlightKnown: true}, 4},
+		{"engine behind this gateway's sends", Candidate{InFlight: 5, LocalInFlight: 5, Running: 3, Waiting: 0,
+			ScrapedInFlight: 4, ScrapedInFlightKnown: true}, 5},
+		{"peers report: the larger count", Candidate{InFlight: 2, LocalInFlight: 1, Running: 6, Waiting: 0,
+			ScrapedInFlight: 6}, 6},
+		{"no scrape", Candidate{InFlight: 3, LocalInFlight: 3, Running: Unknown, Waiting: Unknown,
+			ScrapedInFlight: 0, ScrapedInFlightKnown: true}, 3},
+	} {
+		_, _, _, n := c.estimate(&req, &tc.cand, r, nil, placement{})
+		require.Equal(t, tc.wantN, n, tc.name)
+	}
+}

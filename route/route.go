@@ -61,6 +61,13 @@ type Candidate struct {
 	// request at its next step, so a request sent now waits about
 	// LastTokenAt+StepNanos−Now before its prefill starts (see Cost).
 	LastTokenAt, StepNanos int64
+	// ScrapedInFlight is InFlight as it was when Running and Waiting were
+	// scraped, when ScrapedInFlightKnown: the view sets it only without
+	// peers' load reports (one gateway, or gateways that do not share
+	// load). What the engine showed beyond it is load from senders this
+	// gateway cannot see (see Cost).
+	ScrapedInFlight      int
+	ScrapedInFlightKnown bool
 }
 
 // queuedPrefill is the prefill work the load view shows queued on c: this

@@ -36,6 +36,9 @@ type gateway struct {
 	// When this gateway's streams last carried a token from each replica,
 	// and the step period then (route.Candidate.LastTokenAt, StepNanos).
 	lastToken, stepNanos []int64
+	// This gateway's in-flight count to each replica at its last scrape
+	// (route.Candidate.ScrapedInFlight).
+	scrapedInflight []int
 
 	// selections[s][sel] counts decisions of strategy route.Names()[s]
 	// with Selection sel (kvmesh_route_decisions_total).
@@ -88,6 +91,7 @@ func newGateway(w *World, id int) (*gateway, error) {
 		running: make([]int, o.Replicas), waiting: make([]int, o.Replicas), kvUsage: make([]float64, o.Replicas),
 		scraped:   make([]uint64, o.Replicas),
 		lastToken: make([]int64, o.Replicas), stepNanos: make([]int64, o.Replicas),
+		scrapedInflight: make([]int, o.Replicas),
 	}
 	if o.events() {
 		g.mode, _ = index.ParseMode(o.Mode)
@@ -99,6 +103,7 @@ func newGateway(w *World, id int) (*gateway, error) {
 		ix.SetReplicaRoot(w.ids[i], g.root)
 		members = append(members, route.RingMember{ID: w.ids[i], Name: name})
 		g.running[i], g.waiting[i], g.kvUsage[i] = route.Unknown, route.Unknown, route.Unknown
+		g.scrapedInflight[i] = route.Unknown
 	}
 	if err := set.ConsistentHash.SetMembers(members); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
@@ -174,6 +179,10 @@ func (g *gateway) Candidate(i int, c *route.Candidate) {
 	c.QueuedPrefillTokens = g.queued[i]
 	c.PeerQueuedPrefillTokens = peerQueued
 	c.LastTokenAt, c.StepNanos = g.lastToken[i], g.stepNanos[i]
+	// Peers share their load: the scrape is not compared with InFlight
+	// (see route.Candidate.ScrapedInFlight).
+	c.ScrapedInFlight = g.scrapedInflight[i]
+	c.ScrapedInFlightKnown = !w.shareLoad && c.ScrapedInFlight >= 0
 }
 
 // sawToken notes a token streamed from replica rep at now (Unix ns); a
@@ -270,6 +279,7 @@ func (g *gateway) scrape() {
 		}
 		g.running[i], g.waiting[i], g.kvUsage[i] = r.eng.Load()
 		g.scraped[i] = r.ver
+		g.scrapedInflight[i] = g.inflight[i] // no peers' reports: see Candidate
 	}
 }
 

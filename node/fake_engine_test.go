@@ -31,6 +31,9 @@ type fakeEngine struct {
 	tokStatus    atomic.Int64 // 0 = 200 for /tokenize
 	running      atomic.Int64
 	waiting      atomic.Int64
+	// usagePrompt > 0: the usage event reports usagePrompt prompt tokens
+	// and usageCached of them cached (prompt_tokens_details).
+	usagePrompt, usageCached atomic.Int64
 
 	requests  atomic.Int64
 	cancelled atomic.Int64 // requests whose context ended before the stream did
@@ -140,6 +143,10 @@ func (e *fakeEngine) serveCompletion(w http.ResponseWriter, r *http.Request) {
 	fl := w.(http.Flusher)
 	fl.Flush()
 	events := strings.SplitAfter(streamBody(e.name, n), "\n\n")
+	if p := e.usagePrompt.Load(); p > 0 {
+		events[n] = fmt.Sprintf("data: {\"id\":\"cmpl-%s\",\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"prompt_tokens_details\":{\"cached_tokens\":%d}}}\n\n",
+			e.name, p, n, e.usageCached.Load())
+	}
 	brk := int(e.breakAfter.Load())
 	for i, ev := range events {
 		if ev == "" {

@@ -865,6 +865,42 @@ func TestCostObservationCountsContentEventsOnly(t *testing.T) {
 	assert.Less(t, stepSample, 0.05, "TPOT spans the content events (2 ms apart), not the 2×150 ms tail")
 }
 
+// The cost model learns prefill speed from the prefill the engine ran:
+// prompt − cached tokens of its usage, not the routing-time estimate. A
+// history index takes this 4,000-character prompt for 1,000 uncached
+// tokens; the engine found all but 40 of them cached, too few to time
+// prefill by (MinSampleTokens), so the model learns nothing from it.
+func TestCostLearnsPrefillFromEngineUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		cached      int64
+		wantSamples uint32
+	}{
+		{"engine reports 960 cached", 960, 0},
+		{"engine reports none cached", 0, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEngine(t, "a")
+			e.chunks.Store(3)
+			e.firstDelay.Store(int64(300 * time.Millisecond))
+			e.chunkDelay.Store(int64(5 * time.Millisecond)) // content events in separate reads: a TPOT to observe
+			e.usagePrompt.Store(1000)
+			e.usageCached.Store(tc.cached)
+			n := startNode(t, func(c *Config) { c.Strategy = route.NameCost }, rc("a", e.url()))
+			tbl := n.tbl.Load()
+			r := tbl.byName["a"]
+			m := tbl.pools[0].set.Model()
+			body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`, strings.Repeat("w", 4000))
+			resp := post(t, n, "/v1/completions", body, nil)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			readAll(t, resp)
+			require.Eventually(t, func() bool { return m.Rates(r.id).DecodeSamples == 1 }, 5*time.Second, time.Millisecond,
+				"the stream was observed")
+			assert.Equal(t, tc.wantSamples, m.Rates(r.id).PrefillSamples)
+		})
+	}
+}
+
 // testConfig is LocalConfig with the strategy and index mode these tests
 // were written against (prefix-cache, history), set explicitly now that
 // the defaults are cost and auto; tests of a default use LocalConfig.

@@ -586,6 +586,7 @@ func (n *Node) observeCost(rep *replica, dec decision, ttft time.Duration, res r
 	if t.hasUsage {
 		out = t.usageTokens
 	}
-	obs := dec.Observation.Stream(ttft.Seconds(), out, t.content, time.Duration(t.lastAt-t.firstAt).Seconds())
+	obs := dec.Observation.Stream(ttft.Seconds(), out, t.content, time.Duration(t.lastAt-t.firstAt).Seconds()).
+		Engine(t.usage.prompt, t.usage.cached, t.usage.promptOK && t.usage.cachedOK)
 	dec.pool.set.Model().Observe(rep.id, obs)
 }

@@ -244,6 +244,22 @@ func (o Observation) Stream(ttft float64, out, events int, span float64) Observa
 	return o
 }
 
+// Engine returns o with UncachedTokens the engine's own figure when its
+// usage reports one (prompt − cached tokens: vLLM's usage.prompt_tokens
+// and prompt_tokens_details.cached_tokens, the latter with
+// --enable-prompt-tokens-details): the prefill it actually ran, where the
+// routing-time estimate is only what the index believed. A history index
+// does not know what other senders left in the engine's cache; learning
+// prefill speed from its estimate would take a prompt the engine found
+// cached for a fast recompute. ok false (no usage, or figures that do
+// not fit) leaves o as it is.
+func (o Observation) Engine(prompt, cached int, ok bool) Observation {
+	if ok && prompt > 0 && cached >= 0 && cached <= prompt {
+		o.UncachedTokens = prompt - cached
+	}
+	return o
+}
+
 // Candidates returns the candidates the last Route call built (the
 // strategy's view), valid until the next call.
 func (s *Scratch) Candidates() []Candidate { return s.cands }

@@ -117,3 +117,15 @@ func TestOutstandingCountsUnseenSendersOnce(t *testing.T) {
 		require.Equal(t, tc.wantN, n, tc.name)
 	}
 }
+
+// TestObservationEngineUsage: the engine's usage replaces the routing-time
+// estimate of the prefill it ran; figures that do not fit leave it.
+func TestObservationEngineUsage(t *testing.T) {
+	o := Observation{UncachedTokens: 1000}
+	require.Equal(t, 40, o.Engine(1000, 960, true).UncachedTokens)
+	require.Equal(t, 1000, o.Engine(1000, 0, true).UncachedTokens)
+	require.Equal(t, 1000, o.Engine(1000, 960, false).UncachedTokens, "no usage")
+	require.Equal(t, 1000, o.Engine(0, 0, true).UncachedTokens, "no prompt count")
+	require.Equal(t, 1000, o.Engine(100, 960, true).UncachedTokens, "more cached than prompt")
+	require.Equal(t, 1000, o.Engine(100, -1, true).UncachedTokens)
+}

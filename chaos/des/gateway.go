@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/node/tokenizer"
@@ -235,7 +236,7 @@ func (g *gateway) addInflight(rep, d int) {
 
 // release ends f's stream at this gateway: in-flight and queued prefill
 // go, and a successful stream teaches the cost model (node's observeCost).
-func (g *gateway) release(f *flight, ok bool) {
+func (g *gateway) release(f *flight, ok bool, fin *sim.Finished) {
 	if f.rep < 0 {
 		return
 	}
@@ -249,6 +250,9 @@ func (g *gateway) release(f *flight, ok bool) {
 	// tokens, one per content event.
 	out := f.maxTokens
 	obs := f.obs.Stream((f.first - f.start).Seconds(), out, out, (w.now - f.first).Seconds())
+	if fin != nil { // the engine's usage, as node reads it from the stream
+		obs = obs.Engine(fin.PromptTokens, fin.CachedTokens, true)
+	}
 	g.set.Model().Observe(w.ids[f.rep], obs)
 }
 

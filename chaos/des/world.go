@@ -240,7 +240,7 @@ func (w *World) send(prefix string, req study.Request, done func(study.Outcome))
 func (w *World) failLater(f *flight, status int, msg string) {
 	w.q.push(event{at: w.now, fn: func() {
 		if f.gw != nil {
-			f.gw.release(f, false)
+			f.gw.release(f, false, nil)
 		}
 		o := study.Outcome{Start: f.start, Status: status, CachedTokens: -1, Err: msg}
 		if f.rep >= 0 && f.gw != nil {
@@ -255,7 +255,7 @@ func (w *World) failLater(f *flight, status int, msg string) {
 // sees of a vLLM stream that ended now.
 func (w *World) complete(f *flight, fin *sim.Finished) {
 	if f.gw != nil {
-		f.gw.release(f, true)
+		f.gw.release(f, true, fin)
 	}
 	o := study.Outcome{
 		Start:            f.start,

@@ -8,11 +8,22 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 )
 
+// ms is a millisecond in Request.Now's nanoseconds.
+const ms = int64(1e6)
+
+// costAt returns a cost strategy over a fresh default model and a routing
+// time.
+func costAt(t *testing.T) (*Cost, int64) {
+	t.Helper()
+	m, err := NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	return NewCost(m), 1_000_000 * ms
+}
+
 // TestStepWait: the wait for the step in progress is what the last token's
 // timing leaves of it, half a learned step when the timing says nothing
 // (no token yet, or none within the last step), none at an idle replica.
 func TestStepWait(t *testing.T) {
-	const ms = int64(1e6)
 	now := 1000 * ms
 	d := 0.030
 	cases := []struct {
@@ -40,11 +51,7 @@ func TestStepWait(t *testing.T) {
 // more in flight (a step is tens of milliseconds, one more sequence in the
 // batch a few), and the choice follows the step phase, not the replica.
 func TestCostPicksTheSoonerStep(t *testing.T) {
-	m, err := NewModel(DefaultCostConfig())
-	require.NoError(t, err)
-	c := NewCost(m)
-	const ms = int64(1e6)
-	now := int64(1_000_000) * ms
+	c, now := costAt(t)
 	req := Request{TotalBlocks: 32, BlockTokens: 128, PromptTokens: 4096, Now: now}
 	cand := func(id int, inflight int, sinceToken int64) Candidate {
 		return Candidate{ID: index.ReplicaID(id), Name: string(rune('a' + id)), Matched: 32, InFlight: inflight, LocalInFlight: inflight,
@@ -69,11 +76,7 @@ func TestCostPicksTheSoonerStep(t *testing.T) {
 // TestExplainShowsStepEnds: the explanation carries when each replica's
 // step ends as the streams time it, and nothing where they do not.
 func TestExplainShowsStepEnds(t *testing.T) {
-	m, err := NewModel(DefaultCostConfig())
-	require.NoError(t, err)
-	c := NewCost(m)
-	const ms = int64(1e6)
-	now := int64(1_000_000) * ms
+	c, now := costAt(t)
 	req := Request{TotalBlocks: 4, BlockTokens: 128, PromptTokens: 512, Now: now}
 	cands := []Candidate{
 		{ID: 0, Name: "a", InFlight: 2, Running: 2, Waiting: 0, KVUsage: 0.1, LastTokenAt: now - 10*ms, StepNanos: 40 * ms},

@@ -558,7 +558,8 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, class
 		}
 	}
 	bound = minCost + tolerance
-	// Pass 2: among the near-ties, fewest chunks, then fewest outstanding.
+	// Pass 2: among the near-ties, fewest chunks, then fewest outstanding
+	// and the smaller cost, in the order Pick describes.
 	best, ties, bestChunks, bestN := -1, 0, 0, 0
 	bestCost, bestTimed := 0.0, false
 	for i := range cands {
@@ -572,12 +573,16 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, class
 			continue
 		}
 		timed := stepTimed(req.Now, cand)
-		// Both steps timed: the cost first (see Pick).
-		costFirst := timed && bestTimed
+		before := chunks < bestChunks
+		if chunks == bestChunks {
+			if timed && bestTimed { // both steps timed: the cost first (see Pick)
+				before = cost < bestCost || (cost == bestCost && n < bestN)
+			} else {
+				before = n < bestN || (n == bestN && cost < bestCost)
+			}
+		}
 		switch {
-		case best < 0 || chunks < bestChunks ||
-			(chunks == bestChunks && costFirst && (cost < bestCost || (cost == bestCost && n < bestN))) ||
-			(chunks == bestChunks && !costFirst && (n < bestN || (n == bestN && cost < bestCost))):
+		case best < 0 || before:
 			best, ties = i, 1
 			bestChunks, bestN, bestCost, bestTimed = chunks, n, cost, timed
 		case chunks == bestChunks && n == bestN && cost == bestCost:

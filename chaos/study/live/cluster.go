@@ -142,6 +142,35 @@ func (w *World) Settle(ctx context.Context) error {
 				}
 			}
 		}
-		return strings.Join(diffs, "; ")
+		if len(diffs) == 0 {
+			return ""
+		}
+		// What a stall needs to be told apart: replication only flows, and
+		// anti-entropy only repairs, while a gateway's NATS is up.
+		return strings.Join(diffs, "; ") + " (" + w.busState() + ")"
 	})
+}
+
+// busState says, per gateway, whether its NATS connection is up and which
+// engines' KV streams it owns.
+func (w *World) busState() string {
+	parts := make([]string, 0, len(w.nodes))
+	for _, g := range w.nodes {
+		cl := g.Cluster()
+		if cl == nil {
+			continue
+		}
+		state := "NATS down"
+		if cl.NATSConnected() {
+			state = "NATS up"
+		}
+		var owns []string
+		for _, r := range w.names {
+			if cl.OwnsKV(r) {
+				owns = append(owns, r)
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s, owns KV of [%s]", g.NodeID(), state, strings.Join(owns, " ")))
+	}
+	return strings.Join(parts, "; ")
 }

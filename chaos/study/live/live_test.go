@@ -286,3 +286,36 @@ func TestLiveClusterGrid(t *testing.T) {
 	assert.Empty(t, diffs)
 	assert.Len(t, back.Runs, len(res.Runs), "isolated and synced phases stay apart offline")
 }
+
+// TestSettleSaysWhyItWaits: when the gateways' indexes disagree past the
+// timeout, Settle's error names the entries that differ and, for each
+// gateway, whether its NATS connection is up and which engines' KV
+// streams it owns: what a stalled replication needs to be diagnosed.
+func TestSettleSaysWhyItWaits(t *testing.T) {
+	lc := live.DefaultConfig()
+	lc.Profile = "fast"
+	lc.Speed = 50
+	lc.Mode = "hybrid"
+	lc.Gateways = 2
+	ctx := context.Background()
+	w, err := live.Start(ctx, lc)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, w.Close()) }()
+	// An entry only gateway 1 holds: recorded in its index directly, so
+	// nothing replicates it and the indexes cannot agree.
+	g1 := w.Nodes()[1]
+	name := w.Replicas()[0]
+	id, ok := g1.ReplicaID(name)
+	require.True(t, ok)
+	require.NoError(t, g1.Index().Record([]index.BlockKey{42}, id, index.History, time.Now().UnixNano()))
+
+	short, cancel := context.WithTimeout(ctx, 2*time.Second) // it cannot converge
+	defer cancel()
+	err = w.Settle(short)
+	require.ErrorIs(t, err, live.ErrNotConverged)
+	msg := err.Error()
+	assert.Contains(t, msg, g1.NodeID()+" "+name+"/history: 1 entries, gateway 0 has 0")
+	for _, n := range w.Nodes() {
+		assert.Contains(t, msg, n.NodeID()+": NATS up, owns KV of [", "each gateway's bus state")
+	}
+}

@@ -145,20 +145,28 @@ func TestWorldStartsAndClosesCleanly(t *testing.T) {
 	assert.ErrorIs(t, err, live.ErrInvalidConfig)
 }
 
+// startHybridCluster starts gateways clustered gateways in hybrid mode
+// on fast engines, closed when the test ends.
+func startHybridCluster(t *testing.T, gateways int) *live.World {
+	t.Helper()
+	lc := live.DefaultConfig()
+	lc.Profile = "fast"
+	lc.Speed = 50
+	lc.Mode = "hybrid"
+	lc.Gateways = gateways
+	w, err := live.Start(context.Background(), lc)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, w.Close()) })
+	return w
+}
+
 // TestClusterSettle starts three clustered gateways in hybrid mode, lets a
 // routed request through gateway 0 and direct engine traffic establish
 // state, and checks that Settle returns only once every gateway's index
 // holds the same history and confirmed entries.
 func TestClusterSettle(t *testing.T) {
-	lc := live.DefaultConfig()
-	lc.Profile = "fast"
-	lc.Speed = 50
-	lc.Mode = "hybrid"
-	lc.Gateways = 3
 	ctx := context.Background()
-	w, err := live.Start(ctx, lc)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, w.Close()) }()
+	w := startHybridCluster(t, 3)
 	for _, n := range w.Nodes() {
 		require.NotNil(t, n.Cluster(), "clustered gateways run sync")
 		assert.Len(t, n.Cluster().Members(), 3)
@@ -292,15 +300,8 @@ func TestLiveClusterGrid(t *testing.T) {
 // gateway, whether its NATS connection is up and which engines' KV
 // streams it owns: what a stalled replication needs to be diagnosed.
 func TestSettleSaysWhyItWaits(t *testing.T) {
-	lc := live.DefaultConfig()
-	lc.Profile = "fast"
-	lc.Speed = 50
-	lc.Mode = "hybrid"
-	lc.Gateways = 2
 	ctx := context.Background()
-	w, err := live.Start(ctx, lc)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, w.Close()) }()
+	w := startHybridCluster(t, 2)
 	// An entry only gateway 1 holds: recorded in its index directly, so
 	// nothing replicates it and the indexes cannot agree.
 	g1 := w.Nodes()[1]
@@ -311,7 +312,7 @@ func TestSettleSaysWhyItWaits(t *testing.T) {
 
 	short, cancel := context.WithTimeout(ctx, 2*time.Second) // it cannot converge
 	defer cancel()
-	err = w.Settle(short)
+	err := w.Settle(short)
 	require.ErrorIs(t, err, live.ErrNotConverged)
 	msg := err.Error()
 	assert.Contains(t, msg, g1.NodeID()+" "+name+"/history: 1 entries, gateway 0 has 0")

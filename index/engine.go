@@ -472,6 +472,46 @@ func (x *Index) AppendEngineHashes(dst []uint64, r ReplicaID) []uint64 {
 	return dst
 }
 
+// EngineFingerprint summarises the engine block hashes replica r holds
+// (group 0, as AppendEngineHashes lists them): their number and an
+// order-independent hash of the set. Two gateways that applied the same
+// KV-event stream from the same start hold equal fingerprints; a view
+// that missed batches holds a different one (with probability 2^-64 of
+// a collision at equal counts). Anti-entropy compares it with the
+// engine's owner at equal watermarks. It takes the read lock and scans
+// the engine maps.
+func (x *Index) EngineFingerprint(r ReplicaID) (n int, sum uint64) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	if r < inlineReplicas {
+		b := uint64(1) << r
+		x.eng.each(func(h uint64, e *engEntry) {
+			if e.reps&b != 0 {
+				n++
+				sum += mix64(h)
+			}
+		})
+	}
+	if rs := x.replicas[r]; rs != nil {
+		for h := range rs.eng {
+			n++
+			sum += mix64(h)
+		}
+	}
+	return n, sum
+}
+
+// mix64 is splitmix64's finaliser: it spreads engine hashes (which may be
+// small integers, as some publishers number blocks) over 64 bits before
+// EngineFingerprint sums them.
+func mix64(k uint64) uint64 {
+	k ^= k >> 30
+	k *= 0xbf58476d1ce4e5b9
+	k ^= k >> 27
+	k *= 0x94d049bb133111eb
+	return k ^ k>>31
+}
+
 // AppendReplicaKeys appends the key of every block replica r holds in
 // ledger l, in no particular order, ignoring TTLs (entries Expire has not
 // removed yet are included). It takes the read lock and scans every block.

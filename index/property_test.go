@@ -455,6 +455,13 @@ func TestPropertyMatchesReference(t *testing.T) {
 			if got, want := sorted(x.AppendEngineHashes(nil, r)), sorted(slices.Collect(maps.Keys(m.eng[r]))); !slices.Equal(got, want) {
 				t.Fatalf("seed %d: engine hashes of r%d %v, reference %v", seed, r, got, want)
 			}
+			var wantSum uint64
+			for h := range m.eng[r] {
+				wantSum += mix64(h)
+			}
+			if n, sum := x.EngineFingerprint(r); n != len(m.eng[r]) || sum != wantSum {
+				t.Fatalf("seed %d: engine fingerprint of r%d (%d, %x), reference (%d, %x)", seed, r, n, sum, len(m.eng[r]), wantSum)
+			}
 			l := Ledger(w.rng.IntN(int(numLedgers)))
 			if got, want := sorted(x.AppendReplicaKeys(nil, r, l)), sorted(m.replicaKeys(r, l)); !slices.Equal(got, want) {
 				t.Fatalf("seed %d: %v keys of r%d %v, reference %v", seed, l, r, got, want)

@@ -2,6 +2,7 @@ package sync
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,9 +26,59 @@ func (c *Cluster) storeDigest(d *digest) {
 	for _, w := range d.Sources {
 		src[w.Source] = w.Seq
 	}
+	node := originNode(d.Origin)
 	c.dmu.Lock()
-	c.digests[originNode(d.Origin)] = digestEntry{at: time.Now(), sources: src}
+	c.digests[node] = digestEntry{at: time.Now(), sources: src}
 	c.dmu.Unlock()
+	c.checkKV(node, src)
+}
+
+// checkKV compares the fingerprints an engine owner's digest carries
+// (srcKVAt, srcKVN, srcKVSum) with this gateway's view of the same engine
+// and marks the engine diverged when they differ at the same watermark.
+// Watermarks alone miss one loss: a gateway that knew nothing of an engine
+// and missed the owner's first batches (its NATS was down, or the route to
+// the owner's server not up yet) takes the next batch as the stream's
+// start, and its watermark then equals the owner's. It runs when the
+// digest arrives, a moment after the owner took its fingerprint, so that
+// under a steady stream of batches the two views are still likely at the
+// same seq.
+func (c *Cluster) checkKV(node string, src map[string]uint64) {
+	now := time.Now()
+	for k, at := range src {
+		r, ok := strings.CutPrefix(k, srcKVAt)
+		if !ok || at == 0 || c.own.owned(r) || !c.kvOwn.accepts(r, node, now) {
+			continue
+		}
+		mine, ok := c.ap.kvCheckOf(r)
+		if !ok || mine.at != at || mine.n == int(src[srcKVN+r]) && mine.sum == src[srcKVSum+r] {
+			continue
+		}
+		c.m.kvDiverged.Inc()
+		c.log.Warn("confirmed view of an engine differs from its owner's at the same seq; repairing from the owner",
+			"replica", r, "owner", node, "seq", at-1, "blocks", mine.n, "owner_blocks", src[srcKVN+r])
+		c.dmu.Lock()
+		c.diverged[r] = node
+		c.dmu.Unlock()
+	}
+}
+
+// nextKVCheck returns the fingerprint of the next engine this gateway owns
+// after *next in KVSources order (round robin: one engine per digest
+// bounds the scans), ok false when it owns none with a complete view.
+func (c *Cluster) nextKVCheck(next *int) (string, kvCheck, bool) {
+	srcs := c.cfg.KVSources
+	for range srcs {
+		*next = (*next + 1) % len(srcs)
+		r := srcs[*next].Replica
+		if !c.own.owned(r) {
+			continue
+		}
+		if chk, ok := c.ap.kvCheckOf(r); ok {
+			return r, chk, true
+		}
+	}
+	return "", kvCheck{}, false
 }
 
 // digestLoop publishes this gateway's digest every DigestInterval and
@@ -40,6 +91,7 @@ func (c *Cluster) digestLoop(ctx context.Context) {
 	t := time.NewTicker(c.cfg.DigestInterval)
 	defer t.Stop()
 	var msg []byte
+	check := -1 // the KVSources position last fingerprinted
 	for {
 		select {
 		case <-ctx.Done():
@@ -53,6 +105,10 @@ func (c *Cluster) digestLoop(ctx context.Context) {
 		for s, v := range mine {
 			d.Sources = append(d.Sources, watermark{Source: s, Seq: v})
 		}
+		if r, chk, ok := c.nextKVCheck(&check); ok {
+			d.Sources = append(d.Sources, watermark{Source: srcKVAt + r, Seq: chk.at},
+				watermark{Source: srcKVN + r, Seq: uint64(chk.n)}, watermark{Source: srcKVSum + r, Seq: chk.sum})
+		}
 		var err error
 		if msg, err = appendDigest(msg[:0], &d); err == nil {
 			if c.bus.publish(c.bus.subj.digest, msg) == nil {
@@ -62,7 +118,7 @@ func (c *Cluster) digestLoop(ctx context.Context) {
 		if !c.bus.connected() {
 			continue
 		}
-		peer, reason := c.driftPeer(mine)
+		peer, reason, force := c.driftPeer(mine)
 		if peer == "" {
 			continue
 		}
@@ -82,7 +138,7 @@ func (c *Cluster) digestLoop(ctx context.Context) {
 		c.log.Info("anti-entropy repair", "peer", peer, "reason", reason)
 		lost := c.ap.takeLoss()
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.BootstrapTimeout)
-		err = c.restoreFrom(rctx, m, false, lost)
+		err = c.restoreFrom(rctx, m, false, lost, force)
 		cancel()
 		if err != nil {
 			c.m.repairs.WithLabelValues("error").Inc()
@@ -93,6 +149,11 @@ func (c *Cluster) digestLoop(ctx context.Context) {
 		c.m.repairs.WithLabelValues("ok").Inc()
 		c.dmu.Lock()
 		clear(c.behind)
+		for r := range force {
+			if c.diverged[r] == peer {
+				delete(c.diverged, r)
+			}
+		}
 		c.dmu.Unlock()
 	}
 }
@@ -109,14 +170,24 @@ func (c *Cluster) mySources() map[string]uint64 {
 }
 
 // driftPeer compares the peers' fresh digests with mine and returns the
-// peer to repair from ("" = none) and why.
-func (c *Cluster) driftPeer(mine map[string]uint64) (string, string) {
+// peer to repair from ("" = none), why, and the engines whose confirmed
+// view the repair must take from it whatever the watermarks say (those
+// checkKV found diverged from that owner's).
+func (c *Cluster) driftPeer(mine map[string]uint64) (string, string, map[string]bool) {
 	live := make(map[string]bool)
 	for _, m := range c.ms.snapshot() {
 		live[m.Name] = true
 	}
 	c.dmu.Lock()
 	defer c.dmu.Unlock()
+	if peer, force := c.divergedPeer(live); peer != "" {
+		names := make([]string, 0, len(force))
+		for r := range force {
+			names = append(names, r)
+		}
+		slices.Sort(names)
+		return peer, "confirmed view of " + strings.Join(names, ", ") + " differs from the owner's", force
+	}
 	fresh := 3 * c.cfg.DigestInterval
 	now := time.Now()
 	best, bestAhead := "", uint64(0)
@@ -145,12 +216,38 @@ func (c *Cluster) driftPeer(mine map[string]uint64) (string, string) {
 	}
 	c.behind = next
 	if confirmed != "" {
-		return next[confirmed].peer, "behind on " + confirmed
+		return next[confirmed].peer, "behind on " + confirmed, nil
 	}
 	if best != "" && c.ap.hasLoss() {
-		return best, "lost deltas"
+		return best, "lost deltas", nil
 	}
-	return "", ""
+	return "", "", nil
+}
+
+// divergedPeer picks, among the live owners checkKV found a diverged
+// engine view with, the first by name, and returns it with the engines to
+// take from it. Entries of departed owners are dropped: the next owner's
+// digest checks again. The caller holds dmu.
+func (c *Cluster) divergedPeer(live map[string]bool) (string, map[string]bool) {
+	peer := ""
+	for r, node := range c.diverged {
+		switch {
+		case !live[node]:
+			delete(c.diverged, r)
+		case peer == "" || node < peer:
+			peer = node
+		}
+	}
+	if peer == "" {
+		return "", nil
+	}
+	force := make(map[string]bool)
+	for r, node := range c.diverged {
+		if node == peer {
+			force[r] = true
+		}
+	}
+	return peer, force
 }
 
 // comparable reports whether a digest source should match across

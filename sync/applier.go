@@ -15,6 +15,13 @@ const (
 	srcDecisions = "d/"    // + origin: highest contiguous decision batch seq applied
 	srcKV        = "kv/"   // + replica: engine seq + 1 of the last batch applied (0 = none)
 	srcKVTS      = "kvts/" // + replica: float64 bits of that batch's engine time
+
+	// An owner's digest also carries, for one of its engines at a time,
+	// the fingerprint of its confirmed view (kvCheck), which peers compare
+	// with theirs at the same watermark (Cluster.checkKV).
+	srcKVAt  = "kvat/"  // + replica: the watermark (seq + 1) the fingerprint was taken at
+	srcKVN   = "kvn/"   // + replica: engine blocks held (index.EngineFingerprint)
+	srcKVSum = "kvsum/" // + replica: their fingerprint
 )
 
 // Bounds on what a KV batch or a snapshot watermark may claim (DESIGN §9:
@@ -535,6 +542,33 @@ func (a *applier) sources() []watermark {
 		out = append(out, watermark{Source: srcKV + r, Seq: v})
 	}
 	return out
+}
+
+// kvCheck is the fingerprint of a gateway's confirmed view of one engine
+// (index.EngineFingerprint) and the watermark it stands for.
+type kvCheck struct {
+	at  uint64 // seq + 1 of the last batch applied
+	n   int
+	sum uint64
+}
+
+// kvCheckOf returns replica's kvCheck, taken under the applier lock so
+// that no batch lands between the watermark and the fingerprint; ok is
+// false while the view has no complete watermark (nothing applied since a
+// reset, or a seq gap, which the watermark comparison repairs).
+func (a *applier) kvCheckOf(replica string) (kvCheck, bool) {
+	id, ok := a.c.deps.Replicas.ReplicaID(replica)
+	if !ok {
+		return kvCheck{}, false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.kv[replica]
+	if st == nil || !st.valid || st.gap {
+		return kvCheck{}, false
+	}
+	n, sum := a.c.deps.Index.EngineFingerprint(id)
+	return kvCheck{at: st.seq + 1, n: n, sum: sum}, true
 }
 
 // forgetOrigins drops the dedupe state of origins of a departed node.

@@ -110,7 +110,7 @@ func BenchmarkSnapshotBootstrap(b *testing.B) {
 	var bytes float64
 	for range b.N {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		require.NoError(b, gws[1].c.restoreFrom(ctx, peer, true, true))
+		require.NoError(b, gws[1].c.restoreFrom(ctx, peer, true, true, nil))
 		cancel()
 	}
 	b.StopTimer()

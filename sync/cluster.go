@@ -96,6 +96,7 @@ type Cluster struct {
 	dmu        sync.Mutex
 	digests    map[string]digestEntry // by node name
 	behind     map[string]lag         // by source
+	diverged   map[string]string      // engine → owner whose view differs (checkKV)
 	lastRepair time.Time
 
 	grpcSrv *grpc.Server
@@ -135,10 +136,11 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 	}
 	log = log.With("component", "sync", "node", cfg.NodeName)
 	c := &Cluster{cfg: cfg, deps: deps, log: log,
-		origin:  cfg.NodeName + "#" + strconv.FormatInt(time.Now().UnixNano(), 36),
-		kick:    make(chan struct{}, 1),
-		digests: make(map[string]digestEntry),
-		behind:  make(map[string]lag),
+		origin:   cfg.NodeName + "#" + strconv.FormatInt(time.Now().UnixNano(), 36),
+		kick:     make(chan struct{}, 1),
+		digests:  make(map[string]digestEntry),
+		behind:   make(map[string]lag),
+		diverged: make(map[string]string),
 	}
 	c.m = newMetrics(func() bool { return c.bus.connected() })
 	c.bus = newBus(cfg, log, c.m.natsRejected, c.m.natsDrops)

@@ -154,7 +154,18 @@
 // applied an engine's batches across a seq gap (batches lost, e.g. while
 // NATS was down) keeps applying them but advertises and snapshots the
 // watermark from before the gap until a repair replaces its view, so its
-// possibly stale view (lost removals) never passes for a newer one. Load reports are
+// possibly stale view (lost removals) never passes for a newer one. One
+// loss shows no gap: a gateway that knew nothing of an engine and missed
+// the owner's first batches takes the next one as the stream's start, and
+// its watermark then equals the owner's. So an owner's digest also
+// carries, for one of its engines per interval, the fingerprint of its
+// confirmed view (index.EngineFingerprint: the number of engine blocks and
+// a hash of their set) with the watermark it was taken at; a peer at the
+// same watermark whose fingerprint differs counts it
+// (kvmesh_sync_kv_diverged_total) and repairs from the owner, taking that
+// engine's view whatever the watermarks say. These are extra digest
+// sources ("kvat/", "kvn/", "kvsum/" + replica), which a previous
+// release ignores. Load reports are
 // kept per origin with the local receive time and summed into an immutable
 // map; InFlight reads it without locks or allocation, and reports older
 // than LoadTTL stop counting. Queued prefill (uncached prompt tokens a peer

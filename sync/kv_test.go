@@ -184,3 +184,48 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 		return repairs >= 2
 	}, 5*time.Second, 5*time.Millisecond, "both peers repaired by snapshot")
 }
+
+// TestKVLostStreamStartRepaired: a peer that knows nothing of an engine
+// yet and misses the owner's first batches (its NATS was down) takes the
+// next batch as the start of the stream, so its watermark equals the
+// owner's while its view lacks the earlier blocks. Watermarks alone never
+// show that; the owner's digest fingerprint does, and the peer repairs.
+func TestKVLostStreamStartRepaired(t *testing.T) {
+	eng := startEngine(t)
+	src := []KVSource{{Replica: "r0", Model: "m", Endpoint: eng.KVEventsAddr(), ReplayEndpoint: eng.KVReplayAddr()}}
+	gws := startCluster(t, 2, nil, func(c *Config) { c.KVSources = src })
+	var owner, peer *gw
+	require.Eventually(t, func() bool {
+		owner, peer = nil, nil
+		for _, g := range gws {
+			if g.c.OwnsKV("r0") {
+				owner = g
+			} else {
+				peer = g
+			}
+		}
+		return owner != nil && peer != nil
+	}, converge, 10*time.Millisecond)
+
+	natsDown(t, peer)
+	require.Eventually(t, func() bool { return !peer.c.NATSConnected() }, 10*time.Second, 5*time.Millisecond)
+	for i := range 3 {
+		complete(t, eng, i)
+	}
+	require.Eventually(t, func() bool { return confirmed(owner) == len(eng.CachedBlocks()) }, converge, 10*time.Millisecond,
+		"the owner ingests while the peer is cut off")
+	natsUp(t, peer)
+	// Until the peer applies a batch of the live stream (its NATS route back),
+	// keep the engine publishing.
+	for i := 3; confirmed(peer) == 0; i++ {
+		require.Less(t, i, 500, "the peer never received a live batch")
+		complete(t, eng, i)
+	}
+	require.Eventually(t, func() bool {
+		n := len(eng.CachedBlocks())
+		return confirmed(owner) == n && confirmed(peer) == n
+	}, 20*time.Second, 20*time.Millisecond, "the peer's view of r0 repaired: owner %d, peer %d, engine %d",
+		confirmed(owner), confirmed(peer), len(eng.CachedBlocks()))
+	require.Positive(t, metricValue(t, peer.reg, "kvmesh_sync_kv_diverged_total", nil),
+		"the owner's fingerprint showed the peer its view differs")
+}

@@ -31,6 +31,7 @@ type metrics struct {
 	natsRejected     *prometheus.CounterVec // {port, reason}
 	natsDrops        prometheus.Counter
 	kvRejected       *prometheus.CounterVec // {source, reason}
+	kvDiverged       prometheus.Counter
 }
 
 // newMetrics builds the metrics; natsUp reports the NATS connection's
@@ -106,6 +107,8 @@ func newMetrics(natsUp func() bool) *metrics {
 		kvRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 			Name: "kv_rejected_total", Help: "KV-event input refused, by source (nats, gossip, snapshot) and reason (not_owner: a reset, clear or batch from a member that does not own the engine; seq_jump: a sequence number far beyond the engine's rate; clock_ahead: an engine time in the future)."},
 			[]string{"source", "reason"}),
+		kvDiverged: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "kv_diverged_total", Help: "Times an engine owner's digest showed this gateway's confirmed view of the engine differing from the owner's at the same watermark (batches lost where no sequence gap shows them, e.g. before the first one applied here); each schedules a repair from the owner."}),
 	}
 }
 
@@ -130,7 +133,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.members, m.eventsDropped, m.published, m.applied, m.dropped,
 		m.malformed, m.lag, m.gaps, m.bootstrapSeconds, m.bootstrapBytes, m.servedBytes, m.bootstraps,
 		m.ownerChanges, m.owned, m.natsConnected, m.repairs, m.peerLoadReports, m.peerRejected, m.peerInput,
-		m.gossipRejected, m.natsRejected, m.natsDrops, m.kvRejected}
+		m.gossipRejected, m.natsRejected, m.natsDrops, m.kvRejected, m.kvDiverged}
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {

@@ -127,7 +127,7 @@ func TestKVOutageWithRemovalsConverges(t *testing.T) {
 	m, found := owner.c.ms.member(peer.name)
 	require.True(t, found)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	require.NoError(t, owner.c.restoreFrom(ctx, m, false, true))
+	require.NoError(t, owner.c.restoreFrom(ctx, m, false, true, nil))
 	cancel()
 	require.True(t, exact(owner)(), "a repair from a peer replaced the owned engine's view")
 

@@ -120,7 +120,9 @@ func snapshotErr(addr string, err error) error {
 // what it buffered above the restored watermarks afterwards.
 //
 // An engine's confirmed entries (and engine map) are taken only when the
-// peer's watermark for it is newer than this gateway's (applier.kvNewer);
+// peer's watermark for it is newer than this gateway's (applier.kvNewer),
+// or when force names it (the peer owns it and checkKV found this
+// gateway's view of it different at the same watermark);
 // an engine this gateway owns is never taken from a peer except at
 // bootstrap, since the owner ingests it directly and a peer's view can only
 // be older (peers miss removals while NATS is down: KV batches are not
@@ -131,7 +133,7 @@ func snapshotErr(addr string, err error) error {
 // (decisions) and when the peer is ahead on another gateway's decision
 // stream; this gateway's own decisions newer than the peer's watermark
 // for it are then re-applied from the own ring.
-func (c *Cluster) restoreFrom(ctx context.Context, peer Member, boot, decisions bool) error {
+func (c *Cluster) restoreFrom(ctx context.Context, peer Member, boot, decisions bool, force map[string]bool) error {
 	start := time.Now()
 	c.ap.beginBuffering()
 	defer c.ap.endBuffering()
@@ -164,7 +166,7 @@ func (c *Cluster) restoreFrom(ctx context.Context, peer Member, boot, decisions 
 		}
 		r := k[len(srcKV):]
 		id, ok := c.deps.Replicas.ReplicaID(r)
-		if !ok || owned[r] || !c.ap.kvNewerLocked(w, r) {
+		if !ok || owned[r] || !force[r] && !c.ap.kvNewerLocked(w, r) {
 			continue
 		}
 		if reason := c.ap.kvWatermarkBadLocked(w, r, now); reason != "" {
@@ -227,7 +229,7 @@ func (c *Cluster) bootstrap(ctx context.Context) error {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, c.cfg.BootstrapTimeout)
-		err := c.restoreFrom(pctx, m, true, true)
+		err := c.restoreFrom(pctx, m, true, true, nil)
 		cancel()
 		if err == nil {
 			c.m.bootstraps.WithLabelValues("ok").Inc()

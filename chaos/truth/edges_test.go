@@ -113,11 +113,19 @@ func TestEndToEndOffloadTier(t *testing.T) {
 			cfg := simConfig(tc)
 			cfg.KVOffloadBlocks = 96
 			runEdge(t, tc, cfg, func(t *testing.T, es *engines, cons *consumer, cl *client, toks [][]uint32) {
-				loaded := 0
+				// Through the gateway the split of prompts over the replicas
+				// follows their load, so on a busy machine one replica may
+				// receive too few to fill its CPU tier; one full tier is
+				// enough to exercise CPU evictions, and every tier is
+				// compared exactly below.
+				loaded, full := 0, 0
 				for i, id := range cons.ids {
 					s := es.get(i)
 					off := s.OffloadedBlocks()
-					require.Len(t, off, 96, "replica %d's CPU tier is full (it evicted too)", i)
+					require.LessOrEqual(t, len(off), 96, "replica %d's CPU tier holds at most its 96 blocks", i)
+					if len(off) == 96 {
+						full++
+					}
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 					c, _, err := truth.Await(ctx, 5*time.Millisecond, func() (truth.Comparison, error) {
 						return truth.CompareTier(s.OffloadedBlocks(), cons.ix, id, cons.root, index.TierCPU)
@@ -129,6 +137,7 @@ func TestEndToEndOffloadTier(t *testing.T) {
 					require.NoError(t, err)
 					loaded += h.OffloadBlocks
 				}
+				require.Positive(t, full, "a CPU tier filled (it evicted too)")
 				require.Positive(t, loaded, "some prompts would load offloaded blocks")
 			})
 		})

@@ -63,7 +63,16 @@ func TestDecisionsConverge(t *testing.T) {
 		return true
 	}, converge, 10*time.Millisecond)
 	for _, g := range gws {
-		require.Equal(t, 40.0, metricValue(t, g.reg, "kvmesh_sync_deltas_applied_total", map[string]string{"kind": "decisions"}), g.name)
+		applied := metricValue(t, g.reg, "kvmesh_sync_deltas_applied_total", map[string]string{"kind": "decisions"})
+		// The peers' 40 decisions arrive as deltas, unless slow delivery (a
+		// busy machine) let anti-entropy repair the gateway from a
+		// snapshot first: those came in the snapshot and their late deltas
+		// were duplicates.
+		if metricValue(t, g.reg, "kvmesh_sync_antientropy_repairs_total", nil) == 0 {
+			require.Equal(t, 40.0, applied, g.name)
+		} else {
+			require.LessOrEqual(t, applied, 40.0, g.name)
+		}
 		require.Equal(t, 0.0, metricValue(t, g.reg, "kvmesh_sync_messages_malformed_total", nil))
 	}
 }

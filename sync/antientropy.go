@@ -50,8 +50,8 @@ func (c *Cluster) checkKV(node string, src map[string]uint64) {
 		if !ok || at == 0 || c.own.owned(r) || !c.kvOwn.accepts(r, node, now) {
 			continue
 		}
-		mine, ok := c.ap.kvCheckOf(r)
-		if !ok || mine.at != at || mine.n == int(src[srcKVN+r]) && mine.sum == src[srcKVSum+r] {
+		mine, ok := c.ap.kvCheckOf(r, at)
+		if !ok || mine.n == int(src[srcKVN+r]) && mine.sum == src[srcKVSum+r] {
 			continue
 		}
 		c.m.kvDiverged.Inc()
@@ -74,7 +74,7 @@ func (c *Cluster) nextKVCheck(next *int) (string, kvCheck, bool) {
 		if !c.own.owned(r) {
 			continue
 		}
-		if chk, ok := c.ap.kvCheckOf(r); ok {
+		if chk, ok := c.ap.kvCheckOf(r, 0); ok {
 			return r, chk, true
 		}
 	}

@@ -555,8 +555,11 @@ type kvCheck struct {
 // kvCheckOf returns replica's kvCheck, taken under the applier lock so
 // that no batch lands between the watermark and the fingerprint; ok is
 // false while the view has no complete watermark (nothing applied since a
-// reset, or a seq gap, which the watermark comparison repairs).
-func (a *applier) kvCheckOf(replica string) (kvCheck, bool) {
+// reset, or a seq gap, which the watermark comparison repairs). A non-zero
+// at asks for the view at that watermark only: at any other there is
+// nothing to compare, and the index is not scanned (the scan holds the
+// applier lock).
+func (a *applier) kvCheckOf(replica string, at uint64) (kvCheck, bool) {
 	id, ok := a.c.deps.Replicas.ReplicaID(replica)
 	if !ok {
 		return kvCheck{}, false
@@ -564,7 +567,7 @@ func (a *applier) kvCheckOf(replica string) (kvCheck, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := a.kv[replica]
-	if st == nil || !st.valid || st.gap {
+	if st == nil || !st.valid || st.gap || at != 0 && st.seq+1 != at {
 		return kvCheck{}, false
 	}
 	n, sum := a.c.deps.Index.EngineFingerprint(id)

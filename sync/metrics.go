@@ -112,10 +112,14 @@ func newMetrics(natsUp func() bool) *metrics {
 	}
 }
 
-// initRefusals exports every refusal series at 0 from the start, so that
-// dashboards and alerts (deploy/prometheus) see the series before the
-// first refusal.
+// initRefusals exports every refusal series, and both anti-entropy
+// results, at 0 from the start, so that dashboards and alerts
+// (deploy/prometheus) see the series before the first refusal or repair:
+// increase() over a series born at its first increment misses that
+// increment.
 func (m *metrics) initRefusals() {
+	m.repairs.WithLabelValues("ok")
+	m.repairs.WithLabelValues("error")
 	for _, pr := range [][2]string{{"client", "unauthenticated"}, {"route", "unauthenticated"}, {"route", "handshake"}} {
 		m.natsRejected.WithLabelValues(pr[0], pr[1])
 	}

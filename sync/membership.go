@@ -367,11 +367,9 @@ func (ms *membership) member(name string) (Member, bool) {
 // packets; receivers drop the duplicates. msg must be at most
 // broadcastLimit bytes and is kept.
 func (ms *membership) broadcast(msg []byte) {
-	for _, n := range ms.ml.Members() {
-		if n.Name != ms.cfg.NodeName {
-			if err := ms.ml.SendBestEffort(n, msg); err != nil {
-				ms.log.Debug("gossip send", "to", n.Name, "err", err)
-			}
+	for _, n := range ms.peerNodes() {
+		if err := ms.ml.SendBestEffort(n, msg); err != nil {
+			ms.log.Debug("gossip send", "to", n.Name, "err", err)
 		}
 	}
 	ms.queue.QueueBroadcast(userBroadcast(msg))
@@ -380,6 +378,29 @@ func (ms *membership) broadcast(msg []byte) {
 	if ms.queue.NumQueued() > 4096 {
 		ms.queue.Prune(4096)
 	}
+}
+
+// peerNodes returns the other live members as memberlist nodes to send
+// to, built from our own copy of the membership (snapshot). memberlist's
+// Members returns pointers to its live node records, which its packet
+// handler rewrites (a member's address on an alive message) without a
+// lock we could take: reading them races (the race detector caught
+// broadcast doing so under load).
+func (ms *membership) peerNodes() []*memberlist.Node {
+	members := ms.snapshot()
+	out := make([]*memberlist.Node, 0, len(members))
+	for _, m := range members {
+		if m.Self {
+			continue
+		}
+		host, port, err := net.SplitHostPort(m.Addr)
+		p, perr := strconv.ParseUint(port, 10, 16)
+		if err != nil || perr != nil {
+			continue
+		}
+		out = append(out, &memberlist.Node{Name: m.Name, Addr: net.ParseIP(host), Port: uint16(p)})
+	}
+	return out
 }
 
 // announceLeave tells every member, over memberlist's reliable channel,
@@ -392,18 +413,7 @@ func (ms *membership) announceLeave(timeout time.Duration) {
 	}
 	msg := []byte(leaveIntentPrefix + ms.cfg.NodeName)
 	var wg sync.WaitGroup
-	// Our own view, copied: memberlist's Members returns its live nodes,
-	// which its packet handler updates without a lock we could take.
-	for _, m := range ms.snapshot() {
-		if m.Self {
-			continue
-		}
-		host, port, err := net.SplitHostPort(m.Addr)
-		p, perr := strconv.ParseUint(port, 10, 16)
-		if err != nil || perr != nil {
-			continue
-		}
-		n := &memberlist.Node{Name: m.Name, Addr: net.ParseIP(host), Port: uint16(p)}
+	for _, n := range ms.peerNodes() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -151,8 +151,13 @@ func TestSessionKey(t *testing.T) {
 		}
 	}
 	r := NewRequest(keys, 7, 16, 100, 8, "")
-	if r != (Request{TotalBlocks: 5, BlockTokens: 16, PromptTokens: 100, MaxTokens: 8, SessionKey: 44}) {
+	if r != (Request{TotalBlocks: 5, BlockTokens: 16, PromptTokens: 100, MaxTokens: 8, SessionKey: 44, PrefixKey: 44}) {
 		t.Errorf("NewRequest = %+v", r)
+	}
+	// A session keys consistent-hash; the prefix stays the prompt's.
+	r = NewRequest(keys, 7, 16, 100, 8, "alice")
+	if r.SessionKey != xxh3.HashString("alice") || r.PrefixKey != 44 {
+		t.Errorf("NewRequest with a session = %+v", r)
 	}
 }
 
@@ -243,7 +248,7 @@ func TestCostCountsChunksInTokens(t *testing.T) {
 		t.Fatalf("token keys: %d chunks, want 14", got)
 	}
 	r := m.rate(0)
-	ttft, queue, _, _ := c.estimate(&chars, &cand, r, nil, placement{})
+	ttft, queue, _, _ := c.estimate(&chars, &cand, r, nil, placement{}, duplication{})
 	p := 1 / m.Config().PriorPrefillTokensPerSecond
 	d := m.Config().PriorDecodeStepSeconds
 	// queued 1,000 tokens, own 7,150; (1,000+7,150)/2,048 → 4 chunks, 2 running;
@@ -253,7 +258,7 @@ func TestCostCountsChunksInTokens(t *testing.T) {
 	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {
 		t.Fatalf("character keys: ttft %v queue %v, want %v %v", ttft, queue, wantTTFT, wantQueue)
 	}
-	ttft, queue, _, _ = c.estimate(&toks, &cand, r, nil, placement{})
+	ttft, queue, _, _ = c.estimate(&toks, &cand, r, nil, placement{}, duplication{})
 	wantQueue = d/2 + 4000*p + 16*(d+2*p)
 	wantTTFT = m.Config().PrefillOverheadSeconds + wantQueue + 28600*p
 	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {

@@ -71,6 +71,11 @@ type Explanation struct {
 	// plus one placed on the scores' view (see Cost.Pick). 0 with one
 	// gateway.
 	UnseenPeerRequests int `json:"unseen_peer_requests,omitempty"`
+	// PrefixShare is cost's estimate of the prompt's prefix share of this
+	// gateway's recent requests (Request.PrefixKey's); a replica that
+	// would recompute what another holds is charged the duplicate prefill
+	// in proportion to (1 − share·replicas)⁺ (see Cost).
+	PrefixShare float64 `json:"prefix_share,omitempty"`
 	// Replicas holds one entry per candidate, in candidate order.
 	Replicas []ExplainedReplica `json:"replicas"`
 }
@@ -123,6 +128,7 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 	e.Bound = 0
 	e.ScoreUnit = ""
 	e.UnseenPeerRequests = 0
+	e.PrefixShare = 0
 	if cap(e.Replicas) < len(cands) {
 		e.Replicas = make([]ExplainedReplica, len(cands))
 	}

@@ -192,6 +192,9 @@ type Model struct {
 	// Observe). Guarded by mu.
 	poolPrefill        float64
 	poolPrefillSamples uint32
+	// shares is each prefix's share of the cost strategy's recent
+	// decisions (see Cost, duplicate prefill).
+	shares shareTable
 }
 
 // decayed is a count of events that decays exponentially with time

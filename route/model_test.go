@@ -320,7 +320,12 @@ func TestCostChargesArrivalDelay(t *testing.T) {
 	// 4,000 tokens: 1.33 s of prefill at the prior 3,000 tokens/s. The
 	// holder has 9 in flight on 8 slots: 3 slot waits of 128·0.03/8 s,
 	// 1.44 s, more than the recompute's TTFT on either other replica.
-	req := Request{TotalBlocks: 250, BlockTokens: 16, PromptTokens: 4000, MaxTokens: 128}
+	req := Request{TotalBlocks: 250, BlockTokens: 16, PromptTokens: 4000, MaxTokens: 128, PrefixKey: 7}
+	// Every recent request carried this prefix: its traffic needs both
+	// replicas, so a copy is not charged as a duplicate prefill
+	// (TestCostChargesDuplicatePrefill) and the score differs from the
+	// TTFT by the arrival delay alone.
+	m.shares.share(req.PrefixKey, 0, true)
 	compute := 4000 / cfg.PriorPrefillTokensPerSecond
 	hold := 128 * cfg.PriorDecodeStepSeconds
 	for _, tc := range []struct {
@@ -360,7 +365,7 @@ func (c *Cost) estimateFor(req *Request, cand *Candidate) float64 {
 	m := c.model
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	ttft, _, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{})
+	ttft, _, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{}, duplication{})
 	return ttft
 }
 

@@ -461,9 +461,10 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 	var rep struct {
 		node.RouteReport
 		Explanation *struct {
-			ScoreUnit string  `json:"score_unit"`
-			Bound     float64 `json:"bound"`
-			Replicas  []struct {
+			ScoreUnit   string  `json:"score_unit"`
+			Bound       float64 `json:"bound"`
+			PrefixShare float64 `json:"prefix_share"`
+			Replicas    []struct {
 				Name          string  `json:"name"`
 				Matched       int     `json:"matched_blocks"`
 				MatchFraction float64 `json:"match_fraction"`
@@ -507,6 +508,12 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			fmt.Fprintf(out, "  estimated TTFT %.3fs", rep.EstimatedTTFT)
 		}
 		fmt.Fprintln(out)
+	}
+	if rep.Explanation != nil && rep.Explanation.PrefixShare > 0 {
+		// cost: how much of the recent traffic carries this prefix (a
+		// replica that would recompute what another holds is charged the
+		// duplicate prefill unless the prefix needs more than one).
+		fmt.Fprintf(out, "prefix share %.1f%% of this gateway's recent requests\n", 100*rep.Explanation.PrefixShare)
 	}
 	if rep.Explanation != nil {
 		// The tiers come from the report (every strategy): MATCHED is

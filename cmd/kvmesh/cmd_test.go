@@ -110,6 +110,20 @@ func TestExplainAgainstAGateway(t *testing.T) {
 	assert.Contains(t, s, "REPLICA")
 	assert.Regexp(t, `pick [ab] \(least_request\)`, s)
 
+	// cost shows the prompt's prefix share of the requests the gateway
+	// routed with it lately (all of them here).
+	prompt := strings.Repeat("q", 600)
+	for range 3 {
+		resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"M","prompt":"`+prompt+`","max_tokens":1}`))
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+	}
+	out.Reset()
+	require.NoError(t, explain(context.Background(), &out, n.HTTPAddr(), "M", prompt, "cost", "", tok, false))
+	assert.Contains(t, out.String(), "strategy cost")
+	assert.Contains(t, out.String(), "prefix share 100.0% of this gateway's recent requests")
+
 	out.Reset()
 	require.NoError(t, explain(context.Background(), &out, "http://"+n.HTTPAddr(), "M", "hi", "", "", tok, true))
 	assert.Contains(t, out.String(), `"pick"`)

@@ -1,0 +1,176 @@
+package route
+
+import (
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const sec = int64(1e9)
+
+func TestShareTable(t *testing.T) {
+	var s shareTable
+	require.Zero(t, s.share(1, 0, false), "an empty table knows no share")
+
+	// One prefix only: all of the traffic.
+	for i := range 10 {
+		require.Equal(t, 1.0, s.share(1, int64(i)*sec, true))
+	}
+	// A second prefix at the same rate from now on: both converge to a
+	// half as the first one's history decays.
+	now := 10 * sec
+	for i := range 400 {
+		now = (10 + int64(i)) * sec
+		s.share(1+uint64(i%2), now, true)
+	}
+	require.InDelta(t, 0.5, s.share(1, now, false), 0.02)
+	require.InDelta(t, 0.5, s.share(2, now, false), 0.02)
+
+	// Peeking changes nothing; a prefix never counted has no share.
+	before := s.share(1, now, false)
+	require.Equal(t, before, s.share(1, now, false))
+	require.Zero(t, s.share(3, now, false))
+
+	// Prefix 2 stops; five time constants later, 100 requests of prefix
+	// 3 leave it e^−5 of its count.
+	now += 5 * int64(shareTau) * sec
+	for range 100 {
+		s.share(3, now, true)
+	}
+	old := s.share(2, now, false)
+	require.Less(t, old, 0.01)
+	require.Greater(t, old, 0.0)
+	require.Greater(t, s.share(3, now, false), 0.98)
+
+	// A time before the last update counts as the same time.
+	require.Equal(t, s.share(3, now, false), s.share(3, now-sec, false))
+}
+
+// TestShareTableCollisions: keys that share a slot take the other of
+// their two; a newcomer replaces the emptier of the two, so the prefix
+// still arriving keeps its count.
+func TestShareTableCollisions(t *testing.T) {
+	var s shareTable
+	// slot(k) = k % shareSlots for both keys' first probe.
+	a, b, c := uint64(5), uint64(5+shareSlots), uint64(5+2*shareSlots)
+	ia, ja := shareProbes(a)
+	ib, jb := shareProbes(b)
+	require.Equal(t, ia, ib, "the test needs keys colliding on their first slot")
+	require.NotEqual(t, ja, jb)
+	for range 30 {
+		s.share(a, 0, true)
+	}
+	s.share(b, 0, true)
+	require.InDelta(t, 30.0/31, s.share(a, 0, false), 1e-9)
+	require.InDelta(t, 1.0/31, s.share(b, 0, false), 1e-9)
+
+	// c collides with a's slot; its second probe decides which goes.
+	ic, jc := shareProbes(c)
+	require.Equal(t, ia, ic)
+	s.share(c, 0, true)
+	require.InDelta(t, 30.0/32, s.share(a, 0, false), 1e-9, "the popular prefix keeps its count")
+	if jc == jb {
+		require.Zero(t, s.share(b, 0, false), "b's slot was the emptier one")
+	}
+	require.InDelta(t, 1.0/32, s.share(c, 0, false), 1e-9)
+}
+
+// TestShareTableConcurrent: shares from many goroutines stay in [0, 1]
+// and count every request (run with -race).
+func TestShareTableConcurrent(t *testing.T) {
+	var s shareTable
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 1000 {
+				v := s.share(uint64(g), int64(i), true)
+				if v < 0 || v > 1 || math.IsNaN(v) {
+					t.Errorf("share %v", v)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	sum := 0.0
+	for g := range 8 {
+		sum += s.share(uint64(g), 1000, false)
+	}
+	require.InDelta(t, 1, sum, 1e-6)
+}
+
+// TestCostChargesDuplicatePrefill: recomputing what a busy holder holds
+// is charged the duplicate prefill, running sequences there times its
+// seconds, weighted by (1 − share·replicas)⁺: a prefix one replica can
+// carry stays with its holder, a hot one spreads.
+func TestCostChargesDuplicatePrefill(t *testing.T) {
+	cfg := DefaultCostConfig()
+	cfg.MaxRunning = 8
+	req := Request{TotalBlocks: 250, BlockTokens: 16, PromptTokens: 4000, MaxTokens: 128, PrefixKey: 42}
+	p := 1 / cfg.PriorPrefillTokensPerSecond
+	for _, tc := range []struct {
+		name   string
+		others int // requests of other prefixes before this one's
+		want   int
+		sel    Selection
+	}{
+		// 12 in flight on 8 slots: six slot waits of 128·0.03/8 s at the
+		// holder, 2.9 s, against a 1.4 s recompute where 2 run.
+		{"hot prefix", 0, 1, SelectionCostSpread},
+		{"one prefix of many", 20, 0, SelectionCostLocality},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := NewModel(cfg)
+			require.NoError(t, err)
+			c := NewCost(m)
+			for i := range tc.others {
+				m.shares.share(uint64(1000+i), 0, true)
+			}
+			m.shares.share(req.PrefixKey, 0, true)
+			cands := []Candidate{
+				{ID: 0, Name: "holder", Matched: 250, InFlight: 12, Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
+				{ID: 1, Name: "other", InFlight: 2, Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
+			}
+			share := 1.0 / float64(tc.others+1)
+			weight := max(0, 1-2*share)
+
+			rng := NewRand(1)
+			var ex Explanation
+			d := c.Pick(&req, cands, &rng, &ex)
+			require.InDelta(t, share, ex.PrefixShare, 1e-9)
+			require.Equal(t, tc.want, d.Index)
+			require.Equal(t, tc.sel, d.Selection)
+
+			// The other replica's score is its cost without the term plus
+			// weight × 2 running × the 4,000 tokens it would duplicate.
+			plain := c.costFor(&req, &cands[1], duplication{})
+			require.InDelta(t, weight*2*4000*p, ex.Replicas[1].Score-plain, 1e-9)
+			// The holder computes the least: never charged.
+			require.InDelta(t, c.costFor(&req, &cands[0], duplication{}), ex.Replicas[0].Score, 1e-9)
+			require.Less(t, plain, ex.Replicas[0].Score, "without the term the recompute wins")
+
+			// An explained decision does not count: the share is unchanged.
+			require.InDelta(t, share, m.shares.share(req.PrefixKey, 0, false), 1e-9)
+			// A routed one does.
+			c.Pick(&req, cands, &rng, nil)
+			if share < 1 {
+				require.Greater(t, m.shares.share(req.PrefixKey, 0, false), share)
+			}
+		})
+	}
+	require.Zero(t, duplication{weight: 1}.penalty(100, p, 0), "nothing running, nothing stalled")
+	require.Zero(t, duplication{weight: 0, least: 0}.penalty(100, p, 4))
+	require.Zero(t, duplication{weight: 1, least: 100}.penalty(100, p, 4), "the least computed is no duplicate")
+}
+
+// costFor is cand's cost for req on the model's current rates with dup
+// (test helper).
+func (c *Cost) costFor(req *Request, cand *Candidate, dup duplication) float64 {
+	m := c.model
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	_, _, cost, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{}, dup)
+	return cost
+}

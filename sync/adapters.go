@@ -72,3 +72,11 @@ func (c *Cluster) KVOwner(replica string) string {
 // OwnsKV reports whether this gateway currently runs replica's KV-event
 // subscriber.
 func (c *Cluster) OwnsKV(replica string) bool { return c.own.owned(replica) }
+
+// KVApplied returns the sequence number of the last batch of replica's KV
+// events this gateway applied (from the engine as its owner, or from the
+// owner through the cluster), ok false when none since the start or the
+// last reset. Harnesses wait on it for an engine's events to be in.
+func (c *Cluster) KVApplied(replica string) (seq uint64, ok bool) {
+	return c.ap.kvApplied(replica)
+}

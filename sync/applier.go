@@ -574,6 +574,18 @@ func (a *applier) kvCheckOf(replica string, at uint64) (kvCheck, bool) {
 	return kvCheck{at: st.seq + 1, n: n, sum: sum}, true
 }
 
+// kvApplied returns the last applied batch seq of replica's KV events
+// (see Cluster.KVApplied).
+func (a *applier) kvApplied(replica string) (uint64, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.kv[replica]
+	if st == nil || !st.valid {
+		return 0, false
+	}
+	return st.seq, true
+}
+
 // forgetOrigins drops the dedupe state of origins of a departed node.
 func (a *applier) forgetOrigins(node string) {
 	a.mu.Lock()

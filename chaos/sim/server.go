@@ -61,6 +61,10 @@ type Server struct {
 	nextID  uint64
 	pub     EventPublisher
 	zmq     *kvevents.Publisher // the publisher Start built, if any
+	// lastSeq is the sequence number of the last batch published (valid
+	// when published); guarded by mu.
+	lastSeq   kvevents.Seq
+	published bool
 
 	epoch time.Time // wall time at model time epoch
 	wake  chan struct{}
@@ -464,12 +468,23 @@ func (s *Server) publishLocked(evs []kvevents.Event) {
 		rank := int64(s.cfg.DataParallelRank)
 		b.DataParallelRank = &rank
 	}
-	if _, err := s.pub.Publish(b); err != nil {
+	seq, err := s.pub.Publish(b)
+	if err != nil {
 		s.metrics.pubErrors.Inc()
 		s.log.Warn("vllmsim: publish kv events", "err", err)
 		return
 	}
+	s.lastSeq, s.published = seq, true
 	s.metrics.published.Inc()
+}
+
+// KVPublished returns the sequence number of the last KV event batch the
+// server published, ok false before the first: what a subscriber that
+// missed nothing has applied once it is idle.
+func (s *Server) KVPublished() (seq kvevents.Seq, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastSeq, s.published
 }
 
 // submit adds a request to the engine; the returned channel yields its

@@ -75,6 +75,32 @@ func (w *World) ownersStable() string {
 	return ""
 }
 
+// eventsIn reports ("" when none) an engine whose KV owner has not yet
+// applied every batch the engine published. Without it Settle could
+// return while an engine's last events were still on the wire: every
+// gateway would agree on a view that misses them (a busy machine delays
+// the owner's subscriber, not the engine).
+func (w *World) eventsIn() string {
+	if w.cfg.Mode == "history" {
+		return ""
+	}
+	for i, r := range w.names {
+		published, ok := w.sims[i].KVPublished()
+		if !ok {
+			continue
+		}
+		for _, g := range w.nodes {
+			if !g.Cluster().OwnsKV(r) {
+				continue
+			}
+			if applied, ok := g.Cluster().KVApplied(r); !ok || applied < uint64(published) {
+				return fmt.Sprintf("engine %s published batch %d, its owner %s has applied %d", r, published, g.NodeID(), applied)
+			}
+		}
+	}
+	return ""
+}
+
 // settledLedgers are the ledgers Settle compares. Speculative entries are
 // left out: they expire after seconds on each gateway's own expiry tick,
 // so peers legitimately disagree about them for a moment; the state a
@@ -126,6 +152,9 @@ func (w *World) Settle(ctx context.Context) error {
 	var buf []index.BlockKey
 	return poll(ctx, w.cfg.ClusterTimeout, w.cfg.SettlePoll, func() string {
 		if why := w.ownersStable(); why != "" {
+			return why
+		}
+		if why := w.eventsIn(); why != "" {
 			return why
 		}
 		var diffs []string

@@ -607,18 +607,18 @@ func (c *Cluster) WaitReady(ctx context.Context) error {
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		ready := true
+		var waiting []string
 		for _, g := range c.Gateways() {
 			if !g.Node.Ready() {
-				ready = false
+				waiting = append(waiting, g.Name)
 			}
 		}
-		if ready {
+		if len(waiting) == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("cluster: gateways not ready: %w", ctx.Err())
+			return fmt.Errorf("cluster: gateways %s not ready: %w", strings.Join(waiting, ", "), ctx.Err())
 		case <-tick.C:
 		}
 	}

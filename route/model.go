@@ -212,17 +212,23 @@ type decayed struct {
 func (d *decayed) value(now int64, tau float64, add bool) float64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if now > d.at {
-		if d.val > 0 {
-			d.val *= math.Exp(-float64(now-d.at) / 1e9 / tau)
-		}
-		d.at = now
-	}
+	d.val = decay(d.val, d.at, now, tau)
+	d.at = max(d.at, now)
 	v := d.val
 	if add {
 		d.val++
 	}
 	return v
+}
+
+// decay returns a count v last updated at (ns) as seen at now (ns),
+// decayed with time constant tau seconds; a now before at counts as the
+// same time.
+func decay(v float64, at, now int64, tau float64) float64 {
+	if now <= at || v == 0 {
+		return v
+	}
+	return v * math.Exp(-float64(now-at)/1e9/tau)
 }
 
 // slotView is what Pick has learned of a replica's running set from the

@@ -49,14 +49,6 @@ type shareSlot struct {
 	val float64
 }
 
-// decay returns v, last updated at, as seen at now (ns).
-func decay(v float64, at, now int64) float64 {
-	if now <= at || v == 0 {
-		return v
-	}
-	return v * math.Exp(-float64(now-at)/1e9/shareTau)
-}
-
 // share returns key's share of the recent requests at now (ns), in
 // [0, 1], counting one more request with key first when add. A key not
 // in the table has share 0; a table with no requests yet gives 0 too.
@@ -64,7 +56,7 @@ func decay(v float64, at, now int64) float64 {
 func (s *shareTable) share(key uint64, now int64, add bool) float64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.total = decay(s.total, s.at, now)
+	s.total = decay(s.total, s.at, now, shareTau)
 	s.at = max(s.at, now)
 	i, j := shareProbes(key)
 	slot := (*shareSlot)(nil)
@@ -76,7 +68,7 @@ func (s *shareTable) share(key uint64, now int64, add bool) float64 {
 	case add:
 		// Take the emptier of the two slots.
 		slot = &s.slots[i]
-		if decay(s.slots[j].val, s.slots[j].at, now) < decay(slot.val, slot.at, now) {
+		if decay(s.slots[j].val, s.slots[j].at, now, shareTau) < decay(slot.val, slot.at, now, shareTau) {
 			slot = &s.slots[j]
 		}
 		*slot = shareSlot{key: key}
@@ -84,7 +76,7 @@ func (s *shareTable) share(key uint64, now int64, add bool) float64 {
 	if slot == nil {
 		return 0
 	}
-	slot.val = decay(slot.val, slot.at, now)
+	slot.val = decay(slot.val, slot.at, now, shareTau)
 	slot.at = max(slot.at, now, 1)
 	if add {
 		slot.val++

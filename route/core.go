@@ -40,13 +40,12 @@ func SessionKey(session string, root index.BlockKey, keys []index.BlockKey) uint
 	if session != "" {
 		return xxh3.HashString(session)
 	}
-	return PrefixKey(root, keys)
+	return affinityKey(root, keys)
 }
 
-// PrefixKey identifies a prompt's prefix whatever session sent it
-// (Request.PrefixKey): the key of its fourth block, or its last when
-// shorter, else root.
-func PrefixKey(root index.BlockKey, keys []index.BlockKey) uint64 {
+// affinityKey is consistent-hash's key without a session: the key of the
+// prompt's fourth block, or its last when shorter, else root.
+func affinityKey(root index.BlockKey, keys []index.BlockKey) uint64 {
 	switch {
 	case len(keys) >= affinityBlocks:
 		return uint64(keys[affinityBlocks-1])
@@ -67,7 +66,7 @@ func NewRequest(keys []index.BlockKey, root index.BlockKey, blockTokens, promptT
 		PromptTokens: promptTokens,
 		MaxTokens:    maxTokens,
 		SessionKey:   SessionKey(session, root, keys),
-		PrefixKey:    PrefixKey(root, keys),
+		Prefixes:     NewPrefixes(keys),
 	}
 }
 

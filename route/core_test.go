@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvmesh/kvmesh/index"
@@ -151,14 +152,42 @@ func TestSessionKey(t *testing.T) {
 		}
 	}
 	r := NewRequest(keys, 7, 16, 100, 8, "")
-	if r != (Request{TotalBlocks: 5, BlockTokens: 16, PromptTokens: 100, MaxTokens: 8, SessionKey: 44, PrefixKey: 44}) {
+	if r != (Request{TotalBlocks: 5, BlockTokens: 16, PromptTokens: 100, MaxTokens: 8, SessionKey: 44, Prefixes: NewPrefixes(keys)}) {
 		t.Errorf("NewRequest = %+v", r)
 	}
-	// A session keys consistent-hash; the prefix stays the prompt's.
+	// A session keys consistent-hash; the prefixes stay the prompt's.
 	r = NewRequest(keys, 7, 16, 100, 8, "alice")
-	if r.SessionKey != xxh3.HashString("alice") || r.PrefixKey != 44 {
+	if r.SessionKey != xxh3.HashString("alice") || r.Prefixes != NewPrefixes(keys) {
 		t.Errorf("NewRequest with a session = %+v", r)
 	}
+}
+
+// TestPrefixes: depths 1, 2, 4, … and the last block, each with its key;
+// at finds the shallowest prefix at least that deep.
+func TestPrefixes(t *testing.T) {
+	keys := make([]index.BlockKey, 11)
+	for i := range keys {
+		keys[i] = index.BlockKey(100 + i)
+	}
+	p := NewPrefixes(keys)
+	require.EqualValues(t, 5, p.n)
+	require.Equal(t, []int32{1, 2, 4, 8, 11}, p.depth[:p.n])
+	require.Equal(t, []uint64{100, 101, 103, 107, 110}, p.key[:p.n])
+	for d, want := range map[int]int{0: 0, 1: 0, 2: 1, 3: 2, 4: 2, 5: 3, 8: 3, 9: 4, 11: 4, 12: -1} {
+		require.Equal(t, want, p.at(d), "at(%d)", d)
+	}
+	// A power-of-two length ends on its own depth; no keys, no prefixes.
+	p = NewPrefixes(keys[:8])
+	require.Equal(t, []int32{1, 2, 4, 8}, p.depth[:p.n])
+	p = NewPrefixes(nil)
+	require.Zero(t, p.n)
+	require.Equal(t, -1, p.at(1))
+	// The deepest power kept is 2^15; the last block still comes last.
+	long := make([]index.BlockKey, 1<<17)
+	p = NewPrefixes(long)
+	require.EqualValues(t, maxPrefixes, p.n)
+	require.EqualValues(t, 1<<15, p.depth[maxPrefixes-2])
+	require.EqualValues(t, 1<<17, p.depth[maxPrefixes-1])
 }
 
 // TestObservationStream: TPOT spreads the first-to-last span over the
@@ -248,7 +277,7 @@ func TestCostCountsChunksInTokens(t *testing.T) {
 		t.Fatalf("token keys: %d chunks, want 14", got)
 	}
 	r := m.rate(0)
-	ttft, queue, _, _ := c.estimate(&chars, &cand, r, nil, placement{}, duplication{})
+	ttft, queue, _, _ := c.estimate(&chars, &cand, r, nil, placement{}, nil)
 	p := 1 / m.Config().PriorPrefillTokensPerSecond
 	d := m.Config().PriorDecodeStepSeconds
 	// queued 1,000 tokens, own 7,150; (1,000+7,150)/2,048 → 4 chunks, 2 running;
@@ -258,7 +287,7 @@ func TestCostCountsChunksInTokens(t *testing.T) {
 	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {
 		t.Fatalf("character keys: ttft %v queue %v, want %v %v", ttft, queue, wantTTFT, wantQueue)
 	}
-	ttft, queue, _, _ = c.estimate(&toks, &cand, r, nil, placement{}, duplication{})
+	ttft, queue, _, _ = c.estimate(&toks, &cand, r, nil, placement{}, nil)
 	wantQueue = d/2 + 4000*p + 16*(d+2*p)
 	wantTTFT = m.Config().PrefillOverheadSeconds + wantQueue + 28600*p
 	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {

@@ -82,9 +82,14 @@ import (
 //   - at a replica that would compute prompt another candidate holds
 //     (extra: its uncached tokens beyond the fewest any candidate has),
 //     the duplicate prefill: R·extra·p·(1 − s·K)⁺, with R = min(N, C)
-//     sequences running there, K candidates and s the prefix's share of
-//     this gateway's recent requests (by Request.PrefixKey, decayed
-//     over half a minute: shareTable). For extra·p seconds the copy
+//     sequences running there, K candidates and s the share of this
+//     gateway's recent requests (decayed over half a minute: shareTable)
+//     that share the prompt up to the first block the copy computes
+//     (read at the shallowest of Request.Prefixes at least that deep).
+//     A preamble every request starts with (a system prompt) is held
+//     everywhere, so the share is the document's after it; a fixed
+//     prefix depth would have made it the preamble's, 1, and left every
+//     copy uncharged. For extra·p seconds the copy
 //     shares every step with the R running sequences, which stall and
 //     hold their slots that much longer. A prefix whose own traffic
 //     needs more than one replica (s·K ≥ 1: a hot prefix, which one
@@ -95,7 +100,8 @@ import (
 //     grid (seeds 102, 7, 11, 23, 42; 40 beat-it rows) cost missed 8
 //     rows without this term, 7 of them on the cold scenario's hit-rate
 //     rule (3–6 copies more than prefix-cache's), and 4 with it, none on
-//     hit rate.
+//     hit rate (the same 4 with the share read after the preamble, which
+//     the grid's prompts do not have).
 //
 // Everything in TTFT but own prefill and overhead is returned as
 // Decision.EstimatedQueue, which the caller passes back in
@@ -137,7 +143,7 @@ func (c *Cost) Model() *Model { return c.model }
 // placed on cand (none when zero): they are outstanding and their
 // uncached tokens queued on top of what the load view shows. dup prices
 // a duplicate prefill (zero: none).
-func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotView, extra placement, dup duplication) (ttft, queue, cost float64, n int) {
+func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotView, extra placement, dup *duplication) (ttft, queue, cost float64, n int) {
 	cfg := &c.model.cfg
 	n = max(cand.InFlight, 0)
 	if cand.Running >= 0 && cand.Waiting >= 0 {
@@ -177,7 +183,7 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 	queue = slotWait + queuedPrefill + stretch + stepWait(req.Now, cand, n, r.decodeStep)
 	ttft = cfg.PrefillOverheadSeconds + queue + own
 	cost = ttft + full*own + arrivalDelay(n, uncached*r.prefillSecPerToken, hold*r.decodeStep) +
-		dup.penalty(uncached, r.prefillSecPerToken, min(n, capacity))
+		dup.penalty(matchedBlocks(req, cand), uncached, r.prefillSecPerToken, min(n, capacity))
 	return ttft, queue, cost, n
 }
 
@@ -461,7 +467,8 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		}
 	}
 	// An explained decision is not routed: it does not count.
-	dup := c.duplication(req, cands, explain == nil)
+	var dup duplication
+	c.duplication(req, cands, explain == nil, &dup)
 	if explain != nil {
 		explain.PrefixShare = dup.share
 	}
@@ -470,7 +477,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		c.learn(req, &cands[i], m.slot(cands[i].ID))
 	}
 	var placed placements
-	best, bound, bestMatch := c.choose(req, cands, &placed, dup, 0, nil, rng, explain)
+	best, bound, bestMatch := c.choose(req, cands, &placed, &dup, 0, nil, rng, explain)
 	unseen := 0
 	if share > 0 && best >= 0 {
 		unseen = c.unseenPeerRequests(req.Now, share, rng)
@@ -483,7 +490,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		for k := rng.IntN(unseen + 1); k > 0; k-- {
 			placed.add(best, c.computedUnits(req, &cands[best]))
 			cache.drop(best)
-			if next, _, _ := c.choose(req, cands, &placed, dup, class, &cache, rng, nil); next >= 0 {
+			if next, _, _ := c.choose(req, cands, &placed, &dup, class, &cache, rng, nil); next >= 0 {
 				best = next
 			}
 		}
@@ -492,7 +499,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		best = 0
 	}
 	cand := &cands[best]
-	bestTTFT, bestQueue, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placed.of(best), dup)
+	bestTTFT, bestQueue, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placed.of(best), &dup)
 	m.mu.RUnlock()
 
 	d := Decision{Index: best, Selection: SelectionCostLocality, EstimatedTTFT: bestTTFT, EstimatedQueue: bestQueue}
@@ -544,7 +551,7 @@ func (e *estimates) drop(i int) {
 
 // score returns candidate i's cost, decode step and outstanding count
 // with the requests in placed, from cache when it holds them.
-func (c *Cost) score(req *Request, cands []Candidate, i int, placed *placements, dup duplication, cache *estimates) (cost, step float64, n int) {
+func (c *Cost) score(req *Request, cands []Candidate, i int, placed *placements, dup *duplication, cache *estimates) (cost, step float64, n int) {
 	if cache != nil && i < cachedEstimates && cache.valid[i] {
 		return cache.cost[i], cache.step[i], cache.n[i]
 	}
@@ -564,7 +571,7 @@ func (c *Cost) score(req *Request, cands []Candidate, i int, placed *placements,
 // NaN), the near-tie bound and the longest match any candidate holds. The
 // caller holds the model's read lock. cache, when non-nil, keeps the
 // estimates between calls. explain, when non-nil, receives the scores.
-func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup duplication, class int, cache *estimates, rng *Rand, explain *Explanation) (best int, bound float64, bestMatch int) {
+func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *duplication, class int, cache *estimates, rng *Rand, explain *Explanation) (best int, bound float64, bestMatch int) {
 	// Pass 1: the smallest cost and the near-tie bound above it.
 	minCost, tolerance := math.Inf(1), 0.0
 	for i := range cands {

@@ -116,7 +116,7 @@ func TestOutstandingCountsUnseenSendersOnce(t *testing.T) {
 		{"no scrape", Candidate{InFlight: 3, LocalInFlight: 3, Running: Unknown, Waiting: Unknown,
 			ScrapedInFlight: 0, ScrapedInFlightKnown: true}, 3},
 	} {
-		_, _, _, n := c.estimate(&req, &tc.cand, r, nil, placement{}, duplication{})
+		_, _, _, n := c.estimate(&req, &tc.cand, r, nil, placement{}, nil)
 		require.Equal(t, tc.wantN, n, tc.name)
 	}
 }

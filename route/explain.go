@@ -71,10 +71,12 @@ type Explanation struct {
 	// plus one placed on the scores' view (see Cost.Pick). 0 with one
 	// gateway.
 	UnseenPeerRequests int `json:"unseen_peer_requests,omitempty"`
-	// PrefixShare is cost's estimate of the prompt's prefix share of this
-	// gateway's recent requests (Request.PrefixKey's); a replica that
-	// would recompute what another holds is charged the duplicate prefill
-	// in proportion to (1 − share·replicas)⁺ (see Cost).
+	// PrefixShare is cost's estimate of the share of this gateway's
+	// recent requests that share the prompt up to the first block some
+	// candidate lacks (0 when every candidate holds all of it); a replica
+	// that would recompute what another holds is charged the duplicate
+	// prefill in proportion to (1 − share·replicas)⁺, the share read
+	// where its own match ends (see Cost).
 	PrefixShare float64 `json:"prefix_share,omitempty"`
 	// Replicas holds one entry per candidate, in candidate order.
 	Replicas []ExplainedReplica `json:"replicas"`

@@ -155,11 +155,7 @@ func TestCostUsesLearnedRates(t *testing.T) {
 // TestCostSpreadThreshold: locality holds while the holder's slot wait is
 // below the recompute on the idle replica and flips right after.
 func TestCostSpreadThreshold(t *testing.T) {
-	cfg := DefaultCostConfig()
-	cfg.MaxRunning = 8
-	m, err := NewModel(cfg)
-	require.NoError(t, err)
-	c := NewCost(m)
+	cfg, _, c := eightSlotCost(t)
 	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200}
 	recompute := cfg.PrefillOverheadSeconds + 5200/cfg.PriorPrefillTokensPerSecond
 	slot := cfg.PriorOutputTokens * cfg.PriorDecodeStepSeconds / 8
@@ -312,20 +308,16 @@ func TestModelUnestimatedQueueIsABound(t *testing.T) {
 // delay keeps the request; on an idle replica the same recompute charges
 // nothing and wins. Without the term both spread.
 func TestCostChargesArrivalDelay(t *testing.T) {
-	cfg := DefaultCostConfig()
-	cfg.MaxRunning = 8
-	m, err := NewModel(cfg)
-	require.NoError(t, err)
-	c := NewCost(m)
+	cfg, m, c := eightSlotCost(t)
 	// 4,000 tokens: 1.33 s of prefill at the prior 3,000 tokens/s. The
 	// holder has 9 in flight on 8 slots: 3 slot waits of 128·0.03/8 s,
 	// 1.44 s, more than the recompute's TTFT on either other replica.
-	req := Request{TotalBlocks: 250, BlockTokens: 16, PromptTokens: 4000, MaxTokens: 128, PrefixKey: 7}
+	req := Request{TotalBlocks: 250, BlockTokens: 16, PromptTokens: 4000, MaxTokens: 128, Prefixes: NewPrefixes(promptKeys(0, 250, 7))}
 	// Every recent request carried this prefix: its traffic needs both
 	// replicas, so a copy is not charged as a duplicate prefill
 	// (TestCostChargesDuplicatePrefill) and the score differs from the
 	// TTFT by the arrival delay alone.
-	m.shares.share(req.PrefixKey, 0, true)
+	countRequest(m, &req.Prefixes, 0)
 	compute := 4000 / cfg.PriorPrefillTokensPerSecond
 	hold := 128 * cfg.PriorDecodeStepSeconds
 	for _, tc := range []struct {
@@ -365,7 +357,7 @@ func (c *Cost) estimateFor(req *Request, cand *Candidate) float64 {
 	m := c.model
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	ttft, _, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{}, duplication{})
+	ttft, _, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{}, nil)
 	return ttft
 }
 

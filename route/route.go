@@ -92,10 +92,10 @@ type Request struct {
 	// SessionKey is the consistent-hash key: a hash of the session id when
 	// the client gave one, else a hash of the first blocks' keys.
 	SessionKey uint64
-	// PrefixKey identifies the prompt's prefix whatever the session: a
-	// hash of the first blocks' keys (PrefixKey). Cost counts each
-	// prefix's share of the recent requests by it.
-	PrefixKey uint64
+	// Prefixes are the prompt's prefixes at depths of 1, 2, 4, … blocks
+	// (NewPrefixes), whatever the session. Cost counts each prefix's share
+	// of the recent requests by them.
+	Prefixes Prefixes
 	// Now is the routing time in nanoseconds (Unix or monotonic, as long as
 	// the caller is consistent). Strategies do not read the clock.
 	Now int64

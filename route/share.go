@@ -3,6 +3,8 @@ package route
 import (
 	"math"
 	"sync"
+
+	"github.com/kvmesh/kvmesh/index"
 )
 
 // shareTau is the time constant, in seconds, over which a shareTable
@@ -15,13 +17,63 @@ import (
 // within one row.
 const shareTau = 30.0
 
-// shareSlots is the size of a shareTable: prefixes tracked at once (two
-// slots are probed per key, so a popular prefix survives a colliding
-// newcomer).
+// shareSlots is the size of a shareTable: prefix keys tracked at once
+// (two slots are probed per key, so a popular prefix survives a colliding
+// newcomer). A request counts up to maxPrefixes keys, most of them deep
+// and its own, which the table forgets first.
 const (
-	shareBits  = 10
+	shareBits  = 12
 	shareSlots = 1 << shareBits
 )
+
+// maxPrefixes bounds a Prefixes: depths 1, 2, 4, …, 2^15 blocks and the
+// last full block.
+const maxPrefixes = 17
+
+// Prefixes are a prompt's prefixes at depths of 1, 2, 4, … blocks and at
+// its last full block, each identified by the block key there (keys are
+// chained, so the key at depth d names the whole prompt up to d). Cost
+// counts each prefix's share of the recent requests (see Cost, duplicate
+// prefill): a request shares a prefix with every request whose key at
+// that depth is the same.
+//
+// Powers of two keep the count per request logarithmic in its length,
+// and they let the share of any part of a prompt be read at a depth no
+// more than twice as deep: the share of the prefix a replica would start
+// computing at block m+1 is read at the shallowest depth ≥ m+1 (see at).
+// A fixed depth would not do: a system prompt or chat template that every
+// request starts with makes the first blocks of every prompt the same
+// prefix, of share 1, however the documents after it differ.
+type Prefixes struct {
+	n     uint8
+	depth [maxPrefixes]int32
+	key   [maxPrefixes]uint64
+}
+
+// NewPrefixes returns the prefixes of a prompt keyed as keys.
+func NewPrefixes(keys []index.BlockKey) Prefixes {
+	var p Prefixes
+	for d := 1; d <= len(keys) && int(p.n) < maxPrefixes-1; d *= 2 {
+		p.depth[p.n], p.key[p.n] = int32(d), uint64(keys[d-1])
+		p.n++
+	}
+	if n := len(keys); n > 0 && int(p.depth[p.n-1]) != n {
+		p.depth[p.n], p.key[p.n] = int32(min(n, math.MaxInt32)), uint64(keys[n-1])
+		p.n++
+	}
+	return p
+}
+
+// at returns the position of the shallowest prefix at least d blocks
+// deep, or −1 when the prompt is shorter than d blocks.
+func (p *Prefixes) at(d int) int {
+	for i := 0; i < int(p.n); i++ {
+		if int(p.depth[i]) >= d {
+			return i
+		}
+	}
+	return -1
+}
 
 // shareProbes returns key's two slots: its low bits, and the high bits
 // of a multiplicative hash (which differ for keys that share low bits).
@@ -30,12 +82,12 @@ func shareProbes(key uint64) (i, j uint64) {
 }
 
 // shareTable estimates each prefix's share of the requests a gateway
-// routed recently: counts per Request.PrefixKey and a total, each
-// decayed with time constant shareTau, in a fixed table (no allocation
-// after construction). A key probes two slots; a new key takes the one
-// whose count has decayed further, so the table keeps the prefixes that
-// are still arriving and forgets one-off prompts. Safe for concurrent
-// use.
+// routed recently: counts per prefix key (Request.Prefixes) and a total
+// of requests, each decayed with time constant shareTau, in a fixed table
+// (no allocation after construction). A key probes two slots; a new key
+// takes the one whose count has decayed further, so the table keeps the
+// prefixes that are still arriving and forgets one-off prompts. Safe for
+// concurrent use.
 type shareTable struct {
 	mu    sync.Mutex
 	at    int64 // time of the last update of total, ns
@@ -49,15 +101,36 @@ type shareSlot struct {
 	val float64
 }
 
-// share returns key's share of the recent requests at now (ns), in
-// [0, 1], counting one more request with key first when add. A key not
-// in the table has share 0; a table with no requests yet gives 0 too.
-// A now before the last update counts as the same time.
-func (s *shareTable) share(key uint64, now int64, add bool) float64 {
+// shares writes the share of each of p's prefixes among the recent
+// requests at now (ns) to out, in [0, 1], counting one more request with
+// prefixes p first when add. A prefix not in the table has share 0, as
+// has every prefix of a table with no requests yet. A now before the
+// last update counts as the same time.
+func (s *shareTable) shares(p *Prefixes, now int64, add bool, out *[maxPrefixes]float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.total = decay(s.total, s.at, now, shareTau)
 	s.at = max(s.at, now)
+	if add {
+		s.total++
+	}
+	for i := 0; i < int(p.n); i++ {
+		out[i] = s.count(p.key[i], now, add)
+	}
+}
+
+// share returns key's share at now (ns), counting one request with this
+// key alone first when add (see shares).
+func (s *shareTable) share(key uint64, now int64, add bool) float64 {
+	p := Prefixes{n: 1, depth: [maxPrefixes]int32{1}, key: [maxPrefixes]uint64{key}}
+	var out [maxPrefixes]float64
+	s.shares(&p, now, add, &out)
+	return out[0]
+}
+
+// count returns key's share at now, after counting one more when add;
+// the caller holds mu and has brought total to now.
+func (s *shareTable) count(key uint64, now int64, add bool) float64 {
 	i, j := shareProbes(key)
 	slot := (*shareSlot)(nil)
 	switch {
@@ -80,7 +153,6 @@ func (s *shareTable) share(key uint64, now int64, add bool) float64 {
 	slot.at = max(slot.at, now, 1)
 	if add {
 		slot.val++
-		s.total++
 	}
 	if !(s.total > 0) {
 		return 0
@@ -92,39 +164,70 @@ func (s *shareTable) share(key uint64, now int64, add bool) float64 {
 // beyond the least any candidate computes: the part of the prompt another
 // replica already holds (see Cost, duplicate prefill).
 type duplication struct {
-	// share is the prefix's share of the gateway's recent requests.
-	share float64
-	// weight is (1 − share·R)⁺ over R candidates: 1 for a prefix no
-	// recent request shared, 0 for one whose traffic alone needs more
-	// than one replica.
-	weight float64
+	// prefixes are the request's (Request.Prefixes).
+	prefixes *Prefixes
+	// weight[i] is (1 − s·K)⁺ for prefix i of share s over K candidates:
+	// 1 for a prefix no recent request shared, 0 for one whose traffic
+	// alone needs more than one replica.
+	weight [maxPrefixes]float64
+	// charged: some weight is above 0.
+	charged bool
 	// least is the fewest prompt tokens any candidate computes (engine
 	// tokens).
 	least float64
+	// share is the share of the prefix up to the first block some
+	// candidate lacks (Explanation.PrefixShare); 0 when every candidate
+	// holds the whole prompt.
+	share float64
 }
 
-// duplication returns the duplicate-prefill pricing of req over cands,
-// counting req in the prefix shares when add.
-func (c *Cost) duplication(req *Request, cands []Candidate, add bool) duplication {
-	d := duplication{share: c.model.shares.share(req.PrefixKey, req.Now, add)}
-	d.weight = max(0, 1-d.share*float64(len(cands)))
-	if d.weight == 0 {
-		return d
+// duplication fills d with the duplicate-prefill pricing of req over
+// cands, counting req in the prefix shares when add.
+func (c *Cost) duplication(req *Request, cands []Candidate, add bool, d *duplication) {
+	var shares [maxPrefixes]float64
+	c.model.shares.shares(&req.Prefixes, req.Now, add, &shares)
+	d.prefixes = &req.Prefixes
+	k := float64(len(cands))
+	for i := 0; i < int(req.Prefixes.n); i++ {
+		d.weight[i] = max(0, 1-shares[i]*k)
+		d.charged = d.charged || d.weight[i] > 0
+	}
+	fewest := req.TotalBlocks
+	for i := range cands {
+		fewest = min(fewest, matchedBlocks(req, &cands[i]))
+	}
+	if j := req.Prefixes.at(fewest + 1); j >= 0 {
+		d.share = shares[j]
+	}
+	if !d.charged {
+		return
 	}
 	d.least = math.Inf(1)
 	for i := range cands {
 		d.least = min(d.least, req.tokens(c.computedUnits(req, &cands[i])))
 	}
-	return d
+}
+
+// matchedBlocks is cand's match for req in [0, TotalBlocks].
+func matchedBlocks(req *Request, cand *Candidate) int {
+	return max(0, min(cand.Matched, req.TotalBlocks))
 }
 
 // penalty is the duplicate-prefill term of a candidate's cost: computed
 // engine tokens there at p seconds a token, stalling running decoding
-// sequences.
-func (d duplication) penalty(computed, p float64, running int) float64 {
-	extra := computed - d.least
-	if d.weight <= 0 || !(extra > 0) || running <= 0 {
+// sequences, weighted by the share of the prefix it would start
+// computing at (its matched blocks plus one). A nil d charges nothing.
+func (d *duplication) penalty(matched int, computed, p float64, running int) float64 {
+	if d == nil || !d.charged || running <= 0 {
 		return 0
 	}
-	return d.weight * float64(running) * extra * p
+	extra := computed - d.least
+	if !(extra > 0) {
+		return 0
+	}
+	j := d.prefixes.at(matched + 1)
+	if j < 0 {
+		return 0
+	}
+	return d.weight[j] * float64(running) * extra * p
 }

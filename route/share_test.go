@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/index"
 )
 
 const sec = int64(1e9)
@@ -101,6 +103,42 @@ func TestShareTableConcurrent(t *testing.T) {
 	require.InDelta(t, 1, sum, 1e-6)
 }
 
+// promptKeys returns n block keys of which the first shared are the
+// same for every prompt (a preamble) and the rest are this prompt's own
+// (distinct for each id).
+func promptKeys(shared, n int, id uint64) []index.BlockKey {
+	keys := make([]index.BlockKey, n)
+	for i := range keys {
+		keys[i] = index.BlockKey(1 + i)
+		if i >= shared {
+			keys[i] = index.BlockKey(id<<32 | uint64(i+1))
+		}
+	}
+	return keys
+}
+
+// countRequest counts one routed request with prefixes p at now in m's
+// share table.
+func countRequest(m *Model, p *Prefixes, now int64) {
+	var out [maxPrefixes]float64
+	m.shares.shares(p, now, true, &out)
+}
+
+// TestSharesCountEveryDepth: a request counts once in the total and once
+// at each of its prefixes, so prompts that share a preamble share its
+// depths and no others.
+func TestSharesCountEveryDepth(t *testing.T) {
+	var s shareTable
+	a := NewPrefixes(promptKeys(8, 40, 1))
+	b := NewPrefixes(promptKeys(8, 40, 2))
+	var out [maxPrefixes]float64
+	s.shares(&a, 0, true, &out)
+	s.shares(&b, 0, true, &out)
+	s.shares(&a, 0, false, &out)
+	require.Equal(t, []int32{1, 2, 4, 8, 16, 32, 40}, a.depth[:a.n])
+	require.Equal(t, []float64{1, 1, 1, 1, 0.5, 0.5, 0.5}, out[:a.n], "depths 1–8 are the shared preamble")
+}
+
 // TestCostChargesDuplicatePrefill: recomputing what a busy holder holds
 // is charged the duplicate prefill, running sequences there times its
 // seconds, weighted by (1 − share·replicas)⁺: a prefix one replica can
@@ -108,7 +146,7 @@ func TestShareTableConcurrent(t *testing.T) {
 func TestCostChargesDuplicatePrefill(t *testing.T) {
 	cfg := DefaultCostConfig()
 	cfg.MaxRunning = 8
-	req := Request{TotalBlocks: 250, BlockTokens: 16, PromptTokens: 4000, MaxTokens: 128, PrefixKey: 42}
+	req := Request{TotalBlocks: 250, BlockTokens: 16, PromptTokens: 4000, MaxTokens: 128, Prefixes: NewPrefixes(promptKeys(0, 250, 42))}
 	p := 1 / cfg.PriorPrefillTokensPerSecond
 	for _, tc := range []struct {
 		name   string
@@ -126,9 +164,10 @@ func TestCostChargesDuplicatePrefill(t *testing.T) {
 			require.NoError(t, err)
 			c := NewCost(m)
 			for i := range tc.others {
-				m.shares.share(uint64(1000+i), 0, true)
+				other := NewPrefixes(promptKeys(0, 250, uint64(1000+i)))
+				countRequest(m, &other, 0)
 			}
-			m.shares.share(req.PrefixKey, 0, true)
+			countRequest(m, &req.Prefixes, 0)
 			cands := []Candidate{
 				{ID: 0, Name: "holder", Matched: 250, InFlight: 12, Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
 				{ID: 1, Name: "other", InFlight: 2, Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
@@ -145,29 +184,77 @@ func TestCostChargesDuplicatePrefill(t *testing.T) {
 
 			// The other replica's score is its cost without the term plus
 			// weight × 2 running × the 4,000 tokens it would duplicate.
-			plain := c.costFor(&req, &cands[1], duplication{})
+			plain := c.costFor(&req, &cands[1], nil)
 			require.InDelta(t, weight*2*4000*p, ex.Replicas[1].Score-plain, 1e-9)
 			// The holder computes the least: never charged.
-			require.InDelta(t, c.costFor(&req, &cands[0], duplication{}), ex.Replicas[0].Score, 1e-9)
+			require.InDelta(t, c.costFor(&req, &cands[0], nil), ex.Replicas[0].Score, 1e-9)
 			require.Less(t, plain, ex.Replicas[0].Score, "without the term the recompute wins")
 
 			// An explained decision does not count: the share is unchanged.
-			require.InDelta(t, share, m.shares.share(req.PrefixKey, 0, false), 1e-9)
+			first := req.Prefixes.key[0]
+			require.InDelta(t, share, m.shares.share(first, 0, false), 1e-9)
 			// A routed one does.
 			c.Pick(&req, cands, &rng, nil)
 			if share < 1 {
-				require.Greater(t, m.shares.share(req.PrefixKey, 0, false), share)
+				require.Greater(t, m.shares.share(first, 0, false), share)
 			}
 		})
 	}
-	require.Zero(t, duplication{weight: 1}.penalty(100, p, 0), "nothing running, nothing stalled")
-	require.Zero(t, duplication{weight: 0, least: 0}.penalty(100, p, 4))
-	require.Zero(t, duplication{weight: 1, least: 100}.penalty(100, p, 4), "the least computed is no duplicate")
+
+	pre := NewPrefixes(promptKeys(0, 4, 1))
+	d := duplication{prefixes: &pre, charged: true, weight: [maxPrefixes]float64{1, 1, 1}}
+	require.InDelta(t, 4*100*p, d.penalty(0, 100, p, 4), 1e-12)
+	require.Zero(t, d.penalty(0, 100, p, 0), "nothing running, nothing stalled")
+	require.Zero(t, d.penalty(4, 100, p, 4), "nothing of the prompt left to duplicate")
+	require.Zero(t, (*duplication)(nil).penalty(0, 100, p, 4))
+	d.least = 100
+	require.Zero(t, d.penalty(0, 100, p, 4), "the least computed is no duplicate")
+	d.least, d.weight = 0, [maxPrefixes]float64{}
+	require.Zero(t, d.penalty(0, 100, p, 4), "a prefix whose traffic needs both replicas")
+}
+
+// TestCostChargesDuplicatePrefillAfterPreamble: when every prompt starts
+// with the same preamble (a system prompt), every replica holds it and a
+// copy starts computing after it, so the share that weighs the duplicate
+// is the document's, not the preamble's (which is 1 and would let every
+// copy go uncharged).
+func TestCostChargesDuplicatePrefillAfterPreamble(t *testing.T) {
+	cfg, m, c := eightSlotCost(t)
+	const preamble = 40
+	req := Request{TotalBlocks: 250, BlockTokens: 16, PromptTokens: 4000, MaxTokens: 128, Prefixes: NewPrefixes(promptKeys(preamble, 250, 42))}
+	for i := range 20 {
+		other := NewPrefixes(promptKeys(preamble, 250, uint64(1000+i)))
+		countRequest(m, &other, 0)
+	}
+	countRequest(m, &req.Prefixes, 0)
+	cands := []Candidate{
+		{ID: 0, Name: "holder", Matched: 250, InFlight: 12, Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
+		{ID: 1, Name: "other", Matched: preamble, InFlight: 2, Running: Unknown, Waiting: Unknown, KVUsage: Unknown},
+	}
+	rng := NewRand(1)
+	var ex Explanation
+	d := c.Pick(&req, cands, &rng, &ex)
+	require.InDelta(t, 1.0/21, ex.PrefixShare, 1e-9, "the share after the preamble")
+	require.Equal(t, 0, d.Index, "one document of 21 stays with its holder")
+	p := 1 / cfg.PriorPrefillTokensPerSecond
+	plain := c.costFor(&req, &cands[1], nil)
+	require.InDelta(t, (1-2.0/21)*2*(250-preamble)*16*p, ex.Replicas[1].Score-plain, 1e-9)
+}
+
+// eightSlotCost returns the default cost configuration with 8 slots a
+// replica, and a fresh model and strategy on it (test helper).
+func eightSlotCost(t *testing.T) (CostConfig, *Model, *Cost) {
+	t.Helper()
+	cfg := DefaultCostConfig()
+	cfg.MaxRunning = 8
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	return cfg, m, NewCost(m)
 }
 
 // costFor is cand's cost for req on the model's current rates with dup
 // (test helper).
-func (c *Cost) costFor(req *Request, cand *Candidate, dup duplication) float64 {
+func (c *Cost) costFor(req *Request, cand *Candidate, dup *duplication) float64 {
 	m := c.model
 	m.mu.RLock()
 	defer m.mu.RUnlock()

@@ -81,27 +81,30 @@ import (
 //     near 0) nearly nothing;
 //   - at a replica that would compute prompt another candidate holds
 //     (extra: its uncached tokens beyond the fewest any candidate has),
-//     the duplicate prefill: R·extra·p·(1 − s·K)⁺, with R = min(N, C)
-//     sequences running there, K candidates and s the share of this
-//     gateway's recent requests (decayed over half a minute: shareTable)
-//     that share the prompt up to the first block the copy computes
-//     (read at the shallowest of Request.Prefixes at least that deep).
-//     A preamble every request starts with (a system prompt) is held
-//     everywhere, so the share is the document's after it; a fixed
-//     prefix depth would have made it the preamble's, 1, and left every
-//     copy uncharged. For extra·p seconds the copy
+//     the duplicate prefill: R·extra·p·w, with R = min(N, C) sequences
+//     running there and w the mean over the blocks it would duplicate
+//     (after its own match, up to the longest any candidate holds) of
+//     (1 − s·K)⁺, K candidates and s the share of this gateway's recent
+//     requests (decayed over half a minute: shareTable) that share the
+//     prompt up to that block (read at the shallowest of
+//     Request.Prefixes at least that deep). For extra·p seconds the copy
 //     shares every step with the R running sequences, which stall and
 //     hold their slots that much longer. A prefix whose own traffic
 //     needs more than one replica (s·K ≥ 1: a hot prefix, which one
 //     holder cannot carry) pays nothing, since the copy takes what the
 //     holder cannot; for one that a holder carries, the holder's queue
 //     is other prompts' passing work, and a copy spends GPU time and
-//     cache hits on the one request it moves. In the discrete-event seed
-//     grid (seeds 102, 7, 11, 23, 42; 40 beat-it rows) cost missed 8
-//     rows without this term, 7 of them on the cold scenario's hit-rate
-//     rule (3–6 copies more than prefix-cache's), and 4 with it, none on
-//     hit rate (the same 4 with the share read after the preamble, which
-//     the grid's prompts do not have).
+//     cache hits on the one request it moves. Weighing block by block
+//     keeps a preamble every request starts with (a system prompt) from
+//     hiding the document after it: the preamble's blocks weigh nothing
+//     (all traffic shares them), the document's weigh by its own share;
+//     a share read at one fixed depth (the fourth block, before) was the
+//     preamble's, 1, and left every copy uncharged. In the
+//     discrete-event seed grid (seeds 102, 7, 11, 23, 42; 40 beat-it
+//     rows) cost missed 8 rows without this term, 7 of them on the cold
+//     scenario's hit-rate rule (3–6 copies more than prefix-cache's),
+//     and 4 with it, none on hit rate (the grid's prompts have no
+//     preamble: the same 4 with the fixed depth).
 //
 // Everything in TTFT but own prefill and overhead is returned as
 // Decision.EstimatedQueue, which the caller passes back in

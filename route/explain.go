@@ -72,11 +72,11 @@ type Explanation struct {
 	// gateway.
 	UnseenPeerRequests int `json:"unseen_peer_requests,omitempty"`
 	// PrefixShare is cost's estimate of the share of this gateway's
-	// recent requests that share the prompt up to the first block some
-	// candidate lacks (0 when every candidate holds all of it); a replica
-	// that would recompute what another holds is charged the duplicate
-	// prefill in proportion to (1 − share·replicas)⁺, the share read
-	// where its own match ends (see Cost).
+	// recent requests that share the prompt as far as the best-matching
+	// replica holds it (0 when none holds any). A replica that would
+	// recompute what another holds is charged the duplicate prefill,
+	// each block weighed by (1 − share·replicas)⁺ with the share of the
+	// prompt up to that block (see Cost).
 	PrefixShare float64 `json:"prefix_share,omitempty"`
 	// Replicas holds one entry per candidate, in candidate order.
 	Replicas []ExplainedReplica `json:"replicas"`

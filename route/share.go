@@ -168,16 +168,20 @@ type duplication struct {
 	prefixes *Prefixes
 	// weight[i] is (1 − s·K)⁺ for prefix i of share s over K candidates:
 	// 1 for a prefix no recent request shared, 0 for one whose traffic
-	// alone needs more than one replica.
+	// alone needs more than one replica. It weighs the blocks after the
+	// previous prefix's depth up to prefix i's.
 	weight [maxPrefixes]float64
+	// cum[i] is the weighted number of blocks up to prefix i's depth.
+	cum [maxPrefixes]float64
 	// charged: some weight is above 0.
 	charged bool
+	// best is the longest match any candidate holds (blocks).
+	best int
 	// least is the fewest prompt tokens any candidate computes (engine
 	// tokens).
 	least float64
-	// share is the share of the prefix up to the first block some
-	// candidate lacks (Explanation.PrefixShare); 0 when every candidate
-	// holds the whole prompt.
+	// share is the share of the prefix as far as the best match
+	// (Explanation.PrefixShare); 0 when no candidate holds any of it.
 	share float64
 }
 
@@ -186,17 +190,11 @@ type duplication struct {
 func (c *Cost) duplication(req *Request, cands []Candidate, add bool, d *duplication) {
 	var shares [maxPrefixes]float64
 	c.model.shares.shares(&req.Prefixes, req.Now, add, &shares)
-	d.prefixes = &req.Prefixes
-	k := float64(len(cands))
-	for i := 0; i < int(req.Prefixes.n); i++ {
-		d.weight[i] = max(0, 1-shares[i]*k)
-		d.charged = d.charged || d.weight[i] > 0
-	}
-	fewest := req.TotalBlocks
 	for i := range cands {
-		fewest = min(fewest, matchedBlocks(req, &cands[i]))
+		d.best = max(d.best, matchedBlocks(req, &cands[i]))
 	}
-	if j := req.Prefixes.at(fewest + 1); j >= 0 {
+	d.weigh(&req.Prefixes, &shares, len(cands))
+	if j := req.Prefixes.at(d.best); d.best > 0 && j >= 0 {
 		d.share = shares[j]
 	}
 	if !d.charged {
@@ -208,15 +206,45 @@ func (c *Cost) duplication(req *Request, cands []Candidate, add bool, d *duplica
 	}
 }
 
+// weigh sets d's weights from the shares of p's prefixes over k
+// candidates.
+func (d *duplication) weigh(p *Prefixes, shares *[maxPrefixes]float64, k int) {
+	d.prefixes = p
+	prev, cum := 0, 0.0
+	for i := 0; i < int(p.n); i++ {
+		w := max(0, 1-shares[i]*float64(k))
+		d.weight[i] = w
+		d.charged = d.charged || w > 0
+		cum += w * float64(int(p.depth[i])-prev)
+		d.cum[i], prev = cum, int(p.depth[i])
+	}
+}
+
+// weighted returns the weighted number of blocks 1..x (x within the
+// prompt).
+func (d *duplication) weighted(x int) float64 {
+	i := d.prefixes.at(x)
+	if x <= 0 || i < 0 {
+		return 0
+	}
+	prevDepth, prevCum := 0, 0.0
+	if i > 0 {
+		prevDepth, prevCum = int(d.prefixes.depth[i-1]), d.cum[i-1]
+	}
+	return prevCum + d.weight[i]*float64(x-prevDepth)
+}
+
 // matchedBlocks is cand's match for req in [0, TotalBlocks].
 func matchedBlocks(req *Request, cand *Candidate) int {
 	return max(0, min(cand.Matched, req.TotalBlocks))
 }
 
-// penalty is the duplicate-prefill term of a candidate's cost: computed
-// engine tokens there at p seconds a token, stalling running decoding
-// sequences, weighted by the share of the prefix it would start
-// computing at (its matched blocks plus one). A nil d charges nothing.
+// penalty is the duplicate-prefill term of a candidate that matched
+// blocks and would compute computed engine tokens at p seconds a token,
+// stalling running decoding sequences: the tokens beyond the least any
+// candidate computes, weighed by the mean weight of the blocks it would
+// duplicate (after its match, up to the longest any candidate holds).
+// A nil d charges nothing.
 func (d *duplication) penalty(matched int, computed, p float64, running int) float64 {
 	if d == nil || !d.charged || running <= 0 {
 		return 0
@@ -225,9 +253,13 @@ func (d *duplication) penalty(matched int, computed, p float64, running int) flo
 	if !(extra > 0) {
 		return 0
 	}
-	j := d.prefixes.at(matched + 1)
-	if j < 0 {
-		return 0
+	var w float64
+	if d.best > matched {
+		w = (d.weighted(d.best) - d.weighted(matched)) / float64(d.best-matched)
+	} else if j := d.prefixes.at(matched + 1); j >= 0 {
+		// As long a match as the best, but more to compute (the best
+		// loads part of it from an offload tier): the next block's weight.
+		w = d.weight[j]
 	}
-	return d.weight[j] * float64(running) * extra * p
+	return w * float64(running) * extra * p
 }

@@ -201,15 +201,27 @@ func TestCostChargesDuplicatePrefill(t *testing.T) {
 		})
 	}
 
+	// Blocks weigh by their prefix's share: of 4 blocks (depths 1, 2, 4),
+	// block 1 is hot (share ½ over 2 candidates), blocks 2–4 are not.
 	pre := NewPrefixes(promptKeys(0, 4, 1))
-	d := duplication{prefixes: &pre, charged: true, weight: [maxPrefixes]float64{1, 1, 1}}
-	require.InDelta(t, 4*100*p, d.penalty(0, 100, p, 4), 1e-12)
-	require.Zero(t, d.penalty(0, 100, p, 0), "nothing running, nothing stalled")
+	d := duplication{best: 4}
+	d.weigh(&pre, &[maxPrefixes]float64{0.5, 0.25, 0.25}, 2)
+	require.True(t, d.charged)
+	require.Equal(t, []float64{0, 0.5, 0.5}, d.weight[:3])
+	require.Equal(t, []float64{0, 0.5, 1.5}, d.cum[:3])
+	require.InDelta(t, 4*100*p*1.5/4, d.penalty(0, 100, p, 4), 1e-12, "blocks 1–4: mean weight 1.5/4")
+	require.InDelta(t, 4*100*p*0.5, d.penalty(1, 100, p, 4), 1e-12, "blocks 2–4")
 	require.Zero(t, d.penalty(4, 100, p, 4), "nothing of the prompt left to duplicate")
+	d.best = 2
+	require.InDelta(t, 4*100*p*0.5, d.penalty(2, 100, p, 4), 1e-12, "as long a match as the best, more to compute: the next block's weight")
+	d.best = 4
+	require.Zero(t, d.penalty(0, 100, p, 0), "nothing running, nothing stalled")
 	require.Zero(t, (*duplication)(nil).penalty(0, 100, p, 4))
 	d.least = 100
 	require.Zero(t, d.penalty(0, 100, p, 4), "the least computed is no duplicate")
-	d.least, d.weight = 0, [maxPrefixes]float64{}
+	d = duplication{best: 4}
+	d.weigh(&pre, &[maxPrefixes]float64{0.5, 0.5, 0.5}, 2)
+	require.False(t, d.charged)
 	require.Zero(t, d.penalty(0, 100, p, 4), "a prefix whose traffic needs both replicas")
 }
 
@@ -234,11 +246,22 @@ func TestCostChargesDuplicatePrefillAfterPreamble(t *testing.T) {
 	rng := NewRand(1)
 	var ex Explanation
 	d := c.Pick(&req, cands, &rng, &ex)
-	require.InDelta(t, 1.0/21, ex.PrefixShare, 1e-9, "the share after the preamble")
+	require.InDelta(t, 1.0/21, ex.PrefixShare, 1e-9, "the document's share")
 	require.Equal(t, 0, d.Index, "one document of 21 stays with its holder")
 	p := 1 / cfg.PriorPrefillTokensPerSecond
+	w := 1 - 2.0/21
 	plain := c.costFor(&req, &cands[1], nil)
-	require.InDelta(t, (1-2.0/21)*2*(250-preamble)*16*p, ex.Replicas[1].Score-plain, 1e-9)
+	require.InDelta(t, w*2*(250-preamble)*16*p, ex.Replicas[1].Score-plain, 1e-9)
+
+	// A replica holding nothing would also compute the preamble, which
+	// every request shares (weight 0): depths 1–32 weigh nothing, the
+	// 218 blocks after them the document's weight.
+	cands[1].Matched = 0
+	d = c.Pick(&req, cands, &rng, &ex)
+	require.InDelta(t, 1.0/21, ex.PrefixShare, 1e-9, "the share of what the holder holds")
+	require.Equal(t, 0, d.Index)
+	plain = c.costFor(&req, &cands[1], nil)
+	require.InDelta(t, w*218/250*2*4000*p, ex.Replicas[1].Score-plain, 1e-9)
 }
 
 // eightSlotCost returns the default cost configuration with 8 slots a

@@ -480,7 +480,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		c.learn(req, &cands[i], m.slot(cands[i].ID))
 	}
 	var placed placements
-	best, bound, bestMatch := c.choose(req, cands, &placed, &dup, 0, nil, rng, explain)
+	best, bound := c.choose(req, cands, &placed, &dup, 0, nil, rng, explain)
 	unseen := 0
 	if share > 0 && best >= 0 {
 		unseen = c.unseenPeerRequests(req.Now, share, rng)
@@ -493,7 +493,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		for k := rng.IntN(unseen + 1); k > 0; k-- {
 			placed.add(best, c.computedUnits(req, &cands[best]))
 			cache.drop(best)
-			if next, _, _ := c.choose(req, cands, &placed, &dup, class, &cache, rng, nil); next >= 0 {
+			if next, _ := c.choose(req, cands, &placed, &dup, class, &cache, rng, nil); next >= 0 {
 				best = next
 			}
 		}
@@ -507,9 +507,9 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 
 	d := Decision{Index: best, Selection: SelectionCostLocality, EstimatedTTFT: bestTTFT, EstimatedQueue: bestQueue}
 	switch {
-	case bestMatch == 0:
+	case dup.best == 0:
 		d.Selection = SelectionCostCold
-	case min(cand.Matched, req.TotalBlocks) < bestMatch:
+	case matchedBlocks(req, cand) < dup.best:
 		d.Selection = SelectionCostSpread
 	}
 	// An explained decision is not routed: it does not count.
@@ -571,15 +571,13 @@ func (c *Cost) score(req *Request, cands []Candidate, i int, placed *placements,
 // choose is one decision of Pick over cands with the requests in placed
 // added, among the candidates leaving class prefill chunks to compute (all
 // when class is 0): it returns the chosen position (−1 if every cost is
-// NaN), the near-tie bound and the longest match any candidate holds. The
-// caller holds the model's read lock. cache, when non-nil, keeps the
+// NaN) and the near-tie bound. The caller holds the model's read lock. cache, when non-nil, keeps the
 // estimates between calls. explain, when non-nil, receives the scores.
-func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *duplication, class int, cache *estimates, rng *Rand, explain *Explanation) (best int, bound float64, bestMatch int) {
+func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *duplication, class int, cache *estimates, rng *Rand, explain *Explanation) (best int, bound float64) {
 	// Pass 1: the smallest cost and the near-tie bound above it.
 	minCost, tolerance := math.Inf(1), 0.0
 	for i := range cands {
 		cand := &cands[i]
-		bestMatch = max(bestMatch, min(cand.Matched, req.TotalBlocks))
 		if class > 0 && c.chunks(req, cand) != class {
 			continue
 		}
@@ -626,7 +624,7 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *
 			}
 		}
 	}
-	return best, bound, bestMatch
+	return best, bound
 }
 
 // scrapeShare is the other senders' share of the traffic relative to this

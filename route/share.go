@@ -119,15 +119,6 @@ func (s *shareTable) shares(p *Prefixes, now int64, add bool, out *[maxPrefixes]
 	}
 }
 
-// share returns key's share at now (ns), counting one request with this
-// key alone first when add (see shares).
-func (s *shareTable) share(key uint64, now int64, add bool) float64 {
-	p := Prefixes{n: 1, depth: [maxPrefixes]int32{1}, key: [maxPrefixes]uint64{key}}
-	var out [maxPrefixes]float64
-	s.shares(&p, now, add, &out)
-	return out[0]
-}
-
 // count returns key's share at now, after counting one more when add;
 // the caller holds mu and has brought total to now.
 func (s *shareTable) count(key uint64, now int64, add bool) float64 {
@@ -175,7 +166,8 @@ type duplication struct {
 	cum [maxPrefixes]float64
 	// charged: some weight is above 0.
 	charged bool
-	// best is the longest match any candidate holds (blocks).
+	// best is the longest match any candidate holds (blocks; Pick's
+	// selection label reads it too).
 	best int
 	// least is the fewest prompt tokens any candidate computes (engine
 	// tokens).

@@ -117,6 +117,15 @@ func promptKeys(shared, n int, id uint64) []index.BlockKey {
 	return keys
 }
 
+// share returns key's share at now (ns), counting one request with this
+// key alone first when add (test helper over shares).
+func (s *shareTable) share(key uint64, now int64, add bool) float64 {
+	p := Prefixes{n: 1, depth: [maxPrefixes]int32{1}, key: [maxPrefixes]uint64{key}}
+	var out [maxPrefixes]float64
+	s.shares(&p, now, add, &out)
+	return out[0]
+}
+
 // countRequest counts one routed request with prefixes p at now in m's
 // share table.
 func countRequest(m *Model, p *Prefixes, now int64) {

@@ -23,7 +23,7 @@ type Config struct {
 	// engines' scrapes show, and the value is best the scrape interval.
 	// A gateway that is the replicas' only sender decides the same
 	// whatever its value. The default, 0, means
-	// DefaultPeerLoadDelaySeconds (0.1 s), so a Config built field by field
+	// DefaultPeerLoadDelaySeconds (0.025 s), so a Config built field by field
 	// (or a configuration document that does not carry the field) gets it;
 	// a gateway outside a cluster (kvmesh serve without --cluster) takes its
 	// scrape interval instead;
@@ -33,8 +33,8 @@ type Config struct {
 }
 
 // DefaultPeerLoadDelaySeconds is Config.PeerLoadDelaySeconds' default: the
-// replication's default load interval (sync.Config.LoadInterval, 100 ms).
-const DefaultPeerLoadDelaySeconds = 0.1
+// replication's default load interval (sync.Config.LoadInterval, 25 ms).
+const DefaultPeerLoadDelaySeconds = 0.025
 
 // peerLoadDelay resolves PeerLoadDelaySeconds: the default for 0, 0
 // (disabled) for a negative value.

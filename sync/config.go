@@ -243,11 +243,16 @@ type Config struct {
 	RouteWait time.Duration
 
 	// LoadInterval is how often this gateway publishes its per-replica
-	// in-flight counts. Default 100ms.
+	// in-flight counts. Default 25ms. Between reports every gateway ranks
+	// replicas on the same stale counts and they herd onto the cheapest:
+	// in the discrete-event 64-replica table (chaos/des TestTable64), cost
+	// behind 8 synced gateways passed 1,519 more SLOs over its 8 cells
+	// (of 24,576 requests) with 25ms than with 100ms, and on hot90 every
+	// strategy gained 200 or more of 3,072.
 	LoadInterval time.Duration
 
 	// LoadTTL expires a peer's load report not refreshed within it (a
-	// silent or dead peer stops counting). Default 1s: ten missed reports.
+	// silent or dead peer stops counting). Default 1s: forty missed reports.
 	LoadTTL time.Duration
 
 	// DigestInterval is the anti-entropy period: each gateway publishes its
@@ -298,7 +303,7 @@ func DefaultConfig() Config {
 		BootstrapBuffer:   262144,
 		BootstrapTimeout:  30 * time.Second,
 		RouteWait:         5 * time.Second,
-		LoadInterval:      100 * time.Millisecond,
+		LoadInterval:      25 * time.Millisecond,
 		LoadTTL:           time.Second,
 		DigestInterval:    5 * time.Second,
 		RepairMinInterval: 10 * time.Second,

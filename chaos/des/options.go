@@ -63,7 +63,7 @@ type Options struct {
 	// the replication flush interval (2 ms) plus a LAN hop.
 	SyncDelay time.Duration
 	// LoadDelay is how stale a gateway's view of its peers' in-flight counts
-	// is. Default 100 ms, the replication load interval.
+	// is. Default 25 ms, the replication load interval.
 	LoadDelay time.Duration
 	// KVDelay is how long an engine's KV events take to reach the gateways'
 	// indexes. Default 1 ms (ZMQ on a LAN).
@@ -119,7 +119,7 @@ func DefaultOptions() Options {
 		MaxModelLen:         32768,
 		Tokenizer:           tokenizer.NameTiktoken,
 		SyncDelay:           5 * time.Millisecond,
-		LoadDelay:           100 * time.Millisecond,
+		LoadDelay:           25 * time.Millisecond,
 		KVDelay:             time.Millisecond,
 		ScrapeInterval:      500 * time.Millisecond,
 		ExpireInterval:      time.Minute,

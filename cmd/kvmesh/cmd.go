@@ -122,7 +122,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.IntVar(&d.IndexCapacity, "index-capacity", d.IndexCapacity, "index capacity in (block, replica) entries")
 	fl.DurationVar(&d.HistoryTTL, "history-ttl", d.HistoryTTL, "how long a history entry lives without being touched")
 	fl.DurationVar(&d.SpeculativeTTL, "speculative-ttl", d.SpeculativeTTL, "how long a routing decision counts as speculative before a KV event confirms it")
-	fl.Float64Var(&d.Route.PeerLoadDelaySeconds, "peer-load-delay-seconds", d.Route.PeerLoadDelaySeconds, "how stale peers' reported load is, in seconds (0: the default 0.1 s, the load-report interval; negative: treat it as fresh)")
+	fl.Float64Var(&d.Route.PeerLoadDelaySeconds, "peer-load-delay-seconds", d.Route.PeerLoadDelaySeconds, "how stale peers' reported load is, in seconds (0: the default 0.025 s, the load-report interval; negative: treat it as fresh)")
 	fl.Int64Var(&d.MaxBodyBytes, "max-body-bytes", d.MaxBodyBytes, "largest accepted request body")
 	fl.DurationVar(&d.ConnectTimeout, "connect-timeout", d.ConnectTimeout, "upstream connect timeout")
 	fl.DurationVar(&d.FirstByteTimeout, "first-byte-timeout", d.FirstByteTimeout, "upstream response-header timeout")

@@ -62,7 +62,7 @@ type RoutingConfig struct {
 	// Cost holds the cost model's priors and engine facts.
 	Cost route.CostConfig `json:"cost"`
 	// PeerLoadDelaySeconds: see route.Config (how stale peers' reported
-	// load is; 0 = the default, 0.1 s). The gateway YAML key of the same
+	// load is; 0 = the default, 0.025 s). The gateway YAML key of the same
 	// name and --peer-load-delay-seconds seed it.
 	PeerLoadDelaySeconds float64 `json:"peer_load_delay_seconds"`
 	// Index holds the prefix index's capacity and TTLs.

@@ -3,6 +3,7 @@ package sync
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	gosync "sync"
 	"sync/atomic"
@@ -227,4 +228,34 @@ func BenchmarkPeerLoadRead(b *testing.B) {
 		}
 		_ = s
 	})
+}
+
+// BenchmarkPeerLoadReceive is what one peer's load report costs its
+// receiver: decoding a report of 64 replicas and rebuilding the peers'
+// view over 8 peers' reports. A gateway receives one per peer every
+// LoadInterval (7 peers every 25 ms: 280 a second).
+func BenchmarkPeerLoadReceive(b *testing.B) {
+	p := newPeerLoad(time.Hour, inFlightOf)
+	now := time.Now()
+	var msgs [][]byte
+	for g := range 8 {
+		r := &loadReport{Origin: string(rune('a'+g)) + "#1", SentAt: now.UnixNano()}
+		for i := range 64 {
+			r.Loads = append(r.Loads, ReplicaLoad{Replica: fmt.Sprintf("replica-%02d", i), InFlight: i % 9})
+		}
+		msg, err := appendLoad(nil, r)
+		require.NoError(b, err)
+		msgs = append(msgs, msg)
+		p.report(r, now)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		m, err := decodeMessage(msgs[i%len(msgs)])
+		if err != nil || m.Kind != kindLoad {
+			b.Fatalf("decode: %v (kind %v)", err, m.Kind)
+		}
+		p.report(m.Load, now)
+		i++
+	}
 }

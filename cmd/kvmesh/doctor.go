@@ -380,6 +380,11 @@ func probePrompt(replica string) string {
 	return b.String()
 }
 
+// strayGrace is how long the doctor keeps looking for a probe's blocks
+// on other replicas' streams after the probed replica's own stream
+// confirmed them.
+const strayGrace = time.Second
+
 // checkStreamIdentity pins a unique prompt to r through the first gateway
 // and reads, on every gateway, which replicas' streams confirmed its
 // blocks.
@@ -414,12 +419,23 @@ func checkStreamIdentity(ctx context.Context, c *doctorClient, v *verdicts, o do
 		if !r.PublishesKVEvents {
 			wait = min(wait, 2*time.Second) // nothing to wait for but strays
 		}
-		deadline := time.Now().Add(wait)
-		for {
+		poll := func() {
 			st, data, err := c.do(ctx, http.MethodPost, g.base+"/debug/route", route, nil)
 			if err == nil && st == http.StatusOK {
 				_ = json.Unmarshal(data, &last)
 			}
+		}
+		others := func() bool {
+			for _, b := range last.Confirmed {
+				if b.Name != r.Name && b.Blocks > 0 {
+					return true
+				}
+			}
+			return false
+		}
+		deadline := time.Now().Add(wait)
+		for {
+			poll()
 			if (r.PublishesKVEvents && last.TotalBlocks > 0 && own() >= last.TotalBlocks-1) || time.Now().After(deadline) || ctx.Err() != nil {
 				break
 			}
@@ -427,6 +443,15 @@ func checkStreamIdentity(ctx context.Context, c *doctorClient, v *verdicts, o do
 				break
 			}
 			time.Sleep(100 * time.Millisecond) // polling a remote condition with a deadline
+		}
+		// A crossed stream's copy of the same events reaches the gateway
+		// through another subscriber, possibly later than the replica's own
+		// (on a busy machine by hundreds of milliseconds): look a little
+		// longer before calling the stream clean.
+		for settle := time.Now().Add(strayGrace); r.PublishesKVEvents && own() > 0 && !others() &&
+			time.Now().Before(settle) && ctx.Err() == nil; {
+			time.Sleep(100 * time.Millisecond) // polling a remote condition with a deadline
+			poll()
 		}
 		var crossed []string
 		for _, b := range last.Confirmed {

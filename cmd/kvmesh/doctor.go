@@ -32,8 +32,10 @@ func newDoctorCmd() *cobra.Command {
 		Short: "Check a running deployment: gateways, tokenizers, KV-event streams, predictions, config",
 		Long: `Check a running kvmesh deployment and print a verdict per gateway and replica.
 
-For every gateway (--addr, repeatable): reachable and ready, and the routing
-config's digest equal on all of them. For every replica: the gateway's
+For every gateway (--addr, repeatable): reachable and ready, the routing
+config's digest equal on all of them, and in a cluster, fresh load reports
+from every live peer (without them it routes as if their in-flight requests
+were not there). For every replica: the gateway's
 tokenizer agrees with the engine's /tokenize; its KV-event stream carries its
 own blocks and no other replica's stream does (a unique probe prompt is pinned
 to the replica through the first gateway and must come back confirmed on that
@@ -162,6 +164,7 @@ func doctor(ctx context.Context, out io.Writer, o doctorOptions) error {
 		checkGateway(ctx, c, v, g)
 	}
 	checkConvergence(v, gws)
+	checkLoadSharing(ctx, c, v, gws)
 
 	// Replicas, in the order the first answering gateway lists them.
 	var first *gatewayView
@@ -236,6 +239,54 @@ func refreshKVMetrics(ctx context.Context, c *doctorClient, gws []*gatewayView) 
 			g.kv = parseKVEventMetrics(data)
 		}
 	}
+}
+
+// checkLoadSharing reads each clustered gateway's membership and load
+// gauges (kvmesh_sync_members, this gateway included, and
+// kvmesh_sync_peer_load_reports, the peers whose load report is fresh) and
+// warns when reports from some live peer are missing: the gateway then
+// sees that peer's in-flight requests only in its engine scrapes, and its
+// routing herds with the others'. Gateways outside a cluster (no such
+// gauges) or alone in one are not checked.
+func checkLoadSharing(ctx context.Context, c *doctorClient, v *verdicts, gws []*gatewayView) {
+	for _, g := range gws {
+		if g.ready == nil {
+			continue
+		}
+		subject := "gateway " + g.addr
+		st, data, err := c.do(ctx, http.MethodGet, g.base+"/metrics", nil, nil)
+		if err != nil || st != http.StatusOK {
+			v.warn(subject, "peers' load: /metrics unreadable (%d, %v)", st, err)
+			continue
+		}
+		members, ok := gaugeValue(data, "kvmesh_sync_members")
+		fresh, ok2 := gaugeValue(data, "kvmesh_sync_peer_load_reports")
+		if !ok || !ok2 || members < 2 {
+			continue
+		}
+		peers, got := int(members)-1, int(fresh)
+		if got >= peers {
+			v.pass(subject, "peers' load: fresh reports from all %d peer(s)", peers)
+			continue
+		}
+		v.warn(subject, "peers' load: fresh reports from %d of %d peers; it routes without the others' in-flight requests (check NATS between the gateways: kvmesh_sync_nats_connected)", got, peers)
+	}
+}
+
+// gaugeValue is the value of the unlabelled metric name in a Prometheus
+// text exposition.
+func gaugeValue(data []byte, name string) (float64, bool) {
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), name+" ")
+		if !ok {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+		return f, err == nil
+	}
+	return 0, false
 }
 
 // checkConvergence compares the gateways' routing configs.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvmesh/kvmesh/chaos/cluster"
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/node"
 )
@@ -316,4 +318,71 @@ func TestDoctorPassesWithAutoOnAQwen3Engine(t *testing.T) {
 	assert.Contains(t, out, "came back confirmed on b and on no other replica")
 	assert.Regexp(t, `WARN +replica a +tokenizer: .*set --tokenizer hf:<dir>`, out)
 	assert.NotContains(t, out, "FAIL ")
+}
+
+// TestDoctorWarnsWhenPeersLoadStops: three clustered gateways (real
+// gossip, raft and NATS on loopback, through chaos/cluster) share their
+// load, and the doctor passes each one's peers' load. With one gateway's
+// NATS link cut (gossip still up, so all three stay members) the other two
+// miss its reports and it misses theirs: the doctor warns for each, and
+// passes them again once the link is healed.
+func TestDoctorWarnsWhenPeersLoadStops(t *testing.T) {
+	cfg := cluster.DefaultConfig()
+	cfg.Gateways, cfg.Engines = 3, 1
+	cfg.ClusterMode, cfg.ExternalNATS, cfg.Partitionable = true, true, true
+	cfg.DataDir = t.TempDir()
+	ctx := context.Background()
+	c, err := cluster.Start(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		assert.NoError(t, c.Shutdown(sctx))
+	})
+	gs := c.Gateways()
+	var addrs []string
+	for _, g := range gs {
+		addrs = append(addrs, g.Node.HTTPAddr())
+	}
+	// The doctor's other checks (replicas, token) do not matter here: only
+	// its peers'-load lines are read.
+	lines := func() string {
+		var buf bytes.Buffer
+		_ = doctor(ctx, &buf, doctorOptions{addrs: addrs, token: doctorToken, skipStreams: true})
+		return buf.String()
+	}
+	wantAll := func(out string, re func(addr string) string) bool {
+		for _, a := range addrs {
+			if !regexp.MustCompile(re(a)).MatchString(out) {
+				return false
+			}
+		}
+		return true
+	}
+	healthy := func(a string) string {
+		return `PASS +gateway ` + regexp.QuoteMeta(a) + ` +peers' load: fresh reports from all 2 peer\(s\)`
+	}
+	var out string
+	require.Eventually(t, func() bool { out = lines(); return wantAll(out, healthy) }, 30*time.Second, 50*time.Millisecond,
+		"every gateway hears both peers' load: %s", out)
+
+	cut := gs[2]
+	require.NoError(t, c.Isolate(cut, cluster.LinkNATS))
+	require.Eventually(t, func() bool {
+		out = lines()
+		return wantAll(out, func(a string) string {
+			want := "1 of 2" // the two still on NATS hear each other only
+			if a == cut.Node.HTTPAddr() {
+				want = "0 of 2"
+			}
+			return `WARN +gateway ` + regexp.QuoteMeta(a) + ` +peers' load: fresh reports from ` + want + ` peers`
+		})
+	}, 30*time.Second, 50*time.Millisecond, "a gateway off NATS: %s", out)
+	for _, g := range gs {
+		require.Len(t, g.Node.Cluster().Members(), 3, "gossip still sees all three")
+	}
+
+	require.NoError(t, c.Heal())
+	require.Eventually(t, func() bool { out = lines(); return wantAll(out, healthy) }, 30*time.Second, 50*time.Millisecond,
+		"healed: %s", out)
 }

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/chaos/cluster/clustertest"
 	"github.com/kvmesh/kvmesh/internal/leaktest"
 	"github.com/kvmesh/kvmesh/sync/config"
 )
@@ -237,18 +238,8 @@ func TestClusterModeSharesTheIndex(t *testing.T) {
 // everything back; a gateway restarted afterwards gets new links and
 // rejoins.
 func TestPartitionIsolateAndHeal(t *testing.T) {
-	cfg := cluster.DefaultConfig()
-	cfg.Gateways, cfg.Engines = 3, 1
-	cfg.ClusterMode, cfg.ExternalNATS, cfg.Partitionable = true, true, true
-	cfg.DataDir = t.TempDir()
+	c := clustertest.Start(t, clustertest.Partitionable(3, 1))
 	ctx := context.Background()
-	c, err := cluster.Start(ctx, cfg)
-	require.NoError(t, err)
-	defer func() {
-		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		require.NoError(t, c.Shutdown(sctx))
-	}()
 	members := func(g *cluster.Gateway) int { return len(g.Node.Cluster().Members()) }
 	healthy := func() bool {
 		for _, g := range c.Gateways() {
@@ -273,7 +264,7 @@ func TestPartitionIsolateAndHeal(t *testing.T) {
 			!g.Node.Cluster().NATSConnected() && id == ""
 	}, 20*time.Second, 5*time.Millisecond, "the isolated gateway is alone, off NATS and without a leader")
 	require.True(t, gs[0].Node.Cluster().NATSConnected() && gs[1].Node.Cluster().NATSConnected())
-	_, err = g.Node.ConfigStore().Patch(ctx, []byte(`{"prefix_cache":{"imbalance_abs_count":31}}`), nil)
+	_, err := g.Node.ConfigStore().Patch(ctx, []byte(`{"prefix_cache":{"imbalance_abs_count":31}}`), nil)
 	require.ErrorIs(t, err, config.ErrNoQuorum)
 
 	require.NoError(t, c.Heal())

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/chaos/cluster/clustertest"
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/node"
 )
@@ -327,18 +328,8 @@ func TestDoctorPassesWithAutoOnAQwen3Engine(t *testing.T) {
 // miss its reports and it misses theirs: the doctor warns for each, and
 // passes them again once the link is healed.
 func TestDoctorWarnsWhenPeersLoadStops(t *testing.T) {
-	cfg := cluster.DefaultConfig()
-	cfg.Gateways, cfg.Engines = 3, 1
-	cfg.ClusterMode, cfg.ExternalNATS, cfg.Partitionable = true, true, true
-	cfg.DataDir = t.TempDir()
+	c := clustertest.Start(t, clustertest.Partitionable(3, 1))
 	ctx := context.Background()
-	c, err := cluster.Start(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		assert.NoError(t, c.Shutdown(sctx))
-	})
 	gs := c.Gateways()
 	var addrs []string
 	for _, g := range gs {

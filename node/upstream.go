@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,7 +60,16 @@ type upConn struct {
 	idleAt time.Time
 	reused bool            // taken from the idle stack
 	rc     syscall.RawConn // for relayRaw; nil if the connection has none
+	raw    *rawIOConn      // Conn when it is one (send writes through it)
 	stop   func() bool     // unregisters the cancellation hook (context.AfterFunc)
+
+	// send's state for its RawConn.Read callback, bound once per
+	// connection so that a request allocates nothing.
+	sreq  []byte
+	sn    int
+	serr  error
+	sent  bool
+	sendF func(fd uintptr) bool
 }
 
 // brPool recycles the connections' read buffers: a connection that is
@@ -105,7 +115,8 @@ func (c *upstreamClient) dial(ctx context.Context, addr string) (*upConn, error)
 	br.Reset(conn)
 	uc := &upConn{Conn: conn, addr: addr, br: br}
 	if rc, ok := conn.(*rawIOConn); ok {
-		uc.rc = rc.rc
+		uc.rc, uc.raw = rc.rc, rc
+		uc.sendF = uc.sendCB
 	}
 	return uc, nil
 }
@@ -320,12 +331,8 @@ func (c *upstreamClient) release(uc *upConn, clean bool) {
 
 // exchange writes one request on uc and reads the response head.
 func (c *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte) (*http.Response, error) {
-	if _, err := uc.Write(req); err != nil {
-		if uc.reused && ctx.Err() == nil && isConnClosed(err) {
-			return nil, errStaleConn
-		}
-		return nil, err
-	}
+	// The first-byte deadline is a read deadline: setting it before the
+	// write lets send's wait for the answer keep to it.
 	if c.firstByte > 0 {
 		if err := uc.SetReadDeadline(time.Now().Add(c.firstByte)); err != nil {
 			return nil, err
@@ -335,6 +342,12 @@ func (c *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte) (
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+	}
+	if err := uc.send(req); err != nil {
+		if uc.reused && ctx.Err() == nil && isConnClosed(err) {
+			return nil, errStaleConn
+		}
+		return nil, err
 	}
 	for {
 		if _, err := uc.br.Peek(1); err != nil {
@@ -354,6 +367,62 @@ func (c *upstreamClient) exchange(ctx context.Context, uc *upConn, req []byte) (
 		}
 		return resp, nil
 	}
+}
+
+// send writes req and, on a connection with a RawConn, waits until the
+// answer can be read, without the read that would return EAGAIN.
+//
+// A Go read tries read(2) before it parks the goroutine, and an engine
+// never answers within the microseconds between the write and that read:
+// so every request cost one read returning EAGAIN (issue 21's syscall
+// counts: about one in seven of the gateway's reads). Here the write is
+// made inside a RawConn.Read call, whose start resets the connection's
+// readiness: an answer can only arrive after the write, so its readiness
+// event comes after that reset and wakes the wait; an event left over
+// from before the reset costs one read that finds nothing, as before. A
+// closed or reset connection wakes the wait too. The read deadline (the
+// first-byte timeout, the client's leaving) ends it; the caller's read
+// then reports it. When the socket's send buffer fills, the rest of req
+// is written the ordinary way.
+func (uc *upConn) send(req []byte) error {
+	if uc.raw == nil {
+		_, err := uc.Write(req)
+		return err
+	}
+	uc.sreq, uc.sn, uc.serr, uc.sent = req, 0, nil, false
+	_ = uc.rc.Read(uc.sendF) // a wait's error is the next read's
+	n, serr, sent := uc.sn, uc.serr, uc.sent
+	uc.sreq, uc.serr = nil, nil
+	switch {
+	case serr != nil:
+		return uc.raw.opError("write", serr)
+	case !sent:
+		_, err := uc.Write(req[n:])
+		return err
+	}
+	return nil
+}
+
+// sendCB is send's RawConn.Read callback: the first call writes the
+// request and asks to wait for readability, the next one (readable)
+// ends the wait without reading.
+func (uc *upConn) sendCB(fd uintptr) bool {
+	if uc.sent {
+		return true
+	}
+	for uc.sn < len(uc.sreq) {
+		n, e := rawWrite(fd, uc.sreq[uc.sn:])
+		if e == syscall.EAGAIN {
+			return true // send writes the rest
+		}
+		if e != 0 {
+			uc.serr = os.NewSyscallError("write", e)
+			return true
+		}
+		uc.sn += n
+	}
+	uc.sent = true
+	return false
 }
 
 // isConnClosed reports whether err says the peer closed the connection.

@@ -2,7 +2,9 @@ package node
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"net"
@@ -313,4 +315,35 @@ func BenchmarkProxyStream(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestUpstreamRequestLargerThanTheSendBuffer: a request body that does not
+// fit in the socket's send buffer (send writes what fits inside its
+// RawConn.Read call, the rest the ordinary way) reaches the engine intact,
+// and the answer is read.
+func TestUpstreamRequestLargerThanTheSendBuffer(t *testing.T) {
+	body := bytes.Repeat([]byte("0123456789abcdef"), 1<<20) // 16 MiB, above Linux's largest default send buffer
+	want := sha256.Sum256(body)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := sha256.New()
+		n, err := io.Copy(h, r.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "%d %x", n, h.Sum(nil))
+	}))
+	t.Cleanup(srv.Close)
+	c := newUpstreamClient(Config{ConnectTimeout: 5 * time.Second, MaxIdleConnsPerHost: 2, FirstByteTimeout: time.Minute})
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for i := range 2 { // a new connection, then the reused one
+		resp, uc, err := c.roundTrip(context.Background(), &upstreamReq{addr: addr, host: addr, path: "/v1/completions", body: body})
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, fmt.Sprintf("%d %x", len(body), want), string(got), "request %d", i)
+		assert.Equal(t, i == 1, uc.reused)
+		c.release(uc, true)
+	}
+	c.closeIdle(true)
 }

@@ -206,8 +206,9 @@ func rawRelayable(uc *upConn, resp *http.Response) bool {
 
 // relayRaw is relay for a response on the proxy's own connection uc
 // (rawRelayable): the same contract (bytes unchanged, one write and flush
-// per upstream read, idle timeout through the read deadline, the client's
-// leaving through ctx's AfterFunc setting a past deadline). At the first
+// per upstream read, but the last one's flush is the handler's return;
+// idle timeout through the read deadline, the client's leaving through
+// ctx's AfterFunc setting a past deadline). At the first
 // body byte it takes queued off rep's queued prefill (relay's onFirst; a
 // function value would cost the caller two allocations). res.dirty is set
 // when the replica sent bytes after the body.
@@ -277,7 +278,11 @@ func (rr *rawRelay) handle(in []byte) bool {
 			res.clientGone, res.writeFailed = true, true
 			return false
 		}
-		if rr.flusher != nil {
+		// The last payload is not flushed here: the handler returns at
+		// once, and net/http then writes it together with the chunked
+		// body's terminator, one write instead of two (as nginx sends
+		// its last buffer).
+		if rr.flusher != nil && rr.d.state != chDone {
 			rr.flusher.Flush()
 		}
 		res.bytes += int64(len(payload))

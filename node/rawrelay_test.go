@@ -217,3 +217,35 @@ func TestReplicaClosingRightAfterDataIsSeenSoon(t *testing.T) {
 		assert.Less(t, time.Since(start), 3*time.Second, "%d: the close was seen only at the idle timeout", i)
 	}
 }
+
+// countingFlusher counts flushes.
+type countingFlusher struct{ n int }
+
+func (f *countingFlusher) Flush() { f.n++ }
+
+// TestRawRelayLeavesTheLastPayloadToTheHandlersReturn: every read's
+// payload is written and flushed at once, except the one that ends the
+// body: net/http writes it with the chunked terminator when the handler
+// returns, in one write instead of two.
+func TestRawRelayLeavesTheLastPayloadToTheHandlersReturn(t *testing.T) {
+	var out bytes.Buffer
+	fl := &countingFlusher{}
+	rr := &rawRelay{w: &out, flusher: fl, d: bodyDecoder{chunked: true}}
+	require.True(t, rr.handle([]byte("5\r\nhello\r\n")))
+	assert.Equal(t, 1, fl.n, "a payload in the middle of the body is flushed")
+	require.True(t, rr.handle([]byte("1\r\n,\r\n")))
+	assert.Equal(t, 2, fl.n)
+	require.False(t, rr.handle([]byte("6\r\n world\r\n0\r\n\r\n")), "the body ended")
+	assert.Equal(t, 2, fl.n, "the last payload waits for the handler's return")
+	assert.Equal(t, "hello, world", out.String())
+	assert.EqualValues(t, 12, rr.res.bytes)
+
+	// Content-Length bodies end the same way.
+	out.Reset()
+	fl.n = 0
+	rr = &rawRelay{w: &out, flusher: fl, d: bodyDecoder{remain: 8}}
+	require.True(t, rr.handle([]byte("abcd")))
+	require.False(t, rr.handle([]byte("efgh")))
+	assert.Equal(t, 1, fl.n)
+	assert.Equal(t, "abcdefgh", out.String())
+}

@@ -43,6 +43,7 @@ type Store struct {
 	meta     *metadb.BoltMetaDB     // closed by us: WAL.Close leaves it open
 	unlock   func() error           // releases the data dir lock
 	netTrans *raft.NetworkTransport // nil when cfg.Transport was given
+	guard    *noPipelineTransport   // netTrans as raft has it (nil likewise)
 	trans    raft.Transport         // what raft was given
 	// walRepair is the last index of a raft-wal segment left sealed
 	// without its index block by a tail truncation (see wal.go), 0 when
@@ -147,7 +148,8 @@ func (s *Store) openRaft() error {
 		if s.netTrans, err = s.newNetworkTransport(hlog); err != nil {
 			return err
 		}
-		trans = noPipelineTransport{s.netTrans}
+		s.guard = &noPipelineTransport{NetworkTransport: s.netTrans}
+		trans = s.guard
 	}
 	s.trans = trans
 	s.raftAddr = string(trans.LocalAddr())
@@ -171,13 +173,58 @@ func (s *Store) openRaft() error {
 // more AppendEntries into the full in-flight channel, nobody drains it,
 // and Raft.Shutdown waits forever. Without a pipeline raft replicates
 // with one synchronous AppendEntries at a time, which is plenty for a
-// config document. Every other method (including pre-vote and Close) is
-// the NetworkTransport's.
-type noPipelineTransport struct{ *raft.NetworkTransport }
+// config document.
+//
+// It also keeps heartbeats from outliving Shutdown. The NetworkTransport
+// runs raft's heartbeat handler (Raft.processHeartbeat) on its own
+// connection goroutine, outside raft's loop, so Raft.Shutdown does not
+// wait for one in progress: a heartbeat that passed the handler's
+// shutdown check could still be saving the term when Shutdown closed the
+// log, and raft panics on that failed save ("failed to save current term:
+// database not open", seen once in CI). stopHeartbeats refuses new ones
+// and waits for those running; Shutdown calls it before it closes the
+// log. Every other method (including pre-vote and Close) is the
+// NetworkTransport's.
+type noPipelineTransport struct {
+	*raft.NetworkTransport
+
+	hbMu      sync.Mutex
+	hbStopped bool
+	hbRunning sync.WaitGroup
+}
+
+// SetHeartbeatHandler registers cb behind the guard stopHeartbeats closes.
+func (t *noPipelineTransport) SetHeartbeatHandler(cb func(raft.RPC)) {
+	if cb == nil {
+		t.NetworkTransport.SetHeartbeatHandler(nil)
+		return
+	}
+	t.NetworkTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		t.hbMu.Lock()
+		if t.hbStopped {
+			t.hbMu.Unlock()
+			rpc.Respond(nil, raft.ErrTransportShutdown)
+			return
+		}
+		t.hbRunning.Add(1)
+		t.hbMu.Unlock()
+		defer t.hbRunning.Done()
+		cb(rpc)
+	})
+}
+
+// stopHeartbeats answers every later heartbeat with ErrTransportShutdown
+// and returns once none is running.
+func (t *noPipelineTransport) stopHeartbeats() {
+	t.hbMu.Lock()
+	t.hbStopped = true
+	t.hbMu.Unlock()
+	t.hbRunning.Wait()
+}
 
 // AppendEntriesPipeline reports that pipelining is not supported, so raft
 // replicates synchronously.
-func (noPipelineTransport) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
+func (*noPipelineTransport) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
 	return nil, raft.ErrPipelineReplicationNotSupported
 }
 
@@ -236,6 +283,9 @@ func (s *Store) Shutdown() error {
 		var errs []error
 		if s.raft != nil {
 			errs = append(errs, s.raft.Shutdown().Error())
+		}
+		if s.guard != nil {
+			s.guard.stopHeartbeats() // before the log closes
 		}
 		s.wg.Wait()
 		s.clientsMu.Lock()

@@ -345,8 +345,13 @@ func TestKVEventsLegacyParentZeroConfirmed(t *testing.T) {
 		require.NoError(t, err)
 		return matchedOf(debugRoute(t, n, "prefix-cache", text), "a") == 3
 	}, 10*time.Second, 20*time.Millisecond)
-	assert.GreaterOrEqual(t, counterValue(t, n, "kvmesh_kvevents_tolerated_total",
-		map[string]string{"replica": "a", "kind": index.TolParentZero.String()}), 1.0)
+	// The handler counts the tolerance after the index applied the batch,
+	// so a route can see the chain a moment before the counter moves (CI
+	// once read 0 here under load).
+	require.Eventually(t, func() bool {
+		return counterValue(t, n, "kvmesh_kvevents_tolerated_total",
+			map[string]string{"replica": "a", "kind": index.TolParentZero.String()}) >= 1
+	}, 10*time.Second, 5*time.Millisecond)
 	assert.Zero(t, counterValue(t, n, "kvmesh_index_kv_apply_errors_total",
 		map[string]string{"replica": "a", "reason": "unknown_parent"}))
 }

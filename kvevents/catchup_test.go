@@ -29,6 +29,8 @@ func TestLateJoinIdleEngineCatchesUp(t *testing.T) {
 	// The counter is bumped after the last replayed batch is handled.
 	require.Eventually(t, func() bool { return counterValue(t, m.Replays.WithLabelValues("r1", "complete")) == 1 },
 		5*time.Second, 5*time.Millisecond)
+	require.Equal(t, float64(early), counterValue(t, m.Replayed.WithLabelValues("r1")), "every batch so far came from the replay")
+	require.Equal(t, float64(early), counterValue(t, m.Batches.WithLabelValues("r1")))
 
 	// Live traffic resumes; whatever the replay and the live stream both
 	// carried is delivered once.

@@ -78,7 +78,9 @@
 //     connected, or while the subscription was still on its way (ZMQ's
 //     slow joiner), and then went idle: no later seq would ever reveal that
 //     gap. Live batches that repeat replayed ones are duplicates. Polls
-//     that find nothing new are not counted in replays_total.
+//     that find nothing new are not counted in replays_total. Batches
+//     delivered from any replay count in replayed_batches_total as well
+//     as batches_total: the difference arrived live.
 //   - First batch of a stream (or after a reset): accepted at any seq. If
 //     seq > 0, JoinReplay is on and a replay endpoint is configured, it first
 //     replays from 0 to learn what the engine already cached (as far as its

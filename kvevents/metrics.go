@@ -20,8 +20,13 @@ type Metrics struct {
 	Replays        *prometheus.CounterVec // {replica,result}: complete|partial|failed
 	Resets         *prometheus.CounterVec // {replica,reason}: rewind|gap_unrecoverable|overflow|malformed
 	Duplicates     *prometheus.CounterVec // {replica}: batches already delivered
-	Dropped        *prometheus.CounterVec // {replica}: dropped on a full queue
-	Reconnects     *prometheus.CounterVec // {replica}: SUB connections re-established
+	// Replayed counts the batches (of Batches) that came from replay
+	// answers (catch-up, join, gap) rather than live: Batches minus
+	// Replayed arrived live, so a replica whose batches all come from
+	// replays has a live (PUB/SUB) path that does not carry them.
+	Replayed   *prometheus.CounterVec // {replica}
+	Dropped    *prometheus.CounterVec // {replica}: dropped on a full queue
+	Reconnects *prometheus.CounterVec // {replica}: SUB connections re-established
 	// Tolerated counts foreign publishers' quirks accepted rather than
 	// treated as loss or rejected, by kind: parent_zero (a chain start sent
 	// with parent_block_hash 0, index.TolParentZero; counted by the
@@ -53,6 +58,7 @@ func NewMetrics() *Metrics {
 		Replays:        c("replays_total", "Replay requests, by result (complete, partial, failed).", "replica", "result"),
 		Resets:         c("resets_total", "Times a replica's confirmed state was declared unknown, by reason.", "replica", "reason"),
 		Duplicates:     c("duplicates_total", "Batches dropped because their seq was already delivered.", "replica"),
+		Replayed:       c("replayed_batches_total", "KV-event batches delivered from replay answers (catch-up, join, gap) rather than live; part of batches_total.", "replica"),
 		Dropped:        c("dropped_total", "Batches dropped because the delivery queue was full.", "replica"),
 		Reconnects:     c("reconnects_total", "SUB connections (re)established to a replica's publisher.", "replica"),
 		Tolerated:      c("tolerated_total", "Publisher quirks accepted instead of counted as loss or rejected, by kind (parent_zero, replay_from_one).", "replica", "kind"),
@@ -61,7 +67,7 @@ func NewMetrics() *Metrics {
 
 func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Batches, m.Events, m.IgnoredEvents, m.Malformed, m.NoEventBatches, m.Gaps,
-		m.Replays, m.Resets, m.Duplicates, m.Dropped, m.Reconnects, m.Tolerated}
+		m.Replays, m.Resets, m.Duplicates, m.Replayed, m.Dropped, m.Reconnects, m.Tolerated}
 }
 
 // Register registers every counter on r.

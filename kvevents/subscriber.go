@@ -184,11 +184,11 @@ type Subscriber struct {
 	caughtUp bool
 	dec      *Decoder
 
-	mBatches, mIgnored, mMalformed, mNoEvents, mGaps, mDup, mDropped, mReconnects prometheus.Counter
-	mEvents                                                                       [4]prometheus.Counter
-	mResets                                                                       [5]prometheus.Counter
-	mReplays                                                                      map[string]prometheus.Counter
-	mTolFromOne                                                                   prometheus.Counter
+	mBatches, mIgnored, mMalformed, mNoEvents, mGaps, mDup, mReplayed, mDropped, mReconnects prometheus.Counter
+	mEvents                                                                                  [4]prometheus.Counter
+	mResets                                                                                  [5]prometheus.Counter
+	mReplays                                                                                 map[string]prometheus.Counter
+	mTolFromOne                                                                              prometheus.Counter
 }
 
 // NewSubscriber validates cfg; nothing is opened before Start. m may be
@@ -221,6 +221,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler, m *Metrics, logger *slog.Log
 		mNoEvents:   m.NoEventBatches.WithLabelValues(r),
 		mGaps:       m.Gaps.WithLabelValues(r),
 		mDup:        m.Duplicates.WithLabelValues(r),
+		mReplayed:   m.Replayed.WithLabelValues(r),
 		mDropped:    m.Dropped.WithLabelValues(r),
 		mReconnects: m.Reconnects.WithLabelValues(r),
 		mReplays:    map[string]prometheus.Counter{},
@@ -684,7 +685,9 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 		}
 		b := s.pool.Get().(*Batch)
 		ignored, derr := s.dec.Decode(payload, b)
-		s.deliver(seq, b, derr, ignored)
+		if s.deliver(seq, b, derr, ignored) {
+			s.mReplayed.Inc()
+		}
 		delivered++
 	}
 	switch {
@@ -743,8 +746,9 @@ func parseReplayReply(f [][]byte) (Seq, []byte, bool) {
 // deliver hands one batch to the Handler and advances the delivered
 // sequence. A batch with no known event (ErrNoEvents) consumes its seq and
 // loses nothing the index uses; any other decode error loses the batch's
-// events, so the replica is reset.
-func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) {
+// events, so the replica is reset. It reports whether the Handler got the
+// batch.
+func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) bool {
 	s.hasLast, s.last = true, seq
 	if ignored > 0 {
 		s.mIgnored.Add(float64(ignored))
@@ -756,11 +760,11 @@ func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) {
 			// all): nothing the index tracks was in it.
 			s.mNoEvents.Inc()
 			s.log.Debug("kv-event batch without known events", "seq", uint64(seq), "ignored", ignored)
-			return
+			return false
 		}
 		s.mMalformed.Inc()
 		s.lost(seq, err)
-		return
+		return false
 	}
 	s.h.HandleBatch(s.cfg.Replica, seq, b)
 	s.mBatches.Inc()
@@ -770,6 +774,7 @@ func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) {
 		}
 	}
 	s.recycle(b)
+	return true
 }
 
 // lost resets the replica for an undecodable batch and consumes its seq, so

@@ -348,6 +348,7 @@ func TestGapReplayedBothReplyForms(t *testing.T) {
 			// A batch lost in ZMQ's slow-joiner window may already have
 			// counted as a gap (and been replayed): count the one made here.
 			gapsBefore := counterValue(t, m.Gaps.WithLabelValues("r1"))
+			replayedBefore := counterValue(t, m.Replayed.WithLabelValues("r1"))
 			dropFrom.Store(int64(n + 3))
 			dropTo.Store(int64(n + 13))
 			for range 30 {
@@ -359,6 +360,7 @@ func TestGapReplayedBothReplyForms(t *testing.T) {
 			requireContiguous(t, h.snapshot(), 0, n, 3)
 			require.Equal(t, gapsBefore+1, counterValue(t, m.Gaps.WithLabelValues("r1")))
 			require.GreaterOrEqual(t, counterValue(t, m.Replays.WithLabelValues("r1", "complete")), 1.0)
+			require.Equal(t, replayedBefore+10, counterValue(t, m.Replayed.WithLabelValues("r1")), "the ten lost batches came from the replay")
 		})
 	}
 }

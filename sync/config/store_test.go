@@ -452,7 +452,13 @@ func TestOwnTransportHasNoPipeline(t *testing.T) {
 // it counts as caught up only once a leader has brought it to the
 // cluster's version (a gateway's readiness waits for that).
 func TestRestartedFollowerCatchesUp(t *testing.T) {
-	c := newCluster(t, 3, 3, true, func(cfg *StoreConfig) { cfg.SnapshotThreshold = 2 })
+	c := newCluster(t, 3, 3, true, func(cfg *StoreConfig) {
+		cfg.SnapshotThreshold = 2
+		// The writes below commit with one voter stopped: a stall on a
+		// busy machine must not cost the leader its lease (CI once:
+		// "leadership lost while committing" at load average 15).
+		steadyRaft(cfg)
+	})
 	leader := c.waitLeader(10 * time.Second)
 	v, err := leader.store.Set(ctxT(t, 5*time.Second), testConfig(), nil)
 	require.NoError(t, err)

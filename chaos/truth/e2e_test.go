@@ -608,7 +608,10 @@ func runE2E(t *testing.T, tc e2eCase) {
 	// only what the test asks, so the test sends prompts to the restarted
 	// engine one at a time until the consumer has dropped the old engine's
 	// entries (the rewind was heard). Batches lost before the subscription
-	// took effect are recovered by the join replay from seq 0.
+	// took effect are recovered by the join replay from seq 0. The redial
+	// backs off up to 5 s (kvevents' ReconnectMax) while the engine is
+	// down, so on a busy machine hearing the rewind can take most of 10 s
+	// (CI once missed that, two test runs beside two CPU hogs): 30 s.
 	conns := cons.reconnects(0)
 	es.set(0, restartSim(t, es.get(0)))
 	cl.hc.CloseIdleConnections() // keep-alive connections died with the old engine
@@ -629,7 +632,7 @@ func runE2E(t *testing.T, tc e2eCase) {
 			}
 		}
 		return true
-	}, 10*time.Second, 5*time.Millisecond, "the consumer drops the restarted engine's old entries")
+	}, 30*time.Second, 5*time.Millisecond, "the consumer drops the restarted engine's old entries")
 	require.Greater(t, cons.reconnects(0), conns, "the subscriber redialled the restarted engine")
 	t.Logf("restart: old entries dropped after %d prompts to the new engine", sent)
 	cl.run(func(int) string { return es.get(0).URL() }, prompts(rng, "after-restart", 4))

@@ -179,6 +179,16 @@ func (b *bus) startServer() error {
 				Advertise: b.cfg.AdvertiseNATSClusterAddr,
 				// Clients must not learn peers' client URLs (loopback).
 				NoAdvertise: true,
+				// One route connection per peer, as before nats-server
+				// 2.10's route pools. All our subjects are in one account,
+				// so a pool (three connections by default) carries them on
+				// one connection anyway; and after a peer restarted under
+				// the same name on new ports, a pool's connections were
+				// seen closing one another as duplicates every second or
+				// so, for seconds, with no message getting through (see
+				// TestOneRouteConnectionPerPeer). Peers that still pool
+				// fall back to one connection with this server.
+				PoolSize: -1,
 			},
 		}
 		if r := b.cfg.Trust; r != nil {

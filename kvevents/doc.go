@@ -81,6 +81,14 @@
 //     that find nothing new are not counted in replays_total. Batches
 //     delivered from any replay count in replayed_batches_total as well
 //     as batches_total: the difference arrived live.
+//   - Resume (SubscriberConfig.Resume, a gateway taking over an engine's
+//     stream with a view that already holds it up to seq R): the
+//     subscriber starts as if R had been delivered. Its first catch-up
+//     asks from R itself. If the engine still has batch R with the same
+//     clock, only what follows is delivered. If it has another batch at R,
+//     or nothing at or after R, the engine restarted since:
+//     HandleReset(ResetRewind), then a replay from 0 as on a join. Its
+//     first connection counts as a reconnect for the rewind rule below.
 //   - First batch of a stream (or after a reset): accepted at any seq. If
 //     seq > 0, JoinReplay is on and a replay endpoint is configured, it first
 //     replays from 0 to learn what the engine already cached (as far as its

@@ -95,6 +95,26 @@ type SubscriberConfig struct {
 	// started after the engine), first replay from seq 0 to learn what is
 	// already cached, as far as the engine's buffer reaches. Default true.
 	JoinReplay bool
+	// Resume, with a ReplayEndpoint, starts the subscriber where the
+	// Handler's view of the engine already is, for a gateway that takes
+	// over an engine's stream (its view kept up through the previous
+	// owner, or restored from a peer). The first catch-up then asks the
+	// engine's replay buffer from Resume.Seq instead of from 0, and
+	// delivers only what follows it. The engine must still hold that batch
+	// with the same clock. If it holds a different one, or nothing at or
+	// after Resume.Seq, it restarted since: the replica is reset
+	// (ResetRewind) and rebuilt from the start of the buffer, as on a join.
+	// A first live batch not above Resume.Seq is a restart too, as after a
+	// reconnect. Ignored without a ReplayEndpoint.
+	Resume *ResumePoint
+}
+
+// ResumePoint is what a Handler's view already holds of an engine's
+// stream: every batch up to and including Seq, the last one stamped
+// EngineTS (Batch.TS).
+type ResumePoint struct {
+	Seq      Seq
+	EngineTS float64
 }
 
 // DefaultSubscriberConfig returns defaults; Replica and Endpoint must be set.
@@ -182,7 +202,10 @@ type Subscriber struct {
 	// the next live message may repeat one of them rather than mean a
 	// restart.
 	caughtUp bool
-	dec      *Decoder
+	// resume: Config.Resume until the first catch-up checked it against
+	// the engine's buffer (or a live batch took over first).
+	resume *ResumePoint
+	dec    *Decoder
 
 	mBatches, mIgnored, mMalformed, mNoEvents, mGaps, mDup, mReplayed, mDropped, mReconnects prometheus.Counter
 	mEvents                                                                                  [4]prometheus.Counter
@@ -277,8 +300,15 @@ func (s *Subscriber) Start(ctx context.Context) error {
 		s.addr = sockAddr(sock, s.cfg.Endpoint)
 	}
 	s.sock, s.cancel, s.started = sock, cancel, true
+	resumed := false
+	if r := s.cfg.Resume; r != nil && s.cfg.ReplayEndpoint != "" {
+		// Set before the goroutines start; the writer owns them from here.
+		rp := *r
+		s.hasLast, s.last, s.resume, resumed = true, rp.Seq, &rp, true
+		s.log.Info("kv-event subscriber resumes an existing view", "after_seq", uint64(rp.Seq))
+	}
 	s.wg.Add(2)
-	go s.readLoop(runCtx)
+	go s.readLoop(runCtx, resumed)
 	go s.writeLoop(runCtx)
 	s.log.Info("kv-event subscriber started", "endpoint", s.addr, "bind", s.cfg.Bind, "replay", s.cfg.ReplayEndpoint)
 	return nil
@@ -316,7 +346,10 @@ func (s *Subscriber) Close() error {
 }
 
 // readLoop receives, decodes and enqueues; it never blocks on the writer.
-func (s *Subscriber) readLoop(ctx context.Context) {
+// A resumed subscriber treats its first connection as a reconnect: it
+// carries only batches the engine publishes from now on, so a seq not
+// above the resumed one means a restart.
+func (s *Subscriber) readLoop(ctx context.Context, resumed bool) {
 	defer s.wg.Done()
 	backoff := s.cfg.ReconnectMin
 	wait := func() bool {
@@ -331,7 +364,7 @@ func (s *Subscriber) readLoop(ctx context.Context) {
 		}
 	}
 	connected := s.cfg.Bind
-	overflow, reconnected := false, false
+	overflow, reconnected := false, resumed
 	dec := NewDecoder()
 	if s.cfg.Bind {
 		// A bound SUB cannot see its publisher connect: catch up now (the
@@ -489,14 +522,27 @@ func (s *Subscriber) catchUp(ctx context.Context) bool {
 	if s.cfg.ReplayEndpoint == "" {
 		return false
 	}
+	resuming := s.resume != nil
 	from := Seq(0)
 	switch {
+	case resuming:
+		from = s.last // the resumed batch itself: checked, not delivered
 	case s.hasLast:
 		from = s.last + 1
 	case !s.cfg.JoinReplay:
 		return false
 	}
-	_, delivered := s.replayRange(ctx, from, ReplayEnd, true)
+	answered, delivered := s.replayRange(ctx, from, ReplayEnd, true)
+	if resuming && answered && s.resume != nil {
+		// The engine answered, and holds nothing from the resumed seq on:
+		// its seqs no longer reach it.
+		s.refuseResume("the engine holds no batch at or after it")
+	}
+	if resuming && !s.hasLast && s.cfg.JoinReplay && ctx.Err() == nil {
+		// Refused: rebuild from what the engine still has, as a join does.
+		_, n := s.replayRange(ctx, 0, ReplayEnd, true)
+		delivered += n
+	}
 	if delivered > 0 {
 		// Live messages of this connection may repeat what was replayed.
 		s.caughtUp = true
@@ -504,8 +550,18 @@ func (s *Subscriber) catchUp(ctx context.Context) bool {
 	return true
 }
 
+// refuseResume drops the resumed view: the engine restarted since.
+func (s *Subscriber) refuseResume(why string) {
+	s.log.Info("kv-event resume refused: the engine restarted since the resumed batch", "seq", uint64(s.resume.Seq), "why", why)
+	s.resume = nil
+	s.reset(ResetRewind)
+}
+
 // live applies the sequence rules to one live message.
 func (s *Subscriber) live(ctx context.Context, it item) {
+	// Live traffic took over before a catch-up checked the resumed batch:
+	// the reconnect rules below judge the first seq, as they would have.
+	s.resume = nil
 	if s.caughtUp {
 		// The catch-up ran on this connection, so seqs it delivered may
 		// also arrive live: not a restart.
@@ -636,6 +692,10 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 		return false, 0
 	}
 	contiguous := true
+	// verify: the first catch-up of a resumed subscriber asked from the
+	// resumed batch, to check that the engine still holds it; deliveries
+	// start after it.
+	verify, start, refused := s.resume != nil && from == s.resume.Seq, from, false
 	// fromOne (declared above): a replay from 0 before anything was delivered whose first
 	// answer is seq 1. A publisher that numbers from 1 (llm-d-inference-
 	// sim) never published seq 0, so nothing is missing: counted as
@@ -662,6 +722,31 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 		if first {
 			first, fromOne = false, joining && seq == 1
 		}
+		if refused {
+			continue // read to the end marker; catchUp rebuilds from 0
+		}
+		if verify {
+			verify = false
+			r := s.resume
+			s.resume = nil
+			start = r.Seq + 1
+			if seq == r.Seq {
+				b := s.pool.Get().(*Batch)
+				_, derr := s.dec.Decode(payload, b)
+				ts := b.TS
+				s.recycle(b)
+				if derr == nil && ts == r.EngineTS {
+					continue // the view holds it
+				}
+				s.resume = r
+				s.refuseResume(fmt.Sprintf("its batch at that seq has clock %v, not %v", ts, r.EngineTS))
+				refused = true
+				continue
+			}
+			// The engine no longer holds the resumed batch but holds later
+			// ones: seq last+1 continues the view; a later one is a gap the
+			// rules below reset on.
+		}
 		if seq >= until {
 			// The live queue has these. Read on to the end marker anyway:
 			// closing a zmq4 socket with unread messages strands its
@@ -677,7 +762,7 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 			s.reset(ResetGapUnrecoverable)
 			contiguous = false
 		}
-		if delivered == 0 && seq != from && !(fromOne && seq == 1) {
+		if delivered == 0 && seq != start && !(fromOne && seq == 1) {
 			contiguous = false
 		}
 		if s.mangle != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // Watermark source names in snapshots and digests.
@@ -384,6 +385,19 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 	}
 	st.valid, st.seq, st.engine, st.at = true, b.Seq, b.EngineTS, time.Now()
 	a.c.m.applied.WithLabelValues("kv").Inc()
+}
+
+// resumePoint is where a new owner of replica's stream can take it up:
+// the last batch applied here, when the view since the last reset is
+// complete (no seq gap). ok is false when there is nothing to resume.
+func (a *applier) resumePoint(replica string) (rp kvevents.ResumePoint, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.kv[replica]
+	if st == nil || !st.valid || st.gap {
+		return rp, false
+	}
+	return kvevents.ResumePoint{Seq: kvevents.Seq(st.seq), EngineTS: st.engine}, true
 }
 
 // applyLocal applies a batch this gateway produced as an engine's owner.

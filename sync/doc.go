@@ -127,10 +127,14 @@
 // resolved from KVSource.Model;
 // multimodal and other opaque blocks dropped; engine hashes and token ids
 // kept), applies it to its own index and publishes it with the engine's
-// sequence number and clock. Every gateway applies a replica's batches in
-// seq order, idempotently: a seq at or below the last applied one is a
-// duplicate (a handover's replay) unless the engine clock moved forward (the
-// engine restarted while ownership moved), which clears the replica first.
+// sequence number and clock. A new owner resumes from its own view of the
+// engine (kvevents.SubscriberConfig.Resume, the last batch it applied, when
+// that view has no seq gap): the engine replays only what follows, and the
+// subscriber resets the replica if the engine restarted since. Every
+// gateway applies a replica's batches in seq order, idempotently: a seq at
+// or below the last applied one is a duplicate (a replay that overlaps)
+// unless the engine clock moved forward (the engine restarted while
+// ownership moved), which clears the replica first.
 // Resets clear the replica's confirmed entries everywhere.
 //
 // # Bootstrap, repair and load

@@ -147,6 +147,13 @@ func (o *owners) startLocked(src KVSource) error {
 		sc.ReconnectMin = 20 * time.Millisecond
 		sc.ReconnectMax = 500 * time.Millisecond
 	}
+	if rp, ok := c.ap.resumePoint(src.Replica); ok {
+		// This gateway's view already holds the engine's stream up to
+		// rp (applied from the previous owner, or restored from a peer):
+		// ask the engine only for what follows, not its whole buffer,
+		// which every peer would then drop as duplicates.
+		sc.Resume = &rp
+	}
 	h := &ownerHandler{c: c, src: src, hasher: c.deps.Index.Hasher()}
 	sub, err := kvevents.NewSubscriber(sc, h, c.deps.KVMetrics, c.log.With("replica", src.Replica))
 	if err != nil {

@@ -1,0 +1,126 @@
+package kvevents
+
+import (
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/internal/freeport"
+)
+
+// publishN publishes seqs 0..n-1 (batchFor: clock = seq) and returns n.
+func publishN(t *testing.T, p *Publisher, n Seq, gen int) Seq {
+	t.Helper()
+	for i := range n {
+		seq, err := p.Publish(batchFor(i, gen))
+		require.NoError(t, err)
+		require.Equal(t, i, seq)
+	}
+	return n
+}
+
+// TestResumeDeliversOnlyWhatFollows: a subscriber resumed after seq 5 (the
+// view a gateway took over already holds 0..5) is handed 6..9 from the
+// engine's buffer, not 0..9, and then the live stream without a reset.
+func TestResumeDeliversOnlyWhatFollows(t *testing.T) {
+	p := newPublisher(t, testPublisherConfig())
+	n := publishN(t, p, 10, 40)
+	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
+	cfg.Resume = &ResumePoint{Seq: 5, EngineTS: 5}
+	h := &recorder{}
+	m := NewMetrics()
+	s := startSubscriber(t, cfg, h, m, nil)
+	require.Eventually(t, func() bool { return h.batches() == 4 }, 5*time.Second, 5*time.Millisecond,
+		"records %v", h.snapshot())
+	requireContiguous(t, h.snapshot(), 6, 10, 40)
+	require.Equal(t, 4.0, counterValue(t, m.Replayed.WithLabelValues("r1")), "only what follows the resumed batch is replayed")
+
+	n = publishMoreUntil(t, p, n, 40, func() bool { return liveReceived(s) && h.batches() > 4 })
+	require.Eventually(t, func() bool { q, ok := h.lastBatchSeq(); return ok && q == n-1 }, 5*time.Second, 5*time.Millisecond)
+	requireContiguous(t, h.snapshot(), 6, n, 40)
+	require.Zero(t, counterValue(t, m.Resets.WithLabelValues("r1", "rewind")))
+}
+
+// TestResumeRefusedWhenTheBatchDiffers: the engine holds a batch at the
+// resumed seq, but with another clock: it restarted and published as many
+// batches again. The view is reset and rebuilt from the buffer's start.
+func TestResumeRefusedWhenTheBatchDiffers(t *testing.T) {
+	p := newPublisher(t, testPublisherConfig())
+	publishN(t, p, 10, 41)
+	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
+	cfg.Resume = &ResumePoint{Seq: 5, EngineTS: 1e9} // the old engine's clock
+	h := &recorder{}
+	m := NewMetrics()
+	startSubscriber(t, cfg, h, m, nil)
+	require.Eventually(t, func() bool { return h.batches() == 10 }, 5*time.Second, 5*time.Millisecond,
+		"records %v", h.snapshot())
+	recs := h.snapshot()
+	require.Equal(t, record{reset: ResetRewind}, recs[0], "records %v", recs)
+	requireContiguous(t, recs[1:], 0, 10, 41)
+	require.Equal(t, 1.0, counterValue(t, m.Resets.WithLabelValues("r1", "rewind")))
+}
+
+// TestResumeRefusedWhenTheEngineIsBehind: the engine's seqs no longer
+// reach the resumed one (it restarted and published fewer batches since),
+// so the view is reset and rebuilt, not kept waiting for seq 8.
+func TestResumeRefusedWhenTheEngineIsBehind(t *testing.T) {
+	p := newPublisher(t, testPublisherConfig())
+	publishN(t, p, 4, 42)
+	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
+	cfg.Resume = &ResumePoint{Seq: 7, EngineTS: 7}
+	h := &recorder{}
+	startSubscriber(t, cfg, h, nil, nil)
+	require.Eventually(t, func() bool { return h.batches() == 4 }, 5*time.Second, 5*time.Millisecond,
+		"records %v", h.snapshot())
+	recs := h.snapshot()
+	require.Equal(t, record{reset: ResetRewind}, recs[0], "records %v", recs)
+	requireContiguous(t, recs[1:], 0, 4, 42)
+}
+
+// TestResumeAcrossABufferThatMovedOn: the engine's buffer no longer holds
+// the batches after the resumed one, so the view cannot be continued: a
+// gap reset, then what the buffer still has, as after a long disconnect.
+func TestResumeAcrossABufferThatMovedOn(t *testing.T) {
+	pc := testPublisherConfig()
+	pc.BufferSteps = 5
+	p := newPublisher(t, pc)
+	publishN(t, p, 20, 43)
+	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
+	cfg.Resume = &ResumePoint{Seq: 5, EngineTS: 5}
+	h := &recorder{}
+	startSubscriber(t, cfg, h, nil, nil)
+	require.Eventually(t, func() bool { return h.batches() == 5 }, 5*time.Second, 5*time.Millisecond,
+		"records %v", h.snapshot())
+	recs := h.snapshot()
+	require.Equal(t, record{reset: ResetGapUnrecoverable}, recs[0], "records %v", recs)
+	requireContiguous(t, recs[1:], 15, 20, 43)
+}
+
+// TestResumedFirstLiveBatchNotAboveIsRewind: live traffic arrives before
+// any catch-up could check the resumed batch (the engine's replay port does
+// not answer). A new connection carries only new batches, so a first seq
+// not above the resumed one means the engine restarted.
+func TestResumedFirstLiveBatchNotAboveIsRewind(t *testing.T) {
+	pub := zmq4.NewPub(t.Context())
+	t.Cleanup(func() { _ = pub.Close() })
+	require.NoError(t, pub.Listen("tcp://127.0.0.1:0"))
+	dead := net.JoinHostPort("127.0.0.1", strconv.Itoa(freeport.Ports(t, 1)[0]))
+	cfg := testSubscriberConfig("tcp://"+pub.Addr().String(), "tcp://"+dead)
+	cfg.Resume = &ResumePoint{Seq: 5, EngineTS: 5}
+	h := &recorder{}
+	startSubscriber(t, cfg, h, nil, nil)
+	b := batchFor(2, 44)
+	payload, err := Encode(&b, EncodingMap)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(2), payload)))
+		return h.batches() > 0
+	}, 5*time.Second, 10*time.Millisecond)
+	recs := h.snapshot()
+	require.Equal(t, record{reset: ResetRewind}, recs[0], "records %v", recs)
+	require.Equal(t, record{seq: 2, hash: hashFor(2, 44), events: 1}, recs[1])
+}

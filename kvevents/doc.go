@@ -72,23 +72,25 @@
 //   - Catch-up on (re)connect: with a replay endpoint, as soon as the SUB
 //     connects (a bound SUB: at Start and after its publisher went away,
 //     since it cannot see the publisher connect) the writer replays from
-//     0 (first connection, JoinReplay) or from last+1 (reconnect), and
-//     repeats that with the reconnect backoff until the first live batch
-//     arrives. This covers an engine that published before the subscriber
-//     connected, or while the subscription was still on its way (ZMQ's
-//     slow joiner), and then went idle: no later seq would ever reveal that
-//     gap. Live batches that repeat replayed ones are duplicates. Polls
-//     that find nothing new are not counted in replays_total. Batches
-//     delivered from any replay count in replayed_batches_total as well
-//     as batches_total: the difference arrived live.
+//     0 (first connection, JoinReplay) or from the last delivered seq
+//     (reconnect), and repeats that with the reconnect backoff until the
+//     first live batch arrives. This covers an engine that published
+//     before the subscriber connected, or while the subscription was still
+//     on its way (ZMQ's slow joiner), and then went idle: no later seq
+//     would ever reveal that gap. The replayed batch at the last delivered
+//     seq is not delivered again but checked: if the engine holds another
+//     batch there (another clock), it restarted and has already published
+//     past the old seq, which no seq rule can tell from a gap:
+//     HandleReset(ResetRewind), then a replay from 0 as on a join. Live
+//     batches that repeat replayed ones are duplicates. Polls that find
+//     nothing new are not counted in replays_total. Batches delivered
+//     from any replay count in replayed_batches_total as well as
+//     batches_total: the difference arrived live.
 //   - Resume (SubscriberConfig.Resume, a gateway taking over an engine's
 //     stream with a view that already holds it up to seq R): the
-//     subscriber starts as if R had been delivered. Its first catch-up
-//     asks from R itself. If the engine still has batch R with the same
-//     clock, only what follows is delivered. If it has another batch at R,
-//     or nothing at or after R, the engine restarted since:
-//     HandleReset(ResetRewind), then a replay from 0 as on a join. Its
-//     first connection counts as a reconnect for the rewind rule below.
+//     subscriber starts as if it had delivered R (with its clock) and then
+//     reconnected, so its first catch-up replays from R with the check
+//     above instead of the engine's whole buffer from 0.
 //   - First batch of a stream (or after a reset): accepted at any seq. If
 //     seq > 0, JoinReplay is on and a replay endpoint is configured, it first
 //     replays from 0 to learn what the engine already cached (as far as its

@@ -65,20 +65,25 @@ func TestResumeRefusedWhenTheBatchDiffers(t *testing.T) {
 }
 
 // TestResumeRefusedWhenTheEngineIsBehind: the engine's seqs no longer
-// reach the resumed one (it restarted and published fewer batches since),
-// so the view is reset and rebuilt, not kept waiting for seq 8.
+// reach the resumed one (it restarted and published fewer batches since).
+// The catch-up finds nothing to check, which proves nothing alone (an
+// engine's buffer may be empty); the first live batch, not above the
+// resumed seq on a new connection, is the rewind (or, once the restarted
+// engine reaches seq 7, a catch-up finds another clock there: whichever
+// comes first), and the view is rebuilt from the engine's buffer.
 func TestResumeRefusedWhenTheEngineIsBehind(t *testing.T) {
 	p := newPublisher(t, testPublisherConfig())
-	publishN(t, p, 4, 42)
+	n := publishN(t, p, 4, 42)
 	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
-	cfg.Resume = &ResumePoint{Seq: 7, EngineTS: 7}
+	cfg.Resume = &ResumePoint{Seq: 7, EngineTS: 1e9} // the old engine's clock
 	h := &recorder{}
-	startSubscriber(t, cfg, h, nil, nil)
-	require.Eventually(t, func() bool { return h.batches() == 4 }, 5*time.Second, 5*time.Millisecond,
+	s := startSubscriber(t, cfg, h, nil, nil)
+	n = publishMoreUntil(t, p, n, 42, func() bool { return liveReceived(s) && h.batches() > 0 })
+	require.Eventually(t, func() bool { q, ok := h.lastBatchSeq(); return ok && q == n-1 }, 5*time.Second, 5*time.Millisecond,
 		"records %v", h.snapshot())
 	recs := h.snapshot()
 	require.Equal(t, record{reset: ResetRewind}, recs[0], "records %v", recs)
-	requireContiguous(t, recs[1:], 0, 4, 42)
+	requireContiguous(t, recs[1:], 0, n, 42)
 }
 
 // TestResumeAcrossABufferThatMovedOn: the engine's buffer no longer holds
@@ -123,4 +128,63 @@ func TestResumedFirstLiveBatchNotAboveIsRewind(t *testing.T) {
 	recs := h.snapshot()
 	require.Equal(t, record{reset: ResetRewind}, recs[0], "records %v", recs)
 	require.Equal(t, record{seq: 2, hash: hashFor(2, 44), events: 1}, recs[1])
+}
+
+// TestRestartPastTheLastSeqIsRewind: the engine restarted and published
+// more batches than before while the subscriber was away, so the first
+// seq it hears on the new connection is above the last one it delivered,
+// which reads like a gap. The catch-up checks the batch at the last
+// delivered seq: the restarted engine's has another clock, so this is a
+// rewind, and the view is rebuilt from the new engine's buffer rather than
+// continued with batches of another engine.
+func TestRestartPastTheLastSeqIsRewind(t *testing.T) {
+	p1 := newPublisher(t, testPublisherConfig())
+	h := &recorder{}
+	m := NewMetrics()
+	s := startSubscriber(t, testSubscriberConfig(p1.Addr(), p1.ReplayAddr()), h, m, nil)
+	n := publishUntil(t, p1, 50, func() bool { return liveReceived(s) && h.batches() > 0 })
+	require.Eventually(t, func() bool { q, ok := h.lastBatchSeq(); return ok && q == n-1 }, 5*time.Second, 5*time.Millisecond)
+	pubAddr, replayAddr := p1.Addr(), p1.ReplayAddr()
+	require.NoError(t, p1.Close())
+
+	// The restarted engine: its replay port where the old one was, and
+	// n+5 batches in its buffer (its clock: 1000 + seq) before the
+	// subscriber can hear it.
+	pc := testPublisherConfig()
+	pc.Endpoint = "tcp://127.0.0.1:0"
+	pc.ReplayEndpoint = replayAddr
+	var p2 *Publisher
+	require.Eventually(t, func() bool {
+		var err error
+		p2, err = NewPublisher(pc, nil)
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond, "rebinding the replay port")
+	t.Cleanup(func() { _ = p2.Close() })
+	restarted := func(seq Seq) Batch {
+		b := batchFor(seq, 51)
+		b.TS = 1000 + float64(seq)
+		return b
+	}
+	for i := range n + 5 {
+		_, err := p2.Publish(restarted(i))
+		require.NoError(t, err)
+	}
+	// Its live stream, from the old PUB address, goes on at n+5.
+	pub := zmq4.NewPub(t.Context())
+	t.Cleanup(func() { _ = pub.Close() })
+	require.Eventually(t, func() bool { return pub.Listen(pubAddr) == nil }, 5*time.Second, 10*time.Millisecond)
+	next := restarted(n + 5)
+	payload, err := Encode(&next, EncodingMap)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(n+5), payload)))
+		q, ok := h.lastBatchSeq()
+		return ok && q == n+5
+	}, 10*time.Second, 10*time.Millisecond, "records %v", h.snapshot())
+
+	recs := h.snapshot()
+	requireContiguous(t, recs[:n], 0, n, 50)
+	require.Equal(t, record{reset: ResetRewind}, recs[n], "records %v", recs)
+	requireContiguous(t, recs[n+1:], 0, n+6, 51)
+	require.Equal(t, 1.0, counterValue(t, m.Resets.WithLabelValues("r1", "rewind")))
 }

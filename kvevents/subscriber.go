@@ -98,14 +98,12 @@ type SubscriberConfig struct {
 	// Resume, with a ReplayEndpoint, starts the subscriber where the
 	// Handler's view of the engine already is, for a gateway that takes
 	// over an engine's stream (its view kept up through the previous
-	// owner, or restored from a peer). The first catch-up then asks the
-	// engine's replay buffer from Resume.Seq instead of from 0, and
-	// delivers only what follows it. The engine must still hold that batch
-	// with the same clock. If it holds a different one, or nothing at or
-	// after Resume.Seq, it restarted since: the replica is reset
-	// (ResetRewind) and rebuilt from the start of the buffer, as on a join.
-	// A first live batch not above Resume.Seq is a restart too, as after a
-	// reconnect. Ignored without a ReplayEndpoint.
+	// owner, or restored from a peer): as if it had delivered Resume.Seq
+	// and then reconnected. The first catch-up asks the engine's replay
+	// buffer from Resume.Seq instead of from 0 and delivers only what
+	// follows; if the engine holds another batch at Resume.Seq, it
+	// restarted since, and the replica is reset (see the catch-up rule in
+	// the package doc). Ignored without a ReplayEndpoint.
 	Resume *ResumePoint
 }
 
@@ -202,9 +200,10 @@ type Subscriber struct {
 	// the next live message may repeat one of them rather than mean a
 	// restart.
 	caughtUp bool
-	// resume: Config.Resume until the first catch-up checked it against
-	// the engine's buffer (or a live batch took over first).
-	resume *ResumePoint
+	// lastTS is the engine clock of the batch at last, when hasTS: a
+	// catch-up checks that the engine still holds that very batch.
+	lastTS float64
+	hasTS  bool
 	dec    *Decoder
 
 	mBatches, mIgnored, mMalformed, mNoEvents, mGaps, mDup, mReplayed, mDropped, mReconnects prometheus.Counter
@@ -303,9 +302,8 @@ func (s *Subscriber) Start(ctx context.Context) error {
 	resumed := false
 	if r := s.cfg.Resume; r != nil && s.cfg.ReplayEndpoint != "" {
 		// Set before the goroutines start; the writer owns them from here.
-		rp := *r
-		s.hasLast, s.last, s.resume, resumed = true, rp.Seq, &rp, true
-		s.log.Info("kv-event subscriber resumes an existing view", "after_seq", uint64(rp.Seq))
+		s.hasLast, s.last, s.hasTS, s.lastTS, resumed = true, r.Seq, true, r.EngineTS, true
+		s.log.Info("kv-event subscriber resumes an existing view", "after_seq", uint64(r.Seq))
 	}
 	s.wg.Add(2)
 	go s.readLoop(runCtx, resumed)
@@ -522,24 +520,19 @@ func (s *Subscriber) catchUp(ctx context.Context) bool {
 	if s.cfg.ReplayEndpoint == "" {
 		return false
 	}
-	resuming := s.resume != nil
 	from := Seq(0)
 	switch {
-	case resuming:
-		from = s.last // the resumed batch itself: checked, not delivered
+	case s.hasLast && s.hasTS:
+		from = s.last // the last delivered batch itself: checked, not delivered
 	case s.hasLast:
 		from = s.last + 1
 	case !s.cfg.JoinReplay:
 		return false
 	}
-	answered, delivered := s.replayRange(ctx, from, ReplayEnd, true)
-	if resuming && answered && s.resume != nil {
-		// The engine answered, and holds nothing from the resumed seq on:
-		// its seqs no longer reach it.
-		s.refuseResume("the engine holds no batch at or after it")
-	}
-	if resuming && !s.hasLast && s.cfg.JoinReplay && ctx.Err() == nil {
-		// Refused: rebuild from what the engine still has, as a join does.
+	had := s.hasLast
+	_, delivered := s.replayRange(ctx, from, ReplayEnd, true)
+	if had && !s.hasLast && s.cfg.JoinReplay && ctx.Err() == nil {
+		// The engine restarted: rebuild from what it holds, as a join does.
 		_, n := s.replayRange(ctx, 0, ReplayEnd, true)
 		delivered += n
 	}
@@ -550,18 +543,8 @@ func (s *Subscriber) catchUp(ctx context.Context) bool {
 	return true
 }
 
-// refuseResume drops the resumed view: the engine restarted since.
-func (s *Subscriber) refuseResume(why string) {
-	s.log.Info("kv-event resume refused: the engine restarted since the resumed batch", "seq", uint64(s.resume.Seq), "why", why)
-	s.resume = nil
-	s.reset(ResetRewind)
-}
-
 // live applies the sequence rules to one live message.
 func (s *Subscriber) live(ctx context.Context, it item) {
-	// Live traffic took over before a catch-up checked the resumed batch:
-	// the reconnect rules below judge the first seq, as they would have.
-	s.resume = nil
 	if s.caughtUp {
 		// The catch-up ran on this connection, so seqs it delivered may
 		// also arrive live: not a restart.
@@ -692,10 +675,11 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 		return false, 0
 	}
 	contiguous := true
-	// verify: the first catch-up of a resumed subscriber asked from the
-	// resumed batch, to check that the engine still holds it; deliveries
-	// start after it.
-	verify, start, refused := s.resume != nil && from == s.resume.Seq, from, false
+	// verify: a catch-up asked from the last delivered batch, to check
+	// that the engine still holds that very batch; deliveries start after
+	// it. refused: it does not (the engine restarted), so the rest of this
+	// answer is read and dropped, and catchUp rebuilds from seq 0.
+	verify, start, refused := catchUp && s.hasLast && s.hasTS && from == s.last, from, false
 	// fromOne (declared above): a replay from 0 before anything was delivered whose first
 	// answer is seq 1. A publisher that numbers from 1 (llm-d-inference-
 	// sim) never published seq 0, so nothing is missing: counted as
@@ -726,26 +710,24 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 			continue // read to the end marker; catchUp rebuilds from 0
 		}
 		if verify {
-			verify = false
-			r := s.resume
-			s.resume = nil
-			start = r.Seq + 1
-			if seq == r.Seq {
+			verify, start = false, from+1
+			if seq == from {
 				b := s.pool.Get().(*Batch)
 				_, derr := s.dec.Decode(payload, b)
 				ts := b.TS
 				s.recycle(b)
-				if derr == nil && ts == r.EngineTS {
-					continue // the view holds it
+				if derr == nil && ts == s.lastTS {
+					continue // the same batch: the stream goes on
 				}
-				s.resume = r
-				s.refuseResume(fmt.Sprintf("its batch at that seq has clock %v, not %v", ts, r.EngineTS))
+				s.log.Info("kv-event sequence rewound: the engine restarted (its batch at the last delivered seq has another clock)",
+					"seq", uint64(seq), "clock", ts, "delivered_clock", s.lastTS)
+				s.reset(ResetRewind)
 				refused = true
 				continue
 			}
-			// The engine no longer holds the resumed batch but holds later
-			// ones: seq last+1 continues the view; a later one is a gap the
-			// rules below reset on.
+			// The engine no longer holds that batch. A later one is a gap
+			// (the rules below); nothing at all leaves the first live seq
+			// to tell a restart, as without the check.
 		}
 		if seq >= until {
 			// The live queue has these. Read on to the end marker anyway:
@@ -834,7 +816,10 @@ func parseReplayReply(f [][]byte) (Seq, []byte, bool) {
 // events, so the replica is reset. It reports whether the Handler got the
 // batch.
 func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) bool {
-	s.hasLast, s.last = true, seq
+	s.hasLast, s.last, s.hasTS = true, seq, err == nil
+	if err == nil {
+		s.lastTS = b.TS
+	}
 	if ignored > 0 {
 		s.mIgnored.Add(float64(ignored))
 	}
@@ -867,14 +852,14 @@ func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) bool {
 func (s *Subscriber) lost(seq Seq, err error) {
 	s.log.Warn("kv-event batch lost: cannot decode it", "seq", uint64(seq), "err", err)
 	s.reset(ResetMalformed)
-	s.hasLast, s.last = true, seq
+	s.hasLast, s.last, s.hasTS = true, seq, false
 }
 
 func (s *Subscriber) reset(r ResetReason) {
 	s.mResets[r].Inc()
 	s.log.Warn("kv-event replica state reset", "reason", r.String())
 	s.h.HandleReset(s.cfg.Replica, r)
-	s.hasLast = false
+	s.hasLast, s.hasTS = false, false
 }
 
 func (s *Subscriber) recycle(b *Batch) {

@@ -509,7 +509,7 @@ func (d *Deployment) SetMode(ctx context.Context, mode string) error {
 			patch = map[string]any{"models": map[string]any{d.cfg.Model: map[string]any{"index_mode": mode}}}
 		}
 		body, _ := json.Marshal(patch)
-		version, err := d.patch(ctx, first, body)
+		version, err := d.patchThroughElection(ctx, first, body)
 		if err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrMode, mode, err)
 		}
@@ -610,6 +610,30 @@ func (d *Deployment) config(ctx context.Context, gw int) (*config.RoutingConfig,
 
 // patch applies a merge patch to the routing config of the cluster
 // holding gateway gw.
+// errNoLeader marks a config write refused because the cluster has no raft
+// leader at the moment (admin HTTP 503 or gRPC NO_QUORUM).
+var errNoLeader = errors.New("no raft leader")
+
+// patchThroughElection is patch, tried again every Poll while the cluster
+// has no raft leader (an election under way), until ctx (the mode switch's
+// ModeTimeout) ends. A leader election takes seconds on a loaded machine,
+// longer than the gateway's own wait for one (its ApplyTimeout), and a
+// study should not fail on it. The patch only sets values, so a write that
+// was reported lost but committed does no harm when sent again.
+func (d *Deployment) patchThroughElection(ctx context.Context, gw int, patch []byte) (uint64, error) {
+	for {
+		v, err := d.patch(ctx, gw, patch)
+		if err == nil || !errors.Is(err, errNoLeader) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return 0, err
+		case <-time.After(d.cfg.Poll):
+		}
+	}
+}
+
 func (d *Deployment) patch(ctx context.Context, gw int, patch []byte) (uint64, error) {
 	if d.cfg.AdminAddr != "" {
 		c, err := config.Dial(d.cfg.AdminAddr, config.ClientOptions{Token: d.cfg.AdminToken})
@@ -617,12 +641,19 @@ func (d *Deployment) patch(ctx context.Context, gw int, patch []byte) (uint64, e
 			return 0, err
 		}
 		defer func() { _ = c.Close() }()
-		return c.PatchConfig(ctx, patch, nil)
+		v, err := c.PatchConfig(ctx, patch, nil)
+		if errors.Is(err, config.ErrNoQuorum) {
+			err = fmt.Errorf("%w: %w", errNoLeader, err)
+		}
+		return v, err
 	}
 	var out struct {
 		Version uint64 `json:"version"`
 	}
-	_, err := d.do(ctx, http.MethodPatch, trim(d.cfg.Gateways[gw])+"/admin/v1/config", true, patch, &out)
+	code, err := d.do(ctx, http.MethodPatch, trim(d.cfg.Gateways[gw])+"/admin/v1/config", true, patch, &out)
+	if code == http.StatusServiceUnavailable {
+		err = fmt.Errorf("%w: %w", errNoLeader, err)
+	}
 	return out.Version, err
 }
 

@@ -23,17 +23,34 @@ func publishN(t *testing.T, p *Publisher, n Seq, gen int) Seq {
 	return n
 }
 
+// startResumed starts a subscriber on p's sockets resumed at rp.
+func startResumed(t *testing.T, p *Publisher, rp ResumePoint, m *Metrics) (*Subscriber, *recorder) {
+	t.Helper()
+	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
+	cfg.Resume = &rp
+	h := &recorder{}
+	return startSubscriber(t, cfg, h, m, nil), h
+}
+
+// requireResetThen waits until the last delivered seq is to-1, then checks
+// that the records are one reset r and then from..to-1 of generation gen.
+func requireResetThen(t *testing.T, h *recorder, r ResetReason, from, to Seq, gen int) {
+	t.Helper()
+	require.Eventually(t, func() bool { q, ok := h.lastBatchSeq(); return ok && q == to-1 }, 5*time.Second, 5*time.Millisecond,
+		"records %v", h.snapshot())
+	recs := h.snapshot()
+	require.Equal(t, record{reset: r}, recs[0], "records %v", recs)
+	requireContiguous(t, recs[1:], from, to, gen)
+}
+
 // TestResumeDeliversOnlyWhatFollows: a subscriber resumed after seq 5 (the
 // view a gateway took over already holds 0..5) is handed 6..9 from the
 // engine's buffer, not 0..9, and then the live stream without a reset.
 func TestResumeDeliversOnlyWhatFollows(t *testing.T) {
 	p := newPublisher(t, testPublisherConfig())
 	n := publishN(t, p, 10, 40)
-	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
-	cfg.Resume = &ResumePoint{Seq: 5, EngineTS: 5}
-	h := &recorder{}
 	m := NewMetrics()
-	s := startSubscriber(t, cfg, h, m, nil)
+	s, h := startResumed(t, p, ResumePoint{Seq: 5, EngineTS: 5}, m)
 	require.Eventually(t, func() bool { return h.batches() == 4 }, 5*time.Second, 5*time.Millisecond,
 		"records %v", h.snapshot())
 	requireContiguous(t, h.snapshot(), 6, 10, 40)
@@ -51,16 +68,9 @@ func TestResumeDeliversOnlyWhatFollows(t *testing.T) {
 func TestResumeRefusedWhenTheBatchDiffers(t *testing.T) {
 	p := newPublisher(t, testPublisherConfig())
 	publishN(t, p, 10, 41)
-	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
-	cfg.Resume = &ResumePoint{Seq: 5, EngineTS: 1e9} // the old engine's clock
-	h := &recorder{}
 	m := NewMetrics()
-	startSubscriber(t, cfg, h, m, nil)
-	require.Eventually(t, func() bool { return h.batches() == 10 }, 5*time.Second, 5*time.Millisecond,
-		"records %v", h.snapshot())
-	recs := h.snapshot()
-	require.Equal(t, record{reset: ResetRewind}, recs[0], "records %v", recs)
-	requireContiguous(t, recs[1:], 0, 10, 41)
+	_, h := startResumed(t, p, ResumePoint{Seq: 5, EngineTS: 1e9}, m) // the old engine's clock
+	requireResetThen(t, h, ResetRewind, 0, 10, 41)
 	require.Equal(t, 1.0, counterValue(t, m.Resets.WithLabelValues("r1", "rewind")))
 }
 
@@ -74,16 +84,9 @@ func TestResumeRefusedWhenTheBatchDiffers(t *testing.T) {
 func TestResumeRefusedWhenTheEngineIsBehind(t *testing.T) {
 	p := newPublisher(t, testPublisherConfig())
 	n := publishN(t, p, 4, 42)
-	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
-	cfg.Resume = &ResumePoint{Seq: 7, EngineTS: 1e9} // the old engine's clock
-	h := &recorder{}
-	s := startSubscriber(t, cfg, h, nil, nil)
+	s, h := startResumed(t, p, ResumePoint{Seq: 7, EngineTS: 1e9}, nil) // the old engine's clock
 	n = publishMoreUntil(t, p, n, 42, func() bool { return liveReceived(s) && h.batches() > 0 })
-	require.Eventually(t, func() bool { q, ok := h.lastBatchSeq(); return ok && q == n-1 }, 5*time.Second, 5*time.Millisecond,
-		"records %v", h.snapshot())
-	recs := h.snapshot()
-	require.Equal(t, record{reset: ResetRewind}, recs[0], "records %v", recs)
-	requireContiguous(t, recs[1:], 0, n, 42)
+	requireResetThen(t, h, ResetRewind, 0, n, 42)
 }
 
 // TestResumeAcrossABufferThatMovedOn: the engine's buffer no longer holds
@@ -94,15 +97,8 @@ func TestResumeAcrossABufferThatMovedOn(t *testing.T) {
 	pc.BufferSteps = 5
 	p := newPublisher(t, pc)
 	publishN(t, p, 20, 43)
-	cfg := testSubscriberConfig(p.Addr(), p.ReplayAddr())
-	cfg.Resume = &ResumePoint{Seq: 5, EngineTS: 5}
-	h := &recorder{}
-	startSubscriber(t, cfg, h, nil, nil)
-	require.Eventually(t, func() bool { return h.batches() == 5 }, 5*time.Second, 5*time.Millisecond,
-		"records %v", h.snapshot())
-	recs := h.snapshot()
-	require.Equal(t, record{reset: ResetGapUnrecoverable}, recs[0], "records %v", recs)
-	requireContiguous(t, recs[1:], 15, 20, 43)
+	_, h := startResumed(t, p, ResumePoint{Seq: 5, EngineTS: 5}, nil)
+	requireResetThen(t, h, ResetGapUnrecoverable, 15, 20, 43)
 }
 
 // TestResumedFirstLiveBatchNotAboveIsRewind: live traffic arrives before

@@ -50,10 +50,14 @@ func TestPatchWaitsOutAnElection(t *testing.T) {
 	require.False(t, errors.Is(err, errNoLeader))
 	require.Equal(t, int32(1), calls.Load(), "a bad request is not sent again")
 
-	calls.Store(-1000) // refuse for longer than the caller waits
+	// No leader for longer than the caller waits: the wait ends with the
+	// caller's deadline, with the last refusal or, if the deadline cut an
+	// attempt short, with that (a busy machine decides which).
+	calls.Store(-1 << 20)
 	status.Store(http.StatusServiceUnavailable)
-	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	_, err = d.patchThroughElection(short, 0, []byte(`{"index_mode":"hybrid"}`))
-	require.ErrorIs(t, err, errNoLeader)
+	require.True(t, errors.Is(err, errNoLeader) || errors.Is(err, context.DeadlineExceeded), "%v", err)
+	require.Greater(t, calls.Load(), int32(-1<<20), "the write was tried")
 }

@@ -43,13 +43,13 @@ var wireErrors = []struct {
 
 // toStatus turns a package error into a gRPC status error carrying an
 // ErrorInfo reason. Unknown errors become codes.Internal; context errors
-// keep their codes.
+// keep their codes. The first sentinel of wireErrors that err wraps
+// decides, before any gRPC status err also wraps: "no quorum after 3s:
+// <the leader's answer: not the leader>" is a NO_QUORUM write, not the
+// inner NOT_LEADER, which would tell a client something else.
 func toStatus(err error) error {
 	if err == nil {
 		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
@@ -65,6 +65,9 @@ func toStatus(err error) error {
 			}
 			return st.Err()
 		}
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
 	}
 	return status.Error(codes.Internal, err.Error())
 }

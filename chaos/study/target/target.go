@@ -611,7 +611,7 @@ func (d *Deployment) config(ctx context.Context, gw int) (*config.RoutingConfig,
 // patch applies a merge patch to the routing config of the cluster
 // holding gateway gw.
 // errNoLeader marks a config write refused because the cluster has no raft
-// leader at the moment (admin HTTP 503 or gRPC NO_QUORUM).
+// leader at the moment (admin HTTP 503, gRPC NO_QUORUM or NOT_LEADER).
 var errNoLeader = errors.New("no raft leader")
 
 // patchThroughElection is patch, tried again every Poll while the cluster
@@ -642,7 +642,9 @@ func (d *Deployment) patch(ctx context.Context, gw int, patch []byte) (uint64, e
 		}
 		defer func() { _ = c.Close() }()
 		v, err := c.PatchConfig(ctx, patch, nil)
-		if errors.Is(err, config.ErrNoQuorum) {
+		if errors.Is(err, config.ErrNoQuorum) || errors.Is(err, config.ErrNotLeader) {
+			// (A gateway without sync/config's wire fix of this change
+			// reports such a write as NOT_LEADER.)
 			err = fmt.Errorf("%w: %w", errNoLeader, err)
 		}
 		return v, err

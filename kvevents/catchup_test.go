@@ -77,13 +77,7 @@ func TestRestartAfterCatchUpOnlyIsRewind(t *testing.T) {
 	pub := zmq4.NewPub(t.Context())
 	t.Cleanup(func() { _ = pub.Close() })
 	require.Eventually(t, func() bool { return pub.Listen(addr) == nil }, 5*time.Second, 10*time.Millisecond)
-	b := batchFor(0, 33)
-	payload, err := Encode(&b, EncodingMap)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(0), payload)))
-		return h.batches() > 5
-	}, 5*time.Second, 10*time.Millisecond)
+	sendRawUntil(t, pub, 0, batchFor(0, 33), 5*time.Second, func() bool { return h.batches() > 5 })
 	recs := h.snapshot()
 	requireContiguous(t, recs[:5], 0, 5, 32)
 	require.Equal(t, record{reset: ResetRewind}, recs[5], "records %v", recs)

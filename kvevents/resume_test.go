@@ -114,13 +114,7 @@ func TestResumedFirstLiveBatchNotAboveIsRewind(t *testing.T) {
 	cfg.Resume = &ResumePoint{Seq: 5, EngineTS: 5}
 	h := &recorder{}
 	startSubscriber(t, cfg, h, nil, nil)
-	b := batchFor(2, 44)
-	payload, err := Encode(&b, EncodingMap)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(2), payload)))
-		return h.batches() > 0
-	}, 5*time.Second, 10*time.Millisecond)
+	sendRawUntil(t, pub, 2, batchFor(2, 44), 5*time.Second, func() bool { return h.batches() > 0 })
 	recs := h.snapshot()
 	require.Equal(t, record{reset: ResetRewind}, recs[0], "records %v", recs)
 	require.Equal(t, record{seq: 2, hash: hashFor(2, 44), events: 1}, recs[1])
@@ -169,14 +163,10 @@ func TestRestartPastTheLastSeqIsRewind(t *testing.T) {
 	pub := zmq4.NewPub(t.Context())
 	t.Cleanup(func() { _ = pub.Close() })
 	require.Eventually(t, func() bool { return pub.Listen(pubAddr) == nil }, 5*time.Second, 10*time.Millisecond)
-	next := restarted(n + 5)
-	payload, err := Encode(&next, EncodingMap)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(n+5), payload)))
+	sendRawUntil(t, pub, n+5, restarted(n+5), 10*time.Second, func() bool {
 		q, ok := h.lastBatchSeq()
 		return ok && q == n+5
-	}, 10*time.Second, 10*time.Millisecond, "records %v", h.snapshot())
+	}, "records %v", h.snapshot())
 
 	recs := h.snapshot()
 	requireContiguous(t, recs[:n], 0, n, 50)

@@ -192,6 +192,19 @@ func publishUntil(t *testing.T, p *Publisher, gen int, cond func() bool) Seq {
 	return n
 }
 
+// sendRawUntil encodes b and sends it as seq from a raw PUB socket every
+// 10 ms until cond holds (ZMQ's slow joiner loses what is sent before the
+// subscription arrives); the test fails if cond does not hold within wait.
+func sendRawUntil(t *testing.T, pub zmq4.Socket, seq Seq, b Batch, wait time.Duration, cond func() bool, msgAndArgs ...any) {
+	t.Helper()
+	payload, err := Encode(&b, EncodingMap)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		require.NoError(t, pub.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(seq), payload)))
+		return cond()
+	}, wait, 10*time.Millisecond, msgAndArgs...)
+}
+
 func waitFor(d time.Duration, cond func() bool) {
 	deadline := time.Now().Add(d)
 	for !cond() && time.Now().Before(deadline) {
@@ -580,21 +593,13 @@ func TestRewindToSameSeqOnNewConnection(t *testing.T) {
 	h := &recorder{}
 	startSubscriber(t, testSubscriberConfig(addr, ""), h, nil, nil)
 	b := batchFor(0, 13)
-	payload, err := Encode(&b, EncodingMap)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		require.NoError(t, pub1.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(0), payload)))
-		return h.batches() > 0
-	}, 5*time.Second, 10*time.Millisecond)
+	sendRawUntil(t, pub1, 0, b, 5*time.Second, func() bool { return h.batches() > 0 })
 	require.NoError(t, pub1.Close())
 
 	pub2 := zmq4.NewPub(ctx)
 	defer pub2.Close()
 	require.Eventually(t, func() bool { return pub2.Listen(addr) == nil }, 5*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool {
-		require.NoError(t, pub2.SendMulti(zmq4.NewMsgFrom([]byte{}, seqBytes(0), payload)))
-		return h.batches() > 1
-	}, 5*time.Second, 10*time.Millisecond)
+	sendRawUntil(t, pub2, 0, b, 5*time.Second, func() bool { return h.batches() > 1 })
 	recs := h.snapshot()
 	require.Equal(t, []record{{seq: 0, hash: hashFor(0, 13), events: 1}, {reset: ResetRewind}, {seq: 0, hash: hashFor(0, 13), events: 1}}, recs[:3])
 }

@@ -608,8 +608,6 @@ func (d *Deployment) config(ctx context.Context, gw int) (*config.RoutingConfig,
 	return v.Config, nil
 }
 
-// patch applies a merge patch to the routing config of the cluster
-// holding gateway gw.
 // errNoLeader marks a config write refused because the cluster has no raft
 // leader at the moment (admin HTTP 503, gRPC NO_QUORUM or NOT_LEADER).
 var errNoLeader = errors.New("no raft leader")
@@ -634,6 +632,8 @@ func (d *Deployment) patchThroughElection(ctx context.Context, gw int, patch []b
 	}
 }
 
+// patch applies a merge patch to the routing config of the cluster
+// holding gateway gw.
 func (d *Deployment) patch(ctx context.Context, gw int, patch []byte) (uint64, error) {
 	if d.cfg.AdminAddr != "" {
 		c, err := config.Dial(d.cfg.AdminAddr, config.ClientOptions{Token: d.cfg.AdminToken})

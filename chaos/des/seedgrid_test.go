@@ -22,16 +22,16 @@ import (
 // $DES_SEEDGRID_OUT set it also writes the tables there as beatit.md.
 // It asserts nothing about the verdicts: it is the measurement a cost
 // model change is judged by, on several seeds at once, in a few seconds
-// per seed. A last table sums each row over the seeds: cost's passes
-// minus the best baseline's, and how many seeds miss it and on which
-// rule. The misses alone hide how far ahead cost is where it meets and how
-// far behind where it misses: over seeds 1..30, 27 of 240 rows miss while
-// cost's summed margin is positive in every row that is not a tie (the
-// cold rows' misses are among seeds where the baseline's layout happened
-// to suit that arrival sequence) (the same grid as `kvbench --engine des --replicas 2
+// per seed (the same grid as `kvbench --engine des --replicas 2
 // --gateways 1 --scenarios cold,warm,hot50,hot90 --strategies
 // random,least-request,prefix-cache,cost --modes history,hybrid --rounds
 // 2 --arrivals 96 --rps 1.6 --seed N`).
+//
+// A last table sums each row over the seeds: cost's passes minus the best
+// baseline's, and how many seeds miss the row and on which rule. The
+// misses alone hide how far ahead cost is where it meets and how far
+// behind where it misses. Over seeds 1..30, 27 of 240 rows miss, while
+// cost's summed margin is positive in every row but warm's, which tie.
 // Run: DES_SEEDGRID=102,7,11,23,42 go test -run TestSeedGridBeatIt -v ./chaos/des
 func TestSeedGridBeatIt(t *testing.T) {
 	seeds := os.Getenv("DES_SEEDGRID")

@@ -81,11 +81,11 @@ func beatMisses(tb study.Table) []string {
 	return miss
 }
 
-// beatSums sums beat-it rows over seeds, by row ("scenario / round"), in
-// the order the rows first appear.
+// beatSums sums beat-it rows over seeds, by row (scenario / round and
+// cell), in the order the rows first appear.
 type beatSums struct {
-	order []string
-	rows  map[string]*beatSum
+	order [][2]string
+	rows  map[[2]string]*beatSum
 }
 
 type beatSum struct {
@@ -96,18 +96,19 @@ type beatSum struct {
 // add folds one seed's beat-it table in.
 func (s *beatSums) add(tb study.Table) error {
 	if s.rows == nil {
-		s.rows = map[string]*beatSum{}
+		s.rows = map[[2]string]*beatSum{}
 	}
 	for _, r := range tb.Rows {
 		var cost, best int
 		if _, err := fmt.Sscanf(r[2], "%d | %d", &cost, &best); err != nil {
 			return fmt.Errorf("row %q: pass column %q: %w", r[0], r[2], err)
 		}
-		b := s.rows[r[0]]
+		k := [2]string{r[0], r[1]}
+		b := s.rows[k]
 		if b == nil {
 			b = &beatSum{}
-			s.rows[r[0]] = b
-			s.order = append(s.order, r[0])
+			s.rows[k] = b
+			s.order = append(s.order, k)
 		}
 		b.seeds++
 		b.margin += cost - best
@@ -128,11 +129,11 @@ func (s *beatSums) add(tb study.Table) error {
 func (s *beatSums) table(seeds string) study.Table {
 	t := study.Table{
 		Title:  "Beat-it rows summed over seeds " + seeds,
-		Header: []string{"scenario / round", "seeds", "cost − best(LR,PC) passes: sum (mean)", "seeds missing", "on pass", "on hit rate"},
+		Header: []string{"scenario / round", "cell", "seeds", "cost − best(LR,PC) passes: sum (mean)", "seeds missing", "on pass", "on hit rate"},
 	}
 	for _, k := range s.order {
 		b := s.rows[k]
-		t.Rows = append(t.Rows, []string{k, strconv.Itoa(b.seeds),
+		t.Rows = append(t.Rows, []string{k[0], k[1], strconv.Itoa(b.seeds),
 			fmt.Sprintf("%+d (%+.1f)", b.margin, float64(b.margin)/float64(b.seeds)),
 			strconv.Itoa(b.miss), strconv.Itoa(b.onPass), strconv.Itoa(b.onHit)})
 	}

@@ -844,8 +844,16 @@ func TestCostObservationCountsContentEventsOnly(t *testing.T) {
 	e := newFakeEngine(t, "a")
 	e.chunks.Store(5)
 	e.chunkDelay.Store(int64(2 * time.Millisecond))
-	e.tailDelay.Store(int64(150 * time.Millisecond))
-	n := startNode(t, nil, rc("a", e.url()))
+	// The usage event and [DONE] each come tail after the content. A TPOT
+	// that spanned them would be at least 2·tail over the 4 gaps; the
+	// content events' own 2 ms gaps stretched to 61 ms each once under
+	// -race with three CI runs at once, so tail keeps the two apart. The
+	// model clips a sample to 4× its current step (Model.Observe): a prior
+	// of 0.2 s lets the tail's 0.3 s through, where the default 0.03 s
+	// would clip it to 0.12 s, below the bound asserted.
+	const tail = 600 * time.Millisecond
+	e.tailDelay.Store(int64(tail))
+	n := startNode(t, func(c *Config) { c.Route.Cost.PriorDecodeStepSeconds = 0.2 }, rc("a", e.url()))
 	tbl := n.tbl.Load()
 	r := tbl.byName["a"]
 	m := tbl.pools[0].set.Model()
@@ -862,7 +870,8 @@ func TestCostObservationCountsContentEventsOnly(t *testing.T) {
 	outSample := prior.OutputTokens + (got.OutputTokens-prior.OutputTokens)/alpha
 	assert.InDelta(t, 5, outSample, 1e-6, "completion_tokens of the usage event, not the event count")
 	stepSample := prior.DecodeStepSeconds + (got.DecodeStepSeconds-prior.DecodeStepSeconds)/alpha
-	assert.Less(t, stepSample, 0.05, "TPOT spans the content events (2 ms apart), not the 2×150 ms tail")
+	withTail := (2 * tail / 4).Seconds()
+	assert.Less(t, stepSample, withTail/2, "TPOT spans the content events (2 ms apart), not the 2×%s tail", tail)
 }
 
 // The cost model learns prefill speed from the prefill the engine ran:

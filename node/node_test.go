@@ -841,11 +841,12 @@ func TestReadAllSized(t *testing.T) {
 // [DONE] are not output tokens (the count comes from usage.completion_tokens),
 // and the time until they arrive is not decode time.
 func TestCostObservationCountsContentEventsOnly(t *testing.T) {
+	const chunks = 5 // content events, as many as max_tokens below
 	e := newFakeEngine(t, "a")
-	e.chunks.Store(5)
+	e.chunks.Store(chunks)
 	e.chunkDelay.Store(int64(2 * time.Millisecond))
 	// The usage event and [DONE] each come tail after the content. A TPOT
-	// that spanned them would be at least 2·tail over the 4 gaps; the
+	// that spanned them would be at least 2·tail over the chunks−1 gaps; the
 	// content events' own 2 ms gaps stretched to 61 ms each once under
 	// -race with three CI runs at once, so tail keeps the two apart. The
 	// model clips a sample to 4× its current step (Model.Observe): a prior
@@ -870,7 +871,7 @@ func TestCostObservationCountsContentEventsOnly(t *testing.T) {
 	outSample := prior.OutputTokens + (got.OutputTokens-prior.OutputTokens)/alpha
 	assert.InDelta(t, 5, outSample, 1e-6, "completion_tokens of the usage event, not the event count")
 	stepSample := prior.DecodeStepSeconds + (got.DecodeStepSeconds-prior.DecodeStepSeconds)/alpha
-	withTail := (2 * tail / 4).Seconds()
+	withTail := (2 * tail / (chunks - 1)).Seconds()
 	assert.Less(t, stepSample, withTail/2, "TPOT spans the content events (2 ms apart), not the 2×%s tail", tail)
 }
 

@@ -81,7 +81,9 @@ back. Every answer is checked byte for byte against the engine's stream.
 It reports TTFB (request sent to first body byte) and inter-chunk gap
 percentiles, both also as added over direct, CPU seconds per 1,000 requests
 of the nginx processes and of kvmesh read from /proc around their blocks,
-and uptime before and after. --strace adds one block per proxy under
+and uptime before and after; for the figures issue 21 compares, also their
+5th–95th percentile over resamples of the rounds (how much they move with
+the rounds that happened to run). --strace adds one block per proxy under
 strace -c -f and reports syscalls per 1,000 requests (untimed).
 
 kvmesh is built from ./cmd/kvmesh unless --kvmesh names a binary; nginx is
@@ -592,12 +594,13 @@ type proxyRow struct {
 
 // proxyReport is a whole run.
 type proxyReport struct {
-	UptimeBefore string     `json:"uptime_before"`
-	UptimeAfter  string     `json:"uptime_after"`
-	Options      string     `json:"options"`
-	NginxMissing string     `json:"nginx_missing,omitempty"`
-	Rows         []proxyRow `json:"rows"`
-	Syscalls     []string   `json:"syscalls,omitempty"` // strace -c tables
+	UptimeBefore string       `json:"uptime_before"`
+	UptimeAfter  string       `json:"uptime_after"`
+	Options      string       `json:"options"`
+	NginxMissing string       `json:"nginx_missing,omitempty"`
+	Rows         []proxyRow   `json:"rows"`
+	Syscalls     []string     `json:"syscalls,omitempty"` // strace -c tables
+	Bands        []proxyBands `json:"bands"`
 }
 
 func uptime() string {
@@ -729,6 +732,7 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 
 	for _, conc := range o.streams {
 		acc := map[string]*sample{}
+		byRound := map[string][]blockTimes{}
 		stagger := streamDur / time.Duration(conc)
 		for r := 0; r < o.rounds; r++ {
 			for i := range targets {
@@ -737,6 +741,7 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
 				}
+				byRound[t.name] = append(byRound[t.name], blockTimes{ttfb: s.ttfb, gaps: s.gaps})
 				a := acc[t.name]
 				if a == nil {
 					a = &sample{}
@@ -780,6 +785,7 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 			}
 			rep.Rows = append(rep.Rows, row)
 		}
+		rep.Bands = append(rep.Bands, roundBands(conc, byRound, bandResamples))
 	}
 
 	if o.strace {
@@ -937,6 +943,9 @@ func (r *proxyReport) write(w io.Writer) {
 				k.CPUPer1000s, ng.CPUPer1000s, verdict(k.CPUPer1000s <= 2*ng.CPUPer1000s))
 		}
 		fmt.Fprintf(w, "%d streams: kvmesh added inter-chunk gap p99 %.2f ms <= 0.2: %s\n", s, k.AddedGapP99, verdict(k.AddedGapP99 <= 0.2))
+	}
+	for _, b := range r.Bands {
+		b.write(w)
 	}
 	for _, t := range r.Syscalls {
 		fmt.Fprintf(w, "\nstrace -c -f, %s\n", t)

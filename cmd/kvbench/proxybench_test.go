@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -69,4 +71,115 @@ func TestProxybenchPercentile(t *testing.T) {
 	assert.Equal(t, time.Duration(30), pct(d, .5))
 	assert.Equal(t, time.Duration(50), pct(d, 1))
 	assert.Equal(t, time.Duration(0), pct(nil, .5))
+}
+
+// blocksOf builds one target's blocks: block r has TTFBs base+r·step+i µs
+// for i in 0..n−1, and gaps of gapBase ms plus the same offsets.
+func blocksOf(rounds, n int, base, step, gapBase time.Duration) []blockTimes {
+	out := make([]blockTimes, rounds)
+	for r := range out {
+		for i := 0; i < n; i++ {
+			d := base + time.Duration(r)*step + time.Duration(i)*time.Microsecond
+			out[r].ttfb = append(out[r].ttfb, d)
+			out[r].gaps = append(out[r].gaps, gapBase+d)
+		}
+	}
+	return out
+}
+
+func bandOf(t *testing.T, b proxyBands, figure string) band {
+	t.Helper()
+	for _, x := range b.Bands {
+		if x.Figure == figure {
+			return x
+		}
+	}
+	t.Fatalf("no band %q in %+v", figure, b)
+	return band{}
+}
+
+func TestProxybenchBandsShiftWithoutNoise(t *testing.T) {
+	// kvmesh is nginx plus exactly 1 ms in every round: whichever rounds a
+	// resample draws, the difference is 1 ms, so the band is a point.
+	byRound := map[string][]blockTimes{
+		targetDirect: blocksOf(4, 100, time.Millisecond, 0, 20*time.Millisecond),
+		targetNginx:  blocksOf(4, 100, 2*time.Millisecond, 0, 20*time.Millisecond),
+		targetKvmesh: blocksOf(4, 100, 3*time.Millisecond, 0, 20*time.Millisecond),
+	}
+	b := roundBands(20, byRound, 50)
+	assert.Equal(t, 4, b.Rounds)
+	assert.Len(t, b.Bands, len(bandFigures))
+	for _, f := range []string{"kvmesh − nginx, TTFB p50", "kvmesh − nginx, TTFB p99"} {
+		x := bandOf(t, b, f)
+		assert.InDelta(t, 1, x.Value, 1e-9, f)
+		assert.InDelta(t, 1, x.Lo, 1e-9, f)
+		assert.InDelta(t, 1, x.Hi, 1e-9, f)
+	}
+	x := bandOf(t, b, "kvmesh added gap p99")
+	assert.InDelta(t, 2, x.Value, 1e-9)
+	assert.InDelta(t, 2, x.Lo, 1e-9)
+	assert.InDelta(t, 2, x.Hi, 1e-9)
+}
+
+func TestProxybenchBandsWidenWithRoundNoise(t *testing.T) {
+	// kvmesh's rounds differ by 2 ms each (a machine whose load changes
+	// between rounds), nginx's do not: the TTFB bands must cover more than
+	// one round's worth of that drift, and contain the all-rounds figure.
+	byRound := map[string][]blockTimes{
+		targetDirect: blocksOf(6, 200, time.Millisecond, 0, 20*time.Millisecond),
+		targetNginx:  blocksOf(6, 200, 2*time.Millisecond, 0, 20*time.Millisecond),
+		targetKvmesh: blocksOf(6, 200, 2*time.Millisecond, 2*time.Millisecond, 20*time.Millisecond),
+	}
+	b := roundBands(200, byRound, bandResamples)
+	for _, f := range []string{"kvmesh − nginx, TTFB p50", "kvmesh − nginx, TTFB p99", "kvmesh added gap p99"} {
+		x := bandOf(t, b, f)
+		assert.Greater(t, x.Hi-x.Lo, 2.0, f)
+		assert.LessOrEqual(t, x.Lo, x.Value, f)
+		assert.GreaterOrEqual(t, x.Hi, x.Value, f)
+	}
+	// nginx's own gap is steady: a point band.
+	x := bandOf(t, b, "nginx added gap p99")
+	assert.InDelta(t, x.Lo, x.Hi, 1e-9)
+	// The same blocks give the same bands.
+	assert.Equal(t, b, roundBands(200, byRound, bandResamples))
+}
+
+func TestProxybenchBandsWithoutNginx(t *testing.T) {
+	byRound := map[string][]blockTimes{
+		targetDirect: blocksOf(3, 10, time.Millisecond, 0, 20*time.Millisecond),
+		targetKvmesh: blocksOf(3, 10, 2*time.Millisecond, 0, 20*time.Millisecond),
+	}
+	b := roundBands(20, byRound, 20)
+	require.Len(t, b.Bands, 1)
+	assert.Equal(t, "kvmesh added gap p99", b.Bands[0].Figure)
+	var out strings.Builder
+	b.write(&out)
+	assert.Contains(t, out.String(), "20 streams, 5th–95th percentile over 20 resamples of the 3 rounds: kvmesh added gap p99 +1.00 ms [+1.00, +1.00]")
+	assert.Empty(t, roundBands(20, map[string][]blockTimes{targetDirect: byRound[targetDirect]}, 20).Bands)
+}
+
+// TestProxybenchPooledPercentile: pooledPct is pct of the multiset it
+// stands for, whatever the multiplicities and ties.
+func TestProxybenchPooledPercentile(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 21))
+	for trial := 0; trial < 200; trial++ {
+		rounds := 1 + rng.IntN(5)
+		blocks := make([][]time.Duration, rounds)
+		times := make([]int, rounds)
+		var pooled []time.Duration
+		for r := range blocks {
+			for range rng.IntN(30) {
+				blocks[r] = append(blocks[r], time.Duration(rng.IntN(50))) // ties
+			}
+			slices.Sort(blocks[r])
+			times[r] = rng.IntN(3)
+			for range times[r] {
+				pooled = append(pooled, blocks[r]...)
+			}
+		}
+		slices.Sort(pooled)
+		for _, p := range []float64{0, .05, .5, .9, .99, 1} {
+			require.Equal(t, pct(pooled, p), pooledPct(blocks, times, p), "trial %d p %v blocks %v times %v", trial, p, blocks, times)
+		}
+	}
 }

@@ -279,6 +279,7 @@ func TestTLSCluster(t *testing.T) {
 	cli, err := files.ClientConfig()
 	require.NoError(t, err)
 	c := &testCluster{expect: 3, grpcTLS: files, tune: func(sc *StoreConfig) {
+		steadyRaft(sc) // the write must commit in one go
 		sc.RaftTLS = files
 		sc.Forward.TLS = cli
 	}}

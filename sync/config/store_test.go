@@ -16,7 +16,7 @@ import (
 )
 
 func TestWriteViaFollowerReachesAll(t *testing.T) {
-	c := newCluster(t, 3, 3, false, nil)
+	c := newCluster(t, 3, 3, false, steadyRaft) // each write must commit in one go
 	c.waitLeader(10 * time.Second)
 
 	var mu sync.Mutex
@@ -294,7 +294,7 @@ func TestInvalidConfigRejected(t *testing.T) {
 }
 
 func TestDeadVoterReplacedAndLateJoiner(t *testing.T) {
-	c := newCluster(t, 4, 3, false, nil)
+	c := newCluster(t, 4, 3, false, steadyRaft) // one leader throughout; it kills a follower
 	leader := c.waitLeader(10 * time.Second)
 	voters := func(nd *testNode) (v, nv int) {
 		f := nd.store.raft.GetConfiguration()

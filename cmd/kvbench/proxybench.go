@@ -34,7 +34,8 @@ type proxyOpts struct {
 	prompt    int
 	kvmesh    string
 	baseline  string
-	procs     int // GOMAXPROCS for the kvmesh target (0: the runtime's default)
+	goFloor   bool // also measure the Go floor (proxybench_goproxy.go)
+	procs     int  // GOMAXPROCS for the kvmesh target (0: the runtime's default)
 	nginx     string
 	strategy  string
 	indexMode string
@@ -58,6 +59,8 @@ const (
 	targetKvmesh = "kvmesh"
 	// targetBaseline is a second kvmesh binary (--baseline-kvmesh).
 	targetBaseline = "kvmesh-baseline"
+	// targetGoFloor is httputil.ReverseProxy alone (--go-floor).
+	targetGoFloor = "go-floor"
 )
 
 func newProxybenchCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -118,6 +121,7 @@ missing and allowed, and left out (with a message) when it cannot be.`,
 	f.IntVar(&o.prompt, "prompt", o.prompt, "prompt bytes")
 	f.StringVar(&o.kvmesh, "kvmesh", "", "kvmesh binary (default: go build ./cmd/kvmesh into a temp dir)")
 	f.StringVar(&o.baseline, "baseline-kvmesh", "", "a second kvmesh binary (e.g. built from main) measured in the same run as target kvmesh-baseline")
+	f.BoolVar(&o.goFloor, "go-floor", false, "also measure target go-floor: net/http/httputil.ReverseProxy alone over the same engines (what any Go proxy costs on these cores)")
 	f.IntVar(&o.procs, "kvmesh-gomaxprocs", 0, "GOMAXPROCS for the kvmesh target only (0: Go's default, one per core)")
 	f.StringVar(&o.nginx, "nginx", "", "nginx binary (default: nginx from PATH or /usr/sbin/nginx)")
 	f.BoolVar(&o.noInstall, "no-install", false, "do not apt-get install nginx-light when nginx is missing")
@@ -157,11 +161,18 @@ func (p *proc) stop() {
 
 // startEngine starts one engine process and returns it with its address.
 func startEngine(ctx context.Context, o proxyOpts) (*proc, string, error) {
+	return startChild(ctx, "engine", "proxybench-engine", "--tokens", strconv.Itoa(o.tokens), "--gap", o.gap.String())
+}
+
+// startChild starts this binary's hidden subcommand args[0] with the rest
+// of args, which prints "listening ADDR" and serves until its stdin
+// closes; it returns the process and ADDR.
+func startChild(ctx context.Context, name string, args ...string) (*proc, string, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, "", err
 	}
-	cmd := exec.CommandContext(ctx, self, "proxybench-engine", "--tokens", strconv.Itoa(o.tokens), "--gap", o.gap.String())
+	cmd := exec.CommandContext(ctx, self, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, "", err
@@ -174,12 +185,13 @@ func startEngine(ctx context.Context, o proxyOpts) (*proc, string, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, "", err
 	}
-	p := &proc{name: "engine", cmd: cmd, stdin: stdin}
+	p := &proc{name: name, cmd: cmd, stdin: stdin}
+	p.pids = func() []int { return []int{cmd.Process.Pid} }
 	line, err := bufio.NewReader(out).ReadString('\n')
 	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
 	if err != nil || !ok {
 		p.stop()
-		return nil, "", fmt.Errorf("engine did not start: %q %v", line, err)
+		return nil, "", fmt.Errorf("%s did not start: %q %v", name, line, err)
 	}
 	go func() { _, _ = io.Copy(io.Discard, out) }()
 	return p, addr, nil
@@ -625,8 +637,8 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	rep := &proxyReport{UptimeBefore: uptime(), Options: fmt.Sprintf("streams=%v per-worker=%d rounds=%d tokens=%d gap=%s prompt=%dB strategy=%s index-mode=%s kvmesh-gomaxprocs=%d baseline=%q",
-		o.streams, o.perWorker, o.rounds, o.tokens, o.gap, o.prompt, o.strategy, o.indexMode, o.procs, o.baseline)}
+	rep := &proxyReport{UptimeBefore: uptime(), Options: fmt.Sprintf("streams=%v per-worker=%d rounds=%d tokens=%d gap=%s prompt=%dB strategy=%s index-mode=%s kvmesh-gomaxprocs=%d baseline=%q go-floor=%t",
+		o.streams, o.perWorker, o.rounds, o.tokens, o.gap, o.prompt, o.strategy, o.indexMode, o.procs, o.baseline, o.goFloor)}
 
 	kvBin := o.kvmesh
 	if kvBin == "" {
@@ -693,6 +705,19 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 			return nil, fmt.Errorf("nginx: %w\n%s", err, b)
 		}
 		targets = append(targets, &target{name: targetNginx, urls: []string{url + "/v1/completions"}, client: newClient(), proc: p})
+	}
+
+	if o.goFloor {
+		args := []string{"proxybench-gofloor"}
+		for _, e := range engines {
+			args = append(args, "--upstream", "http://"+e)
+		}
+		p, addr, err := startChild(ctx, targetGoFloor, args...)
+		if err != nil {
+			return nil, err
+		}
+		procs = append(procs, p)
+		targets = append(targets, &target{name: targetGoFloor, urls: []string{"http://" + addr + "/v1/completions"}, client: newClient(), proc: p})
 	}
 
 	for _, k := range []struct{ name, bin string }{{targetKvmesh, kvBin}, {targetBaseline, o.baseline}} {

@@ -126,7 +126,8 @@ func pooledPct(blocks [][]time.Duration, times []int, p float64) time.Duration {
 
 // bandFigures are the figures issue 21's acceptance compares: kvmesh's
 // added TTFB against nginx's (the direct TTFB cancels out of the
-// difference) and kvmesh's and nginx's added inter-chunk gap p99.
+// difference) and kvmesh's and nginx's added inter-chunk gap p99; with
+// the Go floor measured, the same against it.
 var bandFigures = []bandFigure{
 	{"kvmesh − nginx, TTFB p50", []string{targetKvmesh, targetNginx}, func(d *drawn) float64 {
 		return ms(d.ttfb(targetKvmesh, .5) - d.ttfb(targetNginx, .5))
@@ -139,6 +140,16 @@ var bandFigures = []bandFigure{
 	}},
 	{"nginx added gap p99", []string{targetNginx, targetDirect}, func(d *drawn) float64 {
 		return ms(d.gap(targetNginx, .99) - d.gap(targetDirect, .99))
+	}},
+	// With --go-floor: kvmesh against the least a Go proxy costs.
+	{"kvmesh − go-floor, TTFB p50", []string{targetKvmesh, targetGoFloor}, func(d *drawn) float64 {
+		return ms(d.ttfb(targetKvmesh, .5) - d.ttfb(targetGoFloor, .5))
+	}},
+	{"kvmesh − go-floor, TTFB p99", []string{targetKvmesh, targetGoFloor}, func(d *drawn) float64 {
+		return ms(d.ttfb(targetKvmesh, .99) - d.ttfb(targetGoFloor, .99))
+	}},
+	{"go-floor added gap p99", []string{targetGoFloor, targetDirect}, func(d *drawn) float64 {
+		return ms(d.gap(targetGoFloor, .99) - d.gap(targetDirect, .99))
 	}},
 }
 

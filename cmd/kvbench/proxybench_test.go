@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,7 +111,7 @@ func TestProxybenchBandsShiftWithoutNoise(t *testing.T) {
 	}
 	b := roundBands(20, byRound, 50)
 	assert.Equal(t, 4, b.Rounds)
-	assert.Len(t, b.Bands, len(bandFigures))
+	assert.Len(t, b.Bands, 4, "the go-floor figures need its blocks")
 	for _, f := range []string{"kvmesh − nginx, TTFB p50", "kvmesh − nginx, TTFB p99"} {
 		x := bandOf(t, b, f)
 		assert.InDelta(t, 1, x.Value, 1e-9, f)
@@ -182,4 +185,58 @@ func TestProxybenchPooledPercentile(t *testing.T) {
 			require.Equal(t, pct(pooled, p), pooledPct(blocks, times, p), "trial %d p %v blocks %v times %v", trial, p, blocks, times)
 		}
 	}
+}
+
+// TestProxybenchGoFloor: the Go floor relays each chunk as the engine
+// sends it (the engine holds its second chunk until the client has read
+// the first through the proxy) and alternates between the engines.
+func TestProxybenchGoFloor(t *testing.T) {
+	var hits [2]atomic.Int32
+	release := make(chan struct{})
+	engine := func(i int) *httptest.Server {
+		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hits[i].Add(1)
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: one\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+			_, _ = io.WriteString(w, "data: [DONE]\n\n")
+		}))
+	}
+	e0, e1 := engine(0), engine(1)
+	defer e0.Close()
+	defer e1.Close()
+	var ups []*url.URL
+	for _, e := range []*httptest.Server{e0, e1} {
+		u, err := url.Parse(e.URL)
+		require.NoError(t, err)
+		ups = append(ups, u)
+	}
+	proxy := httptest.NewServer(goFloorProxy(ups))
+	defer proxy.Close()
+
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, proxy.URL+"/v1/completions", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		first := make([]byte, len("data: one\n\n"))
+		_, err = io.ReadFull(resp.Body, first)
+		require.NoError(t, err, "the first chunk arrives while the engine holds the second")
+		assert.Equal(t, "data: one\n\n", string(first))
+		release <- struct{}{}
+		rest, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, "data: [DONE]\n\n", string(rest))
+		resp.Body.Close()
+		cancel()
+	}
+	assert.Equal(t, int32(1), hits[0].Load())
+	assert.Equal(t, int32(1), hits[1].Load())
 }

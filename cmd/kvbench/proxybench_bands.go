@@ -129,28 +129,28 @@ func pooledPct(blocks [][]time.Duration, times []int, p float64) time.Duration {
 // difference) and kvmesh's and nginx's added inter-chunk gap p99; with
 // the Go floor measured, the same against it.
 var bandFigures = []bandFigure{
-	{"kvmesh − nginx, TTFB p50", []string{targetKvmesh, targetNginx}, func(d *drawn) float64 {
-		return ms(d.ttfb(targetKvmesh, .5) - d.ttfb(targetNginx, .5))
-	}},
-	{"kvmesh − nginx, TTFB p99", []string{targetKvmesh, targetNginx}, func(d *drawn) float64 {
-		return ms(d.ttfb(targetKvmesh, .99) - d.ttfb(targetNginx, .99))
-	}},
-	{"kvmesh added gap p99", []string{targetKvmesh, targetDirect}, func(d *drawn) float64 {
-		return ms(d.gap(targetKvmesh, .99) - d.gap(targetDirect, .99))
-	}},
-	{"nginx added gap p99", []string{targetNginx, targetDirect}, func(d *drawn) float64 {
-		return ms(d.gap(targetNginx, .99) - d.gap(targetDirect, .99))
-	}},
+	ttfbDiff(targetKvmesh, targetNginx, .5),
+	ttfbDiff(targetKvmesh, targetNginx, .99),
+	addedGap(targetKvmesh),
+	addedGap(targetNginx),
 	// With --go-floor: kvmesh against the least a Go proxy costs.
-	{"kvmesh − go-floor, TTFB p50", []string{targetKvmesh, targetGoFloor}, func(d *drawn) float64 {
-		return ms(d.ttfb(targetKvmesh, .5) - d.ttfb(targetGoFloor, .5))
-	}},
-	{"kvmesh − go-floor, TTFB p99", []string{targetKvmesh, targetGoFloor}, func(d *drawn) float64 {
-		return ms(d.ttfb(targetKvmesh, .99) - d.ttfb(targetGoFloor, .99))
-	}},
-	{"go-floor added gap p99", []string{targetGoFloor, targetDirect}, func(d *drawn) float64 {
-		return ms(d.gap(targetGoFloor, .99) - d.gap(targetDirect, .99))
-	}},
+	ttfbDiff(targetKvmesh, targetGoFloor, .5),
+	ttfbDiff(targetKvmesh, targetGoFloor, .99),
+	addedGap(targetGoFloor),
+}
+
+// ttfbDiff is a's TTFB p-quantile minus b's.
+func ttfbDiff(a, b string, p float64) bandFigure {
+	return bandFigure{fmt.Sprintf("%s − %s, TTFB p%.0f", a, b, p*100), []string{a, b}, func(d *drawn) float64 {
+		return ms(d.ttfb(a, p) - d.ttfb(b, p))
+	}}
+}
+
+// addedGap is t's inter-chunk gap p99 over direct's.
+func addedGap(t string) bandFigure {
+	return bandFigure{t + " added gap p99", []string{t, targetDirect}, func(d *drawn) float64 {
+		return ms(d.gap(t, .99) - d.gap(targetDirect, .99))
+	}}
 }
 
 // roundBands computes the bands of one stream count from each target's

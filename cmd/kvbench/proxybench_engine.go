@@ -89,26 +89,7 @@ func newProxybenchEngineCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				return err
-			}
-			srv := &http.Server{Handler: &benchEngine{chunks: benchStream(tokens), gap: gap}, ReadHeaderTimeout: 10 * time.Second}
-			fmt.Fprintf(cmd.OutOrStdout(), "listening %s\n", ln.Addr())
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			go func() {
-				_, _ = io.Copy(io.Discard, cmd.InOrStdin())
-				cancel()
-			}()
-			go func() {
-				<-ctx.Done()
-				_ = srv.Close()
-			}()
-			if err := srv.Serve(ln); err != http.ErrServerClosed {
-				return err
-			}
-			return nil
+			return serveChild(cmd, addr, &benchEngine{chunks: benchStream(tokens), gap: gap})
 		},
 	}
 	f := cmd.Flags()
@@ -116,4 +97,30 @@ func newProxybenchEngineCmd() *cobra.Command {
 	f.IntVar(&tokens, "tokens", 8, "content events per answer")
 	f.DurationVar(&gap, "gap", 20*time.Millisecond, "pause between chunks")
 	return cmd
+}
+
+// serveChild serves h on addr for a hidden proxybench subcommand: it
+// prints "listening ADDR" (what startChild waits for) and serves until
+// its stdin closes (startChild's proc.stop) or the command's context ends.
+func serveChild(cmd *cobra.Command, addr string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(cmd.OutOrStdout(), "listening %s\n", ln.Addr())
+	ctx, cancel := context.WithCancel(cmd.Context())
+	defer cancel()
+	go func() {
+		_, _ = io.Copy(io.Discard, cmd.InOrStdin())
+		cancel()
+	}()
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	if err := srv.Serve(ln); err != http.ErrServerClosed {
+		return err
+	}
+	return nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -85,26 +84,7 @@ func newProxybenchGoFloorCmd() *cobra.Command {
 				}
 				engines = append(engines, p)
 			}
-			ln, err := net.Listen("tcp", addr)
-			if err != nil {
-				return err
-			}
-			srv := &http.Server{Handler: goFloorProxy(engines), ReadHeaderTimeout: 10 * time.Second}
-			fmt.Fprintf(cmd.OutOrStdout(), "listening %s\n", ln.Addr())
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			go func() { // stdin closes when proxybench stops us
-				_, _ = io.Copy(io.Discard, cmd.InOrStdin())
-				cancel()
-			}()
-			go func() {
-				<-ctx.Done()
-				_ = srv.Close()
-			}()
-			if err := srv.Serve(ln); err != http.ErrServerClosed {
-				return err
-			}
-			return nil
+			return serveChild(cmd, addr, goFloorProxy(engines))
 		},
 	}
 	f := cmd.Flags()

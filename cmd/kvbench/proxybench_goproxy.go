@@ -18,12 +18,13 @@ import (
 // The Go floor (proxybench --go-floor) is the least a Go proxy does: the
 // standard library's httputil.ReverseProxy, round-robin over the engines,
 // flushing every write (FlushInterval −1; ReverseProxy does so for a
-// stream of unknown length or an event stream anyway), with keep-alive upstream
-// connections as nginx's and kvmesh's. It parses no body, keys nothing and
-// routes nothing (it reads each request body whole before forwarding it,
-// as kvmesh must). Measured in the same run, it separates what kvmesh's own
-// work adds from what a Go HTTP server and client on the same cores cost
-// anyway (goroutine wake-ups, the runtime's threads, net/http's buffers).
+// stream of unknown length or an event stream anyway), with keep-alive
+// upstream connections as nginx's and kvmesh's. It parses no body, keys
+// nothing and routes nothing (it reads each request body whole before
+// forwarding it, as kvmesh must). Measured in the same run, it separates
+// what kvmesh's own work adds from what a Go HTTP server and client on the
+// same cores cost anyway (goroutine wake-ups, the runtime's threads,
+// net/http's buffers).
 
 // goFloorProxy returns the floor's handler over the engine base URLs.
 func goFloorProxy(engines []*url.URL) http.Handler {

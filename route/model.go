@@ -61,6 +61,26 @@ type CostConfig struct {
 	// DiskLoadTokensPerSecond is the same for a disk tier. 0 means the
 	// default, 10,000; negative turns the term off. Must be finite.
 	DiskLoadTokensPerSecond float64 `json:"disk_load_tokens_per_second" yaml:"disk_load_tokens_per_second"`
+	// ShareTauSeconds is the time constant over which the duplicate-prefill
+	// pricing forgets a prefix's share of this gateway's recent requests
+	// (see Cost): a request t seconds ago counts e^(−t/ShareTauSeconds).
+	// 0 means DefaultShareTauSeconds (so a document without the field
+	// gets it). A harness that runs engines faster than real time (the
+	// live study at speed S) divides it by S, as it does the gateway's
+	// other periods. Must be ≥ 0 and finite.
+	ShareTauSeconds float64 `json:"share_tau_seconds" yaml:"share_tau_seconds"`
+}
+
+// DefaultShareTauSeconds is CostConfig.ShareTauSeconds' default (see
+// shareTable for why half a minute).
+const DefaultShareTauSeconds = 30.0
+
+// shareTau resolves ShareTauSeconds: the default for 0.
+func (c *CostConfig) shareTau() float64 {
+	if c.ShareTauSeconds == 0 {
+		return DefaultShareTauSeconds
+	}
+	return c.ShareTauSeconds
 }
 
 // offload resolves the load rates: the OffloadConfig the cost prices
@@ -118,6 +138,8 @@ func (c CostConfig) Validate() error {
 		math.IsNaN(c.DiskLoadTokensPerSecond) || math.IsInf(c.DiskLoadTokensPerSecond, 0):
 		return fmt.Errorf("%w: cost offload load rates %v and %v tokens/s must be finite",
 			ErrInvalidConfig, c.CPULoadTokensPerSecond, c.DiskLoadTokensPerSecond)
+	case !(c.ShareTauSeconds >= 0) || math.IsInf(c.ShareTauSeconds, 0):
+		return fmt.Errorf("%w: cost ShareTauSeconds %v must be ≥ 0 and finite", ErrInvalidConfig, c.ShareTauSeconds)
 	}
 	return nil
 }
@@ -258,7 +280,9 @@ func NewModel(cfg CostConfig) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Model{cfg: cfg}, nil
+	m := &Model{cfg: cfg}
+	m.shares.tau = cfg.shareTau()
+	return m, nil
 }
 
 // Config returns the model's configuration.

@@ -46,6 +46,9 @@ func TestConfigValidate(t *testing.T) {
 		func(c *Config) { c.Cost.KVSaturation = 0 },
 		func(c *Config) { c.Cost.Alpha = 1.5 },
 		func(c *Config) { c.Cost.MinSampleTokens = 0 },
+		func(c *Config) { c.Cost.ShareTauSeconds = -1 },
+		func(c *Config) { c.Cost.ShareTauSeconds = math.Inf(1) },
+		func(c *Config) { c.Cost.ShareTauSeconds = math.NaN() },
 		func(c *Config) { c.PeerLoadDelaySeconds = math.NaN() },
 		func(c *Config) { c.PeerLoadDelaySeconds = math.Inf(1) },
 	}

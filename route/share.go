@@ -7,15 +7,19 @@ import (
 	"github.com/kvmesh/kvmesh/index"
 )
 
-// shareTau is the time constant, in seconds, over which a shareTable
-// forgets: a request t seconds ago counts e^(−t/shareTau). Half a minute
-// spans a few stream lifetimes at the seed's load (a 128-token answer
-// holds its slot for 6–10 s), long enough that a prefix's share is not
-// the luck of the last few arrivals and short enough that a prefix that
-// turns hot counts as hot within a minute. In the discrete-event seed
-// grid (five seeds, see Cost) 10, 30 and 60 s gave the same verdicts
-// within one row.
-const shareTau = 30.0
+// A shareTable forgets with the time constant CostConfig.ShareTauSeconds
+// (default DefaultShareTauSeconds): a request t seconds ago counts
+// e^(−t/τ). Half a minute spans a few stream lifetimes at the seed's load
+// (a 128-token answer holds its slot for 6–10 s), long enough that a
+// prefix's share is not the luck of the last few arrivals and short enough
+// that a prefix that turns hot counts as hot within a minute. In the
+// discrete-event seed grid (five seeds, see Cost) 10, 30 and 60 s gave the
+// same verdicts within one row. It is model time: where engines run S
+// times faster than real time (the live study), τ must be divided by S,
+// or the table remembers S times as many requests of earlier phases, the
+// current prefixes' shares come out that much too small, and copies of a
+// hot prefix are charged as if it were rare (issue 18: the live hot50
+// round 2 kept its hot group on one full replica).
 
 // shareSlots is the size of a shareTable: prefix keys tracked at once
 // (two slots are probed per key, so a popular prefix survives a colliding
@@ -83,12 +87,13 @@ func shareProbes(key uint64) (i, j uint64) {
 
 // shareTable estimates each prefix's share of the requests a gateway
 // routed recently: counts per prefix key (Request.Prefixes) and a total
-// of requests, each decayed with time constant shareTau, in a fixed table
+// of requests, each decayed with time constant tau, in a fixed table
 // (no allocation after construction). A key probes two slots; a new key
 // takes the one whose count has decayed further, so the table keeps the
 // prefixes that are still arriving and forgets one-off prompts. Safe for
 // concurrent use.
 type shareTable struct {
+	tau   float64 // seconds (NewModel sets it; 0: DefaultShareTauSeconds)
 	mu    sync.Mutex
 	at    int64 // time of the last update of total, ns
 	total float64
@@ -109,7 +114,10 @@ type shareSlot struct {
 func (s *shareTable) shares(p *Prefixes, now int64, add bool, out *[maxPrefixes]float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.total = decay(s.total, s.at, now, shareTau)
+	if !(s.tau > 0) {
+		s.tau = DefaultShareTauSeconds
+	}
+	s.total = decay(s.total, s.at, now, s.tau)
 	s.at = max(s.at, now)
 	if add {
 		s.total++
@@ -132,7 +140,7 @@ func (s *shareTable) count(key uint64, now int64, add bool) float64 {
 	case add:
 		// Take the emptier of the two slots.
 		slot = &s.slots[i]
-		if decay(s.slots[j].val, s.slots[j].at, now, shareTau) < decay(slot.val, slot.at, now, shareTau) {
+		if decay(s.slots[j].val, s.slots[j].at, now, s.tau) < decay(slot.val, slot.at, now, s.tau) {
 			slot = &s.slots[j]
 		}
 		*slot = shareSlot{key: key}
@@ -140,7 +148,7 @@ func (s *shareTable) count(key uint64, now int64, add bool) float64 {
 	if slot == nil {
 		return 0
 	}
-	slot.val = decay(slot.val, slot.at, now, shareTau)
+	slot.val = decay(slot.val, slot.at, now, s.tau)
 	slot.at = max(slot.at, now, 1)
 	if add {
 		slot.val++

@@ -37,7 +37,7 @@ func TestShareTable(t *testing.T) {
 
 	// Prefix 2 stops; five time constants later, 100 requests of prefix
 	// 3 leave it e^−5 of its count.
-	now += 5 * int64(shareTau) * sec
+	now += 5 * int64(DefaultShareTauSeconds) * sec
 	for range 100 {
 		s.share(3, now, true)
 	}
@@ -48,6 +48,40 @@ func TestShareTable(t *testing.T) {
 
 	// A time before the last update counts as the same time.
 	require.Equal(t, s.share(3, now, false), s.share(3, now-sec, false))
+}
+
+// TestShareTauScalesTime: a table with τ/S seen at times t/S gives the
+// shares a default table gives at times t (the live study runs engines S
+// times faster than real time and divides τ by S); with the default τ
+// the fast table remembers S times as much of an earlier phase.
+func TestShareTauScalesTime(t *testing.T) {
+	const speed = 10
+	m, err := NewModel(CostConfig{PriorPrefillTokensPerSecond: 1, PriorDecodeStepSeconds: 1, PriorOutputTokens: 1,
+		ChunkTokens: 1, KVSaturation: 1, Alpha: 1, MinSampleTokens: 1, ShareTauSeconds: DefaultShareTauSeconds / speed})
+	require.NoError(t, err)
+	require.Equal(t, DefaultShareTauSeconds/speed, m.shares.tau)
+	fast := &m.shares
+	var real, fastDefault shareTable
+	// An earlier phase of prefix 1, then a gap, then a phase of 2 and 3
+	// alternating: one request every 600 ms of model time.
+	at := func(i int) int64 { return int64(i) * 600 * int64(1e6) }
+	step := func(key uint64, i int) (r, f, fd float64) {
+		return real.share(key, at(i), true), fast.share(key, at(i)/speed, true), fastDefault.share(key, at(i)/speed, true)
+	}
+	for i := range 96 {
+		step(1, i)
+	}
+	for i := 0; i < 27; i++ {
+		step(2+uint64(i%2), 200+i)
+	}
+	r, f, fd := real.share(2, at(226), false), fast.share(2, at(226)/speed, false), fastDefault.share(2, at(226)/speed, false)
+	require.InDelta(t, r, f, 1e-9, "τ/S at S× speed is the same table")
+	require.Less(t, fd, r/2, "the default τ at S× speed dilutes the current prefix with the earlier phase")
+
+	// NewModel takes the default for 0.
+	m, err = NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	require.Equal(t, DefaultShareTauSeconds, m.shares.tau)
 }
 
 // TestShareTableCollisions: keys that share a slot take the other of

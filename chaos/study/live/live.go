@@ -4,8 +4,9 @@
 // events on loopback ZMQ when the index mode uses them, and drives them over
 // HTTP with package httpenv. Model time is wall time multiplied by the
 // simulators' speed factor; the gateways' time-based settings (scrape
-// interval, speculative TTL, stream timeouts) are scaled by the same factor
-// so that they mean the same in model time at any speed.
+// interval, speculative TTL, stream timeouts, the cost strategy's share
+// window) are scaled by the same factor so that they mean the same in
+// model time at any speed.
 //
 // Several gateways (Config.Gateways > 1) form one real cluster unless
 // Config.Isolated is set: node's cluster mode with real memberlist gossip,
@@ -44,6 +45,7 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/chaos/study/httpenv"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
@@ -271,6 +273,11 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 		nc.FirstByteTimeout = scaled(300*time.Second, cfg.Speed, 5*time.Second)
 		nc.IdleTimeout = scaled(300*time.Second, cfg.Speed, 5*time.Second)
 		nc.HealthInterval = scaled(2*time.Second, cfg.Speed, 50*time.Millisecond)
+		// The cost strategy's memory of prefix shares is model time too:
+		// unscaled, at speed 10 it spanned the previous phases' requests.
+		if nc.Route.Cost.ShareTauSeconds == 0 {
+			nc.Route.Cost.ShareTauSeconds = route.DefaultShareTauSeconds / cfg.Speed
+		}
 		nc.HealthTimeout = max(nc.HealthTimeout, time.Second)
 		nc.ScrapeTimeout = max(nc.ScrapeTimeout, time.Second)
 		if cfg.EPP {

@@ -93,7 +93,7 @@ func shareProbes(key uint64) (i, j uint64) {
 // prefixes that are still arriving and forgets one-off prompts. Safe for
 // concurrent use.
 type shareTable struct {
-	tau   float64 // seconds (NewModel sets it; 0: DefaultShareTauSeconds)
+	tau   float64 // the time constant, seconds (NewModel: CostConfig.ShareTauSeconds resolved)
 	mu    sync.Mutex
 	at    int64 // time of the last update of total, ns
 	total float64
@@ -114,9 +114,6 @@ type shareSlot struct {
 func (s *shareTable) shares(p *Prefixes, now int64, add bool, out *[maxPrefixes]float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !(s.tau > 0) {
-		s.tau = DefaultShareTauSeconds
-	}
 	s.total = decay(s.total, s.at, now, s.tau)
 	s.at = max(s.at, now)
 	if add {

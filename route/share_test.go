@@ -12,8 +12,12 @@ import (
 
 const sec = int64(1e9)
 
+// newShareTable returns a table with the default time constant, as
+// NewModel builds it.
+func newShareTable() *shareTable { return &shareTable{tau: DefaultShareTauSeconds} }
+
 func TestShareTable(t *testing.T) {
-	var s shareTable
+	s := newShareTable()
 	require.Zero(t, s.share(1, 0, false), "an empty table knows no share")
 
 	// One prefix only: all of the traffic.
@@ -61,7 +65,7 @@ func TestShareTauScalesTime(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, DefaultShareTauSeconds/speed, m.shares.tau)
 	fast := &m.shares
-	var real, fastDefault shareTable
+	real, fastDefault := newShareTable(), newShareTable()
 	// An earlier phase of prefix 1, then a gap, then a phase of 2 and 3
 	// alternating: one request every 600 ms of model time.
 	at := func(i int) int64 { return int64(i) * 600 * int64(1e6) }
@@ -88,7 +92,7 @@ func TestShareTauScalesTime(t *testing.T) {
 // their two; a newcomer replaces the emptier of the two, so the prefix
 // still arriving keeps its count.
 func TestShareTableCollisions(t *testing.T) {
-	var s shareTable
+	s := newShareTable()
 	// slot(k) = k % shareSlots for both keys' first probe.
 	a, b, c := uint64(5), uint64(5+shareSlots), uint64(5+2*shareSlots)
 	ia, ja := shareProbes(a)
@@ -116,7 +120,7 @@ func TestShareTableCollisions(t *testing.T) {
 // TestShareTableConcurrent: shares from many goroutines stay in [0, 1]
 // and count every request (run with -race).
 func TestShareTableConcurrent(t *testing.T) {
-	var s shareTable
+	s := newShareTable()
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
@@ -171,7 +175,7 @@ func countRequest(m *Model, p *Prefixes, now int64) {
 // at each of its prefixes, so prompts that share a preamble share its
 // depths and no others.
 func TestSharesCountEveryDepth(t *testing.T) {
-	var s shareTable
+	s := newShareTable()
 	a := NewPrefixes(promptKeys(8, 40, 1))
 	b := NewPrefixes(promptKeys(8, 40, 2))
 	var out [maxPrefixes]float64

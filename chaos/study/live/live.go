@@ -275,9 +275,8 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 		nc.HealthInterval = scaled(2*time.Second, cfg.Speed, 50*time.Millisecond)
 		// The cost strategy's memory of prefix shares is model time too:
 		// unscaled, at speed 10 it spanned the previous phases' requests.
-		if nc.Route.Cost.ShareTauSeconds == 0 {
-			nc.Route.Cost.ShareTauSeconds = route.DefaultShareTauSeconds / cfg.Speed
-		}
+		// (TuneNode, below, may still set its own.)
+		nc.Route.Cost.ShareTauSeconds = route.DefaultShareTauSeconds / cfg.Speed
 		nc.HealthTimeout = max(nc.HealthTimeout, time.Second)
 		nc.ScrapeTimeout = max(nc.ScrapeTimeout, time.Second)
 		if cfg.EPP {

@@ -103,7 +103,8 @@ func TestMaxKeyTokensCapsKeys(t *testing.T) {
 
 // TestPeakRSSFourConcurrent8MiBPrompts sends four 8 MiB prompts of one
 // character at once to /debug/route (issue 14) in a child process, which
-// reports its peak RSS (VmHWM); it must stay under 300 MB.
+// reports its peak RSS (VmHWM); it must stay under 300 MB. The bound is
+// for the build operators run, so the test skips under the race detector.
 func TestPeakRSSFourConcurrent8MiBPrompts(t *testing.T) {
 	if os.Getenv("KVMESH_RSS_CHILD") == "1" {
 		rssChild(t)
@@ -111,6 +112,12 @@ func TestPeakRSSFourConcurrent8MiBPrompts(t *testing.T) {
 	}
 	if testing.Short() {
 		t.Skip("32 MB of prompts in a child process")
+	}
+	if raceEnabled {
+		// Measured: 381 MB (tiktoken) and 491 MB (Qwen3) under -race,
+		// against 150 and 168 MB without; the bound is the production
+		// build's.
+		t.Skip("the race detector's shadow memory inflates peak RSS")
 	}
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("needs /proc/self/status for VmHWM")

@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -126,12 +127,38 @@ func (c *testCluster) heal() {
 	}
 }
 
+// writeEventually calls write until it succeeds, again while it fails
+// with ErrNoQuorum, for up to within, and returns the version it applied.
+// It is for steps that assert that a quorum takes writes at all: with the
+// 100 ms lease of LocalStoreConfig, one stall of the leader on a loaded
+// machine makes it step down mid-write ("leadership lost while committing",
+// which the store reports and never resends, since the write may still
+// apply), and that election is not what such a step tests. Only idempotent
+// writes go through it, so one that did apply before a retry changes
+// nothing but the version.
+func writeEventually(t *testing.T, within time.Duration, write func() (uint64, error)) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		v, err := write()
+		if err == nil {
+			return v
+		}
+		if !errors.Is(err, ErrNoQuorum) || time.Now().After(deadline) {
+			require.NoError(t, err)
+		}
+		t.Logf("write refused, retrying: %v", err)
+		time.Sleep(20 * time.Millisecond) // backoff between attempts, not a wait for a condition
+	}
+}
+
 func TestMinorityPartitionRefusesWrites(t *testing.T) {
 	c := newCluster(t, 3, 3, true, func(cfg *StoreConfig) { cfg.ApplyTimeout = time.Second })
 	leader := c.waitLeader(10 * time.Second)
 	cfg := testConfig()
-	v1, err := leader.store.Set(ctxT(t, 5*time.Second), cfg, nil)
-	require.NoError(t, err)
+	v1 := writeEventually(t, 10*time.Second, func() (uint64, error) {
+		return leader.store.Set(ctxT(t, 5*time.Second), cfg, nil)
+	})
 	c.waitVersion(v1, c.nodes...)
 
 	// A follower alone: it loses its leader and cannot elect itself.
@@ -140,7 +167,7 @@ func TestMinorityPartitionRefusesWrites(t *testing.T) {
 	require.Eventually(t, func() bool { id, _ := minority.store.Leader(); return id == "" }, 5*time.Second, 5*time.Millisecond)
 
 	start := time.Now()
-	_, err = minority.store.Patch(context.Background(), []byte(`{"strategy":"random"}`), nil)
+	_, err := minority.store.Patch(context.Background(), []byte(`{"strategy":"random"}`), nil)
 	require.ErrorIs(t, err, ErrNoQuorum)
 	require.Contains(t, err.Error(), "no raft quorum")
 	require.Less(t, time.Since(start), 3*time.Second, "refused within the bounded timeout")
@@ -169,8 +196,9 @@ func TestMinorityPartitionRefusesWrites(t *testing.T) {
 			majority = append(majority, nd)
 		}
 	}
-	v2, err := majority[0].store.Patch(ctxT(t, 5*time.Second), []byte(`{"strategy":"least-request"}`), nil)
-	require.NoError(t, err)
+	v2 := writeEventually(t, 10*time.Second, func() (uint64, error) {
+		return majority[0].store.Patch(ctxT(t, 5*time.Second), []byte(`{"strategy":"least-request"}`), nil)
+	})
 	c.waitVersion(v2, majority...)
 	require.Equal(t, v1, minority.store.Current().Version)
 

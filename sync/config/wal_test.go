@@ -18,13 +18,14 @@ import (
 // it has applied through it, so the node restarts cleanly.
 func TestRestartAfterLogTailTruncation(t *testing.T) {
 	c := newCluster(t, 3, 3, true, func(cfg *StoreConfig) { cfg.ApplyTimeout = time.Second })
-	old := c.waitLeader(10 * time.Second)
-	v1, err := old.store.Set(ctxT(t, 5*time.Second), testConfig(), nil)
-	require.NoError(t, err)
+	v1 := writeEventually(t, 10*time.Second, func() (uint64, error) {
+		return c.waitLeader(10*time.Second).store.Set(ctxT(t, 5*time.Second), testConfig(), nil)
+	})
 	c.waitVersion(v1, c.nodes...)
 
+	old := c.waitLeader(10 * time.Second)
 	c.partition(old)
-	_, err = old.store.Patch(context.Background(), []byte(`{"strategy":"random"}`), nil)
+	_, err := old.store.Patch(context.Background(), []byte(`{"strategy":"random"}`), nil)
 	require.ErrorIs(t, err, ErrNoQuorum, "appended on the old leader, never committed")
 	var majority []*testNode
 	for _, nd := range c.nodes {
@@ -54,7 +55,8 @@ func TestRestartAfterLogTailTruncation(t *testing.T) {
 		c.start(old)
 	}()
 	c.heal()
-	v3, err := c.waitLeader(10*time.Second).store.Patch(ctxT(t, 5*time.Second), []byte(`{"strategy":"cost"}`), nil)
-	require.NoError(t, err)
+	v3 := writeEventually(t, 10*time.Second, func() (uint64, error) {
+		return c.waitLeader(10*time.Second).store.Patch(ctxT(t, 5*time.Second), []byte(`{"strategy":"cost"}`), nil)
+	})
 	c.waitVersion(v3, c.nodes...)
 }

@@ -33,11 +33,9 @@ func TestRestartAfterLogTailTruncation(t *testing.T) {
 			majority = append(majority, nd)
 		}
 	}
-	var v2 uint64
-	require.Eventually(t, func() bool {
-		v2, err = majority[0].store.Patch(ctxT(t, 2*time.Second), []byte(`{"strategy":"least-request"}`), nil)
-		return err == nil
-	}, 10*time.Second, 10*time.Millisecond)
+	v2 := writeEventually(t, 10*time.Second, func() (uint64, error) {
+		return majority[0].store.Patch(ctxT(t, 2*time.Second), []byte(`{"strategy":"least-request"}`), nil)
+	})
 	c.heal()
 	c.waitVersion(v2, c.nodes...)
 	require.Equal(t, "least-request", old.store.Current().Config.Strategy)

@@ -85,11 +85,12 @@ func TestWriteViaFollowerReachesAll(t *testing.T) {
 
 func TestLeaderKilledNewLeaderWritesResume(t *testing.T) {
 	c := newCluster(t, 3, 3, false, nil)
-	old := c.waitLeader(10 * time.Second)
 	cfg := testConfig()
-	v1, err := old.store.Set(ctxT(t, 5*time.Second), cfg, nil)
-	require.NoError(t, err)
+	v1 := writeEventually(t, 10*time.Second, func() (uint64, error) {
+		return c.waitLeader(10*time.Second).store.Set(ctxT(t, 5*time.Second), cfg, nil)
+	})
 	c.waitVersion(v1, c.nodes...)
+	old := c.waitLeader(10 * time.Second) // a retried write may have moved leadership
 
 	killed := time.Now()
 	c.stop(old)
@@ -100,8 +101,15 @@ func TestLeaderKilledNewLeaderWritesResume(t *testing.T) {
 	require.NotEqual(t, old.id, next.id)
 
 	f := c.follower()
-	v2, err := f.client(t, testToken).PatchConfig(ctxT(t, 5*time.Second), []byte(`{"strategy":"cost"}`), Version(v1))
-	require.NoError(t, err)
+	v2 := writeEventually(t, 10*time.Second, func() (uint64, error) {
+		v, err := f.client(t, testToken).PatchConfig(ctxT(t, 5*time.Second), []byte(`{"strategy":"cost"}`), Version(v1))
+		if errors.Is(err, ErrVersionConflict) {
+			// A compare-and-set retried after an attempt that did apply:
+			// nothing else writes here, so the version moved on by it.
+			return appliedVersion(t, c, "cost"), nil
+		}
+		return v, err
+	})
 	require.Greater(t, v2, v1)
 	c.waitVersion(v2, c.live()...)
 	require.Equal(t, "cost", f.store.Current().Config.Strategy)
@@ -150,6 +158,23 @@ func writeEventually(t *testing.T, within time.Duration, write func() (uint64, e
 		t.Logf("write refused, retrying: %v", err)
 		time.Sleep(20 * time.Millisecond) // backoff between attempts, not a wait for a condition
 	}
+}
+
+// appliedVersion waits until a live node has applied a config with the
+// given strategy and returns that config's version.
+func appliedVersion(t *testing.T, c *testCluster, strategy string) uint64 {
+	t.Helper()
+	var v uint64
+	require.Eventually(t, func() bool {
+		for _, nd := range c.live() {
+			if cur := nd.store.Current(); cur != nil && cur.Config != nil && cur.Config.Strategy == strategy {
+				v = cur.Version
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 10*time.Millisecond, "no node applied strategy %q", strategy)
+	return v
 }
 
 func TestMinorityPartitionRefusesWrites(t *testing.T) {

@@ -248,6 +248,7 @@ func TestRestartAllKeepsConfig(t *testing.T) {
 	seed := testConfig()
 	seed.Strategy = route_cost
 	c := newCluster(t, 3, 3, false, func(cfg *StoreConfig) {
+		steadyRaft(cfg) // each of the three writes must commit in one go
 		cfg.Seed = &seed
 		cfg.SnapshotThreshold = 2
 	})

@@ -38,6 +38,12 @@ func TestMembershipEventsMemNetwork(t *testing.T) {
 			if i > 0 {
 				c.Join = []string{gws[0].c.GossipAddr()}
 			}
+			// A slower failure detector than LocalConfig's 200 ms probes:
+			// with five .ci/run at once on 2 cores (load 17) it once
+			// declared a member dead while the three joined. With two
+			// members left, the crash below is declared after the longest
+			// suspicion, 6 × SuspicionMult probe intervals (7.2 s).
+			c.ProbeInterval, c.ProbeTimeout = 400*time.Millisecond, 400*time.Millisecond
 		})
 		if i == 0 {
 			gws[0].c.AddMemberListener(MemberListenerFunc(func(e MemberEvent) { evs <- ev{e.Kind, e.Member.Name} }))
@@ -48,16 +54,27 @@ func TestMembershipEventsMemNetwork(t *testing.T) {
 	defer gws[1].stop(t)
 	defer gws[2].stop(t)
 	waitMembers(t, gws, 3)
-	seen := map[string]bool{}
-	for len(seen) < 3 {
+	// Every member's join is reported. A member the detector declares
+	// dead meanwhile (a stall longer than its probe timeout) must be
+	// reported joining again.
+	alive := map[string]bool{}
+	for len(alive) < 3 {
 		select {
 		case e := <-evs:
-			require.Equal(t, MemberJoin, e.kind)
-			seen[e.name] = true
+			switch e.kind {
+			case MemberJoin:
+				alive[e.name] = true
+			case MemberFail:
+				t.Logf("%s declared dead while joining (a stall on a loaded machine); waiting for it to rejoin", e.name)
+				delete(alive, e.name)
+			default:
+				t.Fatalf("while joining: %v event for %s", e.kind, e.name)
+			}
 		case <-time.After(10 * time.Second):
-			t.Fatalf("join events: %v", seen)
+			t.Fatalf("join events: %v", alive)
 		}
 	}
+	waitMembers(t, gws, 3)
 	// A graceful shutdown is a leave; a crash is a failure.
 	gws[2].stop(t)
 	waitFor(t, evs, ev{MemberLeave, "c"})
@@ -84,7 +101,7 @@ func TestMembershipFailureDetection(t *testing.T) {
 
 func waitFor[T comparable](t *testing.T, ch <-chan T, want T) {
 	t.Helper()
-	deadline := time.After(15 * time.Second)
+	deadline := time.After(30 * time.Second)
 	for {
 		select {
 		case got := <-ch:

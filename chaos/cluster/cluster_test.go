@@ -2,6 +2,7 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -281,7 +282,18 @@ func TestPartitionIsolateAndHeal(t *testing.T) {
 	require.NotSame(t, g.NATSLink, ng.NATSLink)
 	require.Equal(t, g.Node.ConfigStore().RaftAddr(), ng.Node.ConfigStore().RaftAddr())
 	require.Eventually(t, healthy, 20*time.Second, 5*time.Millisecond, "restarted gateway rejoined")
-	_, err = ng.Node.ConfigStore().Patch(ctx, []byte(`{"prefix_cache":{"imbalance_abs_count":32}}`), nil)
+	// The patch is idempotent, so it is retried while a stall on a loaded
+	// machine costs the leader its lease mid-write (ci450, five .ci/run at
+	// once: "leadership lost while committing"); the store never resends it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err = ng.Node.ConfigStore().Patch(ctx, []byte(`{"prefix_cache":{"imbalance_abs_count":32}}`), nil)
+		if err == nil || !errors.Is(err, config.ErrNoQuorum) || time.Now().After(deadline) {
+			break
+		}
+		t.Logf("write refused, retrying: %v", err)
+		time.Sleep(20 * time.Millisecond) // backoff between attempts, not a wait for a condition
+	}
 	require.NoError(t, err)
 	require.Eventually(t, c.ConfigConverged, 10*time.Second, 5*time.Millisecond, c.ConfigVersions())
 

@@ -77,10 +77,10 @@ func TestMembershipEventsMemNetwork(t *testing.T) {
 	waitMembers(t, gws, 3)
 	// A graceful shutdown is a leave; a crash is a failure.
 	gws[2].stop(t)
-	waitFor(t, evs, ev{MemberLeave, "c"})
+	waitFor(t, evs, ev{MemberLeave, "c"}, 30*time.Second)
 	require.Len(t, gws[0].c.Members(), 2)
 	gws[1].c.kill()
-	waitFor(t, evs, ev{MemberFail, "b"})
+	waitFor(t, evs, ev{MemberFail, "b"}, 30*time.Second)
 	require.Len(t, gws[0].c.Members(), 1)
 }
 
@@ -94,14 +94,15 @@ func TestMembershipFailureDetection(t *testing.T) {
 	}))
 	start := time.Now()
 	gws[2].c.kill()
-	waitFor(t, fails, "g2")
+	waitFor(t, fails, "g2", 15*time.Second)
 	t.Logf("failure detected after %v", time.Since(start))
 	require.Len(t, gws[0].c.Members(), 2)
 }
 
-func waitFor[T comparable](t *testing.T, ch <-chan T, want T) {
+// waitFor reads ch until want arrives, failing the test after within.
+func waitFor[T comparable](t *testing.T, ch <-chan T, want T, within time.Duration) {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
+	deadline := time.After(within)
 	for {
 		select {
 		case got := <-ch:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -55,6 +56,39 @@ func waitOK(t *testing.T, deadline time.Time, url string) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s not ready in time (last error %v)", url, err)
+		}
+		time.Sleep(100 * time.Millisecond) // polling a separate process, with a deadline
+	}
+}
+
+// waitHealthy polls a gateway's /metrics until it reports want replicas
+// healthy (kvmesh_proxy_replica_healthy 1) or the deadline passes.
+func waitHealthy(t *testing.T, deadline time.Time, url string, want int) {
+	t.Helper()
+	var last string
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			b, rerr := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if rerr == nil {
+				healthy := 0
+				last = ""
+				for _, l := range strings.Split(string(b), "\n") {
+					if strings.HasPrefix(l, "kvmesh_proxy_replica_healthy{") {
+						last += l + "; "
+						if strings.HasSuffix(l, " 1") {
+							healthy++
+						}
+					}
+				}
+				if healthy >= want {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d replicas not healthy in time (last: %s; error %v)", url, want, last, err)
 		}
 		time.Sleep(100 * time.Millisecond) // polling a separate process, with a deadline
 	}
@@ -173,6 +207,13 @@ func TestTargetAgainstCluster(t *testing.T) {
 	for i := range 3 {
 		waitOK(t, deadline, fmt.Sprintf("http://127.0.0.1:%d/ready", gwp(i, 0)))
 	}
+	// A gateway that polled the engines before they listened holds them
+	// down until its next health poll passes (2 s apart), and answers 503
+	// meanwhile: the study's warm-up would fail. /ready does not wait for
+	// replicas (an engine outage must not take the ingress down).
+	for i := range 3 {
+		waitHealthy(t, deadline, fmt.Sprintf("http://127.0.0.1:%d/metrics", gwp(i, 0)), 2)
+	}
 	t.Logf("cluster ready in %v", time.Since(start).Round(time.Millisecond))
 
 	outDir := filepath.Join(tmp, "out")
@@ -195,7 +236,7 @@ func TestTargetAgainstCluster(t *testing.T) {
 	require.NoError(t, err, stderr)
 	t.Logf("study done %v after start", time.Since(start).Round(time.Millisecond))
 	assert.Contains(t, stderr, "overall: 4/4 phases done")
-	assert.Contains(t, stdout, "== warm — hybrid · 3 gateways, synced (shared index) ==")
+	assert.Contains(t, stdout, "== warm — hybrid · 3 gateways, synced (shared index) ==", stderr)
 
 	raw, err := os.ReadFile(filepath.Join(outDir, study.FileResults))
 	require.NoError(t, err)

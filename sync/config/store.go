@@ -513,7 +513,9 @@ func (s *Store) RemoveReplica(ctx context.Context, model, name string) (uint64, 
 // applied it. Errors wrap ErrInvalidConfig (field-named; nothing reached
 // the log, or the FSM rejected it), ErrVersionConflict, ErrNotFound,
 // ErrNoQuorum (no leader could commit within ApplyTimeout or ctx's
-// deadline; the last applied config stays in force), ErrUnauthenticated
+// deadline; the last applied config stays in force; or the answer was
+// lost, to the deadline or to a connection closed during the call, and
+// the write may still apply), ErrUnauthenticated
 // (peers refused this node's token) or ErrClosed.
 func (s *Store) Apply(ctx context.Context, cmd Command) (uint64, error) {
 	if err := precheck(cmd); err != nil {
@@ -546,6 +548,16 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (uint64, error) {
 		case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
 			// The leader may have committed it: report, never resend.
 			return 0, fmt.Errorf("%w: no answer from the leader before the deadline (the write may still apply)", ErrNoQuorum)
+		case cutMidCall(ctx, err):
+			select {
+			case <-s.stop:
+				return 0, ErrClosed
+			default:
+			}
+			// The connection to the leader was closed under the call
+			// (pruneClients, when membership briefly lost the leader): the
+			// leader may have the command. Report, never resend.
+			return 0, fmt.Errorf("%w: the connection to the leader closed during the call (the write may still apply)", ErrNoQuorum)
 		case !retryable(err):
 			return 0, err
 		}
@@ -562,6 +574,14 @@ func (s *Store) Apply(ctx context.Context, cmd Command) (uint64, error) {
 		}
 		backoff = min(2*backoff, 200*time.Millisecond)
 	}
+}
+
+// cutMidCall reports whether a forwarded write failed because its gRPC
+// call was cancelled while the caller's ctx was still live: this node
+// closed the connection under it (grpc.ErrClientConnClosing), so the
+// outcome is unknown.
+func cutMidCall(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && status.Code(err) == codes.Canceled
 }
 
 // errNoLeader: no leader is known yet (retryable).

@@ -94,8 +94,11 @@ func TestIntruderRefusedOnEveryPort(t *testing.T) {
 		s.Shutdown()
 		s.WaitForShutdown()
 	}
-	require.Equal(t, 1, g.c.bus.numRemotes(), "only the real peer routes to the cluster")
-	waitMembers(t, gws, 2) // data still flows between the gateways
+	// No foreign server is left among the peers (read once: a route to
+	// the real peer may be re-forming under load; waitMembers then
+	// waits for it and for data to flow between the gateways).
+	require.LessOrEqual(t, g.c.bus.numRemotes(), 1, "only the real peer routes to the cluster")
+	waitMembers(t, gws, 2)
 }
 
 // testWriter sends memberlist's log to the test log.

@@ -180,6 +180,15 @@ type Config struct {
 	// still works).
 	HealthInterval time.Duration `yaml:"health_interval"`
 
+	// UnhealthyInterval is how often a replica whose last /health poll
+	// failed is polled instead, out of rotation or not yet. Default 250ms:
+	// an engine that restarts is back in rotation within a quarter second
+	// rather than up to a whole HealthInterval later, the poll that
+	// confirms an outage comes as quickly, and a dead engine costs each
+	// gateway four refused connections a second. Zero polls at
+	// HealthInterval throughout.
+	UnhealthyInterval time.Duration `yaml:"unhealthy_interval"`
+
 	// HealthTimeout bounds one health poll. Default 1s.
 	HealthTimeout time.Duration `yaml:"health_timeout"`
 
@@ -362,6 +371,7 @@ func DefaultConfig() Config {
 		ScrapeInterval:          500 * time.Millisecond,
 		ScrapeTimeout:           time.Second,
 		HealthInterval:          2 * time.Second,
+		UnhealthyInterval:       250 * time.Millisecond,
 		HealthTimeout:           time.Second,
 		UnhealthyAfter:          2,
 		EjectAfter:              3,
@@ -390,6 +400,7 @@ func LocalConfig() Config {
 	c.ScrapeInterval = 50 * time.Millisecond
 	c.ScrapeTimeout = 250 * time.Millisecond
 	c.HealthInterval = 100 * time.Millisecond
+	c.UnhealthyInterval = 25 * time.Millisecond
 	c.HealthTimeout = 250 * time.Millisecond
 	c.EjectBackoff = 200 * time.Millisecond
 	c.EjectMaxBackoff = 2 * time.Second
@@ -574,8 +585,8 @@ func (c *Config) Validate() error {
 			bad("%s %v must be positive", name, d)
 		}
 	}
-	if c.ScrapeInterval < 0 || c.HealthInterval < 0 || c.ShutdownGrace < 0 {
-		bad("scrape_interval, health_interval and shutdown_grace must not be negative")
+	if c.ScrapeInterval < 0 || c.HealthInterval < 0 || c.UnhealthyInterval < 0 || c.ShutdownGrace < 0 {
+		bad("scrape_interval, health_interval, unhealthy_interval and shutdown_grace must not be negative")
 	}
 	if c.EjectMaxBackoff < c.EjectBackoff {
 		bad("eject_max_backoff %v below eject_backoff %v", c.EjectMaxBackoff, c.EjectBackoff)

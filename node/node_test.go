@@ -300,6 +300,51 @@ func TestActiveHealthRemovesAndRestores(t *testing.T) {
 	require.Eventually(t, func() bool { return ra.available(nowNanos()) }, 5*time.Second, 5*time.Millisecond)
 }
 
+// TestFailedReplicaPolledAtUnhealthyInterval: a replica whose /health
+// poll failed is polled at UnhealthyInterval, not HealthInterval (an hour
+// here, so the old schedule would keep it down for the whole test): it
+// leaves rotation, Retry-After names the quick re-poll, and it returns
+// when its engine does.
+func TestFailedReplicaPolledAtUnhealthyInterval(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	a.healthStatus.Store(503)
+	n := startNode(t, func(c *Config) {
+		c.HealthInterval = time.Hour
+		c.UnhealthyInterval = 20 * time.Millisecond
+	}, rc("a", a.url()))
+	ra := n.tbl.Load().byName["a"]
+	require.Eventually(t, func() bool { return !ra.available(nowNanos()) }, 10*time.Second, 5*time.Millisecond,
+		"the second failed poll comes UnhealthyInterval after the first")
+
+	resp := post(t, n, "/v1/completions", streamReq, nil)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"), "the next poll is 20ms away, not an hour")
+	assert.Equal(t, CodeNoHealthyReplica, decodeErr(t, readAll(t, resp)).Error.Code)
+
+	a.healthStatus.Store(0)
+	require.Eventually(t, func() bool { return ra.available(nowNanos()) }, 10*time.Second, 5*time.Millisecond)
+	resp = post(t, n, "/v1/completions", streamReq, nil)
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	readAll(t, resp)
+}
+
+func TestHealthPollSchedule(t *testing.T) {
+	r, err := newReplica(0, rc("a", "http://127.0.0.1:1"), "m")
+	require.NoError(t, err)
+	n := &Node{cfg: Config{HealthInterval: 2 * time.Second, UnhealthyInterval: 250 * time.Millisecond}}
+	assert.Equal(t, 2*time.Second, n.healthPollAfter(r))
+	r.setActive(false, 2)
+	assert.Equal(t, 250*time.Millisecond, n.healthPollAfter(r), "one failed poll is checked again soon")
+	r.setActive(false, 2)
+	assert.Equal(t, 250*time.Millisecond, n.healthPollAfter(r), "and so is a replica out of rotation")
+	assert.Equal(t, int64(1e9+250e6), r.availableAt(1e9, n.downPollInterval()))
+	r.setActive(true, 2)
+	assert.Equal(t, 2*time.Second, n.healthPollAfter(r))
+	n.cfg.UnhealthyInterval = 0
+	r.setActive(false, 2)
+	assert.Equal(t, 2*time.Second, n.healthPollAfter(r), "zero keeps one interval")
+}
+
 func TestBadInput(t *testing.T) {
 	e := newFakeEngine(t, "a")
 	n := startNode(t, func(c *Config) { c.MaxBodyBytes = 1 << 16 }, rc("a", e.url()))

@@ -34,11 +34,12 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 		scrapeC = t.C
 		n.scrape(ctx, r)
 	}
+	var healthT *time.Timer
 	if n.cfg.HealthInterval > 0 {
-		t := time.NewTicker(n.cfg.HealthInterval)
-		defer t.Stop()
-		healthC = t.C
 		n.checkHealth(ctx, r)
+		healthT = time.NewTimer(n.healthPollAfter(r))
+		defer healthT.Stop()
+		healthC = healthT.C
 	}
 	// The tokenizer agreement probe (agreement.go) runs when the replica
 	// is available and has no verdict since it last became available: at
@@ -61,6 +62,7 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 			n.scrape(ctx, r)
 		case <-healthC:
 			n.checkHealth(ctx, r)
+			healthT.Reset(n.healthPollAfter(r))
 		}
 		if r.available(nowNanos()) {
 			r.mHealthy.Set(1)
@@ -69,6 +71,26 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 		}
 		agreement()
 	}
+}
+
+// healthPollAfter is how long after its last /health poll the replica is
+// polled again: UnhealthyInterval while that poll failed (a restarted
+// engine returns to rotation soon, an outage is confirmed soon),
+// HealthInterval otherwise. Only the replica's probe loop calls it.
+func (n *Node) healthPollAfter(r *replica) time.Duration {
+	if r.healthFails > 0 {
+		return n.downPollInterval()
+	}
+	return n.cfg.HealthInterval
+}
+
+// downPollInterval is how often a replica that failed its last /health
+// poll is polled.
+func (n *Node) downPollInterval() time.Duration {
+	if n.cfg.UnhealthyInterval > 0 {
+		return n.cfg.UnhealthyInterval
+	}
+	return n.cfg.HealthInterval
 }
 
 // checkHealth polls /health; any 2xx within HealthTimeout is up.

@@ -101,7 +101,7 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 			continue
 		}
 		if !r.available(now) {
-			at := r.availableAt(now, n.cfg.HealthInterval)
+			at := r.availableAt(now, n.downPollInterval())
 			if earliest == 0 || at < earliest {
 				earliest = at
 			}

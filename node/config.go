@@ -400,7 +400,7 @@ func LocalConfig() Config {
 	c.ScrapeInterval = 50 * time.Millisecond
 	c.ScrapeTimeout = 250 * time.Millisecond
 	c.HealthInterval = 100 * time.Millisecond
-	c.UnhealthyInterval = 25 * time.Millisecond
+	c.UnhealthyInterval = 50 * time.Millisecond
 	c.HealthTimeout = 250 * time.Millisecond
 	c.EjectBackoff = 200 * time.Millisecond
 	c.EjectMaxBackoff = 2 * time.Second

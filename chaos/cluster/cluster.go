@@ -442,6 +442,7 @@ func (c *Cluster) gatewayConfig(i int, name string) node.Config {
 	// timeouts and 2-poll threshold flap when CPU is scarce, and a flapping
 	// replica is a harness artefact, not the fault under test.
 	ncfg.HealthInterval = 200 * time.Millisecond
+	ncfg.UnhealthyInterval = 100 * time.Millisecond
 	ncfg.HealthTimeout = 2 * time.Second
 	ncfg.UnhealthyAfter = 3
 	ncfg.ScrapeTimeout = time.Second

@@ -273,6 +273,7 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 		nc.FirstByteTimeout = scaled(300*time.Second, cfg.Speed, 5*time.Second)
 		nc.IdleTimeout = scaled(300*time.Second, cfg.Speed, 5*time.Second)
 		nc.HealthInterval = scaled(2*time.Second, cfg.Speed, 50*time.Millisecond)
+		nc.UnhealthyInterval = scaled(250*time.Millisecond, cfg.Speed, 10*time.Millisecond)
 		// The cost strategy's memory of prefix shares is model time too:
 		// unscaled, at speed 10 it spanned the previous phases' requests.
 		// (TuneNode, below, may still set its own.)

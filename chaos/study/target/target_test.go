@@ -3,6 +3,7 @@ package target_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -167,19 +168,31 @@ func TestNoGatewayBaselines(t *testing.T) {
 }
 
 // adminJSON sends an admin API call with the test token and decodes a
-// JSON answer into v (nil: ignored).
+// JSON answer into v (nil: ignored). A write answered 503 (no leader yet,
+// or a leadership lost under load: the gateways' raft is as young as the
+// test) is sent again for up to 15 s; the patches here only set values.
 func adminJSON(t *testing.T, method, url, body string, v any) {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Authorization", "Bearer tok")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s %s", method, url)
-	if v != nil {
-		require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		req, err := http.NewRequest(method, url, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer tok")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		if method != http.MethodGet && resp.StatusCode == http.StatusServiceUnavailable && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond) // polling for a raft leader, with a deadline
+			continue
+		}
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s %s: %s", method, url, b)
+		if v != nil {
+			require.NoError(t, json.Unmarshal(b, v))
+		}
+		return
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/internal/admintest"
 	kvsync "github.com/kvmesh/kvmesh/sync"
 	"github.com/kvmesh/kvmesh/sync/trust"
 )
@@ -136,23 +137,8 @@ func admin(t testing.TB, n *Node, method, path, body string) (code int, out stri
 
 func adminRetry(t testing.TB, n *Node, method, path, body string) (code int, out string, retried bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		req, err := http.NewRequest(method, "http://"+n.HTTPAddr()+path, strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+testToken)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(t, err)
-		if method == http.MethodGet || resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
-			return resp.StatusCode, string(b), retried
-		}
-		retried = true
-		time.Sleep(50 * time.Millisecond) // polling for a raft leader
-	}
+	code, b, retried := admintest.Call(t, method, "http://"+n.HTTPAddr()+path, testToken, body)
+	return code, string(b), retried
 }
 
 func memberNames(ns []*Node) []string {

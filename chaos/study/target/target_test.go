@@ -3,7 +3,6 @@ package target_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/study/httpenv"
 	"github.com/kvmesh/kvmesh/chaos/study/live"
 	"github.com/kvmesh/kvmesh/chaos/study/target"
+	"github.com/kvmesh/kvmesh/internal/admintest"
 	"github.com/kvmesh/kvmesh/node"
 )
 
@@ -170,29 +170,13 @@ func TestNoGatewayBaselines(t *testing.T) {
 // adminJSON sends an admin API call with the test token and decodes a
 // JSON answer into v (nil: ignored). A write answered 503 (no leader yet,
 // or a leadership lost under load: the gateways' raft is as young as the
-// test) is sent again for up to 15 s; the patches here only set values.
+// test) is sent again (admintest.Call).
 func adminJSON(t *testing.T, method, url, body string, v any) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		req, err := http.NewRequest(method, url, strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer tok")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.NoError(t, err)
-		if method != http.MethodGet && resp.StatusCode == http.StatusServiceUnavailable && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond) // polling for a raft leader, with a deadline
-			continue
-		}
-		require.Equal(t, http.StatusOK, resp.StatusCode, "%s %s: %s", method, url, b)
-		if v != nil {
-			require.NoError(t, json.Unmarshal(b, v))
-		}
-		return
+	code, b, _ := admintest.Call(t, method, url, "tok", body)
+	require.Equal(t, http.StatusOK, code, "%s %s: %s", method, url, b)
+	if v != nil {
+		require.NoError(t, json.Unmarshal(b, v))
 	}
 }
 

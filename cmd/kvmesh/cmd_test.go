@@ -70,6 +70,23 @@ models:
 	assert.Equal(t, "other", cfg.Models[1].Name)
 }
 
+// TestHealthPollFlags: both health-poll intervals have flags, and the one
+// for a failed replica keeps its default when only the other is given.
+func TestHealthPollFlags(t *testing.T) {
+	base := strings.Fields("--model M --replica a=http://127.0.0.1:1")
+	cfg, err := parseServe(t, append(base, "--health-interval", "5s", "--unhealthy-interval", "100ms")...)
+	require.NoError(t, err)
+	assert.Equal(t, 5*time.Second, cfg.HealthInterval)
+	assert.Equal(t, 100*time.Millisecond, cfg.UnhealthyInterval)
+
+	cfg, err = parseServe(t, append(base, "--health-interval", "5s")...)
+	require.NoError(t, err)
+	assert.Equal(t, node.DefaultConfig().UnhealthyInterval, cfg.UnhealthyInterval)
+
+	_, err = parseServe(t, append(base, "--unhealthy-interval", "-1s")...)
+	require.Error(t, err, "a negative interval is refused")
+}
+
 func TestServeFlagErrors(t *testing.T) {
 	_, err := parseServe(t, "--replica", "a=http://h:1")
 	assert.ErrorIs(t, err, node.ErrBadReplicaSpec, "a replica needs a model")

@@ -75,11 +75,26 @@ func (a adminAuth) allows(r *http.Request) bool {
 // debugGate serves h only to holders of the admin token, unless
 // Config.DebugPublic.
 func (n *Node) debugGate(h http.HandlerFunc) http.HandlerFunc {
+	return n.tokenGate(h, n.cfg.DebugPublic, "debug views", ", or --debug-public")
+}
+
+// profileGate serves h only to holders of the admin token, whatever
+// Config.DebugPublic says: a CPU profile or an execution trace keeps the
+// gateway busy for as long as the caller asks, and goroutine stacks and
+// the command line describe the deployment.
+func (n *Node) profileGate(h http.HandlerFunc) http.HandlerFunc {
+	return n.tokenGate(h, false, "profiles", "")
+}
+
+// tokenGate serves h to holders of the admin token, and to anyone when
+// public. The 401 names the views (what) and, on a gateway without a
+// token, how to open them (the token, then orElse).
+func (n *Node) tokenGate(h http.HandlerFunc, public bool, what, orElse string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !n.cfg.DebugPublic && !n.admin.allows(r) {
-			msg := "debug views require the admin token (Authorization: Bearer <token>)"
+		if !public && !n.admin.allows(r) {
+			msg := what + " require the admin token (Authorization: Bearer <token>)"
 			if !n.admin.set {
-				msg = "debug views require the admin token, and this gateway has none: set KVMESH_ADMIN_TOKEN (or --admin-token-file), or --debug-public"
+				msg = what + " require the admin token, and this gateway has none: set KVMESH_ADMIN_TOKEN (or --admin-token-file)" + orElse
 			}
 			n.refuse(w, &apiError{status: http.StatusUnauthorized, code: CodeUnauthorized, message: msg})
 			return

@@ -68,6 +68,42 @@ func TestDebugViewsNeedTheAdminToken(t *testing.T) {
 	assert.False(t, DefaultConfig().DebugPublic, "private by default")
 }
 
+// Go's profiles need the admin token even on a gateway whose debug views
+// are public (LocalConfig's), and serve real profiles to its holder.
+func TestProfilesNeedTheAdminToken(t *testing.T) {
+	t.Setenv("KVMESH_ADMIN_TOKEN", "")
+	e := newFakeEngine(t, "a")
+	n := startNode(t, func(c *Config) { c.DebugPublic = true; c.AdminToken = "s3cret" }, ReplicaConfig{Name: "a", URL: e.url()})
+	paths := []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/heap",
+		"/debug/pprof/cmdline", "/debug/pprof/symbol", "/debug/pprof/profile?seconds=1", "/debug/pprof/trace?seconds=1"}
+	for _, path := range paths {
+		st, body := getWith(t, n, path, nil)
+		assert.Equal(t, http.StatusUnauthorized, st, path)
+		assert.Contains(t, body, "profiles require the admin token", path)
+		st, _ = getWith(t, n, path, map[string]string{"Authorization": "Bearer wrong"})
+		assert.Equal(t, http.StatusUnauthorized, st, path)
+	}
+	auth := map[string]string{"Authorization": "Bearer s3cret"}
+	st, body := getWith(t, n, "/debug/pprof/", auth)
+	require.Equal(t, http.StatusOK, st, body)
+	assert.Contains(t, body, "goroutine")
+	st, body = getWith(t, n, "/debug/pprof/goroutine?debug=1", auth)
+	require.Equal(t, http.StatusOK, st, body)
+	assert.Contains(t, body, "tokenGate", "this very request's stack is in the dump")
+	// A CPU profile is a gzipped protobuf (gzip's magic bytes first).
+	st, body = getWith(t, n, "/debug/pprof/profile?seconds=1", auth)
+	require.Equal(t, http.StatusOK, st, body)
+	require.Greater(t, len(body), 2)
+	assert.Equal(t, "\x1f\x8b", body[:2])
+
+	// A gateway without a token cannot open them at all, and says what to set.
+	n2 := startNode(t, func(c *Config) { c.DebugPublic = true }, ReplicaConfig{Name: "a", URL: e.url()})
+	st, body = getWith(t, n2, "/debug/pprof/", map[string]string{"Authorization": "Bearer "})
+	assert.Equal(t, http.StatusUnauthorized, st)
+	assert.Contains(t, body, "KVMESH_ADMIN_TOKEN")
+	assert.NotContains(t, body, "--debug-public", "making debug views public does not open profiles")
+}
+
 // A pinned request goes to the named replica; the pin needs the admin
 // token, and neither the pin nor the token reaches the engine.
 func TestPinReplica(t *testing.T) {

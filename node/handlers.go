@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/pprof"
 	"runtime/debug"
 	"sort"
 	"sync"
@@ -29,6 +30,13 @@ func (n *Node) routes() http.Handler {
 	mux.HandleFunc("/admin/", n.serveAdmin)
 	mux.Handle("/debug/route", n.limit(n.debugGate(n.serveDebugRoute)))
 	mux.HandleFunc("/debug/replicas", n.debugGate(n.serveDebugReplicas))
+	// Go's profiles (net/http/pprof's handlers, mounted here only; nothing
+	// serves http.DefaultServeMux, where its import also registers them).
+	mux.HandleFunc("/debug/pprof/", n.profileGate(pprof.Index))
+	mux.HandleFunc("/debug/pprof/cmdline", n.profileGate(pprof.Cmdline))
+	mux.HandleFunc("/debug/pprof/profile", n.profileGate(pprof.Profile))
+	mux.HandleFunc("/debug/pprof/symbol", n.profileGate(pprof.Symbol))
+	mux.HandleFunc("/debug/pprof/trace", n.profileGate(pprof.Trace))
 	mux.Handle("/metrics", promhttp.HandlerFor(n.m.reg, promhttp.HandlerOpts{Registry: n.m.reg}))
 	mux.HandleFunc("/", n.notFound)
 	return n.recoverer(mux)

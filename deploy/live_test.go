@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvmesh/kvmesh/internal/freeport"
 	"github.com/kvmesh/kvmesh/node"
 )
 
@@ -60,20 +61,6 @@ func startEngine(t *testing.T, bin, name string, blockSize int, extra ...string)
 	}, extra...)
 	_, m := startProc(t, name, filepath.Join(bin, "vllmsim"), args, simReady)
 	return engine{name: name, addr: m[0], kv: m[1], replay: m[2], blockSize: blockSize}
-}
-
-// freeDeadAddr returns a loopback address that refuses connections.
-func freeDeadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return addr
 }
 
 // writeGatewayConfig writes a gateway YAML config for the engines (and
@@ -224,7 +211,7 @@ func startMetricsStack(t *testing.T) *stack {
 	}{{"engine-a", 16}, {"engine-b", 16}, {"engine-c", 8}} {
 		s.engines = append(s.engines, startEngine(t, s.bin, e.name, e.bs, "--profile=fast", "--speed=20"))
 	}
-	s.dead = freeDeadAddr(t)
+	s.dead = freeport.Refusing(t) // held for the test: see there (ci613)
 	s.cfgPath = writeGatewayConfig(t, s.engines, s.dead)
 	flags := []string{"--eject-after=1", "--eject-backoff=200ms", "--health-interval=0", "--scrape-interval=100ms"}
 	s.startGateway(t, flags...)

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/internal/freeport"
 )
 
 // promAPI is the envelope of Prometheus's HTTP API answers.
@@ -107,7 +109,7 @@ func TestPrometheusAnswersDashboard(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	listen := freeDeadAddr(t)
+	listen := fmt.Sprintf("127.0.0.1:%d", freeport.Ports(t, 1)[0])
 	startProc(t, "prometheus", promBin, []string{
 		"--config.file=" + cfgPath, "--storage.tsdb.path=" + filepath.Join(dir, "data"),
 		"--web.listen-address=" + listen, "--log.level=info",

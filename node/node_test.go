@@ -13,7 +13,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/internal/freeport"
 	"github.com/kvmesh/kvmesh/internal/leaktest"
 	"github.com/kvmesh/kvmesh/route"
 )
@@ -62,18 +62,7 @@ func rc(name, url string) ReplicaConfig { return ReplicaConfig{Name: name, URL: 
 
 // closedURL returns an http URL on a port nothing listens on.
 func closedURL(t testing.TB) string {
-	// A socket bound to the port but not listening: connecting is refused,
-	// as at a closed port, and no other process can take the port for the
-	// test's lifetime. A listener closed at once left the port free, and
-	// under three concurrent CI runs another test's fake engine bound it
-	// (ci360: TestRetryOnConnectFailure got 200 from "dead").
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
-	sa, err := syscall.Getsockname(fd)
-	require.NoError(t, err)
-	return fmt.Sprintf("http://127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	return "http://" + freeport.Refusing(t) // see there: ci360
 }
 
 func post(t testing.TB, n *Node, path, body string, hdr map[string]string) *http.Response {

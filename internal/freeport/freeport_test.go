@@ -40,3 +40,17 @@ func TestTakenPortIsSkipped(t *testing.T) {
 	taken := l.Addr().(*net.TCPAddr).Port
 	require.False(t, free(taken, []string{"127.0.0.1"}))
 }
+
+// TestRefusingRefusesAndStaysTaken: connecting is refused, and no listener
+// can bind the port while the test runs (a listener closed at once, as
+// before, fails the second check).
+func TestRefusingRefusesAndStaysTaken(t *testing.T) {
+	addr := Refusing(t)
+	_, err := net.Dial("tcp", addr)
+	require.Error(t, err, "nothing listens on %s", addr)
+	l, err := net.Listen("tcp", addr)
+	if err == nil {
+		l.Close()
+	}
+	require.Error(t, err, "%s stays taken", addr)
+}

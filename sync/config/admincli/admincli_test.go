@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/kvmesh/kvmesh/internal/freeport"
 	"github.com/kvmesh/kvmesh/sync/config"
 )
 
@@ -268,10 +269,7 @@ func TestMembersAndExplain(t *testing.T) {
 // command names the address it tried and how to give another, instead of
 // gRPC's raw dial error.
 func TestUnreachableAdminAddrSaysWhat(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close()) // a port nobody listens on
+	addr := freeport.Refusing(t) // a port nobody listens on, held for the test
 	for _, args := range [][]string{{"members"}, {"config", "get"}} {
 		root := &cobra.Command{Use: "kvmesh", SilenceUsage: true, SilenceErrors: true}
 		root.AddCommand(Commands()...)

@@ -331,23 +331,47 @@ func (e *Env) controlCtx(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(ctx, e.cfg.ControlTimeout)
 }
 
+// scrapeAttempts is how many times scrape tries one /metrics page.
+const scrapeAttempts = 3
+
+// scrape reads base's /metrics. A scrape changes nothing, so one that
+// fails in transport (a timeout included) or answers 5xx is tried again,
+// up to scrapeAttempts times, each bounded by ControlTimeout: one slow
+// answer of a busy gateway or engine must not cost the phase whose
+// counters it reads (ci623, ci624: a gateway under five concurrent CI
+// runs missed the 5 s bound once, and the phase was lost).
 func (e *Env) scrape(ctx context.Context, base string) ([]Sample, error) {
+	var err error
+	for range scrapeAttempts {
+		var s []Sample
+		var retry bool
+		if s, retry, err = e.scrapeOnce(ctx, base); err == nil || !retry || ctx.Err() != nil {
+			return s, err
+		}
+	}
+	return nil, err
+}
+
+// scrapeOnce reads base's /metrics once; retry says whether the failure
+// may pass (transport error or 5xx).
+func (e *Env) scrapeOnce(ctx context.Context, base string) (s []Sample, retry bool, err error) {
 	ctx, cancel := e.controlCtx(ctx)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/metrics", nil)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	resp, err := e.hc.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil, fmt.Errorf("%w: %s: HTTP %d", ErrMetrics, base, resp.StatusCode)
+		return nil, resp.StatusCode >= 500, fmt.Errorf("%w: %s: HTTP %d", ErrMetrics, base, resp.StatusCode)
 	}
-	return ParseMetrics(resp.Body)
+	s, err = ParseMetrics(resp.Body)
+	return s, err != nil && ctx.Err() != nil, err // a body cut off by the deadline may pass too
 }
 
 func (e *Env) isClosed() bool {

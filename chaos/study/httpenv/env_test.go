@@ -3,7 +3,10 @@ package httpenv_test
 import (
 	"context"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,4 +219,60 @@ func TestStudyOverHTTPFakes(t *testing.T) {
 	for _, p := range res.Phases {
 		require.True(t, p.Measured, p.Name)
 	}
+}
+
+// TestCountersRetryAScrape: a /metrics page that times out or answers 5xx
+// is tried again (up to three times), one that answers 404 is not.
+func TestCountersRetryAScrape(t *testing.T) {
+	var calls atomic.Int32
+	var fail atomic.Int32 // how many scrapes in a row fail from now
+	var status atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if fail.Add(-1) >= 0 {
+			if st := int(status.Load()); st != 0 {
+				w.WriteHeader(st)
+				return
+			}
+			<-r.Context().Done() // past the control timeout: the client gives up
+			return
+		}
+		_, _ = w.Write([]byte("vllm:prefix_cache_queries_total 10\nvllm:prefix_cache_hits_total 4\n"))
+	}))
+	defer srv.Close()
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer gw.Close()
+	cfg := httpenv.DefaultConfig()
+	cfg.Engines = []httpenv.Endpoint{{Name: "A", URL: srv.URL}}
+	cfg.Gateways = []string{gw.URL}
+	cfg.Model = "m"
+	cfg.ControlTimeout = 100 * time.Millisecond
+	env, err := httpenv.New(cfg)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, env.Close()) }()
+	ctx := context.Background()
+
+	for _, st := range []int32{0, http.StatusServiceUnavailable} {
+		calls.Store(0)
+		fail.Store(2)
+		status.Store(st)
+		c, err := env.Counters(ctx)
+		require.NoError(t, err, "status %d", st)
+		assert.Equal(t, []float64{4}, c.Hits)
+		assert.Equal(t, int32(3), calls.Load(), "two failures, then the page")
+	}
+
+	calls.Store(0)
+	fail.Store(3)
+	status.Store(0)
+	_, err = env.Counters(ctx)
+	require.ErrorIs(t, err, study.ErrEngine, "three timeouts in a row fail")
+	assert.Equal(t, int32(3), calls.Load())
+
+	calls.Store(0)
+	fail.Store(1)
+	status.Store(http.StatusNotFound)
+	_, err = env.Counters(ctx)
+	require.ErrorIs(t, err, httpenv.ErrMetrics)
+	assert.Equal(t, int32(1), calls.Load(), "a 404 is not tried again")
 }

@@ -276,7 +276,7 @@ func (e *Env) Observe(done func(study.Observation)) {
 		o := study.Observation{At: e.Now()}
 		for _, en := range e.cfg.Engines {
 			run, wait := -1, -1
-			if s, err := e.scrape(ctx, en.URL); err == nil {
+			if s, err := e.scrape(ctx, en.URL, 1); err == nil {
 				if v, ok := Sum(s, MetricRunning); ok {
 					run = int(v)
 				}
@@ -331,18 +331,20 @@ func (e *Env) controlCtx(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithTimeout(ctx, e.cfg.ControlTimeout)
 }
 
-// scrapeAttempts is how many times scrape tries one /metrics page.
+// scrapeAttempts is how many times Counters tries one /metrics page.
 const scrapeAttempts = 3
 
-// scrape reads base's /metrics. A scrape changes nothing, so one that
-// fails in transport (a timeout included) or answers 5xx is tried again,
-// up to scrapeAttempts times, each bounded by ControlTimeout: one slow
-// answer of a busy gateway or engine must not cost the phase whose
-// counters it reads (ci623, ci624: a gateway under five concurrent CI
-// runs missed the 5 s bound once, and the phase was lost).
-func (e *Env) scrape(ctx context.Context, base string) ([]Sample, error) {
+// scrape reads base's /metrics, trying up to attempts times: a scrape
+// changes nothing, so one that fails in transport (a timeout included) or
+// answers 5xx may be tried again, each try bounded by ControlTimeout.
+// Counters does (one slow answer of a busy gateway or engine must not cost
+// the phase whose counters it reads: ci623, ci624, where a gateway under
+// five concurrent CI runs missed the 5 s bound once); a timeline sample
+// (Observe) and WaitIdle's poll try once: a late answer would be filed
+// under the sample's earlier time, and WaitIdle polls again anyway.
+func (e *Env) scrape(ctx context.Context, base string, attempts int) ([]Sample, error) {
 	var err error
-	for range scrapeAttempts {
+	for range max(attempts, 1) {
 		var s []Sample
 		var retry bool
 		if s, retry, err = e.scrapeOnce(ctx, base); err == nil || !retry || ctx.Err() != nil {
@@ -430,7 +432,7 @@ func (e *Env) Counters(ctx context.Context) (study.Counters, error) {
 		return c, ErrClosed
 	}
 	for _, en := range e.cfg.Engines {
-		s, err := e.scrape(ctx, en.URL)
+		s, err := e.scrape(ctx, en.URL, scrapeAttempts)
 		if err != nil {
 			return c, fmt.Errorf("%w: %s: %w", study.ErrEngine, en.Name, err)
 		}
@@ -442,7 +444,7 @@ func (e *Env) Counters(ctx context.Context) (study.Counters, error) {
 		c.Success = append(c.Success, ok)
 	}
 	for _, g := range e.cfg.Gateways {
-		s, err := e.scrape(ctx, g)
+		s, err := e.scrape(ctx, g, scrapeAttempts)
 		if err != nil {
 			return c, fmt.Errorf("%w: gateway %s: %w", study.ErrEngine, g, err)
 		}
@@ -488,7 +490,7 @@ func (e *Env) WaitIdle(ctx context.Context) error {
 
 func (e *Env) busy(ctx context.Context) (string, error) {
 	for _, en := range e.cfg.Engines {
-		s, err := e.scrape(ctx, en.URL)
+		s, err := e.scrape(ctx, en.URL, 1)
 		if err != nil {
 			return "", err
 		}

@@ -19,11 +19,18 @@ import (
 // "dead" replica answered as a gateway's peer gRPC server).
 func Refusing(t testing.TB) string {
 	t.Helper()
+	// Under ForkLock, as the net package does where SOCK_CLOEXEC is not
+	// portable: a process started between the two calls (deploy's tests
+	// start gateways concurrently) must not inherit the port.
+	syscall.ForkLock.RLock()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.CloseOnExec(fd)
+	}
+	syscall.ForkLock.RUnlock()
 	if err != nil {
 		t.Fatalf("freeport: socket: %v", err)
 	}
-	syscall.CloseOnExec(fd)
 	t.Cleanup(func() { _ = syscall.Close(fd) })
 	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatalf("freeport: bind: %v", err)

@@ -40,6 +40,8 @@ type proxyOpts struct {
 	strategy  string
 	indexMode string
 	strace    bool
+	profile   string // directory for CPU profiles of the kvmesh targets ("": none)
+	profSecs  int    // length of each profile
 	out       string
 	timeout   time.Duration
 	noInstall bool
@@ -48,7 +50,7 @@ type proxyOpts struct {
 func defaultProxyOpts() proxyOpts {
 	return proxyOpts{
 		streams: []int{20, 200}, perWorker: 5, rounds: 4, tokens: 8, gap: 20 * time.Millisecond,
-		prompt: 2048, strategy: "cost", indexMode: "history", timeout: 10 * time.Minute,
+		prompt: 2048, strategy: "cost", indexMode: "history", timeout: 10 * time.Minute, profSecs: 10,
 	}
 }
 
@@ -87,7 +89,12 @@ of the nginx processes and of kvmesh read from /proc around their blocks,
 and uptime before and after; for the figures issue 21 compares, also their
 5th–95th percentile over resamples of the rounds (how much they move with
 the rounds that happened to run). --strace adds one block per proxy under
-strace -c -f and reports syscalls per 1,000 requests (untimed).
+strace -c -f and reports syscalls per 1,000 requests (untimed). --profile DIR
+takes a CPU profile of each kvmesh target from its own /debug/pprof/ (an admin
+token made up for the run) while one more untimed run of blocks streams
+through it, per --streams value, writes it to DIR and sums it into the shares
+that say where the gateway's time goes (system calls, the scheduler, GC,
+kvmesh's own code).
 
 kvmesh is built from ./cmd/kvmesh unless --kvmesh names a binary; nginx is
 taken from PATH or /usr/sbin, installed with apt-get (nginx-light) when
@@ -128,6 +135,8 @@ missing and allowed, and left out (with a message) when it cannot be.`,
 	f.StringVar(&o.strategy, "strategy", o.strategy, "kvmesh --strategy")
 	f.StringVar(&o.indexMode, "index-mode", o.indexMode, "kvmesh --index-mode")
 	f.BoolVar(&o.strace, "strace", false, "also count syscalls per 1,000 requests with strace -c -f (one extra untimed block per proxy)")
+	f.StringVar(&o.profile, "profile", "", "also take a CPU profile of each kvmesh target from its /debug/pprof/ at each --streams value (one extra untimed run of blocks) and write it into this directory")
+	f.IntVar(&o.profSecs, "profile-seconds", o.profSecs, "length of each --profile")
 	f.StringVar(&o.out, "out", "", "also write the figures as JSON to this file")
 	f.DurationVar(&o.timeout, "timeout", o.timeout, "abort the whole run after this long")
 	return cmd
@@ -401,6 +410,7 @@ type target struct {
 	client *http.Client
 	proc   *proc  // nil for direct
 	gcURL  string // kvmesh's /metrics, read for its GC cycle count
+	base   string // kvmesh's base URL (its /debug/pprof/), "" for the others
 }
 
 // gcCycles reads go_gc_duration_seconds_count from a Go process's
@@ -606,13 +616,14 @@ type proxyRow struct {
 
 // proxyReport is a whole run.
 type proxyReport struct {
-	UptimeBefore string       `json:"uptime_before"`
-	UptimeAfter  string       `json:"uptime_after"`
-	Options      string       `json:"options"`
-	NginxMissing string       `json:"nginx_missing,omitempty"`
-	Rows         []proxyRow   `json:"rows"`
-	Syscalls     []string     `json:"syscalls,omitempty"` // strace -c tables
-	Bands        []proxyBands `json:"bands"`
+	UptimeBefore string          `json:"uptime_before"`
+	UptimeAfter  string          `json:"uptime_after"`
+	Options      string          `json:"options"`
+	NginxMissing string          `json:"nginx_missing,omitempty"`
+	Rows         []proxyRow      `json:"rows"`
+	Syscalls     []string        `json:"syscalls,omitempty"` // strace -c tables
+	Profiles     []profileResult `json:"profiles,omitempty"`
+	Bands        []proxyBands    `json:"bands"`
 }
 
 func uptime() string {
@@ -626,6 +637,9 @@ func uptime() string {
 func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyReport, error) {
 	if o.rounds < 1 || o.perWorker < 1 || o.tokens < 1 || len(o.streams) == 0 {
 		return nil, errors.New("--rounds, --per-worker, --tokens and --streams must be positive")
+	}
+	if o.profile != "" && o.profSecs < 1 {
+		return nil, errors.New("--profile-seconds must be positive")
 	}
 	for _, s := range o.streams {
 		if s < 1 || s > 2000 {
@@ -720,11 +734,21 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 		targets = append(targets, &target{name: targetGoFloor, urls: []string{"http://" + addr + "/v1/completions"}, client: newClient(), proc: p})
 	}
 
+	// An admin token opens the gateways' /debug/pprof/ to --profile.
+	token := ""
+	if o.profile != "" {
+		if token, err = newAdminToken(); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+			return nil, err
+		}
+	}
 	for _, k := range []struct{ name, bin string }{{targetKvmesh, kvBin}, {targetBaseline, o.baseline}} {
 		if k.bin == "" {
 			continue
 		}
-		t, err := startKvmesh(ctx, k.name, k.bin, o, engines, log)
+		t, err := startKvmesh(ctx, k.name, k.bin, token, o, engines, log)
 		if t != nil {
 			procs = append(procs, t.proc)
 		}
@@ -829,13 +853,29 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 			}
 		}
 	}
+	if o.profile != "" {
+		for _, conc := range o.streams {
+			for _, t := range targets {
+				if t.base == "" {
+					continue
+				}
+				p := profileBlock(ctx, t, token, o.profSecs, o.profile, bodies, want, conc, o.perWorker, streamDur/time.Duration(conc))
+				if p.Error != "" {
+					fmt.Fprintf(log, "proxybench: profile of %s at %d streams: %s\n", t.name, conc, p.Error)
+				}
+				rep.Profiles = append(rep.Profiles, p)
+			}
+		}
+	}
 	rep.UptimeAfter = uptime()
 	return rep, nil
 }
 
 // startKvmesh starts `kvmesh serve` from bin in front of engines and waits
 // until it is ready.
-func startKvmesh(ctx context.Context, name, bin string, o proxyOpts, engines []string, log io.Writer) (*target, error) {
+// token, when set, is its admin token (in its environment, not its
+// command line).
+func startKvmesh(ctx context.Context, name, bin, token string, o proxyOpts, engines []string, log io.Writer) (*target, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -848,15 +888,19 @@ func startKvmesh(ctx context.Context, name, bin string, o proxyOpts, engines []s
 	}
 	kc := exec.CommandContext(ctx, bin, args...)
 	kc.Stdout, kc.Stderr = log, log
+	kc.Env = os.Environ()
 	if name == targetKvmesh && o.procs > 0 {
-		kc.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", o.procs))
+		kc.Env = append(kc.Env, fmt.Sprintf("GOMAXPROCS=%d", o.procs))
+	}
+	if token != "" {
+		kc.Env = append(kc.Env, "KVMESH_ADMIN_TOKEN="+token)
 	}
 	if err := kc.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	kp := &proc{name: name, cmd: kc}
 	kp.pids = func() []int { return []int{kc.Process.Pid} }
-	t := &target{name: name, urls: []string{"http://" + kvAddr + "/v1/completions"}, proc: kp, gcURL: "http://" + kvAddr + "/metrics"}
+	t := &target{name: name, urls: []string{"http://" + kvAddr + "/v1/completions"}, proc: kp, gcURL: "http://" + kvAddr + "/metrics", base: "http://" + kvAddr}
 	if err := waitHTTP(ctx, "http://"+kvAddr+"/ready", http.StatusOK); err != nil {
 		return t, fmt.Errorf("%s: %w", name, err)
 	}
@@ -974,5 +1018,8 @@ func (r *proxyReport) write(w io.Writer) {
 	}
 	for _, t := range r.Syscalls {
 		fmt.Fprintf(w, "\nstrace -c -f, %s\n", t)
+	}
+	for _, p := range r.Profiles {
+		p.write(w)
 	}
 }

@@ -453,6 +453,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, p *genParams, 
 				}
 				return
 			}
+			if !s.held(ctx, mt, ev.out.Index) {
+				return
+			}
 			var fr *string
 			if ev.out.Index == mt-1 {
 				reason := string(FinishLength)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -74,11 +75,13 @@ type Server struct {
 	// afterWake, if set (tests only), runs in the driver goroutine each
 	// time it wakes from a wait: it stands for a late wake-up.
 	afterWake func()
-	stop      chan struct{}
-	driverWG  sync.WaitGroup
-	httpSrv   *http.Server
-	ln        net.Listener
-	serveErr  chan error
+	// hold, when set, stalls long streaming answers (HoldStreams).
+	hold     atomic.Pointer[streamHold]
+	stop     chan struct{}
+	driverWG sync.WaitGroup
+	httpSrv  *http.Server
+	ln       net.Listener
+	serveErr chan error
 	// newConns tracks connections that have not sent a request yet:
 	// net/http's Shutdown waits up to 5 s for those, so Shutdown closes
 	// them (and any that arrive once closing is set).
@@ -90,6 +93,48 @@ type Server struct {
 	shutOnce  sync.Once
 	stopOnce  sync.Once
 	shutErr   error
+}
+
+// streamHold is one HoldStreams: streaming answers of at least min
+// tokens wait on release after their first content chunk.
+type streamHold struct {
+	min     int
+	release chan struct{}
+}
+
+// HoldStreams stalls every streaming answer of at least minTokens tokens
+// (max_tokens as granted) after its first content chunk, until release is
+// called: the answer's connection stays open and silent, as an engine's
+// does while a step stalls. The engine keeps generating meanwhile (its
+// tokens wait for the answer; none is lost), and answers shorter than
+// minTokens are not held. A test holds the streams it started so that
+// they are certainly in flight at a gateway for as long as it needs (a
+// replica's removal, say), however slowly the rest of the test runs.
+// release is idempotent; a later HoldStreams replaces this one (its
+// streams stay held until its own release).
+func (s *Server) HoldStreams(minTokens int) (release func()) {
+	h := &streamHold{min: minTokens, release: make(chan struct{})}
+	s.hold.Store(h)
+	return sync.OnceFunc(func() {
+		s.hold.CompareAndSwap(h, nil)
+		close(h.release)
+	})
+}
+
+// held waits while a HoldStreams holds an answer of mt tokens whose
+// content chunk index is about to be sent; it reports false when ctx
+// ended first.
+func (s *Server) held(ctx context.Context, mt, index int) bool {
+	h := s.hold.Load()
+	if h == nil || index < 1 || mt < h.min {
+		return true
+	}
+	select {
+	case <-h.release:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // NewServer validates cfg and builds a Server; nothing runs until Start.

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -479,4 +480,55 @@ func TestSpeedCompressesModelTime(t *testing.T) {
 	require.InDelta(t, 1.606, sum, 0.8, "TTFT in model seconds")
 	require.Less(t, wall, 2*time.Second, "speed 50 runs ~32 ms of wall time")
 	t.Logf("model TTFT %.3fs, wall %v", sum, wall)
+}
+
+// TestHoldStreams: a held stream sends its first content chunk and then
+// nothing until release, though the engine has generated every token; a
+// stream shorter than the hold's minimum is not held; after release the
+// held stream ends complete.
+func TestHoldStreams(t *testing.T) {
+	s, _ := startServer(t, nil)
+	release := s.HoldStreams(10)
+	defer release()
+
+	long := post(t, s.URL()+"/v1/completions", `{"prompt":"held","max_tokens":20,"stream":true}`)
+	defer long.Body.Close()
+	br := bufio.NewReader(long.Body)
+	first, err := br.ReadString('\n')
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(first, "data: "), "the first chunk comes before the hold")
+	blank, err := br.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "\n", blank)
+	rest := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(br) // parsed on the test's goroutine
+		rest <- b
+	}()
+
+	short := post(t, s.URL()+"/v1/completions", `{"prompt":"not held","max_tokens":5,"stream":true}`)
+	events := readSSE(t, short.Body)
+	short.Body.Close()
+	require.Equal(t, "[DONE]", events[len(events)-1], "a stream shorter than the minimum is not held")
+	require.Eventually(t, func() bool {
+		st := s.Stats()
+		return st.Running == 0 && st.Waiting == 0
+	}, 10*time.Second, 5*time.Millisecond, "the engine generates the held stream's tokens meanwhile")
+	select {
+	case b := <-rest:
+		t.Fatalf("the held stream ended before release: %q", b)
+	default:
+	}
+
+	release()
+	var got []string
+	select {
+	case b := <-rest:
+		got = readSSE(t, bytes.NewReader(b))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held stream did not end after release")
+	}
+	require.Len(t, got, 20, "19 more content chunks and [DONE]")
+	require.Equal(t, "[DONE]", got[len(got)-1])
+	release() // idempotent
 }

@@ -44,8 +44,9 @@ func awaitVersion(t *R, c *cluster.Cluster, v uint64) time.Time {
 func scaleOutAndIn(t *R) {
 	c := startClusterMode(t, 3, 2, func(cfg *cluster.Config) {
 		// e0, the engine removed at the end, runs at a fifth of the fast
-		// profile's speed, so that its long streams are still running
-		// when the removal applies.
+		// profile's speed: its answers take longer, so more of the load's
+		// are in flight when its removal applies (its long streams are
+		// held then; see step 4).
 		cfg.Sim = func(i int, sc *sim.Config) {
 			if i == 0 {
 				sc.Speed = 0.2
@@ -123,9 +124,14 @@ func scaleOutAndIn(t *R) {
 
 	// Engine scale-in: e0 leaves the config while long streams it serves
 	// are running; they finish completely, and nothing new goes there.
+	// e0 holds them after their first chunk until the removal has applied
+	// everywhere, so they are in flight at the gateways then however long
+	// the removal takes (sim.Server.HoldStreams).
 	step(4)
 	gone := c.Engines()[0]
 	session := sessionOn(t, c, gone)
+	release := gone.Server().HoldStreams(drainTokens)
+	defer release() // on a failure before the removal applied
 	long := startDrainStreams(t, c, gone, session)
 	wctx, cancel = context.WithTimeout(ctx, 20*time.Second)
 	v, err = c.RemoveReplicaFromConfig(wctx, gone)
@@ -142,6 +148,7 @@ func scaleOutAndIn(t *R) {
 		require.NoError(t, err)
 		require.NotEqual(t, gone.Name, rep, "gateway %s routes to %s after its removal applied", g.Name, gone.Name)
 	}
+	release()
 	drained := long.wait(t, removedAt)
 
 	res := load.Wait()
@@ -202,12 +209,13 @@ func scaleOutAndIn(t *R) {
 	require.Zero(t, r.Load.Lost, "lost requests: %s", r.Load)
 }
 
-// drainTokens is the length of the streams the engine scale-in drains:
-// ~1.5 ms per token on the slowed engine, about 4.5 s in all. They must
-// outlast the removal's commit and apply on every gateway: at 1,500
-// tokens a stream ended 0.2 s before that under three parallel CI runs
-// (load 15), with 2 s to spare on a lightly loaded machine.
-const drainTokens = 3000
+// drainTokens is the length of the streams the engine scale-in drains.
+// The engine holds them after their first chunk until the removal has
+// applied; the other 499 chunks are then relayed from a replica that is
+// no longer in the config. They used to be long enough to outlast the
+// removal (3,000 tokens, 4.5 s on the slowed engine), until one ended
+// 0.26 s before the removal applied in a CI run at load 30.
+const drainTokens = 500
 
 // sessionOn finds a consistent-hash session key that every gateway routes
 // to e (the ring is the same on every gateway) and returns it.

@@ -229,8 +229,15 @@ func startSimNamed(t testing.TB) *sim.Server { return startSim(t, false) }
 func TestResponsesAffinityAcrossGateways(t *testing.T) {
 	s1, s2, s3 := startSimNamed(t), startSimNamed(t), startSimNamed(t)
 	reps := []ReplicaConfig{rc("r1", s1.URL()), rc("r2", s2.URL()), rc("r3", s3.URL())}
-	g1 := startNode(t, nil, reps...)
-	g2 := startNode(t, nil, reps...)
+	// g2 finds the owner by asking every available replica within
+	// HealthTimeout. LocalConfig's 250 ms is a health poll's budget on a
+	// quiet machine: under load a poll or the owner's answer to the
+	// discovery can take longer, and the follow-up then goes to a replica
+	// that answers 404 (ci674, five .ci/run at once, -race). What is under
+	// test is where the follow-up goes, not how fast the replicas answer.
+	slowOK := func(c *Config) { c.HealthTimeout = 2 * time.Second }
+	g1 := startNode(t, slowOK, reps...)
+	g2 := startNode(t, slowOK, reps...)
 
 	for _, stream := range []bool{false, true} {
 		body := fmt.Sprintf(`{"model":"m","input":"tell me a story","max_output_tokens":4,"stream":%v}`, stream)
@@ -570,7 +577,10 @@ func BenchmarkParseEndpoints(b *testing.B) {
 // once: beyond, the id is treated as unknown.
 func TestDiscoveryIsBounded(t *testing.T) {
 	a := newEchoEngine(t, "a")
-	n := startNode(t, nil, rc("a", a.srv.URL))
+	// The discovery GET has HealthTimeout: a loaded machine's answer may
+	// take longer than LocalConfig's 250 ms (see
+	// TestResponsesAffinityAcrossGateways).
+	n := startNode(t, func(c *Config) { c.HealthTimeout = 2 * time.Second }, rc("a", a.srv.URL))
 	for i := 0; i < maxDiscoveries; i++ {
 		n.owners.discover <- struct{}{}
 	}

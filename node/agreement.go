@@ -226,7 +226,7 @@ func (n *Node) checkAgreement(ctx context.Context, r *replica) bool {
 			break
 		}
 	}
-	n.recordAgreement(p, r, rep)
+	n.recordAgreement(ctx, p, r, rep)
 	return true
 }
 
@@ -284,10 +284,18 @@ func (n *Node) probeOnce(ctx context.Context, p *pool, r *replica, pr agreementP
 }
 
 // recordAgreement stores r's verdict, exports it, switches the model's
-// tokenization when allowed and warns once per disagreement.
-func (n *Node) recordAgreement(p *pool, r *replica, rep AgreementReport) {
+// tokenization when allowed and warns once per disagreement. ctx is r's
+// probe loop's: once it has ended (r left the routing table, and
+// forgetChecks ran or will run) the verdict is dropped. The state and its
+// gauges change under one lock with forgetChecks, so a verdict reached
+// while r is being removed cannot outlive the removal in either.
+func (n *Node) recordAgreement(ctx context.Context, p *pool, r *replica, rep AgreementReport) {
 	a := &n.agree
 	a.mu.Lock()
+	if ctx.Err() != nil {
+		a.mu.Unlock()
+		return
+	}
 	rep.At = time.Now().UTC()
 	a.reports[r.name] = rep
 	// The model's prompts go to the engine while any of its replicas
@@ -313,8 +321,6 @@ func (n *Node) recordAgreement(p *pool, r *replica, rep AgreementReport) {
 	} else {
 		delete(a.warned, r.name)
 	}
-	a.mu.Unlock()
-
 	v := 0.0
 	if rep.Verdict == AgreementAgree {
 		v = 1
@@ -325,6 +331,8 @@ func (n *Node) recordAgreement(p *pool, r *replica, rep AgreementReport) {
 		sw = 1
 	}
 	n.m.engineTokenizes.WithLabelValues(p.model).Set(sw)
+	a.mu.Unlock()
+
 	if warn {
 		action := "the model's prompts are now tokenized by the engine's /tokenize (remote, cached; the local tokenizer is the fallback)"
 		if !switched {
@@ -360,9 +368,9 @@ func (n *Node) forgetChecks(r *replica) {
 	n.m.suspect.DeletePartialMatch(l)
 	n.m.predictionChecks.DeletePartialMatch(l)
 	n.m.predictionError.DeletePartialMatch(l)
-	n.m.agreement.DeletePartialMatch(l)
 	a := &n.agree
 	a.mu.Lock()
+	n.m.agreement.DeletePartialMatch(l) // under the lock: see recordAgreement
 	rep, ok := a.reports[r.name]
 	delete(a.reports, r.name)
 	delete(a.warned, r.name)

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -203,17 +204,27 @@ func TestInFlightLimit(t *testing.T) {
 	assert.Equal(t, 4096, DefaultConfig().MaxInFlight)
 }
 
-// A replica that leaves the routing table takes its verdict with it: the
-// model goes back to the gateway's tokenizer when no remaining replica
-// disagrees, and its series go.
-func TestAgreementForgetsRemovedReplica(t *testing.T) {
-	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b") // /tokenize answers ids +1000: disagrees
-	n := startNode(t, func(c *Config) {
+// startDisagreeing starts a gateway in front of replicas a and b of model
+// m, where only b publishes KV events and so is probed, and b's
+// /tokenize disagrees (fake engines answer ids +1000); it returns once
+// b's verdict is in.
+func startDisagreeing(t *testing.T) (n *Node, a *fakeEngine) {
+	t.Helper()
+	a, b := newFakeEngine(t, "a"), newFakeEngine(t, "b")
+	n = startNode(t, func(c *Config) {
 		c.IndexMode = "kv-events"
 		c.Tokenizer = TokenizerCharacter
 		c.BlockSize = 4
 	}, ReplicaConfig{Name: "a", URL: a.url()}, ReplicaConfig{Name: "b", URL: b.url(), KVBind: "tcp://127.0.0.1:0"})
 	require.Eventually(t, func() bool { return len(n.Agreement()) == 1 }, 10*time.Second, 5*time.Millisecond)
+	return n, a
+}
+
+// A replica that leaves the routing table takes its verdict with it: the
+// model goes back to the gateway's tokenizer when no remaining replica
+// disagrees, and its series go.
+func TestAgreementForgetsRemovedReplica(t *testing.T) {
+	n, a := startDisagreeing(t)
 	assert.Equal(t, "b", n.Agreement()[0].Replica, "only the replica that publishes KV events is probed")
 	assert.Equal(t, AgreementDisagree, n.Agreement()[0].Verdict)
 	assert.True(t, n.agree.engine.has("m"))
@@ -223,5 +234,35 @@ func TestAgreementForgetsRemovedReplica(t *testing.T) {
 	require.NoError(t, n.applySpec(spec))
 	assert.Empty(t, n.Agreement())
 	assert.False(t, n.agree.engine.has("m"), "the model's own tokenizer again")
+	assert.Zero(t, gaugeValue(t, n, "kvmesh_tokenizer_engine_tokenizes"))
+}
+
+// A verdict that the removed replica's probe reaches while the removal
+// runs is dropped, in the state and in the gauges: the probe loop's
+// context has ended by then. ci683 (five .ci/run at once, -race) saw
+// kvmesh_tokenizer_engine_tokenizes at 1 after the removal, set by a
+// late probe after forgetChecks had reset it.
+func TestAgreementVerdictAfterRemovalIsDropped(t *testing.T) {
+	n, a := startDisagreeing(t)
+	p := n.tbl.Load().models["m"].pool
+	var rb *replica
+	for _, r := range p.replicas {
+		if r.name == "b" {
+			rb = r
+		}
+	}
+	require.NotNil(t, rb)
+
+	spec := specFromConfig(&n.cfg)
+	spec.models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{{Name: "a", URL: a.url()}}}}
+	require.NoError(t, n.applySpec(spec))
+	require.Empty(t, n.Agreement())
+
+	// b's probe loop's context, which the removal cancelled.
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	n.recordAgreement(ended, p, rb, AgreementReport{Model: "m", Replica: "b", Verdict: AgreementDisagree, Tokenizer: n.tokName})
+	assert.Empty(t, n.Agreement(), "no verdict for a removed replica")
+	assert.False(t, n.agree.engine.has("m"))
 	assert.Zero(t, gaugeValue(t, n, "kvmesh_tokenizer_engine_tokenizes"))
 }

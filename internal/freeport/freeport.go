@@ -8,8 +8,12 @@
 // choice and the bind, another test's dial takes it ("address already in
 // use"). These ports come from below that range instead, chosen at random
 // and checked free for TCP and UDP (memberlist binds both) on every IP
-// asked for; no dial or ":0" listener is ever given one, and two tests
-// doing the same would have to pick the same of some ten thousand ports.
+// asked for; no dial or ":0" listener is ever given one. Two processes
+// could still pick the same port and both find it free before either's
+// child binds it (ci692: a vllmsim child of one of three concurrent
+// .ci/run found its port taken), so on Unix each port is also claimed for
+// the test's duration with a lock file that every process using this
+// package honours (claim).
 package freeport
 
 import (
@@ -38,36 +42,52 @@ var (
 // It fails the test when it cannot find them.
 func Ports(t testing.TB, n int, ips ...string) []int {
 	t.Helper()
-	ps, err := find(n, ips)
+	ps, releases, err := find(n, ips)
+	t.Cleanup(func() {
+		for _, r := range releases {
+			r()
+		}
+	})
 	if err != nil {
 		t.Fatalf("freeport: %v", err)
 	}
 	return ps
 }
 
-func find(n int, ips []string) ([]int, error) {
+// find returns n ports and the releases of their claims.
+func find(n int, ips []string) ([]int, []func(), error) {
 	if len(ips) == 0 {
 		ips = []string{"127.0.0.1"}
 	}
 	high := ephemeralLow()
 	if high-low < 1000 {
-		return nil, fmt.Errorf("ephemeral port range starts at %d: too little room below it", high)
+		return nil, nil, fmt.Errorf("ephemeral port range starts at %d: too little room below it", high)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	var out []int
+	var releases []func()
 	for tries := 0; len(out) < n; tries++ {
 		if tries > 100*n+1000 {
-			return nil, fmt.Errorf("found %d of %d free ports in [%d, %d)", len(out), n, low, high)
+			return out, releases, fmt.Errorf("found %d of %d free ports in [%d, %d)", len(out), n, low, high)
 		}
 		p := low + rand.IntN(high-low)
-		if given[p] || !free(p, ips) {
+		if given[p] {
+			continue
+		}
+		release, ok := claim(p)
+		if !ok {
+			continue // another process's
+		}
+		if !free(p, ips) {
+			release()
 			continue
 		}
 		given[p] = true
 		out = append(out, p)
+		releases = append(releases, release)
 	}
-	return out, nil
+	return out, releases, nil
 }
 
 // free reports whether p can be bound for TCP and UDP on every ip.

@@ -28,7 +28,10 @@ func claim(p int) (release func(), ok bool) {
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
-		return nil, err != syscall.EWOULDBLOCK
+		if err == syscall.EWOULDBLOCK {
+			return nil, false // another process's
+		}
+		return func() {}, true
 	}
 	return func() { f.Close() }, true
 }

@@ -49,17 +49,13 @@ func newAdminToken() (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
-// profileBlock profiles t (a kvmesh target whose admin token is token)
-// for seconds while blocks of conc streams run through it back to back,
-// writes the profile to dir and summarises it. The blocks stop when the
-// profile has arrived; at most maxProfileBlocks run.
+// profileBlock profiles t (a kvmesh target, t.base set, whose admin
+// token is token) for seconds while blocks of conc streams run through it
+// back to back, writes the profile to dir and summarises it. The blocks
+// stop when the profile has arrived; at most maxProfileBlocks run.
 func profileBlock(ctx context.Context, t *target, token string, seconds int, dir string,
 	bodies func(int) []byte, want []byte, conc, perWorker int, stagger time.Duration) profileResult {
 	res := profileResult{Target: t.name, Streams: conc, Seconds: seconds}
-	if t.base == "" {
-		res.Error = "not a kvmesh target"
-		return res
-	}
 	type fetched struct {
 		body []byte
 		err  error
@@ -70,18 +66,17 @@ func profileBlock(ctx context.Context, t *target, token string, seconds int, dir
 		done <- fetched{b, err}
 	}()
 	var got fetched
-	for blocks := 0; ; blocks++ {
+	arrived := false
+	for blocks := 0; !arrived && blocks < maxProfileBlocks && ctx.Err() == nil; blocks++ {
 		select {
 		case got = <-done:
+			arrived = true
 		default:
-			if blocks < maxProfileBlocks && ctx.Err() == nil {
-				s := runBlock(ctx, t, bodies, want, conc, perWorker, stagger)
-				res.Requests += s.requests
-				continue
-			}
-			got = <-done // the profile's own deadline ends the wait
+			res.Requests += runBlock(ctx, t, bodies, want, conc, perWorker, stagger).requests
 		}
-		break
+	}
+	if !arrived {
+		got = <-done // the profile's own deadline ends the wait
 	}
 	if got.err != nil {
 		res.Error = got.err.Error()

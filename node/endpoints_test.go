@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -574,7 +575,8 @@ func BenchmarkParseEndpoints(b *testing.B) {
 }
 
 // Owner discovery asks the engines, but never more than maxDiscoveries at
-// once: beyond, the id is treated as unknown.
+// once: beyond, the client is told to retry (503), as it is when a lookup
+// goes unanswered, and the engines are not asked.
 func TestDiscoveryIsBounded(t *testing.T) {
 	a := newEchoEngine(t, "a")
 	// The discovery GET has HealthTimeout: a loaded machine's answer may
@@ -584,24 +586,81 @@ func TestDiscoveryIsBounded(t *testing.T) {
 	for i := 0; i < maxDiscoveries; i++ {
 		n.owners.discover <- struct{}{}
 	}
-	get := func() int {
+	get := func() (int, http.Header, string) {
 		resp, err := http.Get("http://" + n.HTTPAddr() + "/v1/responses/resp_z")
 		require.NoError(t, err)
-		readAll(t, resp)
-		return resp.StatusCode
+		return resp.StatusCode, resp.Header, readAll(t, resp)
 	}
-	require.Equal(t, http.StatusOK, get())
+	code, h, body := get()
+	require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
+	assert.Equal(t, "1", h.Get("Retry-After"))
+	assert.Contains(t, body, CodeResponseOwnerUndiscovered)
 	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "discovery_busy"}))
-	assert.Equal(t, 1, a.count(), "no discovery GET, only the request")
+	assert.Equal(t, 0, a.count(), "no discovery GET, and no request")
 	for i := 0; i < maxDiscoveries; i++ {
 		<-n.owners.discover
 	}
-	require.Equal(t, http.StatusOK, get())
+	code, _, body = get()
+	require.Equal(t, http.StatusOK, code, "%s", body)
 	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "discovered"}))
-	assert.Equal(t, 3, a.count(), "a discovery GET, then the request")
+	assert.Equal(t, 2, a.count(), "a discovery GET, then the request")
 	owner, ok := n.owners.get("resp_z", nowNanos())
 	assert.True(t, ok)
 	assert.Equal(t, "a", owner)
+}
+
+// A response's owner is unknown only when every replica asked says it
+// does not hold it. While one has not answered the lookup (here: it
+// answers 503), the gateway does not send the request to another, which
+// would answer 404 for a response that exists: the client gets a 503 to
+// retry. Once every replica answers 404, the request is routed and the
+// engine's own 404 comes back.
+func TestDiscoveryUnansweredIsRetryable(t *testing.T) {
+	var lookupStatus atomic.Int32
+	lookupStatus.Store(http.StatusServiceUnavailable)
+	var posts atomic.Int32
+	engine := func(lookup bool) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case r.URL.Path == "/health" || r.URL.Path == "/metrics":
+				return
+			case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/responses/"):
+				if lookup {
+					w.WriteHeader(int(lookupStatus.Load()))
+				} else {
+					w.WriteHeader(http.StatusNotFound)
+				}
+				return
+			}
+			posts.Add(1)
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"error":{"message":"previous response not found"}}`)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	a, b := engine(false), engine(true)
+	n := startNode(t, func(c *Config) { c.HealthTimeout = 2 * time.Second }, rc("a", a.URL), rc("b", b.URL))
+	post := func() (int, http.Header, string) {
+		resp, err := http.Post("http://"+n.HTTPAddr()+"/v1/responses", "application/json",
+			strings.NewReader(`{"model":"m","input":"next","previous_response_id":"resp_q"}`))
+		require.NoError(t, err)
+		return resp.StatusCode, resp.Header, readAll(t, resp)
+	}
+	code, h, body := post()
+	require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
+	assert.Equal(t, "1", h.Get("Retry-After"))
+	assert.Contains(t, body, CodeResponseOwnerUndiscovered)
+	assert.Contains(t, body, "1 of 2 replicas did not answer")
+	assert.Equal(t, int32(0), posts.Load(), "nothing was routed")
+	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "undiscovered"}))
+
+	lookupStatus.Store(http.StatusNotFound)
+	code, _, body = post()
+	require.Equal(t, http.StatusNotFound, code, "%s", body)
+	assert.Contains(t, body, "previous response not found", "the engine's own answer")
+	assert.Equal(t, int32(1), posts.Load())
+	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "unknown"}))
 }
 
 // mediaScan (one pass of the fast scanner) cuts where mediaCut (the

@@ -42,6 +42,10 @@ const (
 	// CodeResponseOwnerUnavailable: that replica is ejected or failing
 	// its health check; retry later.
 	CodeResponseOwnerUnavailable = "response_owner_unavailable"
+	// CodeResponseOwnerUndiscovered: the gateway does not know which
+	// replica stored the response, and some replica did not answer its
+	// lookup in time (or too many lookups were running); retry.
+	CodeResponseOwnerUndiscovered = "response_owner_undiscovered"
 	// CodeResponseNotFound: no replica of any pool has the response.
 	CodeResponseNotFound = "response_not_found"
 	// CodeInvalidMultipart: a multipart body without a readable "model".

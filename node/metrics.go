@@ -153,7 +153,7 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(m.replicaDecisions, m.requestDuration, m.addedLatency, m.buildInfo)
 	m.responseAffinity = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_proxy_response_affinity_total",
-		Help: "Requests naming a stored response (previous_response_id, /v1/responses/{id}) by how its owning replica was found: known (relayed here), shared (recorded by a peer), discovered (asked the engines), unknown, owner_gone (its replica left the pool), owner_unavailable (ejected or failing health), shared_store (affinity off), discovery_busy (too many discoveries at once: treated as unknown).",
+		Help: "Requests naming a stored response (previous_response_id, /v1/responses/{id}) by how its owning replica was found: known (relayed here), shared (recorded by a peer), discovered (asked the engines), unknown, owner_gone (its replica left the pool), owner_unavailable (ejected or failing health), shared_store (affinity off), undiscovered (a replica did not answer the lookup: 503 response_owner_undiscovered), discovery_busy (too many lookups at once: the same 503).",
 	}, []string{"result"})
 	m.reg.MustRegister(m.responseAffinity)
 	return m

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -398,9 +399,13 @@ func (n *Node) responseOwnerIn(ctx context.Context, t *table, p *pool, id string
 		n.m.responseAffinity.WithLabelValues("shared").Inc()
 		return rep, nil
 	}
-	if rep := n.discoverOwner(ctx, []*pool{p}, id); rep != nil {
+	rep, aerr := n.discoverOwner(ctx, []*pool{p}, id)
+	if rep != nil {
 		n.m.responseAffinity.WithLabelValues("discovered").Inc()
 		return rep, nil
+	}
+	if aerr != nil {
+		return nil, aerr
 	}
 	n.m.responseAffinity.WithLabelValues("unknown").Inc()
 	return nil, nil
@@ -436,10 +441,14 @@ func (n *Node) responseTarget(ctx context.Context, t *table, id string) (*pool, 
 		p, _ := t.replicaByName(rep.name)
 		return p, rep, nil
 	}
-	if rep := n.discoverOwner(ctx, own, id); rep != nil {
+	rep, aerr := n.discoverOwner(ctx, own, id)
+	if rep != nil {
 		n.m.responseAffinity.WithLabelValues("discovered").Inc()
 		p, _ := t.replicaByName(rep.name)
 		return p, rep, nil
+	}
+	if aerr != nil {
+		return nil, nil, aerr
 	}
 	switch {
 	case shared != nil && len(t.pools) == 1:
@@ -457,47 +466,50 @@ func (n *Node) responseTarget(ctx context.Context, t *table, id string) (*pool, 
 
 // discoverOwner asks every available replica of pools, concurrently and
 // within HealthTimeout, for GET /v1/responses/{id}; the first that answers
-// 200 owns it (and is remembered).
+// 200 owns it (and is remembered). When none does, the id is unknown only
+// if every replica asked said so (404, or another 4xx): a replica that did
+// not answer in time, or failed, may be the owner, and routing the request
+// elsewhere would earn the client a 404 for a response that exists. That
+// case is a 503 the client can retry (CodeResponseOwnerUndiscovered).
 //
-// At most maxDiscoveries run at once: beyond, the id is treated as
-// unknown, so requests naming made-up ids cannot multiply into a GET per
+// At most maxDiscoveries run at once: beyond, the request is answered the
+// same 503, so requests naming made-up ids cannot multiply into a GET per
 // replica each without bound.
-func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) *replica {
+func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) (*replica, *apiError) {
 	select {
 	case n.owners.discover <- struct{}{}:
 		defer func() { <-n.owners.discover }()
 	default:
 		n.m.responseAffinity.WithLabelValues("discovery_busy").Inc()
-		return nil
+		return nil, &apiError{status: http.StatusServiceUnavailable, code: CodeResponseOwnerUndiscovered, retryAfter: 1,
+			message: fmt.Sprintf("cannot look for the replica that stored response %q now: %d owner lookups are running; retry", truncatePath(id), maxDiscoveries)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HealthTimeout)
 	defer cancel()
 	now := nowNanos()
 	found := make(chan *replica, 1)
+	var asked, unanswered atomic.Int32
 	var wg sync.WaitGroup
 	for _, p := range pools {
 		for _, rep := range p.replicas {
 			if !rep.available(now) {
 				continue
 			}
+			asked.Add(1)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				req, err := http.NewRequestWithContext(ctx, http.MethodGet, rep.endpoint("/v1/responses/"+url.PathEscape(id)), nil)
-				if err != nil {
+				switch n.askOwner(ctx, rep, id) {
+				case ownerNo:
+					return
+				case ownerNoAnswer:
+					unanswered.Add(1)
 					return
 				}
-				resp, err := n.client.Do(req)
-				if err != nil {
-					return
-				}
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					select {
-					case found <- rep:
-						cancel()
-					default:
-					}
+				select {
+				case found <- rep:
+					cancel()
+				default:
 				}
 			}()
 		}
@@ -506,10 +518,45 @@ func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) *rep
 	select {
 	case rep := <-found:
 		n.owners.put(id, rep.name, nowNanos())
-		return rep
+		return rep, nil
 	default:
-		return nil
 	}
+	if u := unanswered.Load(); u > 0 && ctx.Err() != context.Canceled {
+		n.m.responseAffinity.WithLabelValues("undiscovered").Inc()
+		return nil, &apiError{status: http.StatusServiceUnavailable, code: CodeResponseOwnerUndiscovered, retryAfter: 1,
+			message: fmt.Sprintf("could not tell which replica stored response %q: %d of %d replicas did not answer within %s; retry",
+				truncatePath(id), u, asked.Load(), n.cfg.HealthTimeout)}
+	}
+	return nil, nil
+}
+
+// ownerAnswer is a replica's answer to an owner lookup.
+type ownerAnswer int
+
+const (
+	ownerNoAnswer ownerAnswer = iota // an error, a timeout, 429 or 5xx: it may own the response
+	ownerYes                         // 200: it owns it
+	ownerNo                          // another 4xx (404): it does not
+)
+
+// askOwner asks rep for GET /v1/responses/{id}.
+func (n *Node) askOwner(ctx context.Context, rep *replica, id string) ownerAnswer {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rep.endpoint("/v1/responses/"+url.PathEscape(id)), nil)
+	if err != nil {
+		return ownerNoAnswer
+	}
+	resp, err := n.client.Do(req)
+	if err != nil {
+		return ownerNoAnswer
+	}
+	resp.Body.Close()
+	switch c := resp.StatusCode; {
+	case c == http.StatusOK:
+		return ownerYes
+	case c >= 400 && c < 500 && c != http.StatusTooManyRequests && c != http.StatusRequestTimeout:
+		return ownerNo
+	}
+	return ownerNoAnswer
 }
 
 // responseLearner returns the capture's callbacks that update the owners

@@ -499,6 +499,10 @@ func (c *Cluster) onMember(ev MemberEvent) {
 	}
 	c.bus.setRoutes(routes)
 	c.kvOwn.update(c.ms.snapshot(), time.Now())
+	if ev.Kind == MemberJoin {
+		c.peers.rejoin(ev.Member.Name)
+		c.queued.rejoin(ev.Member.Name)
+	}
 	if ev.Kind == MemberLeave || ev.Kind == MemberFail {
 		now := time.Now()
 		c.peers.forget(ev.Member.Name, now)

@@ -16,6 +16,10 @@ type peerLoad struct {
 
 	mu      sync.Mutex
 	reports map[string]loadEntry // by origin
+	// left holds when each departed node left (forget): a report of its
+	// that arrives afterwards (sent before it left, delivered late) is
+	// dropped for a TTL, or until the node joins again (rejoin).
+	left map[string]time.Time
 
 	view atomic.Pointer[map[string]int]
 }
@@ -29,21 +33,32 @@ func inFlightOf(l *ReplicaLoad) int      { return l.InFlight }
 func queuedPrefillOf(l *ReplicaLoad) int { return l.QueuedPrefillTokens }
 
 func newPeerLoad(ttl time.Duration, value func(*ReplicaLoad) int) *peerLoad {
-	p := &peerLoad{ttl: ttl, value: value, reports: make(map[string]loadEntry)}
+	p := &peerLoad{ttl: ttl, value: value, reports: make(map[string]loadEntry), left: make(map[string]time.Time)}
 	empty := map[string]int{}
 	p.view.Store(&empty)
 	return p
 }
 
-// report stores origin's latest report and republishes the view.
+// report stores origin's latest report and republishes the view. A report
+// of a node that left within the TTL is dropped: it was sent before the
+// node left and delivered after its departure was handled (forget), and it
+// would otherwise count for a whole TTL.
 func (p *peerLoad) report(r *loadReport, now time.Time) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	node := originNode(r.Origin)
+	if at, ok := p.left[node]; ok {
+		if now.Sub(at) <= p.ttl {
+			return
+		}
+		delete(p.left, node)
+	}
 	p.reports[r.Origin] = loadEntry{at: now, loads: r.Loads}
 	p.rebuildLocked(now)
-	p.mu.Unlock()
 }
 
-// forget drops every report of a departed node.
+// forget drops every report of a departed node, and the reports of its
+// that arrive within the TTL (see report).
 func (p *peerLoad) forget(node string, now time.Time) {
 	p.mu.Lock()
 	for o := range p.reports {
@@ -51,7 +66,15 @@ func (p *peerLoad) forget(node string, now time.Time) {
 			delete(p.reports, o)
 		}
 	}
+	p.left[node] = now
 	p.rebuildLocked(now)
+	p.mu.Unlock()
+}
+
+// rejoin counts node's reports again at once: it is a member again.
+func (p *peerLoad) rejoin(node string) {
+	p.mu.Lock()
+	delete(p.left, node)
 	p.mu.Unlock()
 }
 
@@ -65,6 +88,11 @@ func (p *peerLoad) expire(now time.Time) int {
 func (p *peerLoad) rebuildLocked(now time.Time) int {
 	view := make(map[string]int)
 	fresh := 0
+	for node, at := range p.left {
+		if now.Sub(at) > p.ttl {
+			delete(p.left, node)
+		}
+	}
 	for o, e := range p.reports {
 		if now.Sub(e.at) > p.ttl {
 			delete(p.reports, o)

@@ -126,7 +126,13 @@ func TestLoadWireCompatible(t *testing.T) {
 // and stops counting when the peer leaves; meanwhile every message on the
 // subject previous releases subscribe to stays decodable by them.
 func TestPeerQueuedPrefill(t *testing.T) {
-	gws := startCluster(t, 3, nil, nil)
+	// Reports must not expire while the test reads them: on a loaded
+	// machine a peer's next report can come later than the default
+	// LoadTTL (1 s), and its in-flight count then drops to 0 for a while
+	// (a CI failure under five parallel runs). With a minute's TTL only a
+	// report or a departure changes a figure, which is what the test
+	// checks; TestPeerQueuedPrefillExpires checks expiry.
+	gws := startCluster(t, 3, nil, func(c *Config) { c.LoadTTL = time.Minute })
 
 	// An "old gateway": the previous release's subscription and decoder.
 	var oldSeen, oldBad atomic.Int64
@@ -197,6 +203,35 @@ func TestPeerQueuedPrefillExpires(t *testing.T) {
 	require.Equal(t, map[string]int{"r0": 5}, view())
 	p.forget("b", t0.Add(3*time.Second))
 	require.Empty(t, view())
+}
+
+// TestPeerLoadDropsReportsOfDepartedNode: a report a node sent before it
+// left but that arrives after its departure was handled does not count
+// (it would for a whole TTL), until the node joins again or the TTL has
+// passed.
+func TestPeerLoadDropsReportsOfDepartedNode(t *testing.T) {
+	p := newPeerLoad(time.Minute, inFlightOf)
+	t0 := time.Unix(1_700_000_000, 0)
+	view := func() map[string]int { return *p.view.Load() }
+	late := &loadReport{Origin: "a#1", Loads: []ReplicaLoad{{Replica: "r0", InFlight: 4}}}
+	p.report(late, t0)
+	p.report(&loadReport{Origin: "b#1", Loads: []ReplicaLoad{{Replica: "r0", InFlight: 1}}}, t0)
+	require.Equal(t, map[string]int{"r0": 5}, view())
+
+	p.forget("a", t0.Add(time.Second))
+	require.Equal(t, map[string]int{"r0": 1}, view())
+	p.report(late, t0.Add(2*time.Second))
+	require.Equal(t, map[string]int{"r0": 1}, view(), "delivered after the leave")
+	p.report(&loadReport{Origin: "a#2", Loads: []ReplicaLoad{{Replica: "r0", InFlight: 2}}}, t0.Add(3*time.Second))
+	require.Equal(t, map[string]int{"r0": 1}, view(), "a new incarnation counts once it has joined")
+
+	p.rejoin("a")
+	p.report(&loadReport{Origin: "a#2", Loads: []ReplicaLoad{{Replica: "r0", InFlight: 2}}}, t0.Add(4*time.Second))
+	require.Equal(t, map[string]int{"r0": 3}, view())
+
+	p.forget("b", t0.Add(5*time.Second))
+	p.report(&loadReport{Origin: "b#1", Loads: []ReplicaLoad{{Replica: "r0", InFlight: 7}}}, t0.Add(5*time.Second+time.Minute+time.Millisecond))
+	require.Equal(t, map[string]int{"r0": 7}, view(), "past the TTL a report counts again (the older ones expired)")
 }
 
 // BenchmarkPeerLoadRead is the routing hot path's read of peers' load: one

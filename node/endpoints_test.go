@@ -651,7 +651,7 @@ func TestDiscoveryUnansweredIsRetryable(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
 	assert.Equal(t, "1", h.Get("Retry-After"))
 	assert.Contains(t, body, CodeResponseOwnerUndiscovered)
-	assert.Contains(t, body, "1 of 2 replicas did not answer")
+	assert.Contains(t, body, "1 of 2 replicas gave no answer")
 	assert.Equal(t, int32(0), posts.Load(), "nothing was routed")
 	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "undiscovered"}))
 

@@ -488,14 +488,15 @@ func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) (*re
 	defer cancel()
 	now := nowNanos()
 	found := make(chan *replica, 1)
-	var asked, unanswered atomic.Int32
+	asked := 0
+	var unanswered atomic.Int32
 	var wg sync.WaitGroup
 	for _, p := range pools {
 		for _, rep := range p.replicas {
 			if !rep.available(now) {
 				continue
 			}
-			asked.Add(1)
+			asked++
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -524,8 +525,8 @@ func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) (*re
 	if u := unanswered.Load(); u > 0 && ctx.Err() != context.Canceled {
 		n.m.responseAffinity.WithLabelValues("undiscovered").Inc()
 		return nil, &apiError{status: http.StatusServiceUnavailable, code: CodeResponseOwnerUndiscovered, retryAfter: 1,
-			message: fmt.Sprintf("could not tell which replica stored response %q: %d of %d replicas did not answer within %s; retry",
-				truncatePath(id), u, asked.Load(), n.cfg.HealthTimeout)}
+			message: fmt.Sprintf("could not tell which replica stored response %q: %d of %d replicas gave no answer within %s (a timeout, an error or a 5xx); retry",
+				truncatePath(id), u, asked, n.cfg.HealthTimeout)}
 	}
 	return nil, nil
 }

@@ -592,9 +592,7 @@ func TestDiscoveryIsBounded(t *testing.T) {
 		return resp.StatusCode, resp.Header, readAll(t, resp)
 	}
 	code, h, body := get()
-	require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
-	assert.Equal(t, "1", h.Get("Retry-After"))
-	assert.Contains(t, body, CodeResponseOwnerUndiscovered)
+	requireRetryable(t, code, h, body)
 	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "discovery_busy"}))
 	assert.Equal(t, 0, a.count(), "no discovery GET, and no request")
 	for i := 0; i < maxDiscoveries; i++ {
@@ -648,9 +646,7 @@ func TestDiscoveryUnansweredIsRetryable(t *testing.T) {
 		return resp.StatusCode, resp.Header, readAll(t, resp)
 	}
 	code, h, body := post()
-	require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
-	assert.Equal(t, "1", h.Get("Retry-After"))
-	assert.Contains(t, body, CodeResponseOwnerUndiscovered)
+	requireRetryable(t, code, h, body)
 	assert.Contains(t, body, "1 of 2 replicas gave no answer")
 	assert.Equal(t, int32(0), posts.Load(), "nothing was routed")
 	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "undiscovered"}))
@@ -661,6 +657,15 @@ func TestDiscoveryUnansweredIsRetryable(t *testing.T) {
 	assert.Contains(t, body, "previous response not found", "the engine's own answer")
 	assert.Equal(t, int32(1), posts.Load())
 	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_proxy_response_affinity_total", map[string]string{"result": "unknown"}))
+}
+
+// requireRetryable checks an answer of 503 response_owner_undiscovered
+// that tells the client to retry in a second.
+func requireRetryable(t *testing.T, code int, h http.Header, body string) {
+	t.Helper()
+	require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
+	assert.Equal(t, "1", h.Get("Retry-After"))
+	assert.Contains(t, body, CodeResponseOwnerUndiscovered)
 }
 
 // mediaScan (one pass of the fast scanner) cuts where mediaCut (the

@@ -155,9 +155,14 @@ func TestPeerQueuedPrefill(t *testing.T) {
 	gws[1].load.setQueued("r0", 1500)
 	gws[2].load.setQueued("r0", 700)
 	gws[2].load.setQueued("r1", 64)
+	// In-flight counts and queued prefill travel in separate messages on
+	// separate subjects, each delivered by its own subscription: either
+	// may arrive first (a CI run read the queued figures before the
+	// in-flight one), so both are waited for.
 	require.Eventually(t, func() bool {
 		return gws[0].c.QueuedPrefill("r0") == 2200 && gws[0].c.QueuedPrefill("r1") == 64 &&
-			gws[1].c.QueuedPrefill("r0") == 700 && gws[2].c.QueuedPrefill("r0") == 1500
+			gws[1].c.QueuedPrefill("r0") == 700 && gws[2].c.QueuedPrefill("r0") == 1500 &&
+			gws[0].c.InFlight("r0") == 2
 	}, 5*time.Second, 5*time.Millisecond)
 	require.Equal(t, 2, gws[0].c.InFlight("r0"), "queued prefill is not in-flight")
 	require.Zero(t, gws[0].c.QueuedPrefill("r2"))

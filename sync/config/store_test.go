@@ -100,19 +100,22 @@ func TestLeaderKilledNewLeaderWritesResume(t *testing.T) {
 	t.Logf("new leader %s after %v (election timeout %v, bound %v)", next.id, took, old.store.cfg.ElectionTimeout, bound)
 	require.NotEqual(t, old.id, next.id)
 
+	// The patch must change the strategy: the default is already cost,
+	// and a retry that finds its first attempt applied reads the version
+	// from the strategy (a CI run read v1's "cost" and took v1 for v2).
 	f := c.follower()
 	v2 := writeEventually(t, 10*time.Second, func() (uint64, error) {
-		v, err := f.client(t, testToken).PatchConfig(ctxT(t, 5*time.Second), []byte(`{"strategy":"cost"}`), Version(v1))
+		v, err := f.client(t, testToken).PatchConfig(ctxT(t, 5*time.Second), []byte(`{"strategy":"least-request"}`), Version(v1))
 		if errors.Is(err, ErrVersionConflict) {
 			// A compare-and-set retried after an attempt that did apply:
 			// nothing else writes here, so the version moved on by it.
-			return appliedVersion(t, c, "cost"), nil
+			return appliedVersion(t, c, "least-request"), nil
 		}
 		return v, err
 	})
 	require.Greater(t, v2, v1)
 	c.waitVersion(v2, c.live()...)
-	require.Equal(t, "cost", f.store.Current().Config.Strategy)
+	require.Equal(t, "least-request", f.store.Current().Config.Strategy)
 }
 
 // partition cuts nd off from every other node of an in-memory cluster.

@@ -244,13 +244,7 @@ func TestAgreementForgetsRemovedReplica(t *testing.T) {
 // late probe after forgetChecks had reset it.
 func TestAgreementVerdictAfterRemovalIsDropped(t *testing.T) {
 	n, a := startDisagreeing(t)
-	p := n.tbl.Load().models["m"].pool
-	var rb *replica
-	for _, r := range p.replicas {
-		if r.name == "b" {
-			rb = r
-		}
-	}
+	p, rb := n.tbl.Load().replicaByName("b")
 	require.NotNil(t, rb)
 
 	spec := specFromConfig(&n.cfg)

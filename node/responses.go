@@ -375,6 +375,13 @@ func (n *Node) errOwnerGone(id, replica string) *apiError {
 		message: fmt.Sprintf("response %q was stored by replica %s, which no longer serves: the response is lost", truncatePath(id), replica)}
 }
 
+// errOwnerUndiscovered is the answer, counted under result, for an id
+// whose owner a lookup could not find or rule out: 503, retry in a second.
+func (n *Node) errOwnerUndiscovered(result, msg string) *apiError {
+	n.m.responseAffinity.WithLabelValues(result).Inc()
+	return &apiError{status: http.StatusServiceUnavailable, code: CodeResponseOwnerUndiscovered, message: msg, retryAfter: 1}
+}
+
 // responseOwnerIn resolves previous_response_id for a request to pool p:
 // the owning replica, nil to route as usual (shared store, or no replica
 // knows the id: the engine then answers its own 404), or an error when the
@@ -480,9 +487,8 @@ func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) (*re
 	case n.owners.discover <- struct{}{}:
 		defer func() { <-n.owners.discover }()
 	default:
-		n.m.responseAffinity.WithLabelValues("discovery_busy").Inc()
-		return nil, &apiError{status: http.StatusServiceUnavailable, code: CodeResponseOwnerUndiscovered, retryAfter: 1,
-			message: fmt.Sprintf("cannot look for the replica that stored response %q now: %d owner lookups are running; retry", truncatePath(id), maxDiscoveries)}
+		return nil, n.errOwnerUndiscovered("discovery_busy",
+			fmt.Sprintf("cannot look for the replica that stored response %q now: %d owner lookups are running; retry", truncatePath(id), maxDiscoveries))
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.HealthTimeout)
 	defer cancel()
@@ -523,10 +529,9 @@ func (n *Node) discoverOwner(ctx context.Context, pools []*pool, id string) (*re
 	default:
 	}
 	if u := unanswered.Load(); u > 0 && ctx.Err() != context.Canceled {
-		n.m.responseAffinity.WithLabelValues("undiscovered").Inc()
-		return nil, &apiError{status: http.StatusServiceUnavailable, code: CodeResponseOwnerUndiscovered, retryAfter: 1,
-			message: fmt.Sprintf("could not tell which replica stored response %q: %d of %d replicas gave no answer within %s (a timeout, an error or a 5xx); retry",
-				truncatePath(id), u, asked, n.cfg.HealthTimeout)}
+		return nil, n.errOwnerUndiscovered("undiscovered",
+			fmt.Sprintf("could not tell which replica stored response %q: %d of %d replicas gave no answer within %s (a timeout, an error or a 5xx); retry",
+				truncatePath(id), u, asked, n.cfg.HealthTimeout))
 	}
 	return nil, nil
 }

@@ -174,7 +174,7 @@
 // map; InFlight reads it without locks or allocation, and reports older
 // than LoadTTL stop counting. A peer's reports stop counting at once when
 // it leaves or is declared dead, and one that arrives after that (sent
-// before it left) is dropped for a LoadTTL, until the peer joins again.
+// before it left) is dropped for a LoadTTL, or until the peer joins again.
 // Queued prefill (uncached prompt tokens a peer
 // sent a replica whose first byte has not come back; the DES's shared
 // queued prefill) follows the same rules in its own map, read by

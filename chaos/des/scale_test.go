@@ -2,7 +2,6 @@ package des
 
 import (
 	"fmt"
-	"math"
 	"os"
 	"runtime"
 	"strconv"
@@ -213,23 +212,18 @@ func TestTable64Seeds(t *testing.T) {
 	total := 0
 	for _, k := range order {
 		m := margins[k]
-		var sum, sq float64
 		miss := 0
 		per := make([]string, len(m))
 		for i, v := range m {
-			sum += float64(v)
 			per[i] = fmt.Sprintf("%+d", v)
 			if v < 0 {
 				miss++
 			}
 		}
-		mean := sum / float64(len(m))
-		for _, v := range m {
-			sq += (float64(v) - mean) * (float64(v) - mean)
-		}
+		_, mean, sd := spread(m)
 		total += miss
 		tb.Rows = append(tb.Rows, []string{k.setting, k.scenario, k.mode, strings.Join(per, " "),
-			fmt.Sprintf("%+.1f", mean), fmt.Sprintf("%.1f", math.Sqrt(sq/float64(len(m)))), fmt.Sprint(miss)})
+			fmt.Sprintf("%+.1f", mean), fmt.Sprintf("%.1f", sd), fmt.Sprint(miss)})
 	}
 	var out strings.Builder
 	tb.Markdown(&out)

@@ -94,9 +94,8 @@ type beatSums struct {
 }
 
 type beatSum struct {
-	seeds, margin       int // seeds seen; Σ cost's passes − the best baseline's
-	squares             int // Σ of the margins' squares (their spread over seeds)
-	miss, onPass, onHit int // seeds missing the row; on the pass rule; on the hit-rate rule
+	margins             []int // per seed seen: cost's passes − the best baseline's
+	miss, onPass, onHit int   // seeds missing the row; on the pass rule; on the hit-rate rule
 }
 
 // add folds one seed's beat-it table in.
@@ -116,9 +115,7 @@ func (s *beatSums) add(tb study.Table) error {
 			s.rows[k] = b
 			s.order = append(s.order, k)
 		}
-		b.seeds++
-		b.margin += cost - best
-		b.squares += (cost - best) * (cost - best)
+		b.margins = append(b.margins, cost-best)
 		if v := r[len(r)-1]; strings.HasPrefix(v, "misses") {
 			b.miss++
 			if strings.Contains(v, "pass") {
@@ -140,11 +137,28 @@ func (s *beatSums) table(seeds string) study.Table {
 	}
 	for _, k := range s.order {
 		b := s.rows[k]
-		n := float64(b.seeds)
-		mean := float64(b.margin) / n
-		t.Rows = append(t.Rows, []string{k[0], k[1], strconv.Itoa(b.seeds),
-			fmt.Sprintf("%+d (%+.1f)", b.margin, mean), fmt.Sprintf("%.1f", math.Sqrt(max(float64(b.squares)/n-mean*mean, 0))),
+		sum, mean, sd := spread(b.margins)
+		t.Rows = append(t.Rows, []string{k[0], k[1], strconv.Itoa(len(b.margins)),
+			fmt.Sprintf("%+d (%+.1f)", sum, mean), fmt.Sprintf("%.1f", sd),
 			strconv.Itoa(b.miss), strconv.Itoa(b.onPass), strconv.Itoa(b.onHit)})
 	}
 	return t
+}
+
+// spread returns the sum, mean and standard deviation (over the values
+// themselves, not an estimate for a larger population) of per-seed
+// margins.
+func spread(xs []int) (sum int, mean, sd float64) {
+	if len(xs) == 0 {
+		return 0, 0, 0
+	}
+	for _, x := range xs {
+		sum += x
+	}
+	mean = float64(sum) / float64(len(xs))
+	var sq float64
+	for _, x := range xs {
+		sq += (float64(x) - mean) * (float64(x) - mean)
+	}
+	return sum, mean, math.Sqrt(sq / float64(len(xs)))
 }

@@ -47,11 +47,15 @@ type Store struct {
 	trans    raft.Transport         // what raft was given
 	// walRepair is the last index of a raft-wal segment left sealed
 	// without its index block by a tail truncation (see wal.go), 0 when
-	// none is pending; walRepairCh wakes the run loop.
-	walRepair   atomic.Uint64
-	walRepairCh chan struct{}
-	raftAddr    string
-	leaderObs   chan bool
+	// none is pending; walRepairCh wakes repairLoop. walRepairTried and
+	// walRepairRetry (repairLoop only) hold back a failed repair until
+	// more is applied or a ReconcileInterval has passed.
+	walRepair      atomic.Uint64
+	walRepairCh    chan struct{}
+	walRepairTried uint64
+	walRepairRetry time.Time
+	raftAddr       string
+	leaderObs      chan bool
 
 	applied chan struct{} // cap 1: "the FSM swapped"
 
@@ -111,9 +115,10 @@ func Open(cfg StoreConfig) (*Store, error) {
 		s.closeStorage()
 		return nil, err
 	}
-	s.wg.Add(2)
+	s.wg.Add(3)
 	go s.notifyLoop()
 	go s.runLoop()
+	go s.repairLoop()
 	return s, nil
 }
 
@@ -773,11 +778,9 @@ func (s *Store) runLoop() {
 			}
 		}
 		s.observe()
-		s.repairWAL()
 		select {
 		case <-s.stop:
 			return
-		case <-s.walRepairCh:
 		case <-s.leaderObs:
 		case <-changed:
 		case <-t.C:

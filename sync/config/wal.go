@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"time"
 
 	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
@@ -21,10 +22,10 @@ import (
 // segment has no index block", and raft panics in NewRaft while scanning
 // the entries after its last snapshot (or later, applying them).
 //
-// The guard: walLog notices a tail truncation, and the store's run loop,
-// once the FSM has applied through the truncation point, takes a snapshot
-// with TrailingLogs 0 for that one compaction, so the broken segment lies
-// wholly below the snapshot and is deleted. A process that dies between
+// The guard: walLog notices a tail truncation, and the store's repair
+// loop, as soon as the FSM has applied through the truncation point, takes
+// a snapshot with TrailingLogs 0 for that one compaction, so the broken
+// segment lies wholly below the snapshot and is deleted. A process that dies between
 // the truncation and that snapshot (normally well under a second) still
 // cannot restart; node turns the panic into ErrRaftLog, and moving the
 // data dir's raft directory away lets it rejoin and catch up.
@@ -54,15 +55,14 @@ func (l walLog) DeleteRange(lo, hi uint64) error {
 	return nil
 }
 
-// tailTruncated records that entries up to newLast sit in a segment
+// tailTruncated records that the entries up to newLast now end a segment
 // without an index block; it runs on raft's goroutine and never blocks.
+// Every entry after newLast is gone, so every such segment, this one or
+// one an earlier truncation left, lies at or below newLast: the pending
+// repair becomes newLast even if an earlier truncation asked for more (an
+// index a quiet cluster may not write again for a long time).
 func (s *Store) tailTruncated(newLast uint64) {
-	for {
-		cur := s.walRepair.Load()
-		if cur >= newLast || s.walRepair.CompareAndSwap(cur, newLast) {
-			break
-		}
-	}
+	s.walRepair.Store(newLast)
 	s.metrics.tailTruncations.Inc()
 	s.log.Warn("raft log tail truncated; compacting past it once applied (raft-wal#31)", "last_kept", newLast)
 	select {
@@ -74,19 +74,63 @@ func (s *Store) tailTruncated(newLast uint64) {
 // walRepairPending is the index a snapshot must still cover, 0 if none.
 func (s *Store) walRepairPending() uint64 { return s.walRepair.Load() }
 
+// walRepairPoll is how often repairLoop looks at the applied index while
+// a repair waits for it. A truncation usually comes before the entries it
+// kept are committed (a new leader commits its predecessors' entries only
+// with its own first one), and nothing else wakes the loop when they are.
+const walRepairPoll = 20 * time.Millisecond
+
+// repairLoop runs repairWAL whenever a truncation is signalled, and then
+// every walRepairPoll until it is done.
+func (s *Store) repairLoop() {
+	defer s.wg.Done()
+	var poll <-chan time.Time
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-s.walRepairCh:
+		case <-poll:
+		}
+		s.repairWAL()
+		poll = nil
+		if s.walRepairPending() != 0 {
+			poll = time.After(walRepairPoll)
+		}
+	}
+}
+
 // repairWAL snapshots and compacts past a truncated segment once the FSM
-// has applied through it; until then the run loop retries on its ticker.
+// has applied through it. It runs on repairLoop only. An attempt that
+// fails (the FSM has taken nothing at or after the segment's last entry,
+// which happens when that entry is a no-op and nothing follows it yet, or
+// raft refuses the snapshot) is retried once more entries are applied or
+// after a ReconcileInterval, not on every poll.
 func (s *Store) repairWAL() {
 	need := s.walRepair.Load()
-	if need == 0 || s.raft.AppliedIndex() < need {
+	applied := s.raft.AppliedIndex()
+	if need == 0 || applied < need {
 		return
 	}
+	if applied <= s.walRepairTried && time.Now().Before(s.walRepairRetry) {
+		return
+	}
+	if s.snapshotPast(need) {
+		s.walRepair.CompareAndSwap(need, 0)
+		return
+	}
+	s.walRepairTried, s.walRepairRetry = applied, time.Now().Add(s.cfg.ReconcileInterval)
+}
+
+// snapshotPast takes a snapshot with TrailingLogs 0, so raft compacts the
+// whole log it covers, and reports whether it covers index need.
+func (s *Store) snapshotPast(need uint64) bool {
 	rc := s.raft.ReloadableConfig()
 	keep := rc.TrailingLogs
 	rc.TrailingLogs = 0
 	if err := s.raft.ReloadConfig(rc); err != nil {
 		s.log.Warn("raft log repair: reload config", "err", err)
-		return
+		return false
 	}
 	f := s.raft.Snapshot()
 	err := f.Error()
@@ -95,21 +139,21 @@ func (s *Store) repairWAL() {
 		s.log.Warn("raft log repair: restore trailing logs", "err", rerr)
 	}
 	if err != nil {
-		// ErrNothingNewToSnapshot: the last snapshot was compacted with
-		// trailing logs kept; the next applied entry allows a new one.
 		if !errors.Is(err, raft.ErrNothingNewToSnapshot) {
 			s.log.Warn("raft log repair: snapshot", "err", err)
 		}
-		return
+		return false
 	}
 	meta, rd, err := f.Open()
 	if err != nil {
 		s.log.Warn("raft log repair: open snapshot", "err", err)
-		return
+		return false
 	}
 	_ = rd.Close()
-	if meta.Index >= need {
-		s.walRepair.CompareAndSwap(need, 0)
-		s.log.Info("raft log compacted past the truncated segment", "snapshot_index", meta.Index)
+	if meta.Index < need {
+		s.log.Info("raft log repair waits for an entry the FSM takes", "snapshot_index", meta.Index, "need", need)
+		return false
 	}
+	s.log.Info("raft log compacted past the truncated segment", "snapshot_index", meta.Index)
+	return true
 }

@@ -58,3 +58,46 @@ func TestRestartAfterLogTailTruncation(t *testing.T) {
 	})
 	c.waitVersion(v3, c.nodes...)
 }
+
+// A truncation usually arrives before the entries it kept are committed:
+// a new leader commits its predecessors' entries only with its own first
+// one, so the repair has to wait for the apply. It must not then wait for
+// the next reconcile tick (5 s by default), which widens the window in
+// which a crash leaves an unreadable log. The truncation is signalled
+// directly here (the test above drives a real one) so that it comes
+// before the entry it needs.
+func TestWALRepairRunsOnceApplied(t *testing.T) {
+	c := newCluster(t, 1, 1, true, func(cfg *StoreConfig) { cfg.ReconcileInterval = time.Hour })
+	nd := c.waitLeader(10 * time.Second)
+	s := nd.store
+	_, err := s.Set(ctxT(t, 5*time.Second), testConfig(), nil)
+	require.NoError(t, err)
+
+	need := s.raft.LastIndex() + 1
+	s.tailTruncated(need)
+	require.Eventually(t, func() bool { return len(s.walRepairCh) == 0 }, 5*time.Second, time.Millisecond,
+		"the run loop took the wake-up, before the entry it waits for exists")
+	_, err = s.Patch(ctxT(t, 5*time.Second), []byte(`{"strategy":"random"}`), nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return s.walRepairPending() == 0 }, 5*time.Second, 5*time.Millisecond,
+		"repaired as soon as the entry is applied, not at the next reconcile")
+}
+
+// Every entry after a truncation point is gone, so a later, deeper
+// truncation leaves every sealed segment without an index at or below its
+// own point: the repair then needs that, not the earlier, higher index,
+// which a quiet cluster may not write again for a long time.
+func TestWALRepairFollowsDeeperTruncation(t *testing.T) {
+	c := newCluster(t, 1, 1, true, func(cfg *StoreConfig) { cfg.ReconcileInterval = time.Hour })
+	nd := c.waitLeader(10 * time.Second)
+	s := nd.store
+	_, err := s.Set(ctxT(t, 5*time.Second), testConfig(), nil)
+	require.NoError(t, err)
+
+	last := s.raft.LastIndex()
+	s.tailTruncated(last + 100)
+	s.tailTruncated(last)
+	require.Equal(t, 2.0, metricValue(t, s.metrics.tailTruncations))
+	require.Eventually(t, func() bool { return s.walRepairPending() == 0 }, 5*time.Second, 5*time.Millisecond,
+		"repaired with what is already applied")
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -157,6 +158,8 @@ type Publisher struct {
 	ring   []replayEntry
 	pub    zmq4.Socket
 	router zmq4.Socket
+	// redials counts a connecting PUB's dials after its first.
+	redials atomic.Uint64
 }
 
 // NewPublisher validates cfg and opens the sockets: bound sockets are
@@ -183,13 +186,10 @@ func NewPublisher(cfg PublisherConfig, logger *slog.Logger) (*Publisher, error) 
 		enc:    NewEncoder(cfg.Encoding),
 		next:   cfg.FirstSeq,
 	}
-	p.pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(discardStdLogger))
-	if cfg.HWM > 0 {
-		if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
-			cancel()
-			_ = p.pub.Close()
-			return nil, fmt.Errorf("kvevents: set HWM: %w", err)
-		}
+	var err error
+	if p.pub, err = p.newPub(ctx); err != nil {
+		cancel()
+		return nil, err
 	}
 	if p.binds {
 		if err := p.pub.Listen(cfg.Endpoint); err != nil {
@@ -220,6 +220,18 @@ func NewPublisher(cfg PublisherConfig, logger *slog.Logger) (*Publisher, error) 
 	p.log.Info("kv-event publisher ready", "endpoint", p.addr, "binds", p.binds,
 		"replay", p.rAddr, "encoding", cfg.Encoding.String())
 	return p, nil
+}
+
+// newPub opens a PUB socket with the configured options.
+func (p *Publisher) newPub(ctx context.Context) (zmq4.Socket, error) {
+	pub := zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithLogger(discardStdLogger))
+	if p.cfg.HWM > 0 {
+		if err := pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
+			_ = pub.Close()
+			return nil, fmt.Errorf("kvevents: set HWM: %w", err)
+		}
+	}
+	return pub, nil
 }
 
 // Publish encodes b, assigns it the next sequence number (FirstSeq, +1, ...),
@@ -260,9 +272,10 @@ func (p *Publisher) Close() error {
 	p.once.Do(func() {
 		p.mu.Lock()
 		p.closed = true
+		pub := p.pub
 		p.mu.Unlock()
 		p.cancel()
-		err := ignoreClosedConn(p.pub.Close())
+		err := ignoreClosedConn(pub.Close())
 		if p.router != nil {
 			// A replay client that already hung up leaves a connection
 			// whose close reports net.ErrClosed: not a failure to close.
@@ -282,23 +295,36 @@ func (p *Publisher) Close() error {
 // itself (its auto-reconnect redials from inside a failing send and can
 // deadlock), so this loop dials, then watches that some peer is connected
 // and subscribed, and redials when none has been for two checks.
+//
+// A redial starts from a fresh socket. A consumer whose subscription is
+// only slow to arrive (a loaded gateway) looks lost too, and dialling
+// again on the same socket would keep its first connection beside the
+// new one: the consumer would then get every batch once per connection,
+// interleaved, and read the seqs going backwards as an engine restart.
 func (p *Publisher) dialLoop(ctx context.Context) {
 	defer p.wg.Done()
 	t := time.NewTicker(p.cfg.RedialInterval)
 	defer t.Stop()
 	connected, idle := false, 0
 	for {
+		p.mu.Lock()
+		pub := p.pub
+		p.mu.Unlock()
 		if !connected {
-			if err := p.pub.Dial(p.cfg.Endpoint); err != nil {
+			if err := pub.Dial(p.cfg.Endpoint); err != nil {
 				p.log.Debug("kv-event publisher dial failed", "endpoint", p.cfg.Endpoint, "err", err)
 			} else {
 				connected, idle = true, 0
 				p.log.Info("kv-event publisher connected", "endpoint", p.cfg.Endpoint)
 			}
-		} else if len(p.pub.(zmq4.Topics).Topics()) == 0 {
+		} else if len(pub.(zmq4.Topics).Topics()) == 0 {
 			idle++
 			if idle >= 2 {
+				if !p.replacePub(ctx) {
+					return
+				}
 				connected = false
+				p.redials.Add(1)
 				p.log.Info("kv-event publisher lost its consumer, redialling", "endpoint", p.cfg.Endpoint)
 				continue
 			}
@@ -311,6 +337,29 @@ func (p *Publisher) dialLoop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// replacePub swaps the PUB socket for a fresh one and closes the old one
+// with its connections; batches published meanwhile go to the new socket
+// (and, without a consumer there yet, are dropped as before, to be
+// replayed). It reports false once the publisher is closed.
+func (p *Publisher) replacePub(ctx context.Context) bool {
+	pub, err := p.newPub(ctx)
+	if err != nil {
+		p.log.Warn("kv-event publisher cannot open a new socket; redialling on the old one", "err", err)
+		return true
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = pub.Close()
+		return false
+	}
+	old := p.pub
+	p.pub = pub
+	p.mu.Unlock()
+	_ = old.Close()
+	return true
 }
 
 // serveReplay answers DEALER requests: a ROUTER receives [identity, "",

@@ -707,3 +707,83 @@ func TestParseReplayReply(t *testing.T) {
 	_, _, ok = parseReplayReply([][]byte{seq})
 	require.False(t, ok)
 }
+
+// TestConnectingPublisherKeepsOneConnection: a consumer whose subscription
+// is slow to reach a connecting PUB (a loaded gateway) looks like a lost
+// one, and the publisher redials. Redialling on the same socket kept the
+// first connection too, so once the subscription arrived the consumer got
+// every batch once per dial, interleaved: seqs that go backwards, which a
+// Subscriber must take for an engine restart (a rewind reset that dropped
+// the replica's whole view; seen in node's TestKVEventsSaltAndMedium under
+// load). Each redial now starts from a fresh socket.
+func TestConnectingPublisherKeepsOneConnection(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sub := zmq4.NewSub(ctx, zmq4.WithLogger(discardStdLogger))
+	defer func() { _ = sub.Close() }()
+	require.NoError(t, sub.Listen("tcp://127.0.0.1:0"))
+
+	pcfg := testPublisherConfig()
+	pcfg.Endpoint, pcfg.AlwaysBind, pcfg.ReplayEndpoint = sockAddr(sub, "tcp://127.0.0.1:0"), false, ""
+	pcfg.RedialInterval = 10 * time.Millisecond
+	p := newPublisher(t, pcfg)
+	// Not subscribed yet: the publisher sees no consumer and redials.
+	require.Eventually(t, func() bool { return p.redials.Load() >= 3 }, 10*time.Second, time.Millisecond)
+	// zmq4 sends the subscription to every connection it holds and reports
+	// the first that fails: one of a replaced socket, closed meanwhile.
+	// The live one gets it, or a redial's handshake does.
+	_ = sub.SetOption(zmq4.OptionSubscribe, pcfg.Topic)
+
+	var mu sync.Mutex
+	var got []Seq
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			msg, err := sub.Recv()
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				continue // a connection of a replaced socket closing
+			}
+			mu.Lock()
+			got = append(got, Seq(binary.BigEndian.Uint64(msg.Frames[1])))
+			mu.Unlock()
+		}
+	}()
+	received := func() int { mu.Lock(); defer mu.Unlock(); return len(got) }
+	n := Seq(0)
+	for received() == 0 {
+		_, err := p.Publish(batchFor(n, 3))
+		require.NoError(t, err)
+		n++
+		waitFor(10*time.Millisecond, func() bool { return received() > 0 })
+	}
+	for range 30 {
+		_, err := p.Publish(batchFor(n, 3))
+		require.NoError(t, err)
+		n++
+	}
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) > 0 && got[len(got)-1] == n-1
+	}, 5*time.Second, time.Millisecond)
+	// Copies over a second connection would arrive with or just after the
+	// originals; the marker's own copy is the last to be waited for.
+	_, err := p.Publish(batchFor(n, 3))
+	require.NoError(t, err)
+	n++
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return got[len(got)-1] == n-1
+	}, 5*time.Second, time.Millisecond)
+	cancel()
+	_ = sub.Close()
+	<-done
+	for i := 1; i < len(got); i++ {
+		require.Equal(t, got[i-1]+1, got[i], "batch %d of %d: every seq once, in order (%v)", i, len(got), got)
+	}
+}

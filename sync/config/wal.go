@@ -25,10 +25,10 @@ import (
 // The guard: walLog notices a tail truncation, and the store's repair
 // loop, as soon as the FSM has applied through the truncation point, takes
 // a snapshot with TrailingLogs 0 for that one compaction, so the broken
-// segment lies wholly below the snapshot and is deleted. A process that dies between
-// the truncation and that snapshot (normally well under a second) still
-// cannot restart; node turns the panic into ErrRaftLog, and moving the
-// data dir's raft directory away lets it rejoin and catch up.
+// segment lies wholly below the snapshot and is deleted. A process that
+// dies between the truncation and that snapshot (normally well under a
+// second) still cannot restart; node turns the panic into ErrRaftLog, and
+// moving the data dir's raft directory away lets it rejoin and catch up.
 
 // walLog is the raft LogStore: raft-wal, reporting tail truncations.
 type walLog struct {

@@ -47,15 +47,11 @@ type Store struct {
 	trans    raft.Transport         // what raft was given
 	// walRepair is the last index of a raft-wal segment left sealed
 	// without its index block by a tail truncation (see wal.go), 0 when
-	// none is pending; walRepairCh wakes repairLoop. walRepairTried and
-	// walRepairRetry (repairLoop only) hold back a failed repair until
-	// more is applied or a ReconcileInterval has passed.
-	walRepair      atomic.Uint64
-	walRepairCh    chan struct{}
-	walRepairTried uint64
-	walRepairRetry time.Time
-	raftAddr       string
-	leaderObs      chan bool
+	// none is pending; walRepairCh wakes repairLoop.
+	walRepair   atomic.Uint64
+	walRepairCh chan struct{}
+	raftAddr    string
+	leaderObs   chan bool
 
 	applied chan struct{} // cap 1: "the FSM swapped"
 

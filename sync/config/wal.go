@@ -80,11 +80,18 @@ func (s *Store) walRepairPending() uint64 { return s.walRepair.Load() }
 // with its own first one), and nothing else wakes the loop when they are.
 const walRepairPoll = 20 * time.Millisecond
 
-// repairLoop runs repairWAL whenever a truncation is signalled, and then
-// every walRepairPoll until it is done.
+// repairLoop snapshots and compacts past a truncated segment once the FSM
+// has applied through it: at once when a truncation is signalled, then
+// every walRepairPoll until done. An attempt that fails (the FSM has taken
+// nothing at or after the segment's last entry, which happens when that
+// entry is a no-op and nothing follows it yet, or raft refuses the
+// snapshot) is retried once more entries are applied or after a
+// ReconcileInterval, not on every poll.
 func (s *Store) repairLoop() {
 	defer s.wg.Done()
 	var poll <-chan time.Time
+	var tried uint64    // the applied index at the last failed attempt
+	var retry time.Time // when to try again without more applied
 	for {
 		select {
 		case <-s.stop:
@@ -92,34 +99,20 @@ func (s *Store) repairLoop() {
 		case <-s.walRepairCh:
 		case <-poll:
 		}
-		s.repairWAL()
+		need, applied := s.walRepair.Load(), s.raft.AppliedIndex()
+		switch {
+		case need == 0 || applied < need:
+		case applied <= tried && time.Now().Before(retry):
+		case s.snapshotPast(need):
+			s.walRepair.CompareAndSwap(need, 0)
+		default:
+			tried, retry = applied, time.Now().Add(s.cfg.ReconcileInterval)
+		}
 		poll = nil
 		if s.walRepairPending() != 0 {
 			poll = time.After(walRepairPoll)
 		}
 	}
-}
-
-// repairWAL snapshots and compacts past a truncated segment once the FSM
-// has applied through it. It runs on repairLoop only. An attempt that
-// fails (the FSM has taken nothing at or after the segment's last entry,
-// which happens when that entry is a no-op and nothing follows it yet, or
-// raft refuses the snapshot) is retried once more entries are applied or
-// after a ReconcileInterval, not on every poll.
-func (s *Store) repairWAL() {
-	need := s.walRepair.Load()
-	applied := s.raft.AppliedIndex()
-	if need == 0 || applied < need {
-		return
-	}
-	if applied <= s.walRepairTried && time.Now().Before(s.walRepairRetry) {
-		return
-	}
-	if s.snapshotPast(need) {
-		s.walRepair.CompareAndSwap(need, 0)
-		return
-	}
-	s.walRepairTried, s.walRepairRetry = applied, time.Now().Add(s.cfg.ReconcileInterval)
 }
 
 // snapshotPast takes a snapshot with TrailingLogs 0, so raft compacts the

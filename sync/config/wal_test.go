@@ -67,17 +67,12 @@ func TestRestartAfterLogTailTruncation(t *testing.T) {
 // directly here (the test above drives a real one) so that it comes
 // before the entry it needs.
 func TestWALRepairRunsOnceApplied(t *testing.T) {
-	c := newCluster(t, 1, 1, true, func(cfg *StoreConfig) { cfg.ReconcileInterval = time.Hour })
-	nd := c.waitLeader(10 * time.Second)
-	s := nd.store
-	_, err := s.Set(ctxT(t, 5*time.Second), testConfig(), nil)
-	require.NoError(t, err)
-
+	s := quietStore(t)
 	need := s.raft.LastIndex() + 1
 	s.tailTruncated(need)
 	require.Eventually(t, func() bool { return len(s.walRepairCh) == 0 }, 5*time.Second, time.Millisecond,
-		"the run loop took the wake-up, before the entry it waits for exists")
-	_, err = s.Patch(ctxT(t, 5*time.Second), []byte(`{"strategy":"random"}`), nil)
+		"the repair loop took the wake-up, before the entry it waits for exists")
+	_, err := s.Patch(ctxT(t, 5*time.Second), []byte(`{"strategy":"random"}`), nil)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return s.walRepairPending() == 0 }, 5*time.Second, 5*time.Millisecond,
 		"repaired as soon as the entry is applied, not at the next reconcile")
@@ -88,16 +83,22 @@ func TestWALRepairRunsOnceApplied(t *testing.T) {
 // own point: the repair then needs that, not the earlier, higher index,
 // which a quiet cluster may not write again for a long time.
 func TestWALRepairFollowsDeeperTruncation(t *testing.T) {
-	c := newCluster(t, 1, 1, true, func(cfg *StoreConfig) { cfg.ReconcileInterval = time.Hour })
-	nd := c.waitLeader(10 * time.Second)
-	s := nd.store
-	_, err := s.Set(ctxT(t, 5*time.Second), testConfig(), nil)
-	require.NoError(t, err)
-
+	s := quietStore(t)
 	last := s.raft.LastIndex()
 	s.tailTruncated(last + 100)
 	s.tailTruncated(last)
 	require.Equal(t, 2.0, metricValue(t, s.metrics.tailTruncations))
 	require.Eventually(t, func() bool { return s.walRepairPending() == 0 }, 5*time.Second, 5*time.Millisecond,
 		"repaired with what is already applied")
+}
+
+// quietStore is the leader of a one-node cluster holding one config, whose
+// run loop wakes only every hour: nothing but the repair loop itself can
+// run a repair soon.
+func quietStore(t *testing.T) *Store {
+	c := newCluster(t, 1, 1, true, func(cfg *StoreConfig) { cfg.ReconcileInterval = time.Hour })
+	s := c.waitLeader(10 * time.Second).store
+	_, err := s.Set(ctxT(t, 5*time.Second), testConfig(), nil)
+	require.NoError(t, err)
+	return s
 }

@@ -277,7 +277,7 @@ func TestCostCountsChunksInTokens(t *testing.T) {
 		t.Fatalf("token keys: %d chunks, want 14", got)
 	}
 	r := m.rate(0)
-	ttft, queue, _, _ := c.estimate(&chars, &cand, r, nil, placement{}, nil)
+	ttft, queue, _, _ := c.estimate(&chars, &cand, r, nil, placement{}, nil, nil)
 	p := 1 / m.Config().PriorPrefillTokensPerSecond
 	d := m.Config().PriorDecodeStepSeconds
 	// queued 1,000 tokens, own 7,150; (1,000+7,150)/2,048 → 4 chunks, 2 running;
@@ -287,7 +287,7 @@ func TestCostCountsChunksInTokens(t *testing.T) {
 	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {
 		t.Fatalf("character keys: ttft %v queue %v, want %v %v", ttft, queue, wantTTFT, wantQueue)
 	}
-	ttft, queue, _, _ = c.estimate(&toks, &cand, r, nil, placement{}, nil)
+	ttft, queue, _, _ = c.estimate(&toks, &cand, r, nil, placement{}, nil, nil)
 	wantQueue = d/2 + 4000*p + 16*(d+2*p)
 	wantTTFT = m.Config().PrefillOverheadSeconds + wantQueue + 28600*p
 	if math.Abs(queue-wantQueue) > 1e-9 || math.Abs(ttft-wantTTFT) > 1e-9 {

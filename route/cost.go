@@ -139,14 +139,23 @@ func (c *Cost) Name() string { return NameCost }
 // Model returns the model the strategy reads.
 func (c *Cost) Model() *Model { return c.model }
 
+// slotTerms are the running-set figures behind an estimate, for
+// explanations: the slot wait in its TTFT and the running-set size it
+// assumed (math.MaxInt: unknown).
+type slotTerms struct {
+	wait     float64
+	capacity int
+}
+
 // estimate returns the estimated TTFT of req on cand, its queueing part,
 // the cost Pick ranks by (TTFT plus the delay imposed on others) and the
-// outstanding request count n. sv is what the model learned of cand's
-// running set, nil if nothing yet. extra holds the unseen requests Pick
-// placed on cand (none when zero): they are outstanding and their
-// uncached tokens queued on top of what the load view shows. dup prices
-// a duplicate prefill (zero: none).
-func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotView, extra placement, dup *duplication) (ttft, queue, cost float64, n int) {
+// outstanding request count n; slots, when not nil, receives the
+// running-set figures. sv is what the model learned of cand's running
+// set, nil if nothing yet. extra holds the unseen requests Pick placed on
+// cand (none when zero): they are outstanding and their uncached tokens
+// queued on top of what the load view shows. dup prices a duplicate
+// prefill (zero: none).
+func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotView, extra placement, dup *duplication, slots *slotTerms) (ttft, queue, cost float64, n int) {
 	cfg := &c.model.cfg
 	n = max(cand.InFlight, 0)
 	if cand.Running >= 0 && cand.Waiting >= 0 {
@@ -187,6 +196,9 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 	ttft = cfg.PrefillOverheadSeconds + queue + own
 	cost = ttft + full*own + arrivalDelay(n, uncached*r.prefillSecPerToken, hold*r.decodeStep) +
 		dup.penalty(matchedBlocks(req, cand), uncached, r.prefillSecPerToken, min(n, capacity))
+	if slots != nil {
+		slots.wait, slots.capacity = slotWait, capacity
+	}
 	return ttft, queue, cost, n
 }
 
@@ -502,7 +514,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		best = 0
 	}
 	cand := &cands[best]
-	bestTTFT, bestQueue, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placed.of(best), &dup)
+	bestTTFT, bestQueue, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placed.of(best), &dup, nil)
 	m.mu.RUnlock()
 
 	d := Decision{Index: best, Selection: SelectionCostLocality, EstimatedTTFT: bestTTFT, EstimatedQueue: bestQueue}
@@ -561,7 +573,7 @@ func (c *Cost) score(req *Request, cands []Candidate, i int, placed *placements,
 	m := c.model
 	cand := &cands[i]
 	r := m.rate(cand.ID)
-	_, _, cost, n = c.estimate(req, cand, r, m.slot(cand.ID), placed.of(i), dup)
+	_, _, cost, n = c.estimate(req, cand, r, m.slot(cand.ID), placed.of(i), dup, nil)
 	if cache != nil && i < cachedEstimates {
 		cache.valid[i], cache.cost[i], cache.step[i], cache.n[i] = true, cost, r.decodeStep, n
 	}
@@ -583,7 +595,7 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *
 		}
 		cost, step, _ := c.score(req, cands, i, placed, dup, cache)
 		if explain != nil {
-			explain.Replicas[i].Score = cost
+			c.explainEstimate(req, cand, placed.of(i), dup, &explain.Replicas[i])
 		}
 		if cost < minCost {
 			minCost, tolerance = cost, step
@@ -625,6 +637,18 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *
 		}
 	}
 	return best, bound
+}
+
+// explainEstimate fills er with cand's estimate, as score figures it,
+// with extra placed there. The caller holds the model's read lock.
+func (c *Cost) explainEstimate(req *Request, cand *Candidate, extra placement, dup *duplication, er *ExplainedReplica) {
+	m := c.model
+	var slots slotTerms
+	er.EstimatedTTFT, _, er.Score, _ = c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), extra, dup, &slots)
+	er.SlotWait, er.Capacity = slots.wait, 0
+	if slots.capacity != math.MaxInt {
+		er.Capacity = slots.capacity
+	}
 }
 
 // scrapeShare is the other senders' share of the traffic relative to this

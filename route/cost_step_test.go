@@ -89,6 +89,54 @@ func TestExplainShowsStepEnds(t *testing.T) {
 	require.Zero(t, ex.Replicas[1].StepEndsIn)
 }
 
+// TestExplainShowsSlotWait: the explanation carries cost's estimate per
+// replica: the running-set size it assumed (none until one is known), the
+// slot wait that size puts on a replica about to fill, and the TTFT below
+// the score; explaining does not change the pick.
+func TestExplainShowsSlotWait(t *testing.T) {
+	now := 1_000_000 * ms
+	req := Request{TotalBlocks: 4, BlockTokens: 128, PromptTokens: 512, MaxTokens: 100, Now: now}
+	cands := []Candidate{
+		{ID: 0, Name: "busy", Matched: 4, InFlight: 3, Running: 3, Waiting: 0},
+		{ID: 1, Name: "idle", InFlight: 0, Running: 0, Waiting: 0},
+	}
+	pick := func(cfg CostConfig) (Decision, Explanation) {
+		m, err := NewModel(cfg)
+		require.NoError(t, err)
+		c := NewCost(m)
+		var ex Explanation
+		rng := NewRand(1)
+		d := c.Pick(&req, cands, &rng, &ex)
+		rng = NewRand(1)
+		require.Equal(t, d.Index, c.Pick(&req, cands, &rng, nil).Index, "explaining changed the pick")
+		return d, ex
+	}
+
+	cfg := DefaultCostConfig()
+	_, ex := pick(cfg)
+	for _, r := range ex.Replicas {
+		require.Zero(t, r.Capacity, "%s: no running-set size known", r.Name)
+		require.Zero(t, r.SlotWait, r.Name)
+		require.Positive(t, r.EstimatedTTFT, r.Name)
+		require.GreaterOrEqual(t, r.Score, r.EstimatedTTFT, r.Name)
+	}
+
+	// With 4 slots, the busy replica's fourth request takes its last free
+	// one: one slot's wait, a running request's decode time over 4 slots.
+	// Nothing observed yet, a running request's output is taken as this
+	// request's max_tokens.
+	cfg.MaxRunning = 4
+	d, ex := pick(cfg)
+	busy, idle := ex.Replicas[0], ex.Replicas[1]
+	require.Equal(t, 4, busy.Capacity)
+	require.Equal(t, 4, idle.Capacity)
+	wantWait := float64(req.MaxTokens) * cfg.PriorDecodeStepSeconds / 4
+	require.InDelta(t, wantWait, busy.SlotWait, 1e-9)
+	require.Zero(t, idle.SlotWait)
+	require.GreaterOrEqual(t, busy.EstimatedTTFT, busy.SlotWait)
+	require.Equal(t, d.EstimatedTTFT, ex.Replicas[d.Index].EstimatedTTFT, "the decision's TTFT is the picked replica's")
+}
+
 // TestOutstandingCountsUnseenSendersOnce: without peers' reports the
 // engine's count beyond this gateway's in-flight at the scrape is other
 // senders' load, added to the fresh in-flight count, so requests that
@@ -116,7 +164,7 @@ func TestOutstandingCountsUnseenSendersOnce(t *testing.T) {
 		{"no scrape", Candidate{InFlight: 3, LocalInFlight: 3, Running: Unknown, Waiting: Unknown,
 			ScrapedInFlight: 0, ScrapedInFlightKnown: true}, 3},
 	} {
-		_, _, _, n := c.estimate(&req, &tc.cand, r, nil, placement{}, nil)
+		_, _, _, n := c.estimate(&req, &tc.cand, r, nil, placement{}, nil, nil)
 		require.Equal(t, tc.wantN, n, tc.name)
 	}
 }

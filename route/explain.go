@@ -108,6 +108,17 @@ type ExplainedReplica struct {
 	// received time it (Candidate.LastTokenAt, StepNanos; cost's step
 	// wait); absent when they do not time it.
 	StepEndsIn float64 `json:"step_ends_in_s,omitempty"`
+	// EstimatedTTFT, SlotWait and Capacity are cost's view of the
+	// candidate (0 for other strategies): the time to first token it
+	// estimates (Score less the delay the request would impose on others
+	// there), the part of it spent waiting for a running-set slot, and
+	// the running-set size it assumed (0: unknown, no slot wait priced;
+	// see Cost.capacity). A replica cost passed over usually shows why
+	// here: a slot wait where the running set is about to fill, or a TTFT
+	// that a recompute makes long.
+	EstimatedTTFT float64 `json:"estimated_ttft_s,omitempty"`
+	SlotWait      float64 `json:"slot_wait_s,omitempty"`
+	Capacity      int     `json:"capacity,omitempty"`
 	// Score is the strategy's figure for this candidate (see
 	// Explanation.ScoreUnit): cost's estimated TTFT plus the delay the
 	// request would impose on others there, in seconds (Bound is its

@@ -357,7 +357,7 @@ func (c *Cost) estimateFor(req *Request, cand *Candidate) float64 {
 	m := c.model
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	ttft, _, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{}, nil)
+	ttft, _, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{}, nil, nil)
 	return ttft
 }
 

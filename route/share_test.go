@@ -328,6 +328,6 @@ func (c *Cost) costFor(req *Request, cand *Candidate, dup *duplication) float64 
 	m := c.model
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	_, _, cost, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{}, dup)
+	_, _, cost, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{}, dup, nil)
 	return cost
 }

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -478,6 +479,9 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 				Queued        int     `json:"queued_prefill_tokens"`
 				PeerQueued    int     `json:"peer_queued_prefill_tokens"`
 				StepEndsIn    float64 `json:"step_ends_in_s"`
+				EstimatedTTFT float64 `json:"estimated_ttft_s"`
+				SlotWait      float64 `json:"slot_wait_s"`
+				Capacity      int     `json:"capacity"`
 				Score         float64 `json:"score"`
 				Filtered      string  `json:"filtered"`
 				Picked        bool    `json:"picked"`
@@ -526,7 +530,10 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			tiers[t.Name] = t
 		}
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tCPU\tDISK\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tQUEUED\tPEER-QUEUED\tSTEP-ENDS\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
+		// SLOTS, SLOT-WAIT and TTFT are cost's: the running-set size it
+		// assumed, the wait for a slot that puts on this request, and its
+		// TTFT estimate (the score less the delay imposed on others).
+		fmt.Fprintf(tw, "\nREPLICA\tMATCHED\tCPU\tDISK\tFRACTION\tINFLIGHT\tLOCAL\tRUNNING\tWAITING\tKV\tQUEUED\tPEER-QUEUED\tSTEP-ENDS\tSLOTS\tSLOT-WAIT\tTTFT\tSCORE(%s)\tFILTERED\tPICK\n", rep.Explanation.ScoreUnit)
 		for _, r := range rep.Explanation.Replicas {
 			pick := ""
 			if r.Picked {
@@ -537,8 +544,18 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			if r.StepEndsIn > 0 {
 				step = fmt.Sprintf("%.0fms", 1000*r.StepEndsIn)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%s\t%.4g\t%s\t%s\n", r.Name, r.Matched, t.CPU, t.Disk, r.MatchFraction,
-				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Queued, r.PeerQueued, step, r.Score, r.Filtered, pick)
+			slots, slotWait, ttft := "-", "-", "-" // unknown size, no wait, or not cost
+			if r.Capacity > 0 {
+				slots = strconv.Itoa(r.Capacity)
+			}
+			if r.SlotWait > 0 {
+				slotWait = fmt.Sprintf("%.3fs", r.SlotWait)
+			}
+			if r.EstimatedTTFT > 0 {
+				ttft = fmt.Sprintf("%.3fs", r.EstimatedTTFT)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%s\t%s\t%s\t%s\t%.4g\t%s\t%s\n", r.Name, r.Matched, t.CPU, t.Disk, r.MatchFraction,
+				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Queued, r.PeerQueued, step, slots, slotWait, ttft, r.Score, r.Filtered, pick)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

@@ -109,6 +109,8 @@ func TestExplainAgainstAGateway(t *testing.T) {
 	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{{Name: "a", URL: engine.URL}, {Name: "b", URL: engine.URL}}}}
 	cfg.DebugPublic = false // the production default: /debug/route needs the admin token
 	cfg.AdminToken = "explain-token"
+	// One sequence at a time: cost prices a slot wait on every replica.
+	cfg.Route.Cost.MaxRunning = 1
 	n, err := node.New(cfg, nil)
 	require.NoError(t, err)
 	require.NoError(t, n.Start(context.Background()))
@@ -140,6 +142,10 @@ func TestExplainAgainstAGateway(t *testing.T) {
 	require.NoError(t, explain(context.Background(), &out, n.HTTPAddr(), "M", prompt, "cost", "", tok, false))
 	assert.Contains(t, out.String(), "strategy cost")
 	assert.Contains(t, out.String(), "prefix share 100.0% of this gateway's recent requests")
+	// cost's own view per replica: the running-set size it assumed, the
+	// slot wait that puts on the request, its TTFT estimate.
+	assert.Regexp(t, `STEP-ENDS\s+SLOTS\s+SLOT-WAIT\s+TTFT\s+SCORE\(estimated_cost_seconds\)`, out.String())
+	assert.Regexp(t, `(?m)^a\s.*\s1\s+\d+\.\d{3}s\s+\d+\.\d{3}s\s`, out.String())
 
 	out.Reset()
 	require.NoError(t, explain(context.Background(), &out, "http://"+n.HTTPAddr(), "M", "hi", "", "", tok, true))

@@ -33,6 +33,7 @@ type metrics struct {
 	inflight       *prometheus.GaugeVec     // replica
 	upstreamErrors *prometheus.CounterVec   // replica, reason
 	ttft           *prometheus.HistogramVec // replica
+	ttftEstimate   *prometheus.HistogramVec // replica: observed TTFT / cost's estimate
 	healthy        *prometheus.GaugeVec     // replica
 	ejections      *prometheus.CounterVec   // replica
 	retries        prometheus.Counter
@@ -92,6 +93,12 @@ func newMetrics() *metrics {
 		Help:    "Time from sending a streaming request upstream to its first body byte, as the gateway sees it.",
 		Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32},
 	}, []string{"replica"})
+	m.ttftEstimate = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "kvmesh_route_ttft_estimate_ratio",
+		Help: "A streaming request's TTFT as the gateway saw it over the cost strategy's estimate when it routed it (1: exact; below 1: the estimate was high). " +
+			"Estimates far off on one replica point at its load view or learned rates (see kvmesh explain).",
+		Buckets: prometheus.ExponentialBuckets(1.0/8, 2, 7), // 0.125 … 8
+	}, []string{"replica"})
 	m.healthy = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvmesh_proxy_replica_healthy",
 		Help: "1 when the replica may get traffic (not ejected, /health passing), else 0.",
@@ -125,7 +132,7 @@ func newMetrics() *metrics {
 		Help: "1 while the applied cluster config changes hash seed, block size, tokenizer or index bounds, which take effect only when the gateway restarts.",
 	})
 	m.reg.MustRegister(m.decisions, m.matchFraction, m.decisionTime, m.inflight,
-		m.upstreamErrors, m.ttft, m.healthy, m.ejections, m.retries, m.requests,
+		m.upstreamErrors, m.ttft, m.ttftEstimate, m.healthy, m.ejections, m.retries, m.requests,
 		m.clientErrors, m.tokenizeCache, m.kvApplyErrors, m.restartRequired,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registerSelfCheck()

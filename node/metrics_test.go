@@ -19,3 +19,16 @@ func value(m prometheus.Metric) float64 {
 	}
 	panic("value: not a counter or gauge")
 }
+
+// histogram reads a single histogram's sample count and sum (one child of
+// a vector).
+func histogram(m prometheus.Observer) (count uint64, sum float64) {
+	var d dto.Metric
+	if err := m.(prometheus.Metric).Write(&d); err != nil {
+		panic(err)
+	}
+	if d.Histogram == nil {
+		panic("histogram: not a histogram")
+	}
+	return d.Histogram.GetSampleCount(), d.Histogram.GetSampleSum()
+}

@@ -557,6 +557,39 @@ func TestMetricsEndpointIsPerNode(t *testing.T) {
 	assert.Contains(t, m2, "kvmesh_http_added_latency_seconds_count 0\n")
 }
 
+// TestTTFTEstimateRatio: a stream that cost routed records its TTFT over
+// cost's estimate; one routed by a strategy that estimates nothing records
+// nothing.
+func TestTTFTEstimateRatio(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.firstDelay.Store(int64(300 * time.Millisecond))
+	e.chunkDelay.Store(int64(2 * time.Millisecond)) // a TPOT: the model takes a decode sample
+	n := startNode(t, func(c *Config) { c.Strategy = route.NameCost }, rc("a", e.url()))
+	tbl := n.tbl.Load()
+	model := tbl.pools[0].set.Model()
+	id := tbl.byName["a"].id
+	ratio := n.m.ttftEstimate.WithLabelValues("a")
+	// observeCost records the ratio, then feeds the model: once the model
+	// holds the stream's decode sample, the ratio is recorded or never is.
+	observed := func(streams uint32) {
+		t.Helper()
+		require.Eventually(t, func() bool { return model.Rates(id).DecodeSamples == streams }, 10*time.Second, 5*time.Millisecond)
+	}
+
+	readAll(t, post(t, n, "/v1/completions", streamReq, nil))
+	observed(1)
+	count, sum := histogram(ratio)
+	require.EqualValues(t, 1, count)
+	// The engine held the first token 300 ms; for a short prompt on an
+	// idle replica cost expects far less.
+	assert.Greater(t, sum, 1.0)
+
+	readAll(t, post(t, n, "/v1/completions", streamReq, map[string]string{HeaderStrategy: route.NamePrefixCache}))
+	observed(2)
+	count, _ = histogram(ratio)
+	assert.EqualValues(t, 1, count, "prefix-cache estimates nothing")
+}
+
 // TestQueuedPrefillGaugeWhileWaiting: the gauge shows a request's uncached
 // prompt tokens while the engine has not answered, and 0 after.
 func TestQueuedPrefillGaugeWhileWaiting(t *testing.T) {

@@ -579,8 +579,12 @@ func (n *Node) recordDecision(rep *replica, ledger index.Ledger, keys []index.Bl
 // observeCost feeds the cost model with what a finished stream showed:
 // the routing core's observation, completed with the stream's TTFT and
 // output (the usage figure when the engine sent one, else the content
-// events) spread over its content events.
+// events) spread over its content events. Where cost made the decision,
+// the TTFT over its estimate goes to kvmesh_route_ttft_estimate_ratio.
 func (n *Node) observeCost(rep *replica, dec decision, ttft time.Duration, res relayResult) {
+	if est := dec.Decision.EstimatedTTFT; est > 0 && ttft > 0 {
+		rep.mTTFTEst.Observe(ttft.Seconds() / est)
+	}
 	t := &res.sse
 	out := t.content
 	if t.hasUsage {

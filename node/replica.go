@@ -114,6 +114,7 @@ type replica struct {
 	// Pre-resolved metric children (label lookups cost a hash each).
 	mInflight prometheus.Gauge
 	mTTFT     prometheus.Observer
+	mTTFTEst  prometheus.Observer // kvmesh_route_ttft_estimate_ratio
 	mHealthy  prometheus.Gauge
 	mPicked   prometheus.Counter // kvmesh_route_replica_decisions_total
 }

@@ -196,6 +196,7 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 				r.mInflight = n.m.inflight.WithLabelValues(r.name)
 				r.mPicked = n.m.replicaDecisions.WithLabelValues(mc.Name, r.name)
 				r.mTTFT = n.m.ttft.WithLabelValues(r.name)
+				r.mTTFTEst = n.m.ttftEstimate.WithLabelValues(r.name)
 				r.mHealthy = n.m.healthy.WithLabelValues(r.name)
 				ch.added = append(ch.added, r)
 			}
@@ -314,6 +315,7 @@ func (n *Node) applySpecLocked(spec routingSpec) error {
 		n.index.DropReplica(r.id)
 		n.m.inflight.DeleteLabelValues(r.name)
 		n.m.healthy.DeleteLabelValues(r.name)
+		n.m.ttftEstimate.DeleteLabelValues(r.name)
 		n.forgetChecks(r)
 	}
 	if running {

@@ -13,7 +13,7 @@ import (
 // engines (a hybrid-attention model's KV-cache groups, a CPU offload
 // tier), so the same seed grid can be run plain, hybrid and offloaded and
 // the reports compared; the report's header names the profile.
-var profileFlags = []string{"engine-kv-tokens", "hybrid-sliding-window", "hybrid-window-tokens", "kv-offload-blocks", "kv-offload-tokens-per-second"}
+var profileFlags = []string{"engine-kv-tokens", "engine-max-num-seqs", "hybrid-sliding-window", "hybrid-window-tokens", "kv-offload-blocks", "kv-offload-tokens-per-second"}
 
 func init() { desFlags = append(desFlags, profileFlags...) }
 
@@ -21,6 +21,8 @@ func init() { desFlags = append(desFlags, profileFlags...) }
 func addEngineProfileFlags(f *pflag.FlagSet, opt *options) {
 	f.IntVar(&opt.des.EngineTokens, "engine-kv-tokens", opt.des.EngineTokens,
 		"DES: each engine's GPU KV pool in tokens (of a hybrid model: its full-attention group's)")
+	f.IntVar(&opt.des.MaxNumSeqs, "engine-max-num-seqs", opt.des.MaxNumSeqs,
+		"DES: each engine's running-set size (vLLM --max-num-seqs; default: the seed study's 8)")
 	f.IntVar(&opt.des.HybridSlidingWindow, "hybrid-sliding-window", 0,
 		"DES: engines are a hybrid-attention model: a full-attention KV-cache group and a sliding-window group of this many tokens, evicting independently (group_idx events; vLLM's hybrid hit rule); 0: one group")
 	f.IntVar(&opt.des.HybridWindowTokens, "hybrid-window-tokens", 0,
@@ -42,8 +44,12 @@ func engineProfileText(o des.Options) string {
 		}
 		parts = append(parts, fmt.Sprintf("hybrid attention (full + %d-token sliding window, window pool %s)", o.HybridSlidingWindow, pool))
 	}
-	if d := des.DefaultOptions(); o.EngineTokens != d.EngineTokens {
+	d := des.DefaultOptions()
+	if o.EngineTokens != d.EngineTokens {
 		parts = append(parts, fmt.Sprintf("GPU KV pool of %d tokens", o.EngineTokens))
+	}
+	if o.MaxNumSeqs != d.MaxNumSeqs {
+		parts = append(parts, fmt.Sprintf("running sets of %d sequences", o.MaxNumSeqs))
 	}
 	if o.OffloadBlocks > 0 {
 		parts = append(parts, fmt.Sprintf("CPU offload tier of %d blocks", o.OffloadBlocks))

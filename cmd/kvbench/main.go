@@ -89,11 +89,29 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := newRootCmd(os.Stdout, os.Stderr).ExecuteContext(ctx)
+	code := execute(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
-		os.Exit(1)
+	os.Exit(code)
+}
+
+// execute runs kvbench with args and returns its exit status. The
+// commands silence cobra's own error printing (it would print usage with
+// every failed run), so every error is printed here, once: a mistyped
+// flag or an invalid setting used to end the command with status 1 and
+// no word of why.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd(stdout, stderr)
+	root.SetArgs(args)
+	root.SetOut(stdout) // help and usage
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
 	}
+	if !errors.As(err, new(reportedError)) {
+		fmt.Fprintf(stderr, "kvbench: %v\n", err)
+	}
+	return 1
 }
 
 // options are the flags that are not study.Config fields.
@@ -493,11 +511,18 @@ func runWith(ctx context.Context, cfg study.Config, opt options, factory study.E
 }
 
 func reportErr(w io.Writer, err error) error {
-	if err != nil {
-		fmt.Fprintf(w, "kvbench: %v\n", err)
+	if err == nil {
+		return nil
 	}
-	return err
+	fmt.Fprintf(w, "kvbench: %v\n", err)
+	return reportedError{err}
 }
+
+// reportedError is an error reportErr printed already (execute does not
+// print it again).
+type reportedError struct{ error }
+
+func (e reportedError) Unwrap() error { return e.error }
 
 func newSweepCmd(stdout, stderr io.Writer) *cobra.Command {
 	cfg := study.DefaultConfig()

@@ -243,3 +243,30 @@ func TestVersionFlag(t *testing.T) {
 		t.Fatalf("kvbench --version = %q", out.String())
 	}
 }
+
+// TestKvbenchPrintsEveryError: the commands silence cobra's error
+// printing, so execute prints each failure once: a mistyped flag, a bad
+// value and an invalid setting each end with status 1 and say why; an
+// error the command reported itself is not printed twice.
+func TestKvbenchPrintsEveryError(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bogus"}, "kvbench: unknown flag: --bogus\n"},
+		{[]string{"--rps", "abc"}, `kvbench: invalid argument "abc" for "--rps"`},
+		{[]string{"--hybrid-sliding-window", "1024"}, "kvbench: "},
+		{[]string{"--engine", "des", "--engine-max-num-seqs", "0"}, "kvbench: "},
+		{[]string{"sweep", "--replicas", "x"}, `kvbench: invalid argument "x" for "--replicas"`},
+	} {
+		var out, errb bytes.Buffer
+		code := execute(context.Background(), c.args, &out, &errb)
+		assert.Equal(t, 1, code, "%v", c.args)
+		assert.Contains(t, errb.String(), c.want, "%v", c.args)
+		assert.Equal(t, 1, strings.Count(errb.String(), "kvbench: "), "%v printed once: %q", c.args, errb.String())
+	}
+	var out, errb bytes.Buffer
+	require.Zero(t, execute(context.Background(), []string{"--help"}, &out, &errb), errb.String())
+	assert.Contains(t, out.String(), "Usage:")
+	assert.Empty(t, errb.String())
+}

@@ -116,6 +116,12 @@ func testLogger(t testing.TB) *slog.Logger {
 func newIndex(t testing.TB) *index.Index {
 	icfg := index.DefaultConfig()
 	icfg.Capacity = 1 << 22
+	// Speculative entries live 3 s by default: on a busy machine a test
+	// that records them and waits for every peer to hold them all could
+	// outlast them and never see its condition (TestDecisionsConverge ran
+	// out its 30 s bound under five parallel race-enabled CI runs, load
+	// 18). No test here is about their expiry.
+	icfg.SpeculativeTTL = 10 * time.Minute
 	ix, err := index.New(icfg)
 	require.NoError(t, err)
 	h := ix.Hasher()

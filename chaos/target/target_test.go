@@ -71,6 +71,10 @@ func deployment(t *testing.T) *target.Config {
 	return &target.Config{
 		Gateways: []string{"http://" + n.HTTPAddr()}, AdminToken: adminToken, Model: "M",
 		Replica: "e0", EngineURL: e0.URL(), FaultProxy: fp, KVProxy: "e0-events", Requests: 8,
+		// The waits poll and end as soon as the views are right; the
+		// operator default (15 s) ran out once under five parallel CI
+		// runs (load 18), with recall at 0.95.
+		Converge: time.Minute,
 	}
 }
 

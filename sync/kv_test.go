@@ -92,12 +92,28 @@ func testHandover(t *testing.T, crash bool) {
 	}
 	// The owner may have subscribed just after the first batches: they are
 	// replayed (JoinReplay), so everything converges.
+	moves := func() (n float64) {
+		for _, g := range gws {
+			n += metricValue(t, g.reg, "kvmesh_sync_kv_owner_changes_total", nil)
+		}
+		return n
+	}
+	movesBefore := moves()
 	for i := range 5 {
 		complete(t, eng, i)
 	}
 	require.Eventually(t, converged(gws), converge, 10*time.Millisecond)
-	for _, g := range gws {
-		require.Zero(t, metricValue(t, g.reg, "kvmesh_sync_sequence_gaps_total", nil), g.name)
+	// With one owner throughout, no peer sees a batch missing. On a busy
+	// machine memberlist may suspect a live gateway for a moment and move
+	// ownership there and back; the two owners' batches then interleave
+	// and peers count gaps, which repair closes (the views converged
+	// above). A CI run at load 17 counted one such gap.
+	if moved := moves() - movesBefore; moved > 0 {
+		t.Logf("ownership moved %v times while the first batches flowed: sequence gaps are not checked", moved)
+	} else {
+		for _, g := range gws {
+			require.Zero(t, metricValue(t, g.reg, "kvmesh_sync_sequence_gaps_total", nil), g.name)
+		}
 	}
 
 	// Stop the owner: ownership moves to exactly one of the others, which

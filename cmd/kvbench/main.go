@@ -243,7 +243,7 @@ phases, the expected duration and what will be reset, and sends nothing.`,
 	f.IntVar(&opt.promptTokens, "prompt-tokens", study.SeedPromptTokens, "with --tokenizer: a seed prompt's length in the engine's tokens (default: the seed's prompt in its Qwen3 tokens)")
 	f.StringVar(&opt.engine, "engine", engineLive, "engine: live (simulators and gateways on loopback) or des (discrete-event, virtual time)")
 	root.AddCommand(newRecomputeCmd(stdout), newReportCmd(stdout), newSweepCmd(stdout, stderr),
-		newProxybenchCmd(stdout, stderr), newProxybenchEngineCmd(), newProxybenchGoFloorCmd())
+		newProxybenchCmd(stdout, stderr), newProxybenchEngineCmd(), newProxybenchGoFloorCmd(), newProxybenchRawFloorCmd())
 	return root
 }
 

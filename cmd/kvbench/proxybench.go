@@ -35,6 +35,7 @@ type proxyOpts struct {
 	kvmesh    string
 	baseline  string
 	goFloor   bool // also measure the Go floor (proxybench_goproxy.go)
+	rawFloor  bool // also measure the raw floor (proxybench_rawfloor.go)
 	procs     int  // GOMAXPROCS for the kvmesh target (0: the runtime's default)
 	nginx     string
 	strategy  string
@@ -63,6 +64,8 @@ const (
 	targetBaseline = "kvmesh-baseline"
 	// targetGoFloor is httputil.ReverseProxy alone (--go-floor).
 	targetGoFloor = "go-floor"
+	// targetRawFloor is a Go proxy without net/http (--raw-floor).
+	targetRawFloor = "raw-floor"
 )
 
 func newProxybenchCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -129,6 +132,7 @@ missing and allowed, and left out (with a message) when it cannot be.`,
 	f.StringVar(&o.kvmesh, "kvmesh", "", "kvmesh binary (default: go build ./cmd/kvmesh into a temp dir)")
 	f.StringVar(&o.baseline, "baseline-kvmesh", "", "a second kvmesh binary (e.g. built from main) measured in the same run as target kvmesh-baseline")
 	f.BoolVar(&o.goFloor, "go-floor", false, "also measure target go-floor: net/http/httputil.ReverseProxy alone over the same engines (what any Go proxy costs on these cores)")
+	f.BoolVar(&o.rawFloor, "raw-floor", false, "also measure target raw-floor: a Go proxy with no net/http on either side over the same engines (what the Go runtime alone costs on these cores)")
 	f.IntVar(&o.procs, "kvmesh-gomaxprocs", 0, "GOMAXPROCS for the kvmesh target only (0: Go's default, one per core)")
 	f.StringVar(&o.nginx, "nginx", "", "nginx binary (default: nginx from PATH or /usr/sbin/nginx)")
 	f.BoolVar(&o.noInstall, "no-install", false, "do not apt-get install nginx-light when nginx is missing")
@@ -651,8 +655,8 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	rep := &proxyReport{UptimeBefore: uptime(), Options: fmt.Sprintf("streams=%v per-worker=%d rounds=%d tokens=%d gap=%s prompt=%dB strategy=%s index-mode=%s kvmesh-gomaxprocs=%d baseline=%q go-floor=%t",
-		o.streams, o.perWorker, o.rounds, o.tokens, o.gap, o.prompt, o.strategy, o.indexMode, o.procs, o.baseline, o.goFloor)}
+	rep := &proxyReport{UptimeBefore: uptime(), Options: fmt.Sprintf("streams=%v per-worker=%d rounds=%d tokens=%d gap=%s prompt=%dB strategy=%s index-mode=%s kvmesh-gomaxprocs=%d baseline=%q go-floor=%t raw-floor=%t",
+		o.streams, o.perWorker, o.rounds, o.tokens, o.gap, o.prompt, o.strategy, o.indexMode, o.procs, o.baseline, o.goFloor, o.rawFloor)}
 
 	kvBin := o.kvmesh
 	if kvBin == "" {
@@ -721,17 +725,24 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 		targets = append(targets, &target{name: targetNginx, urls: []string{url + "/v1/completions"}, client: newClient(), proc: p})
 	}
 
-	if o.goFloor {
-		args := []string{"proxybench-gofloor"}
-		for _, e := range engines {
-			args = append(args, "--upstream", "http://"+e)
+	for _, fl := range []struct {
+		on        bool
+		name, cmd string
+		scheme    string
+	}{{o.goFloor, targetGoFloor, "proxybench-gofloor", "http://"}, {o.rawFloor, targetRawFloor, "proxybench-rawfloor", ""}} {
+		if !fl.on {
+			continue
 		}
-		p, addr, err := startChild(ctx, targetGoFloor, args...)
+		args := []string{fl.cmd}
+		for _, e := range engines {
+			args = append(args, "--upstream", fl.scheme+e)
+		}
+		p, addr, err := startChild(ctx, fl.name, args...)
 		if err != nil {
 			return nil, err
 		}
 		procs = append(procs, p)
-		targets = append(targets, &target{name: targetGoFloor, urls: []string{"http://" + addr + "/v1/completions"}, client: newClient(), proc: p})
+		targets = append(targets, &target{name: fl.name, urls: []string{"http://" + addr + "/v1/completions"}, client: newClient(), proc: p})
 	}
 
 	// An admin token opens the gateways' /debug/pprof/ to --profile.

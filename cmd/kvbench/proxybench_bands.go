@@ -137,6 +137,11 @@ var bandFigures = []bandFigure{
 	ttfbDiff(targetKvmesh, targetGoFloor, .5),
 	ttfbDiff(targetKvmesh, targetGoFloor, .99),
 	addedGap(targetGoFloor),
+	// With --raw-floor: against the least any Go proxy costs.
+	ttfbDiff(targetKvmesh, targetRawFloor, .5),
+	ttfbDiff(targetKvmesh, targetRawFloor, .99),
+	ttfbDiff(targetRawFloor, targetNginx, .99),
+	addedGap(targetRawFloor),
 }
 
 // ttfbDiff is a's TTFB p-quantile minus b's.

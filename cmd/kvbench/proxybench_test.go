@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -239,4 +240,110 @@ func TestProxybenchGoFloor(t *testing.T) {
 	}
 	assert.Equal(t, int32(1), hits[0].Load())
 	assert.Equal(t, int32(1), hits[1].Load())
+}
+
+// TestProxybenchRawFloor: the raw floor relays each chunk as the engine
+// sends it (the engine holds its second chunk until the client has read
+// the first through the proxy), alternates between the engines, passes
+// answers of a known length, and keeps its engine connections alive.
+func TestProxybenchRawFloor(t *testing.T) {
+	var hits, conns [2]atomic.Int32
+	release := make(chan struct{})
+	engine := func(i int) *httptest.Server {
+		s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hits[i].Add(1)
+			_, _ = io.Copy(io.Discard, r.Body)
+			if r.URL.Path == "/fixed" {
+				_, _ = io.WriteString(w, "fixed answer")
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: one\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+			_, _ = io.WriteString(w, "data: [DONE]\n\n")
+		}))
+		s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+			if st == http.StateNew {
+				conns[i].Add(1)
+			}
+		}
+		s.Start()
+		return s
+	}
+	e0, e1 := engine(0), engine(1)
+	defer e0.Close()
+	defer e1.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- newRawFloor([]string{e0.Listener.Addr().String(), e1.Listener.Addr().String()}).run(ctx, ln)
+	}()
+	defer func() {
+		cancel()
+		require.NoError(t, <-done)
+	}()
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
+	base := "http://" + ln.Addr().String()
+
+	for range 2 {
+		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+		req, err := http.NewRequestWithContext(rctx, http.MethodPost, base+"/v1/completions", strings.NewReader(`{"prompt":"p"}`))
+		require.NoError(t, err)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		first := make([]byte, len("data: one\n\n"))
+		_, err = io.ReadFull(resp.Body, first)
+		require.NoError(t, err, "the first chunk arrives while the engine holds the second")
+		assert.Equal(t, "data: one\n\n", string(first))
+		release <- struct{}{}
+		rest, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, "data: [DONE]\n\n", string(rest))
+		resp.Body.Close()
+		rcancel()
+	}
+	assert.Equal(t, int32(1), hits[0].Load())
+	assert.Equal(t, int32(1), hits[1].Load())
+
+	for range 4 {
+		resp, err := client.Post(base+"/fixed", "application/json", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		assert.Equal(t, "fixed answer", string(b))
+		assert.Equal(t, int64(len("fixed answer")), resp.ContentLength)
+	}
+	assert.Equal(t, int32(3), hits[0].Load())
+	assert.Equal(t, int32(3), hits[1].Load())
+	assert.Equal(t, int32(1), conns[0].Load(), "one kept-alive connection to each engine")
+	assert.Equal(t, int32(1), conns[1].Load(), "one kept-alive connection to each engine")
+}
+
+// TestRawFloorChunkEnd: the chunked-body scanner finds the end of a body
+// with an extension and a trailer however the bytes are split, and
+// rejects bytes after it.
+func TestRawFloorChunkEnd(t *testing.T) {
+	body := "5;ext=1\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nX-Trailer: t\r\n\r\n"
+	for cut := 1; cut < len(body); cut++ {
+		for _, parts := range [][]string{{body[:cut], body[cut:]}, strings.SplitAfter(body, "")} {
+			var s chunkEnd
+			for i, p := range parts {
+				done, err := s.feed([]byte(p))
+				require.NoError(t, err)
+				require.Equal(t, i == len(parts)-1, done, "cut %d part %d", cut, i)
+			}
+		}
+	}
+	var s chunkEnd
+	_, err := s.feed([]byte(body + "x"))
+	require.Error(t, err)
 }

@@ -65,9 +65,31 @@ func NewMetrics() *Metrics {
 	}
 }
 
-func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Batches, m.Events, m.IgnoredEvents, m.Malformed, m.NoEventBatches, m.Gaps,
+func (m *Metrics) vecs() []*prometheus.CounterVec {
+	return []*prometheus.CounterVec{m.Batches, m.Events, m.IgnoredEvents, m.Malformed, m.NoEventBatches, m.Gaps,
 		m.Replays, m.Resets, m.Duplicates, m.Replayed, m.Dropped, m.Reconnects, m.Tolerated}
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	var cs []prometheus.Collector
+	for _, v := range m.vecs() {
+		cs = append(cs, v)
+	}
+	return cs
+}
+
+// Forget deletes every series of replica and returns how many there
+// were. Call it once the replica is gone for good (its name left the
+// configuration): a deployment whose pods come and go would otherwise
+// keep a set of series for every pod it ever had. A subscriber still
+// running for the replica would create its series again.
+func (m *Metrics) Forget(replica string) int {
+	l := prometheus.Labels{"replica": replica}
+	n := 0
+	for _, v := range m.vecs() {
+		n += v.DeletePartialMatch(l)
+	}
+	return n
 }
 
 // Register registers every counter on r.

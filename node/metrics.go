@@ -272,3 +272,20 @@ func (m *metrics) request(model, code string) prometheus.Counter {
 	c.mu.Unlock()
 	return s
 }
+
+// forgetSeries deletes the series a dropped replica (its name gone from
+// the routing table) leaves in the gateway's own metrics and in the
+// KV-event counters. Without it a deployment whose pods come and go, each
+// under a new name, grows a set of series per pod it ever had for as long
+// as the gateway runs. A request to the replica still finishing creates
+// its few series again; they go with the process.
+func (n *Node) forgetSeries(r *replica) {
+	l := prometheus.Labels{"replica": r.name}
+	for _, v := range []interface {
+		DeletePartialMatch(prometheus.Labels) int
+	}{n.m.inflight, n.m.healthy, n.m.ttft, n.m.ttftEstimate, n.m.ejections, n.m.upstreamErrors,
+		n.m.kvApplyErrors, n.m.replicaDecisions} {
+		v.DeletePartialMatch(l)
+	}
+	n.kvMetrics.Forget(r.name)
+}

@@ -313,9 +313,7 @@ func (n *Node) applySpecLocked(spec routingSpec) error {
 	}
 	for _, r := range ch.dropped {
 		n.index.DropReplica(r.id)
-		n.m.inflight.DeleteLabelValues(r.name)
-		n.m.healthy.DeleteLabelValues(r.name)
-		n.m.ttftEstimate.DeleteLabelValues(r.name)
+		n.forgetSeries(r)
 		n.forgetChecks(r)
 	}
 	if running {

@@ -166,3 +166,56 @@ func TestStandaloneTakesScrapeIntervalAsPeerDelay(t *testing.T) {
 	n.cl = &clusterParts{}
 	require.Zero(t, n.routeConfig(route.Config{}).PeerLoadDelaySeconds, "a cluster gateway's peers report load")
 }
+
+// TestDroppedReplicaLeavesNoSeries: a replica whose name leaves the
+// routing table takes every series labelled with it along, in the
+// gateway's metrics and in the KV-event counters; the replica that stays
+// keeps its own. Pods that come and go under new names must not grow the
+// gateway's series for as long as it runs.
+func TestDroppedReplicaLeavesNoSeries(t *testing.T) {
+	old := newFakeEngine(t, "old")
+	stay := newFakeEngine(t, "stay")
+	n := startNode(t, nil, rc("old", old.url()), rc("stay", stay.url()))
+	for i := 0; i < 6; i++ {
+		resp := post(t, n, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":"series %d","max_tokens":2,"stream":true}`, i), nil)
+		readAll(t, resp)
+	}
+	require.Positive(t, old.requests.Load(), "the test needs traffic on the replica it drops")
+	// The series traffic alone does not make here (failures, ejections,
+	// KV events) are made directly: what matters is that they go.
+	for _, name := range []string{"old", "stay"} {
+		n.m.upstreamErrors.WithLabelValues(name, "connect").Inc()
+		n.m.ejections.WithLabelValues(name).Inc()
+		n.m.kvApplyErrors.WithLabelValues(name, "unknown_parent").Inc()
+		n.kvMetrics.Batches.WithLabelValues(name).Inc()
+		n.kvMetrics.Resets.WithLabelValues(name, "gap_unrecoverable").Inc()
+	}
+	series := func(replica string) []string {
+		mfs, err := n.m.reg.Gather()
+		require.NoError(t, err)
+		var out []string
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == "replica" && lp.GetValue() == replica {
+						out = append(out, mf.GetName())
+					}
+				}
+			}
+		}
+		return out
+	}
+	for _, want := range []string{"kvmesh_proxy_inflight", "kvmesh_proxy_replica_healthy", "kvmesh_proxy_ttft_seconds",
+		"kvmesh_route_replica_decisions_total", "kvmesh_proxy_upstream_errors_total", "kvmesh_proxy_ejections_total",
+		"kvmesh_index_kv_apply_errors_total", "kvmesh_kvevents_batches_total", "kvmesh_kvevents_resets_total"} {
+		require.Contains(t, series("old"), want)
+	}
+
+	spec := specFromConfig(&n.cfg)
+	spec.version = 2
+	spec.models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("stay", stay.url())}}}
+	require.NoError(t, n.applySpec(spec))
+	assert.Empty(t, series("old"), "series of the dropped replica")
+	assert.Contains(t, series("stay"), "kvmesh_proxy_ttft_seconds")
+	assert.Contains(t, series("stay"), "kvmesh_kvevents_batches_total")
+}

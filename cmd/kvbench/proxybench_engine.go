@@ -103,18 +103,12 @@ func newProxybenchEngineCmd() *cobra.Command {
 // prints "listening ADDR" (what startChild waits for) and serves until
 // its stdin closes (startChild's proc.stop) or the command's context ends.
 func serveChild(cmd *cobra.Command, addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
+	ln, ctx, cancel, err := listenChild(cmd, addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(cmd.OutOrStdout(), "listening %s\n", ln.Addr())
-	ctx, cancel := context.WithCancel(cmd.Context())
 	defer cancel()
-	go func() {
-		_, _ = io.Copy(io.Discard, cmd.InOrStdin())
-		cancel()
-	}()
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		_ = srv.Close()
@@ -123,4 +117,22 @@ func serveChild(cmd *cobra.Command, addr string, h http.Handler) error {
 		return err
 	}
 	return nil
+}
+
+// listenChild listens on addr for a hidden proxybench subcommand, prints
+// "listening ADDR" (what startChild waits for) and returns a context that
+// ends when the command's stdin closes (startChild's proc.stop) or its
+// own context ends.
+func listenChild(cmd *cobra.Command, addr string) (net.Listener, context.Context, context.CancelFunc, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "listening %s\n", ln.Addr())
+	ctx, cancel := context.WithCancel(cmd.Context())
+	go func() {
+		_, _ = io.Copy(io.Discard, cmd.InOrStdin())
+		cancel()
+	}()
+	return ln, ctx, cancel, nil
 }

@@ -288,17 +288,11 @@ func newProxybenchRawFloorCmd() *cobra.Command {
 			if len(upstreams) == 0 {
 				return errors.New("at least one --upstream")
 			}
-			ln, err := net.Listen("tcp", addr)
+			ln, ctx, cancel, err := listenChild(cmd, addr)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "listening %s\n", ln.Addr())
-			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
-			go func() {
-				_, _ = io.Copy(io.Discard, cmd.InOrStdin())
-				cancel()
-			}()
 			return newRawFloor(upstreams).run(ctx, ln)
 		},
 	}

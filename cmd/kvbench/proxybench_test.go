@@ -197,16 +197,7 @@ func TestProxybenchGoFloor(t *testing.T) {
 	engine := func(i int) *httptest.Server {
 		return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			hits[i].Add(1)
-			_, _ = io.Copy(io.Discard, r.Body)
-			w.Header().Set("Content-Type", "text/event-stream")
-			_, _ = io.WriteString(w, "data: one\n\n")
-			w.(http.Flusher).Flush()
-			select {
-			case <-release:
-			case <-r.Context().Done():
-				return
-			}
-			_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			heldAnswer(w, r, release)
 		}))
 	}
 	e0, e1 := engine(0), engine(1)
@@ -222,21 +213,7 @@ func TestProxybenchGoFloor(t *testing.T) {
 	defer proxy.Close()
 
 	for range 2 {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, proxy.URL+"/v1/completions", strings.NewReader(`{}`))
-		require.NoError(t, err)
-		resp, err := http.DefaultClient.Do(req)
-		require.NoError(t, err)
-		first := make([]byte, len("data: one\n\n"))
-		_, err = io.ReadFull(resp.Body, first)
-		require.NoError(t, err, "the first chunk arrives while the engine holds the second")
-		assert.Equal(t, "data: one\n\n", string(first))
-		release <- struct{}{}
-		rest, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		assert.Equal(t, "data: [DONE]\n\n", string(rest))
-		resp.Body.Close()
-		cancel()
+		heldStream(t, http.DefaultClient, proxy.URL+"/v1/completions", release)
 	}
 	assert.Equal(t, int32(1), hits[0].Load())
 	assert.Equal(t, int32(1), hits[1].Load())
@@ -252,20 +229,12 @@ func TestProxybenchRawFloor(t *testing.T) {
 	engine := func(i int) *httptest.Server {
 		s := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			hits[i].Add(1)
-			_, _ = io.Copy(io.Discard, r.Body)
 			if r.URL.Path == "/fixed" {
+				_, _ = io.Copy(io.Discard, r.Body)
 				_, _ = io.WriteString(w, "fixed answer")
 				return
 			}
-			w.Header().Set("Content-Type", "text/event-stream")
-			_, _ = io.WriteString(w, "data: one\n\n")
-			w.(http.Flusher).Flush()
-			select {
-			case <-release:
-			case <-r.Context().Done():
-				return
-			}
-			_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			heldAnswer(w, r, release)
 		}))
 		s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 			if st == http.StateNew {
@@ -294,21 +263,7 @@ func TestProxybenchRawFloor(t *testing.T) {
 	base := "http://" + ln.Addr().String()
 
 	for range 2 {
-		rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
-		req, err := http.NewRequestWithContext(rctx, http.MethodPost, base+"/v1/completions", strings.NewReader(`{"prompt":"p"}`))
-		require.NoError(t, err)
-		resp, err := client.Do(req)
-		require.NoError(t, err)
-		first := make([]byte, len("data: one\n\n"))
-		_, err = io.ReadFull(resp.Body, first)
-		require.NoError(t, err, "the first chunk arrives while the engine holds the second")
-		assert.Equal(t, "data: one\n\n", string(first))
-		release <- struct{}{}
-		rest, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		assert.Equal(t, "data: [DONE]\n\n", string(rest))
-		resp.Body.Close()
-		rcancel()
+		heldStream(t, client, base+"/v1/completions", release)
 	}
 	assert.Equal(t, int32(1), hits[0].Load())
 	assert.Equal(t, int32(1), hits[1].Load())
@@ -346,4 +301,42 @@ func TestRawFloorChunkEnd(t *testing.T) {
 	var s chunkEnd
 	_, err := s.feed([]byte(body + "x"))
 	require.Error(t, err)
+}
+
+// heldStream sends one streaming request through a floor proxy to an
+// engine that answers "data: one", then holds its "data: [DONE]" until
+// release: the first chunk must reach the client while the engine holds
+// the second.
+func heldStream(t *testing.T, client *http.Client, url string, release chan<- struct{}) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(`{"prompt":"p"}`))
+	require.NoError(t, err)
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	first := make([]byte, len("data: one\n\n"))
+	_, err = io.ReadFull(resp.Body, first)
+	require.NoError(t, err, "the first chunk arrives while the engine holds the second")
+	assert.Equal(t, "data: one\n\n", string(first))
+	release <- struct{}{}
+	rest, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, "data: [DONE]\n\n", string(rest))
+}
+
+// heldAnswer is heldStream's engine side: it reads the request, answers
+// "data: one" at once and "data: [DONE]" once release lets it.
+func heldAnswer(w http.ResponseWriter, r *http.Request, release <-chan struct{}) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "text/event-stream")
+	_, _ = io.WriteString(w, "data: one\n\n")
+	w.(http.Flusher).Flush()
+	select {
+	case <-release:
+	case <-r.Context().Done():
+		return
+	}
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
 }

@@ -90,12 +90,12 @@ func TestPeerLoad(t *testing.T) {
 	gws[2].load.set("r1", 1)
 	require.Eventually(t, func() bool {
 		return gws[0].c.InFlight("r0") == 7 && gws[0].c.InFlight("r1") == 1 && gws[1].c.InFlight("r0") == 4
-	}, 5*time.Second, 5*time.Millisecond)
+	}, converge, 5*time.Millisecond)
 	require.Zero(t, gws[0].c.InFlight("nope"))
 	// A stopped peer's report leaves the view.
 	gws[2].stop(t)
 	require.Eventually(t, func() bool { return gws[0].c.InFlight("r0") == 3 && gws[0].c.InFlight("r1") == 0 },
-		5*time.Second, 5*time.Millisecond)
+		converge, 5*time.Millisecond)
 	allocs := testing.AllocsPerRun(100, func() { _ = gws[0].c.InFlight("r0") })
 	require.Zero(t, allocs)
 }
@@ -111,10 +111,10 @@ func TestMalformedPeerMessagesDroppedAndCounted(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return metricValue(t, gws[0].reg, "kvmesh_sync_messages_malformed_total", map[string]string{"source": "nats"}) == float64(len(bad)) &&
 			metricValue(t, gws[0].reg, "kvmesh_sync_messages_malformed_total", map[string]string{"source": "gossip"}) == 1
-	}, 5*time.Second, 5*time.Millisecond)
+	}, converge, 5*time.Millisecond)
 	// The cluster still works.
 	keys := decide(t, gws[1], 1, 0, index.History)
-	require.Eventually(t, func() bool { return matchOn(gws[0], keys, 0, index.ModeHistory) == len(keys) }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return matchOn(gws[0], keys, 0, index.ModeHistory) == len(keys) }, converge, 5*time.Millisecond)
 }
 
 func TestShutdownIdempotent(t *testing.T) {

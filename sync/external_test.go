@@ -26,7 +26,7 @@ func TestExternalNATS(t *testing.T) {
 	}
 	keys := decide(t, gws[1], 1, 2, index.History)
 	require.Eventually(t, func() bool { return matchOn(gws[0], keys, 2, index.ModeHistory) == len(keys) },
-		5*time.Second, 5*time.Millisecond)
+		converge, 5*time.Millisecond)
 	gws[1].load.set("r1", 5)
-	require.Eventually(t, func() bool { return gws[0].c.InFlight("r1") == 5 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return gws[0].c.InFlight("r1") == 5 }, converge, 5*time.Millisecond)
 }

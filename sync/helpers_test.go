@@ -75,7 +75,10 @@ type gw struct {
 // of those tests passes in under 3 s, cluster start included; the bound is
 // for a machine running several race-enabled test binaries at
 // once, where 10 s ran out (three CI runs in parallel, load 15). A longer
-// bound costs nothing when the condition holds.
+// bound costs nothing when the condition holds. Every wait in this
+// package for gateways to see each other's state uses it; waits that
+// time a claim (cleared by a report before LoadTTL, failure detection)
+// keep their own bounds.
 const converge = 30 * time.Second
 
 var testReplicas = []string{"r0", "r1", "r2"}
@@ -211,7 +214,7 @@ func waitMembers(t testing.TB, gws []*gw, n int) {
 			}
 		}
 		return true
-	}, 15*time.Second, 10*time.Millisecond, "NATS routes did not form a full mesh")
+	}, converge, 10*time.Millisecond, "NATS routes did not form a full mesh")
 	// Data flows between every pair: each gateway received every peer's
 	// load report since now (so subscription interest crossed the routes;
 	// a report from before a NATS restart, still within LoadTTL, proves
@@ -232,7 +235,7 @@ func waitMembers(t testing.TB, gws []*gw, n int) {
 			}
 		}
 		return true
-	}, 15*time.Second, 10*time.Millisecond, "load reports did not reach every peer")
+	}, converge, 10*time.Millisecond, "load reports did not reach every peer")
 }
 
 // counter reads a counter or gauge value from a registry by name and labels.

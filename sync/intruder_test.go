@@ -42,7 +42,7 @@ func TestIntruderRefusedOnEveryPort(t *testing.T) {
 		require.NoError(t, ml.Shutdown())
 	}
 	require.Eventually(t, func() bool { return count("kvmesh_sync_gossip_rejected_total", nil) >= 2 },
-		5*time.Second, 10*time.Millisecond, "gossip refusals counted")
+		converge, 10*time.Millisecond, "gossip refusals counted")
 	require.Len(t, g.c.Members(), 2, "no intruder became a member")
 
 	// Peer service: a puller with another key, and one in plaintext.
@@ -56,7 +56,7 @@ func TestIntruderRefusedOnEveryPort(t *testing.T) {
 	require.Error(t, pull(func(c *Config) { c.Trust = testRing(t, "puller", otherKeys) }), "wrong key")
 	require.Error(t, pull(func(c *Config) { c.Trust, c.Insecure = nil, true }), "no key")
 	require.Eventually(t, func() bool { return count("kvmesh_sync_peer_unauthenticated_total", nil) >= 2 },
-		5*time.Second, 10*time.Millisecond, "peer refusals counted")
+		converge, 10*time.Millisecond, "peer refusals counted")
 
 	// NATS client port: no password, a guessed one, another key's.
 	clientURL := g.c.bus.clientURL()
@@ -152,13 +152,13 @@ func TestKVTrustTheWireLess(t *testing.T) {
 
 	// The owner's real stream reaches the other gateway.
 	send(owner, KVBatch{Seq: 5, EngineTS: now})
-	require.Eventually(t, func() bool { v, s := state(other); return v && s == 5 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { v, s := state(other); return v && s == 5 }, converge, 5*time.Millisecond)
 
 	// The non-owner forges a reset and a seq 2^40 batch: the owner refuses both.
 	send(owner, KVBatch{Seq: 6, EngineTS: now}) // the owner's own state is its subscriber's; make it valid here too
 	send(other, KVBatch{Reset: true})
 	send(other, KVBatch{Seq: 1 << 40, EngineTS: now})
-	require.Eventually(t, func() bool { return rejected(owner, "not_owner") == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rejected(owner, "not_owner") == 2 }, converge, 5*time.Millisecond)
 
 	// The owner (a compromised or buggy member) jumps to 2^40, then sends
 	// an engine time a day ahead: refused by the other gateway, which still
@@ -166,7 +166,7 @@ func TestKVTrustTheWireLess(t *testing.T) {
 	send(owner, KVBatch{Seq: 1 << 40, EngineTS: now})
 	send(owner, KVBatch{Seq: 7, EngineTS: now + 86400})
 	send(owner, KVBatch{Seq: 7, EngineTS: now})
-	require.Eventually(t, func() bool { v, s := state(other); return v && s == 7 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { v, s := state(other); return v && s == 7 }, converge, 5*time.Millisecond)
 	require.Equal(t, 1.0, rejected(other, "seq_jump"))
 	require.Equal(t, 1.0, rejected(other, "clock_ahead"))
 
@@ -176,7 +176,7 @@ func TestKVTrustTheWireLess(t *testing.T) {
 	other.c.ap.kv["r0"].seq = math.MaxUint64 >> 1
 	other.c.ap.mu.Unlock()
 	send(owner, KVBatch{Seq: 8, EngineTS: now})
-	require.Eventually(t, func() bool { v, s := state(other); return v && s == 8 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { v, s := state(other); return v && s == 8 }, converge, 5*time.Millisecond)
 
 	// Snapshot watermarks are checked the same way.
 	w := map[string]uint64{srcKV + "r0": 1<<40 + 1, srcKVTS + "r0": math.Float64bits(now)}

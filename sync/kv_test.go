@@ -195,7 +195,7 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 	for _, g := range gws {
 		natsDown(t, g)
 	}
-	require.Eventually(t, func() bool { return !owner.c.NATSConnected() }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return !owner.c.NATSConnected() }, converge, 5*time.Millisecond)
 	for i := 1; i < 4; i++ {
 		complete(t, eng, i)
 	}
@@ -203,14 +203,14 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 	for _, g := range gws {
 		natsUp(t, g)
 	}
-	require.Eventually(t, truth(gws), 20*time.Second, 20*time.Millisecond, "peers repaired")
+	require.Eventually(t, truth(gws), converge, 20*time.Millisecond, "peers repaired")
 	require.Eventually(t, func() bool { // counted just after the restore
 		repairs := 0.0
 		for _, g := range gws {
 			repairs += metricValue(t, g.reg, "kvmesh_sync_antientropy_repairs_total", map[string]string{"result": "ok"})
 		}
 		return repairs >= 2
-	}, 5*time.Second, 5*time.Millisecond, "both peers repaired by snapshot")
+	}, converge, 5*time.Millisecond, "both peers repaired by snapshot")
 }
 
 // TestKVLostStreamStartRepaired: a peer that knows nothing of an engine
@@ -236,7 +236,7 @@ func TestKVLostStreamStartRepaired(t *testing.T) {
 	}, converge, 10*time.Millisecond)
 
 	natsDown(t, peer)
-	require.Eventually(t, func() bool { return !peer.c.NATSConnected() }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return !peer.c.NATSConnected() }, converge, 5*time.Millisecond)
 	for i := range 3 {
 		complete(t, eng, i)
 	}
@@ -252,7 +252,7 @@ func TestKVLostStreamStartRepaired(t *testing.T) {
 	require.Eventually(t, func() bool {
 		n := len(eng.CachedBlocks())
 		return confirmed(owner) == n && confirmed(peer) == n
-	}, 20*time.Second, 20*time.Millisecond, "the peer's view of r0 repaired: owner %d, peer %d, engine %d",
+	}, converge, 20*time.Millisecond, "the peer's view of r0 repaired: owner %d, peer %d, engine %d",
 		confirmed(owner), confirmed(peer), len(eng.CachedBlocks()))
 	require.Positive(t, metricValue(t, peer.reg, "kvmesh_sync_kv_diverged_total", nil),
 		"the owner's fingerprint showed the peer its view differs")

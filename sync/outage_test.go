@@ -102,7 +102,7 @@ func TestKVOutageWithRemovalsConverges(t *testing.T) {
 			}
 		}
 		return true
-	}, 10*time.Second, 5*time.Millisecond)
+	}, converge, 5*time.Millisecond)
 	// Twelve prompts of 12 blocks through a 40-block pool: most of what
 	// the peers hold is evicted.
 	for i := 1; i <= 12; i++ {
@@ -158,7 +158,7 @@ func TestKVOutageWithRemovalsConverges(t *testing.T) {
 			repairs += metricValue(t, g.reg, "kvmesh_sync_antientropy_repairs_total", map[string]string{"result": "ok"})
 		}
 		return repairs >= 2
-	}, 10*time.Second, 5*time.Millisecond, fmt.Sprintf("both peers repaired (owner %s)", owner.name))
+	}, converge, 5*time.Millisecond, fmt.Sprintf("both peers repaired (owner %s)", owner.name))
 	// And it stays exact (no later repair undoes it).
 	for i := 15; i <= 16; i++ {
 		complete(t, eng, i)

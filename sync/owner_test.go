@@ -58,7 +58,7 @@ func TestOwnerKeysSaltedAndLoRAAsGateway(t *testing.T) {
 			}
 		}
 		return true
-	}, 15*time.Second, 10*time.Millisecond, "salted LoRA keys not confirmed on every gateway")
+	}, converge, 10*time.Millisecond, "salted LoRA keys not confirmed on every gateway")
 	for _, g := range gws {
 		require.Zero(t, matchOn(g, unsalted, 0, index.ModeKVEvents), "%s: keyed without the salt", g.name)
 		require.Equal(t, len(want), confirmed(g), "%s: the CPU-tier store was indexed", g.name)
@@ -78,5 +78,5 @@ func TestOwnerKeysSaltedAndLoRAAsGateway(t *testing.T) {
 			}
 		}
 		return true
-	}, 15*time.Second, 10*time.Millisecond, "GPU removal not applied, or CPU removal applied")
+	}, converge, 10*time.Millisecond, "GPU removal not applied, or CPU removal applied")
 }

@@ -44,7 +44,7 @@ func TestGossipPartitionDuplicateOwnersHarmless(t *testing.T) {
 	net.Partition("g2", "g1")
 	require.Eventually(t, func() bool {
 		return len(gws[2].c.Members()) == 1 && len(gws[0].c.Members()) == 2 && len(gws[1].c.Members()) == 2
-	}, 15*time.Second, 10*time.Millisecond)
+	}, converge, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return len(ownersOf(gws)) == 2 }, converge, 10*time.Millisecond,
 		"each side owns the engine")
 	for i := 3; i < 8; i++ {
@@ -69,7 +69,7 @@ func TestGossipPartitionDuplicateOwnersHarmless(t *testing.T) {
 		}
 		return len(ownersOf(gws)) == 1
 	}
-	if !assert.Eventually(t, healed, 15*time.Second, 10*time.Millisecond, "one owner after the heal") {
+	if !assert.Eventually(t, healed, converge, 10*time.Millisecond, "one owner after the heal") {
 		for _, g := range gws {
 			t.Logf("%s sees %d members", g.name, len(g.c.Members()))
 		}

@@ -87,7 +87,7 @@ func TestPeerServiceTokenAndTLS(t *testing.T) {
 		return metricValue(t, gws[0].reg, "kvmesh_sync_peer_rejected_total", map[string]string{"reason": reason})
 	}
 	require.Equal(t, 2.0, rejected(config.RejectUnauthenticated))
-	require.Eventually(t, func() bool { return rejected(config.RejectHandshake) >= 2 }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return rejected(config.RejectHandshake) >= 2 }, converge, 5*time.Millisecond,
 		"the plaintext client and the foreign certificate fail the server's handshake")
 }
 
@@ -116,7 +116,7 @@ func TestPeerServiceBadInputCounted(t *testing.T) {
 		require.False(t, os.IsTimeout(err), "the server closes the connection")
 		require.NoError(t, conn.Close())
 	}
-	require.Eventually(t, func() bool { return rejected(config.RejectBadPreface) == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return rejected(config.RejectBadPreface) == 2 }, converge, 5*time.Millisecond)
 
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithPerRPCCredentials(peerBearer("s3cret")))

@@ -163,7 +163,7 @@ func TestPeerQueuedPrefill(t *testing.T) {
 		return gws[0].c.QueuedPrefill("r0") == 2200 && gws[0].c.QueuedPrefill("r1") == 64 &&
 			gws[1].c.QueuedPrefill("r0") == 700 && gws[2].c.QueuedPrefill("r0") == 1500 &&
 			gws[0].c.InFlight("r0") == 2
-	}, 5*time.Second, 5*time.Millisecond)
+	}, converge, 5*time.Millisecond)
 	require.Equal(t, 2, gws[0].c.InFlight("r0"), "queued prefill is not in-flight")
 	require.Zero(t, gws[0].c.QueuedPrefill("r2"))
 	require.Zero(t, gws[0].c.QueuedPrefill("nope"))
@@ -181,7 +181,7 @@ func TestPeerQueuedPrefill(t *testing.T) {
 	// A peer that leaves stops counting.
 	gws[2].stop(t)
 	require.Eventually(t, func() bool { return gws[0].c.QueuedPrefill("r0") == 0 && gws[0].c.QueuedPrefill("r1") == 0 },
-		5*time.Second, 5*time.Millisecond)
+		converge, 5*time.Millisecond)
 
 	require.Zero(t, testing.AllocsPerRun(100, func() { _ = gws[0].c.QueuedPrefill("r0") }))
 	require.Positive(t, oldSeen.Load())

@@ -97,7 +97,7 @@ func TestNATSOutageFallsBackToGossip(t *testing.T) {
 			}
 		}
 		return true
-	}, 10*time.Second, 5*time.Millisecond)
+	}, converge, 5*time.Millisecond)
 	for _, g := range gws {
 		require.Zero(t, metricValue(t, g.reg, "kvmesh_sync_nats_connected", nil))
 	}
@@ -142,7 +142,7 @@ func TestNATSOutageFallsBackToGossip(t *testing.T) {
 			}
 		}
 		return true
-	}, 10*time.Second, 5*time.Millisecond)
+	}, converge, 5*time.Millisecond)
 	before := metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total",
 		map[string]string{"kind": "decisions", "transport": "nats"})
 	for p := 40; p < 50; p++ {
@@ -158,7 +158,7 @@ func TestAntiEntropyRepairsDrift(t *testing.T) {
 	// Only g2's NATS server fails: g0's decisions still go out on NATS
 	// and never reach g2.
 	natsDown(t, gws[2])
-	require.Eventually(t, func() bool { return !gws[2].c.NATSConnected() }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return !gws[2].c.NATSConnected() }, converge, 5*time.Millisecond)
 	chains := map[int][]index.BlockKey{}
 	for p := range 20 {
 		chains[p] = decide(t, gws[0], p*3, 0, index.History) // replica p*3%3 = 0
@@ -184,11 +184,11 @@ func TestAntiEntropyRepairsDrift(t *testing.T) {
 			}
 		}
 		return true
-	}, 20*time.Second, 20*time.Millisecond)
+	}, converge, 20*time.Millisecond)
 	// (The counter moves just after the restore that made the chains match.)
 	require.Eventually(t, func() bool {
 		return metricValue(t, gws[2].reg, "kvmesh_sync_antientropy_repairs_total", map[string]string{"result": "ok"}) > 0
-	}, 5*time.Second, 5*time.Millisecond)
+	}, converge, 5*time.Millisecond)
 }
 
 // TestOneRouteConnectionPerPeer: the embedded NATS servers keep one route
@@ -221,7 +221,7 @@ func TestOneRouteConnectionPerPeer(t *testing.T) {
 			routes, remotes = g.c.bus.srv.NumRoutes(), g.c.bus.srv.NumRemotes()
 			g.c.bus.mu.Unlock()
 			return remotes == 2 && routes == remotes
-		}, 15*time.Second, 10*time.Millisecond) {
+		}, converge, 10*time.Millisecond) {
 			t.Fatalf("%s: %d route connections to %d peer servers, want one to each of 2", g.name, routes, remotes)
 		}
 	}

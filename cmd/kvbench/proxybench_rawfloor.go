@@ -28,9 +28,9 @@ import (
 // Measured in the same run as kvmesh and nginx, it separates what a Go
 // HTTP server costs on these cores (the go-floor) from what the Go runtime
 // costs at all: goroutine wake-ups, the scheduler, the netpoller. Where
-// kvmesh misses a figure that the raw floor meets, net/http's server is
-// where the difference lies; where the raw floor misses it too, no Go
-// proxy here meets it.
+// kvmesh misses a figure that the raw floor meets, the difference lies in
+// net/http's server and in the gateway's own work; where the raw floor
+// misses it too, no Go proxy here meets it.
 
 // rawFloor is the raw floor's state: the engines and their idle
 // connections.

@@ -55,7 +55,7 @@ func TestKvbenchWorkload(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, recs, 28)
 		for _, r := range recs[:14] {
-			require.NotNil(t, r.Usage, "%s line %d", engine, r.Document)
+			require.NotNil(t, r.Usage, "%s line %d: sent %t, status %d, error %q", engine, r.Document, r.Sent, r.Status, r.Err)
 			want := 16
 			if r.Document >= 7 && r.Document <= 9 {
 				want = 64 // the code-review lines set max_tokens

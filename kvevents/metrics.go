@@ -78,18 +78,15 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return cs
 }
 
-// Forget deletes every series of replica and returns how many there
-// were. Call it once the replica is gone for good (its name left the
+// Forget deletes every series of replica. Call it once the replica is gone for good (its name left the
 // configuration): a deployment whose pods come and go would otherwise
 // keep a set of series for every pod it ever had. A subscriber still
 // running for the replica would create its series again.
-func (m *Metrics) Forget(replica string) int {
+func (m *Metrics) Forget(replica string) {
 	l := prometheus.Labels{"replica": replica}
-	n := 0
 	for _, v := range m.vecs() {
-		n += v.DeletePartialMatch(l)
+		v.DeletePartialMatch(l)
 	}
-	return n
 }
 
 // Register registers every counter on r.

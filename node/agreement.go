@@ -361,13 +361,11 @@ func (m *metrics) registerAgreement() {
 	m.reg.MustRegister(m.agreement, m.engineTokenizes)
 }
 
-// forgetChecks drops a removed replica's self-check and agreement series
-// and its agreement verdict (which no longer holds its model's switch).
+// forgetChecks drops a removed replica's agreement series and verdict
+// (which no longer holds its model's switch); its self-check series go
+// with the others in forgetSeries.
 func (n *Node) forgetChecks(r *replica) {
 	l := prometheus.Labels{"replica": r.name}
-	n.m.suspect.DeletePartialMatch(l)
-	n.m.predictionChecks.DeletePartialMatch(l)
-	n.m.predictionError.DeletePartialMatch(l)
 	a := &n.agree
 	a.mu.Lock()
 	n.m.agreement.DeletePartialMatch(l) // under the lock: see recordAgreement

@@ -274,8 +274,9 @@ func (m *metrics) request(model, code string) prometheus.Counter {
 }
 
 // forgetSeries deletes the series a dropped replica (its name gone from
-// the routing table) leaves in the gateway's own metrics and in the
-// KV-event counters. Without it a deployment whose pods come and go, each
+// the routing table) leaves in the gateway's own metrics (self-check
+// included; forgetChecks handles the agreement series, under their lock)
+// and in the KV-event counters. Without it a deployment whose pods come and go, each
 // under a new name, grows a set of series per pod it ever had for as long
 // as the gateway runs. A request to the replica still finishing creates
 // its few series again; they go with the process.
@@ -284,7 +285,7 @@ func (n *Node) forgetSeries(r *replica) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{n.m.inflight, n.m.healthy, n.m.ttft, n.m.ttftEstimate, n.m.ejections, n.m.upstreamErrors,
-		n.m.kvApplyErrors, n.m.replicaDecisions} {
+		n.m.kvApplyErrors, n.m.replicaDecisions, n.m.suspect, n.m.predictionChecks, n.m.predictionError} {
 		v.DeletePartialMatch(l)
 	}
 	n.kvMetrics.Forget(r.name)

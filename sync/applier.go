@@ -354,6 +354,8 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 		case b.Seq > st.seq+1:
 			// Batches the owner delivered were lost on the way here.
 			a.c.m.gaps.WithLabelValues("kv").Inc()
+			a.c.log.Info("KV batches lost on the way here", "replica", b.Replica, "origin", b.Origin,
+				"expected_seq", st.seq+1, "seq", b.Seq)
 			a.markLossLocked()
 			if !st.gap {
 				st.gap, st.goodSeq, st.goodEngine = true, st.seq, st.engine

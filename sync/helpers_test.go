@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -272,6 +273,37 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name string, labels map
 		}
 	}
 	return sum
+}
+
+// logCounters logs every non-zero kvmesh_sync_* counter of each gateway,
+// labels included: what a failed check on one of them can be read against
+// (drops by reason, refusals, NATS disconnects, owner changes).
+func logCounters(t testing.TB, gws []*gw) {
+	t.Helper()
+	for _, g := range gws {
+		mfs, err := g.reg.Gather()
+		if err != nil {
+			t.Logf("%s: gather: %v", g.name, err)
+			continue
+		}
+		var lines []string
+		for _, mf := range mfs {
+			if !strings.HasPrefix(mf.GetName(), "kvmesh_sync_") {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if m.Counter == nil || m.Counter.GetValue() == 0 {
+					continue
+				}
+				var ls []string
+				for _, lp := range m.GetLabel() {
+					ls = append(ls, lp.GetName()+"="+lp.GetValue())
+				}
+				lines = append(lines, fmt.Sprintf("%s{%s} %v", mf.GetName(), strings.Join(ls, ","), m.Counter.GetValue()))
+			}
+		}
+		t.Logf("%s counters:\n  %s", g.name, strings.Join(lines, "\n  "))
+	}
 }
 
 // natsDown stops g's embedded NATS server (an outage) and holds its client

@@ -364,9 +364,10 @@ func (b *bus) connect() error {
 		// small buffer only covers the instant of the disconnect.
 		nats.ReconnectBufSize(1<<20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil { // nil: our own Close
-				b.drops.Inc()
+			if err == nil {
+				return // our own Close
 			}
+			b.drops.Inc()
 			b.log.Warn("NATS disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) {

@@ -99,6 +99,12 @@ type Cluster struct {
 	diverged   map[string]string      // engine → owner whose view differs (checkKV)
 	lastRepair time.Time
 
+	// routeMu orders syncRoutes' updates of the embedded server's routes.
+	routeMu    sync.Mutex
+	routeHold  time.Duration // natsRouteHold (tests shorten it)
+	routeTimer *time.Timer   // ends the next held route
+	routesDone bool          // torn down: no more updates
+
 	grpcSrv *grpc.Server
 	peerLis net.Listener
 	sec     *peerSecurity
@@ -136,11 +142,12 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 	}
 	log = log.With("component", "sync", "node", cfg.NodeName)
 	c := &Cluster{cfg: cfg, deps: deps, log: log,
-		origin:   cfg.NodeName + "#" + strconv.FormatInt(time.Now().UnixNano(), 36),
-		kick:     make(chan struct{}, 1),
-		digests:  make(map[string]digestEntry),
-		behind:   make(map[string]lag),
-		diverged: make(map[string]string),
+		origin:    cfg.NodeName + "#" + strconv.FormatInt(time.Now().UnixNano(), 36),
+		kick:      make(chan struct{}, 1),
+		routeHold: natsRouteHold,
+		digests:   make(map[string]digestEntry),
+		behind:    make(map[string]lag),
+		diverged:  make(map[string]string),
 	}
 	c.m = newMetrics(func() bool { return c.bus.connected() })
 	c.bus = newBus(cfg, log, c.m.natsRejected, c.m.natsDrops)
@@ -400,6 +407,7 @@ func (c *Cluster) teardown() error {
 	} else if c.peerLis != nil {
 		_ = c.peerLis.Close()
 	}
+	c.stopRoutes()
 	c.bus.close()
 	c.wg.Wait()
 	var errs []error
@@ -488,16 +496,58 @@ func (c *Cluster) PeerAddr() string {
 // decisions are gossiped).
 func (c *Cluster) NATSConnected() bool { return c.bus.connected() }
 
-// onMember reacts to membership changes (event goroutine): NATS routes to
-// the members' embedded servers, KV ownership, forgetting departed peers.
-func (c *Cluster) onMember(ev MemberEvent) {
-	var routes []string
+// natsRouteHold is how long the embedded server keeps routing to a member
+// the failure detector declared dead. On a loaded host memberlist declares
+// live gateways dead now and then (a probe answered too late), and they
+// refute within a second or two. Removing the route at once closed a
+// working connection and lost what was in flight on it (a KV batch, seen
+// by a peer as a sequence gap and repaired from a snapshot), then rebuilt
+// it when the member came back. A route to a member that really died
+// costs a connection attempt a second until the hold ends; a member that
+// leaves gracefully loses its route at once.
+const natsRouteHold = 30 * time.Second
+
+// syncRoutes points the embedded server's routes at the members' servers
+// and at those of members declared dead less than natsRouteHold ago, and
+// arms itself for the next held route's end. Called on membership events
+// (event goroutine) and by that timer.
+func (c *Cluster) syncRoutes() {
+	c.routeMu.Lock()
+	defer c.routeMu.Unlock()
+	if c.routesDone {
+		return
+	}
+	routes, next := c.ms.heldRoutes(time.Now(), c.routeHold)
 	for _, m := range c.ms.snapshot() {
 		if !m.Self && m.Meta.NATSRoute != "" {
 			routes = append(routes, m.Meta.NATSRoute)
 		}
 	}
 	c.bus.setRoutes(routes)
+	if next.IsZero() {
+		return
+	}
+	if c.routeTimer == nil {
+		c.routeTimer = time.AfterFunc(time.Until(next), c.syncRoutes)
+	} else {
+		c.routeTimer.Reset(time.Until(next))
+	}
+}
+
+// stopRoutes ends syncRoutes' updates (teardown).
+func (c *Cluster) stopRoutes() {
+	c.routeMu.Lock()
+	defer c.routeMu.Unlock()
+	c.routesDone = true
+	if c.routeTimer != nil {
+		c.routeTimer.Stop()
+	}
+}
+
+// onMember reacts to membership changes (event goroutine): NATS routes to
+// the members' embedded servers, KV ownership, forgetting departed peers.
+func (c *Cluster) onMember(ev MemberEvent) {
+	c.syncRoutes()
 	c.kvOwn.update(c.ms.snapshot(), time.Now())
 	if ev.Kind == MemberJoin {
 		c.peers.rejoin(ev.Member.Name)

@@ -76,7 +76,10 @@
 // gateway embeds a nats-server (client port on loopback, route port for
 // peers) and the embedded servers form a NATS cluster through routes to the
 // route URLs the peers advertise in memberlist metadata (a live config
-// reload adds and removes routes as members come and go). Config.NATSURL
+// reload adds and removes routes as members come and go; a member the
+// failure detector declares dead keeps its route for 30 s, so a false
+// verdict on a loaded host does not close a working connection and lose
+// what is in flight on it). Config.NATSURL
 // selects an external NATS cluster instead. Payloads are at most
 // MaxMessageBytes (8 MiB; an external server's max_payload must allow it,
 // or KV batches of very long prompts are dropped and counted).

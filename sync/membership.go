@@ -126,7 +126,10 @@ const leaveIntentTTL = time.Minute
 // reconnect loop keeps trying (it may be alive behind a healed partition).
 type failedMember struct {
 	addr string
-	at   time.Time
+	// route is the member's NATS route URL ("" if it advertised none),
+	// which Cluster keeps for natsRouteHold after the failure.
+	route string
+	at    time.Time
 }
 
 func newMembership(cfg Config, log *slog.Logger, m *metrics, onMsg func([]byte)) *membership {
@@ -505,7 +508,7 @@ func (ms *membership) handle(kind MemberEventKind, n *memberlist.Node) {
 		}
 		delete(ms.members, n.Name)
 		if kind == MemberFail && !mem.Self {
-			ms.failed[n.Name] = failedMember{addr: mem.Addr, at: time.Now()}
+			ms.failed[n.Name] = failedMember{addr: mem.Addr, route: mem.Meta.NATSRoute, at: time.Now()}
 		} else {
 			delete(ms.failed, n.Name)
 		}
@@ -523,6 +526,25 @@ func (ms *membership) handle(kind MemberEventKind, n *memberlist.Node) {
 	case ms.signal <- struct{}{}:
 	default:
 	}
+}
+
+// heldRoutes returns the NATS route URLs of members the failure detector
+// declared dead less than hold ago (and that have not come back), and when
+// the first of them is due to go (zero when none is held).
+func (ms *membership) heldRoutes(now time.Time, hold time.Duration) (routes []string, next time.Time) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, f := range ms.failed {
+		end := f.at.Add(hold)
+		if f.route == "" || !now.Before(end) {
+			continue
+		}
+		routes = append(routes, f.route)
+		if next.IsZero() || end.Before(next) {
+			next = end
+		}
+	}
+	return routes, next
 }
 
 // mlDelegate implements memberlist.Delegate.

@@ -4,6 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/index"
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/hashicorp/memberlist"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -51,8 +54,10 @@ func TestGossipPartitionDuplicateOwnersHarmless(t *testing.T) {
 		complete(t, eng, i)
 	}
 	require.Eventually(t, truth, converge, 10*time.Millisecond)
-	// Both owners ingested and published. (The routes of NATS follow the
-	// members, so each side hears only its own owner.)
+	// Both owners ingested and published. (Each side may hear the other's
+	// owner too while the routes to members declared dead are held; the
+	// applier refuses a batch from a member that is not the owner in its
+	// view.)
 	for _, g := range gws {
 		if g.c.OwnsKV("r0") {
 			require.Greater(t, metricValue(t, g.reg, "kvmesh_sync_messages_published_total", pubKV), pubBefore[g.name],
@@ -79,4 +84,75 @@ func TestGossipPartitionDuplicateOwnersHarmless(t *testing.T) {
 		complete(t, eng, i)
 	}
 	require.Eventually(t, truth, converge, 10*time.Millisecond)
+}
+
+// routeIDs returns g's route connections by the peer server's name.
+func routeIDs(t testing.TB, g *gw) map[string]uint64 {
+	t.Helper()
+	g.c.bus.mu.Lock()
+	srv := g.c.bus.srv
+	g.c.bus.mu.Unlock()
+	rz, err := srv.Routez(&server.RoutezOptions{})
+	require.NoError(t, err)
+	out := make(map[string]uint64, len(rz.Routes))
+	for _, r := range rz.Routes {
+		out[r.RemoteName] = r.Rid
+	}
+	return out
+}
+
+// TestFailedMemberKeepsNATSRoute cuts one gateway's gossip while its NATS
+// server stays up, as memberlist's false verdicts on a loaded host do: the
+// others declare it dead, but their route connections to it stay open
+// (the same connection, not a rebuilt one), so nothing in flight is lost
+// and decisions still reach it. Only when the member stays gone past the
+// hold is its route removed; once it is back, so is the route.
+func TestFailedMemberKeepsNATSRoute(t *testing.T) {
+	net := &MemNetwork{}
+	gws := startCluster(t, 3, func(name string) memberlist.Transport { return net.NewTransport(name) }, nil)
+	// Long enough to check the routes after the failure on a busy
+	// machine, short enough to see the hold end.
+	const hold = 8 * time.Second
+	for _, g := range gws {
+		g.c.routeMu.Lock()
+		g.c.routeHold = hold
+		g.c.routeMu.Unlock()
+	}
+	before := routeIDs(t, gws[0])
+	require.Contains(t, before, "g2")
+
+	net.Partition("g2", "g0")
+	net.Partition("g2", "g1")
+	require.Eventually(t, func() bool {
+		return len(gws[0].c.Members()) == 2 && len(gws[1].c.Members()) == 2
+	}, converge, 10*time.Millisecond, "g0 and g1 declare g2 dead")
+	failedAt := time.Now()
+	require.Equal(t, before["g2"], routeIDs(t, gws[0])["g2"],
+		"g0's route connection to g2 stays open after the failure verdict")
+
+	// Decisions still travel both ways over NATS: gossip cannot carry
+	// them across the partition.
+	chains := map[int][]index.BlockKey{
+		0: decide(t, gws[0], 0, 0, index.History),
+		1: decide(t, gws[2], 1, 1, index.History),
+	}
+	if !assert.Eventually(t, func() bool { return allMatch(gws, chains) }, converge, 10*time.Millisecond,
+		"decisions cross the held route") {
+		for _, g := range gws {
+			t.Logf("%s routes %v members %d", g.name, routeIDs(t, g), len(g.c.Members()))
+		}
+		logCounters(t, gws)
+		t.FailNow()
+	}
+	if time.Since(failedAt) < hold {
+		require.Equal(t, before["g2"], routeIDs(t, gws[0])["g2"], "the same route connection carried them")
+	}
+
+	require.Eventually(t, func() bool {
+		_, ok := routeIDs(t, gws[0])["g2"]
+		return !ok
+	}, converge, 10*time.Millisecond, "the route to g2 goes when the hold ends")
+
+	net.Heal()
+	waitMembers(t, gws, 3) // g2 rejoins, and data crosses every route again
 }

@@ -52,7 +52,7 @@ func (f loadFunc) AppendInFlight(dst []ReplicaLoad) []ReplicaLoad { return f(dst
 // replica is not a KV source or there is no member).
 func (c *Cluster) KVOwner(replica string) string {
 	found := false
-	for _, s := range c.cfg.KVSources {
+	for _, s := range c.kvSources() {
 		if s.Replica == replica {
 			found = true
 		}

@@ -64,10 +64,10 @@ func (c *Cluster) checkKV(node string, src map[string]uint64) {
 }
 
 // nextKVCheck returns the fingerprint of the next engine this gateway owns
-// after *next in KVSources order (round robin: one engine per digest
+// after *next in the KV sources' order (round robin: one engine per digest
 // bounds the scans), ok false when it owns none with a complete view.
 func (c *Cluster) nextKVCheck(next *int) (string, kvCheck, bool) {
-	srcs := c.cfg.KVSources
+	srcs := c.kvSources()
 	for range srcs {
 		*next = (*next + 1) % len(srcs)
 		r := srcs[*next].Replica

@@ -602,6 +602,15 @@ func (a *applier) kvApplied(replica string) (uint64, bool) {
 	return st.seq, true
 }
 
+// forgetKV drops what this gateway knew of replica's KV stream (an engine
+// no longer listed: Cluster.SetKVSources). An engine listed again under
+// that name starts afresh, as at a gateway's start.
+func (a *applier) forgetKV(replica string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.kv, replica)
+}
+
 // forgetOrigins drops the dedupe state of origins of a departed node.
 func (a *applier) forgetOrigins(node string) {
 	a.mu.Lock()

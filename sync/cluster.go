@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -99,6 +100,12 @@ type Cluster struct {
 	diverged   map[string]string      // engine → owner whose view differs (checkKV)
 	lastRepair time.Time
 
+	// srcs are the engines whose KV events the cluster ingests
+	// (Config.KVSources, then SetKVSources); replaced, never modified.
+	setSrcMu sync.Mutex // serialises SetKVSources
+	srcMu    sync.RWMutex
+	srcs     []KVSource
+
 	// routeMu orders syncRoutes' updates of the embedded server's routes.
 	routeMu    sync.Mutex
 	routeHold  time.Duration // natsRouteHold (tests shorten it)
@@ -163,7 +170,8 @@ func New(cfg Config, deps Deps) (*Cluster, error) {
 	c.peers = newPeerLoad(cfg.LoadTTL, inFlightOf)
 	c.queued = newPeerLoad(cfg.LoadTTL, queuedPrefillOf)
 	c.own = newOwners(c)
-	c.kvOwn = newOwnerTable(cfg.KVSources)
+	c.srcs = slices.Clone(cfg.KVSources)
+	c.kvOwn = newOwnerTable(c.srcs)
 	c.ring = newOwnRing(cfg.OwnRing)
 	return c, nil
 }
@@ -542,6 +550,54 @@ func (c *Cluster) stopRoutes() {
 	if c.routeTimer != nil {
 		c.routeTimer.Stop()
 	}
+}
+
+// kvSources returns the engines whose KV events the cluster ingests now
+// (the caller must not modify the slice).
+func (c *Cluster) kvSources() []KVSource {
+	c.srcMu.RLock()
+	defer c.srcMu.RUnlock()
+	return c.srcs
+}
+
+// SetKVSources replaces the engines whose KV events the cluster ingests
+// (Config.KVSources), as replicas come and go (a config reload, engine
+// discovery). Every gateway of the cluster should be given the same list.
+// Each engine's owner is recomputed: this gateway starts the subscribers
+// of added engines it owns and stops those of removed ones, and of engines
+// whose endpoints changed it restarts them. Batches for an engine no
+// longer listed are refused (kvmesh_sync_kv_rejected_total, not_owner).
+// What this gateway knew of the stream of an engine removed or listed with
+// other endpoints (its resume point, its seq) is forgotten. The list is
+// validated as Config.KVSources is. Safe for concurrent use; before Start
+// it only replaces the list.
+func (c *Cluster) SetKVSources(srcs []KVSource) error {
+	if err := validateKVSources(srcs); err != nil {
+		return err
+	}
+	next := slices.Clone(srcs)
+	c.setSrcMu.Lock()
+	defer c.setSrcMu.Unlock()
+	c.srcMu.Lock()
+	prev := c.srcs
+	c.srcs = next
+	c.srcMu.Unlock()
+	c.kvOwn.setSources(next, c.ms.snapshot(), time.Now())
+	listed := make(map[string]KVSource, len(next))
+	for _, s := range next {
+		listed[s.Replica] = s
+	}
+	for _, s := range prev {
+		if cur, ok := listed[s.Replica]; !ok || cur != s {
+			// Gone, or another engine under its name: its stream
+			// starts afresh, as with a new subscriber of its own.
+			c.ap.forgetKV(s.Replica)
+		}
+	}
+	if c.ready.Load() {
+		c.own.reconcile()
+	}
+	return nil
 }
 
 // onMember reacts to membership changes (event goroutine): NATS routes to

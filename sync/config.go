@@ -267,7 +267,8 @@ type Config struct {
 	// lacks them. Default 4096.
 	OwnRing int
 
-	// KVSources are the engines whose KV events the cluster ingests.
+	// KVSources are the engines whose KV events the cluster ingests from
+	// the start; Cluster.SetKVSources replaces them while it runs.
 	KVSources []KVSource
 
 	// KVQueueSize and KVReplayTimeout configure the owners' subscribers
@@ -422,8 +423,17 @@ func (c Config) Validate() error {
 	if c.KVQueueSize < 0 || c.KVReplayTimeout < 0 {
 		return bad("KVQueueSize/KVReplayTimeout", "must not be negative")
 	}
-	seen := make(map[string]bool, len(c.KVSources))
-	for i, s := range c.KVSources {
+	return validateKVSources(c.KVSources)
+}
+
+// validateKVSources checks a list of KV sources (Config.KVSources,
+// Cluster.SetKVSources).
+func validateKVSources(srcs []KVSource) error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	}
+	seen := make(map[string]bool, len(srcs))
+	for i, s := range srcs {
 		if s.Replica == "" || len(s.Replica) > maxName {
 			return bad(fmt.Sprintf("KVSources[%d].Replica", i), "must be 1..%d bytes", maxName)
 		}

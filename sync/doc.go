@@ -33,7 +33,8 @@
 // PublishDecision when it records a decision, and does not start its own
 // kvevents subscribers for replicas listed in Config.KVSources (the
 // cluster's owner ingests those for everyone; KVOwner and OwnsKV say who
-// does). Members and Changed satisfy the sync/config store's Membership
+// does), and hands the cluster the new list with SetKVSources whenever its
+// table changes (a reload, engine discovery). Members and Changed satisfy the sync/config store's Membership
 // contract after converting Member. Replicas with kv_bind (the engine's
 // publisher connects to the gateway) cannot move between gateways: node
 // keeps ingesting those itself, and they are not shared. Every gateway must
@@ -119,10 +120,10 @@
 //
 // # KV events
 //
-// Each engine in Config.KVSources has exactly one owner: the live member
-// with the highest rendezvous score xxh3(replica, seed=xxh3(member)), so
-// only the engines of a departed member move, within memberlist's failure
-// detection time (about a second with LocalConfig, a few seconds on the LAN
+// Each engine in Config.KVSources (or the last SetKVSources) has exactly
+// one owner: the live member with the highest rendezvous score
+// xxh3(replica, seed=xxh3(member)), so only the engines of a departed
+// member move, within memberlist's failure detection time (about a second with LocalConfig, a few seconds on the LAN
 // profile; at once on a graceful leave). The owner runs the engine's
 // kvevents.Subscriber (sequence tracking, replay, resets), normalizes each
 // batch with kvevents.Normalize (GPU, offload tiers and KV-cache groups

@@ -260,3 +260,91 @@ func TestKVLostStreamStartRepaired(t *testing.T) {
 	require.Positive(t, metricValue(t, peer.reg, "kvmesh_sync_kv_diverged_total", nil),
 		"the owner's fingerprint showed the peer its view differs")
 }
+
+// confirmedOn counts g's confirmed blocks of replica id.
+func confirmedOn(g *gw, id index.ReplicaID) int {
+	return len(g.ix.AppendReplicaKeys(nil, id, index.Confirmed))
+}
+
+// ownersOfReplica returns the gateways running replica's subscriber.
+func ownersOfReplica(gws []*gw, replica string) []string {
+	var out []string
+	for _, g := range gws {
+		if g.c.OwnsKV(replica) {
+			out = append(out, g.name)
+		}
+	}
+	return out
+}
+
+// TestSetKVSources changes the KV sources of a running cluster, as a
+// config reload or engine discovery does when replicas come and go: an
+// added engine gets exactly one owner and every gateway its blocks; a
+// removed one is ingested by no gateway any more; an engine listed under
+// the same name at new endpoints is subscribed afresh.
+func TestSetKVSources(t *testing.T) {
+	e0, e1 := startEngine(t), startEngine(t)
+	src0 := KVSource{Replica: "r0", Model: "m", Endpoint: e0.KVEventsAddr(), ReplayEndpoint: e0.KVReplayAddr()}
+	src1 := KVSource{Replica: "r1", Model: "m", Endpoint: e1.KVEventsAddr(), ReplayEndpoint: e1.KVReplayAddr()}
+	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = []KVSource{src0} })
+	setAll := func(srcs ...KVSource) {
+		for _, g := range gws {
+			require.NoError(t, g.c.SetKVSources(srcs))
+		}
+	}
+	holdAll := func(id index.ReplicaID, want func() int) func() bool {
+		return func() bool {
+			n := want()
+			for _, g := range gws {
+				if confirmedOn(g, id) != n {
+					return false
+				}
+			}
+			return n > 0
+		}
+	}
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r0")) == 1 }, converge, 10*time.Millisecond)
+	complete(t, e0, 0)
+	require.Eventually(t, holdAll(0, func() int { return len(e0.CachedBlocks()) }), converge, 10*time.Millisecond)
+
+	// Added: one owner, and every gateway holds its blocks.
+	setAll(src0, src1)
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond,
+		"the added engine has exactly one owner")
+	require.Equal(t, Owner("r1", []string{"g0", "g1", "g2"}), ownersOfReplica(gws, "r1")[0])
+	for i := range 3 {
+		complete(t, e1, 10+i)
+	}
+	require.Eventually(t, holdAll(1, func() int { return len(e1.CachedBlocks()) }), converge, 10*time.Millisecond)
+
+	// Removed: no gateway ingests it, and its stream is forgotten.
+	setAll(src1)
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r0")) == 0 }, converge, 10*time.Millisecond,
+		"no gateway subscribes to a removed engine")
+	held := make([]int, len(gws))
+	for i, g := range gws {
+		_, ok := g.c.KVApplied("r0")
+		require.False(t, ok, "%s still tracks the removed engine's stream", g.name)
+		held[i] = confirmedOn(g, 0)
+	}
+	complete(t, e0, 1) // the removed engine publishes more
+	complete(t, e1, 13)
+	require.Eventually(t, holdAll(1, func() int { return len(e1.CachedBlocks()) }), converge, 10*time.Millisecond,
+		"the engine that stays still flows")
+	owned := 0.0
+	for i, g := range gws {
+		require.Equal(t, held[i], confirmedOn(g, 0), "%s applied a removed engine's batch", g.name)
+		owned += metricValue(t, g.reg, "kvmesh_sync_kv_owned_sources", nil)
+	}
+	require.Equal(t, 1.0, owned, "kvmesh_sync_kv_owned_sources over the cluster: r1 alone")
+
+	// Same name, new endpoints: another engine, subscribed afresh. Its
+	// prompt differs from e1's, so its blocks add to what r1 held.
+	before := confirmedOn(gws[0], 1)
+	e2 := startEngine(t)
+	setAll(KVSource{Replica: "r1", Model: "m", Endpoint: e2.KVEventsAddr(), ReplayEndpoint: e2.KVReplayAddr()})
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	complete(t, e2, 20)
+	require.Eventually(t, holdAll(1, func() int { return before + len(e2.CachedBlocks()) }), converge, 10*time.Millisecond,
+		"every gateway holds the new engine's blocks")
+}

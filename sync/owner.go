@@ -49,6 +49,26 @@ func newOwnerTable(srcs []KVSource) *ownerTable {
 	return t
 }
 
+// setSources replaces the sources: a removed one has no owner from now on,
+// an added one gets its owner among members.
+func (t *ownerTable) setSources(srcs []KVSource, members []Member, now time.Time) {
+	names := make([]string, len(srcs))
+	keep := make(map[string]bool, len(srcs))
+	for i, s := range srcs {
+		names[i] = s.Replica
+		keep[s.Replica] = true
+	}
+	t.mu.Lock()
+	t.sources = names
+	for r := range t.m {
+		if !keep[r] {
+			delete(t.m, r)
+		}
+	}
+	t.mu.Unlock()
+	t.update(members, now)
+}
+
 // update recomputes the owners from the live members that are not
 // leaving (the set owners.reconcile uses).
 func (t *ownerTable) update(members []Member, now time.Time) {
@@ -88,17 +108,24 @@ type owners struct {
 	c *Cluster
 
 	mu   sync.Mutex
-	subs map[string]*kvevents.Subscriber
+	subs map[string]ownedSource
+}
+
+// ownedSource is a running subscriber and the source it was started for.
+type ownedSource struct {
+	sub *kvevents.Subscriber
+	src KVSource
 }
 
 func newOwners(c *Cluster) *owners {
-	return &owners{c: c, subs: make(map[string]*kvevents.Subscriber)}
+	return &owners{c: c, subs: make(map[string]ownedSource)}
 }
 
-// reconcile starts and stops subscribers to match the live member set.
+// reconcile starts and stops subscribers to match the live member set and
+// the KV sources (Cluster.SetKVSources may change them).
 func (o *owners) reconcile() {
 	c := o.c
-	if len(c.cfg.KVSources) == 0 || c.leaving.Load() {
+	if c.leaving.Load() {
 		return
 	}
 	ms := c.ms.snapshot()
@@ -110,9 +137,31 @@ func (o *owners) reconcile() {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for _, src := range c.cfg.KVSources {
+	srcs := c.kvSources()
+	listed := make(map[string]bool, len(srcs))
+	for _, src := range srcs {
+		listed[src.Replica] = true
+	}
+	for r, cur := range o.subs {
+		if !listed[r] {
+			o.closeSub(r, cur.sub)
+			delete(o.subs, r)
+			c.m.ownerChanges.Inc()
+			c.log.Info("no longer a KV source: its subscriber stopped", "replica", r)
+		}
+	}
+	for _, src := range srcs {
 		mine := Owner(src.Replica, names) == c.cfg.NodeName
-		sub, running := o.subs[src.Replica]
+		cur, running := o.subs[src.Replica]
+		if running && mine && cur.src != src {
+			// Its endpoints changed (a new engine under the same name):
+			// subscribe to the new ones.
+			o.closeSub(src.Replica, cur.sub)
+			delete(o.subs, src.Replica)
+			running = false
+			c.log.Info("KV source's endpoints changed: resubscribing", "replica", src.Replica,
+				"endpoint", src.Endpoint, "replay", src.ReplayEndpoint)
+		}
 		switch {
 		case mine && !running:
 			if err := o.startLocked(src); err != nil {
@@ -122,7 +171,7 @@ func (o *owners) reconcile() {
 			c.m.ownerChanges.Inc()
 			c.log.Info("now owning KV events", "replica", src.Replica)
 		case !mine && running:
-			o.closeSub(src.Replica, sub)
+			o.closeSub(src.Replica, cur.sub)
 			delete(o.subs, src.Replica)
 			c.m.ownerChanges.Inc()
 			c.log.Info("KV events moved to another gateway", "replica", src.Replica)
@@ -162,7 +211,7 @@ func (o *owners) startLocked(src KVSource) error {
 	if err := sub.Start(c.bg); err != nil {
 		return err
 	}
-	o.subs[src.Replica] = sub
+	o.subs[src.Replica] = ownedSource{sub: sub, src: src}
 	return nil
 }
 
@@ -183,8 +232,8 @@ func (o *owners) owned(replica string) bool {
 func (o *owners) stopAll() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for r, sub := range o.subs {
-		o.closeSub(r, sub)
+	for r, cur := range o.subs {
+		o.closeSub(r, cur.sub)
 		delete(o.subs, r)
 	}
 	o.c.m.owned.Set(0)

@@ -11,7 +11,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"runtime/debug"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,13 +29,18 @@ import (
 )
 
 // clusterParts is everything cluster mode adds to a Node. Built by New
-// (what cannot fail at run time: the node id, the token, the KV sources),
-// opened by startCluster, closed by the shutdown steps.
+// (what cannot fail at run time: the node id, the token, the key), opened
+// by startCluster, closed by the shutdown steps.
 type clusterParts struct {
-	id        string
-	token     string                     // the operators' admin token: served, never sent to peers
-	ring      *trust.Ring                // credentials from the cluster key; nil = --insecure
-	kvSources map[string]kvsync.KVSource // engines the sync.Cluster ingests (fixed at New)
+	id    string
+	token string      // the operators' admin token: served, never sent to peers
+	ring  *trust.Ring // credentials from the cluster key; nil = --insecure
+
+	// kvTarget is the sync.Cluster that table changes hand their KV
+	// sources to (pushKVSources), from its creation until closeCluster;
+	// kvMu orders those hand-overs.
+	kvTarget atomic.Pointer[kvsync.Cluster]
+	kvMu     sync.Mutex
 
 	// Set by startCluster; read after it returned.
 	cluster     *kvsync.Cluster
@@ -82,32 +87,55 @@ func newClusterParts(cfg *Config) (*clusterParts, error) {
 	if err != nil {
 		return nil, err
 	}
-	cp := &clusterParts{id: id, token: tok, kvSources: map[string]kvsync.KVSource{}}
+	cp := &clusterParts{id: id, token: tok}
 	if keys != nil {
 		if cp.ring, err = trust.New(keys, id); err != nil {
 			return nil, fmt.Errorf("%w: cluster key: %w", ErrInvalidConfig, err)
-		}
-	}
-	for _, m := range cfg.Models {
-		for _, r := range m.Replicas {
-			if r.KVEndpoint == "" {
-				continue // kv_bind engines connect to this gateway: not movable
-			}
-			cp.kvSources[r.Name] = kvsync.KVSource{Replica: r.Name, Model: m.Name,
-				Endpoint: r.KVEndpoint, ReplayEndpoint: r.ReplayEndpoint}
 		}
 	}
 	return cp, nil
 }
 
 // clusterIngests reports whether the sync.Cluster's owner gateway ingests
-// r's KV events (so this Node must not subscribe itself).
+// r's KV events (so this Node must not subscribe itself): in cluster mode,
+// every replica with a kv endpoint. kv_bind engines connect to this
+// gateway, so they cannot move between gateways: each ingests its own.
 func (n *Node) clusterIngests(r *replica) bool {
-	if n.cl == nil || r.cfg.KVEndpoint == "" {
-		return false
+	return n.cl != nil && r.cfg.KVEndpoint != ""
+}
+
+// kvSourcesOf lists t's replicas that the cluster ingests (clusterIngests),
+// by name.
+func kvSourcesOf(t *table) []kvsync.KVSource {
+	var out []kvsync.KVSource
+	for _, r := range t.replicas {
+		if r.cfg.KVEndpoint != "" {
+			out = append(out, kvsync.KVSource{Replica: r.name, Model: r.model,
+				Endpoint: r.cfg.KVEndpoint, ReplayEndpoint: r.cfg.ReplayEndpoint})
+		}
 	}
-	src, ok := n.cl.kvSources[r.name]
-	return ok && src.Model == r.model && src.Endpoint == r.cfg.KVEndpoint && src.ReplayEndpoint == r.cfg.ReplayEndpoint
+	slices.SortFunc(out, func(a, b kvsync.KVSource) int { return strings.Compare(a.Replica, b.Replica) })
+	return out
+}
+
+// pushKVSources hands the current table's KV sources to the sync.Cluster,
+// if it exists: a reload or engine discovery that adds a replica gets it
+// one owner for the whole cluster, one that removes a replica stops its
+// subscriber. Each call reads the table it hands over under kvMu, so the
+// last call hands over the newest table.
+func (n *Node) pushKVSources() {
+	if n.cl == nil {
+		return
+	}
+	n.cl.kvMu.Lock()
+	defer n.cl.kvMu.Unlock()
+	c := n.cl.kvTarget.Load()
+	if c == nil {
+		return
+	}
+	if err := c.SetKVSources(kvSourcesOf(n.tbl.Load())); err != nil {
+		n.log.Error("KV sources not handed to the cluster", "err", err)
+	}
 }
 
 // Cluster is the Node's sync.Cluster (nil standalone or before Start).
@@ -278,9 +306,7 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	kc.IndexModes = n.cfg.IndexMode
 	kc.Trust = cl.ring
 	kc.Insecure = cl.ring == nil
-	for _, name := range sortedKeys(cl.kvSources) {
-		kc.KVSources = append(kc.KVSources, cl.kvSources[name])
-	}
+	kc.KVSources = kvSourcesOf(n.tbl.Load())
 	if cl.cluster, err = kvsync.New(kc, kvsync.Deps{
 		Index: n.index, Replicas: n.ids, Load: loadSource{n}, Registerer: n.m.reg,
 		KVMetrics: n.kvMetrics, Logger: n.log, AfterRestore: n.reapplyReplicaFlags,
@@ -290,6 +316,10 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 	}); err != nil {
 		return fmt.Errorf("node: cluster: %w", err)
 	}
+	// A table change from here on hands its sources over; one between
+	// the list above and now is caught by this first hand-over.
+	cl.kvTarget.Store(cl.cluster)
+	n.pushKVSources()
 	cl.members.bind(cl.cluster)
 	cl.cluster.AddMemberListener(cl.members)
 
@@ -374,6 +404,7 @@ func (n *Node) closeCluster(ctx context.Context, step func(what string, f func()
 			}
 		})
 	}
+	cl.kvTarget.Store(nil)
 	if cl.cluster != nil {
 		step("stopped the cluster (gossip, NATS, peer service)", func() {
 			if err := cl.cluster.Shutdown(ctx); err != nil {
@@ -697,15 +728,6 @@ type bufferWriter struct {
 func (b *bufferWriter) Header() http.Header         { return b.h }
 func (b *bufferWriter) WriteHeader(code int)        { b.status = code }
 func (b *bufferWriter) Write(p []byte) (int, error) { return b.buf.Write(p) }
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
 
 // version is the gateway version advertised to peers: the main module's
 // version from the build info, else "dev".

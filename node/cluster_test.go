@@ -409,6 +409,21 @@ func TestClusterThreeGateways(t *testing.T) {
 	for _, g := range gws {
 		require.Eventually(t, func() bool { return g.tbl.Load().byName["e3"] != nil }, 10*time.Second, time.Millisecond)
 	}
+	// Its KV events have one owner for the whole cluster (the gateways
+	// do not each subscribe), as the replicas configured at start do.
+	kvOwners := func(replica string) (n int) {
+		for _, g := range gws {
+			if g.Cluster().OwnsKV(replica) {
+				n++
+			}
+		}
+		return n
+	}
+	require.Eventually(t, func() bool { return kvOwners("e3") == 1 }, 10*time.Second, time.Millisecond,
+		"one gateway owns the added replica's KV events")
+	for _, g := range gws {
+		assert.Empty(t, g.KVBindAddr("e3"), "%s subscribes to e3 itself", g.NodeID())
+	}
 	var e3Prompt string
 	for gi, g := range gws {
 		got := false
@@ -439,6 +454,8 @@ func TestClusterThreeGateways(t *testing.T) {
 			readAll(t, resp)
 		}
 	}
+	require.Eventually(t, func() bool { return kvOwners("e2") == 0 }, 10*time.Second, time.Millisecond,
+		"no gateway still ingests the removed replica's KV events")
 	t.Logf("(e) e3 added and got traffic on every gateway; e2 removed and got none")
 
 	// (c, again) A gateway restarted with its original flags (e1, e2)

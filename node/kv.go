@@ -22,8 +22,8 @@ var _ kvevents.Handler = kvHandler{}
 // newSubscriber builds (but does not start) r's KV-event subscriber when r
 // has a source this Node ingests itself: every source in standalone mode;
 // in cluster mode only those the cluster cannot move between gateways
-// (kv_bind, and kv sources added after the cluster started), since the
-// owning gateway ingests the others for everyone.
+// (kv_bind), since the owning gateway ingests the others for everyone
+// (pushKVSources hands it every table's list).
 func (n *Node) newSubscriber(r *replica) error {
 	if !r.cfg.PublishesKVEvents() || n.clusterIngests(r) {
 		return nil

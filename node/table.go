@@ -298,6 +298,9 @@ func (n *Node) applySpecLocked(spec routingSpec) error {
 		}
 	}
 	n.tbl.Store(t)
+	// Before the dropped replicas' series go: a removed engine's owner
+	// stops its subscriber here, so nothing re-creates them.
+	n.pushKVSources()
 	inUse := map[*keyTokenizer]bool{}
 	for _, p := range t.pools {
 		inUse[p.tok] = true

@@ -123,8 +123,9 @@
 // Each engine in Config.KVSources (or the last SetKVSources) has exactly
 // one owner: the live member with the highest rendezvous score
 // xxh3(replica, seed=xxh3(member)), so only the engines of a departed
-// member move, within memberlist's failure detection time (about a second with LocalConfig, a few seconds on the LAN
-// profile; at once on a graceful leave). The owner runs the engine's
+// member move, within memberlist's failure detection time (about a second
+// with LocalConfig, a few seconds on the LAN profile; at once on a
+// graceful leave). The owner runs the engine's
 // kvevents.Subscriber (sequence tracking, replay, resets), normalizes each
 // batch with kvevents.Normalize (GPU, offload tiers and KV-cache groups
 // apart, see index.KVEvent; roots of LoRA and cache-salted sequences

@@ -29,7 +29,7 @@ func checkLimited(t *testing.T, name string, tok Tokenizer, text string, lim Lim
 
 func TestEncodeLimited(t *testing.T) {
 	toks := map[string]Tokenizer{"bytes": Bytes{}, "tiktoken": mustTiktoken(t)}
-	for _, m := range hfModels {
+	for _, m := range testedHFModels() {
 		if h := tryLoadHF(t, m); h != nil {
 			toks[m] = h
 			toks[m+"+cache"] = newCachedHF(t, h, 32)
@@ -67,7 +67,7 @@ func TestEncodeLimitedBoundsWork(t *testing.T) {
 	}
 	lim := Limit{MaxTokens: 262144, MaxPieceBytes: 64 << 10}
 	toks := map[string]Tokenizer{"tiktoken": mustTiktoken(t)}
-	for _, m := range hfModels {
+	for _, m := range testedHFModels() {
 		if h := tryLoadHF(t, m); h != nil {
 			toks[m] = h
 		}

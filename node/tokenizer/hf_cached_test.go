@@ -52,7 +52,7 @@ func checkHFInvariants(t testing.TB, h *HF, c *Cached, text string) {
 }
 
 func TestHFCachedEqualsUncached(t *testing.T) {
-	for _, model := range hfModels {
+	for _, model := range testedHFModels() {
 		t.Run(model, func(t *testing.T) {
 			h := loadHFT(t, model)
 			c := newCachedHF(t, h, 64)
@@ -81,7 +81,7 @@ func TestHFCachedEqualsUncached(t *testing.T) {
 // TestHFBPEVariants checks bpeShort, bpeHeap and bpeRuns against each
 // other on random pieces, including long runs.
 func TestHFBPEVariants(t *testing.T) {
-	for _, model := range hfModels {
+	for _, model := range testedHFModels() {
 		t.Run(model, func(t *testing.T) {
 			h := loadHFT(t, model)
 			r := rand.New(rand.NewPCG(5, 6))
@@ -124,13 +124,13 @@ func FuzzHF(f *testing.F) {
 	f.Add("\xff\xfe<|im_start|>x")
 	models := map[string]*HF{}
 	caches := map[string]*Cached{}
-	for _, m := range hfModels {
+	for _, m := range testedHFModels() {
 		h := loadHFT(f, m)
 		models[m] = h
 		caches[m] = newCachedHF(f, h, 32)
 	}
 	f.Fuzz(func(t *testing.T, text string) {
-		for _, m := range hfModels {
+		for _, m := range testedHFModels() {
 			checkHFInvariants(t, models[m], caches[m], text)
 		}
 	})

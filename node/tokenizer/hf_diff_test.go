@@ -72,7 +72,7 @@ func runReference(t *testing.T, model string, corpus refCorpus) refOutput {
 }
 
 func TestHFDiffTexts(t *testing.T) {
-	for _, model := range hfModels {
+	for _, model := range testedHFModels() {
 		t.Run(model, func(t *testing.T) {
 			h := loadHFT(t, model)
 			n, _ := diffSizes()
@@ -99,7 +99,7 @@ func TestHFDiffTexts(t *testing.T) {
 }
 
 func TestHFDiffChats(t *testing.T) {
-	for _, model := range hfModels {
+	for _, model := range testedHFModels() {
 		t.Run(model, func(t *testing.T) {
 			h := loadHFT(t, model)
 			_, n := diffSizes()

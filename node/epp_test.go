@@ -292,8 +292,8 @@ func TestEPPPickerFailoverAcrossAClusterSharesTheIndex(t *testing.T) {
 	d, base := dataPlane(t, extproc.Config{Pickers: []string{g1.EPPAddr(), g2.EPPAddr()}, TLS: true})
 	prompt := "a prefix the first picker places " + strings.Repeat("z", 160)
 	resp := postTo(t, base, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, prompt), nil)
-	readAll(t, resp)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	got := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, got)
 	placed := resp.Header.Get(HeaderReplica)
 
 	// g2 learns g1's decision through the cluster.

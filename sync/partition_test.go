@@ -110,9 +110,10 @@ func routeIDs(t testing.TB, g *gw) map[string]uint64 {
 func TestFailedMemberKeepsNATSRoute(t *testing.T) {
 	net := &MemNetwork{}
 	gws := startCluster(t, 3, func(name string) memberlist.Transport { return net.NewTransport(name) }, nil)
-	// Long enough to check the routes after the failure on a busy
-	// machine, short enough to see the hold end.
-	const hold = 8 * time.Second
+	// Long enough to check the routes and see decisions cross after the
+	// failure on a busy machine (CI runs five suites at once on two
+	// cores), short enough to see the hold end within converge.
+	const hold = 15 * time.Second
 	for _, g := range gws {
 		g.c.routeMu.Lock()
 		g.c.routeHold = hold

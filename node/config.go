@@ -197,6 +197,19 @@ type Config struct {
 	// Default 2: one slow answer from a saturated engine is not an outage.
 	UnhealthyAfter int `yaml:"unhealthy_after"`
 
+	// HealthFailOpen routes among a model's replicas that fail their
+	// /health polls when none passes them, as Envoy's panic threshold and
+	// nginx do: when every engine of a model fails its health check at
+	// once, the checker (a saturated engine answering /health late, a
+	// probe timeout too tight for the machine) is more often wrong than
+	// every engine is down, and answering 503 to every request would turn
+	// a false alarm into an outage. Replicas ejected for failing real
+	// requests stay out, so a dead engine costs EjectAfter failed requests
+	// per ejection period. Default true; false answers 503
+	// (no_healthy_replica) instead. kvmesh_route_fail_open_total,
+	// /ready's fail_open and kvmesh doctor show when it happens.
+	HealthFailOpen bool `yaml:"health_fail_open"`
+
 	// EjectAfter is the number of consecutive failed requests (connect
 	// errors, timeouts, 5xx) that ejects a replica. Default 3: one failure
 	// is noise, three in a row is a pattern.
@@ -374,6 +387,7 @@ func DefaultConfig() Config {
 		UnhealthyInterval:       250 * time.Millisecond,
 		HealthTimeout:           time.Second,
 		UnhealthyAfter:          2,
+		HealthFailOpen:          true,
 		EjectAfter:              3,
 		EjectBackoff:            time.Second,
 		EjectMaxBackoff:         30 * time.Second,

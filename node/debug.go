@@ -45,6 +45,9 @@ type RouteReport struct {
 	Selection   string `json:"selection"`
 	// EstimatedTTFT is cost's estimate for the pick, in seconds.
 	EstimatedTTFT float64 `json:"estimated_ttft_seconds,omitempty"`
+	// FailOpen is set when no replica passes its health checks and the
+	// pick is among those failing them (Config.HealthFailOpen).
+	FailOpen bool `json:"fail_open,omitempty"`
 	// Explanation is the strategy's per-candidate reasoning: match, load,
 	// score and filters.
 	Explanation *route.Explanation `json:"explanation,omitempty"`
@@ -207,6 +210,7 @@ func (n *Node) explainRoute(w http.ResponseWriter, r *http.Request, p *pool, lor
 		rep.Pick = dec.rep.name
 		rep.Selection = dec.Decision.Selection.String()
 		rep.EstimatedTTFT = dec.Decision.EstimatedTTFT
+		rep.FailOpen = dec.failOpen
 		rep.Explanation = explain
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -149,12 +149,29 @@ type ReadyReport struct {
 	// waited its catch-up grace and serves with the last version it
 	// applied; a cluster without quorum still routes).
 	ConfigUnconfirmed bool `json:"config_unconfirmed,omitempty"`
+	// FailOpen lists models none of whose replicas passes its health
+	// checks: the gateway routes among those failing them
+	// (Config.HealthFailOpen).
+	FailOpen []string `json:"fail_open,omitempty"`
+	// NoAvailableReplica lists models whose requests get 503
+	// (no_healthy_replica): every replica is ejected, or fails its health
+	// checks without HealthFailOpen.
+	NoAvailableReplica []string `json:"no_available_replica,omitempty"`
 }
 
 func (n *Node) readyReport() ReadyReport {
 	t := n.tbl.Load()
 	rep := ReadyReport{Status: "ready", ConfigVersion: n.tableVersion.Load(), ConfigDigest: t.digest, Suspect: n.Suspects()}
 	rep.ConfigUnconfirmed = n.cl != nil && !n.cl.caughtUp.Load()
+	now := nowNanos()
+	for _, p := range t.pools {
+		switch ok, failOpen := p.routable(now, n.cfg.HealthFailOpen); {
+		case failOpen:
+			rep.FailOpen = append(rep.FailOpen, p.model)
+		case !ok:
+			rep.NoAvailableReplica = append(rep.NoAvailableReplica, p.model)
+		}
+	}
 	for _, a := range n.Agreement() {
 		if a.Verdict == AgreementDisagree {
 			rep.TokenizerDisagreements = append(rep.TokenizerDisagreements, a)

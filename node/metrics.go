@@ -37,6 +37,7 @@ type metrics struct {
 	healthy        *prometheus.GaugeVec     // replica
 	ejections      *prometheus.CounterVec   // replica
 	retries        prometheus.Counter
+	failOpen       *prometheus.CounterVec // model
 	requests       *prometheus.CounterVec // model, code
 	clientErrors   *prometheus.CounterVec // code
 	tokenizeCache  *prometheus.CounterVec // result
@@ -101,7 +102,7 @@ func newMetrics() *metrics {
 	}, []string{"replica"})
 	m.healthy = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "kvmesh_proxy_replica_healthy",
-		Help: "1 when the replica may get traffic (not ejected, /health passing), else 0.",
+		Help: "1 when the replica is in rotation (not ejected, /health passing), else 0. A model with none in rotation still routes to those failing /health alone (kvmesh_route_fail_open_total).",
 	}, []string{"replica"})
 	m.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_proxy_ejections_total",
@@ -111,6 +112,10 @@ func newMetrics() *metrics {
 		Name: "kvmesh_proxy_retries_total",
 		Help: "Requests retried on another replica after a connect failure.",
 	})
+	m.failOpen = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_route_fail_open_total",
+		Help: "Routing decisions made among replicas failing their /health polls, because none of the model's passed them (health_fail_open).",
+	}, []string{"model"})
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_proxy_requests_total",
 		Help: "Proxied requests by model and HTTP status code class (2xx, 4xx, 5xx) or error.",
@@ -132,7 +137,7 @@ func newMetrics() *metrics {
 		Help: "1 while the applied cluster config changes hash seed, block size, tokenizer or index bounds, which take effect only when the gateway restarts.",
 	})
 	m.reg.MustRegister(m.decisions, m.matchFraction, m.decisionTime, m.inflight,
-		m.upstreamErrors, m.ttft, m.ttftEstimate, m.healthy, m.ejections, m.retries, m.requests,
+		m.upstreamErrors, m.ttft, m.ttftEstimate, m.healthy, m.ejections, m.retries, m.failOpen, m.requests,
 		m.clientErrors, m.tokenizeCache, m.kvApplyErrors, m.restartRequired,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registerSelfCheck()

@@ -289,17 +289,110 @@ func TestActiveHealthRemovesAndRestores(t *testing.T) {
 	require.Eventually(t, func() bool { return ra.available(nowNanos()) }, 5*time.Second, 5*time.Millisecond)
 }
 
+// readyOf decodes n's GET /ready.
+func readyOf(t *testing.T, n *Node) ReadyReport {
+	t.Helper()
+	resp, err := http.Get("http://" + n.HTTPAddr() + "/ready")
+	require.NoError(t, err)
+	body := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	var rr ReadyReport
+	require.NoError(t, json.Unmarshal([]byte(body), &rr), body)
+	return rr
+}
+
+// TestHealthFailOpen: when every replica of a model fails its /health
+// polls, requests still route among them (Config.HealthFailOpen, on by
+// default): counted, logged once, and shown in /ready and /debug/route.
+// A replica that passes its polls again takes the traffic back, and one
+// ejected for failing requests stays out even then.
+func TestHealthFailOpen(t *testing.T) {
+	a := newFakeEngine(t, "a")
+	b := newFakeEngine(t, "b")
+	var logs syncBuffer
+	cfg := testConfig()
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", a.url()), rc("b", b.url())}}}
+	cfg.EjectBackoff, cfg.EjectMaxBackoff = time.Hour, time.Hour // an ejection lasts the test
+	require.True(t, cfg.HealthFailOpen, "fail-open is the default")
+	n, err := New(cfg, slog.New(slog.NewJSONHandler(&logs, nil)))
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	defer func() { require.NoError(t, n.Shutdown(context.Background())) }()
+	ra, rb := n.tbl.Load().byName["a"], n.tbl.Load().byName["b"]
+	down := func(r *replica) func() bool { return func() bool { return r.activeDown.Load() } }
+	routeTo := func() string {
+		t.Helper()
+		resp := post(t, n, "/v1/completions", streamReq, map[string]string{HeaderStrategy: "random"})
+		body := readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode, body)
+		return resp.Header.Get(HeaderReplica)
+	}
+
+	a.healthStatus.Store(503)
+	b.healthStatus.Store(503)
+	require.Eventually(t, down(ra), 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, down(rb), 10*time.Second, 5*time.Millisecond)
+	got := map[string]int{}
+	for range 20 {
+		got[routeTo()]++
+	}
+	assert.Positive(t, got["a"], "random routing spreads over both replicas failing health: %v", got)
+	assert.Positive(t, got["b"], "random routing spreads over both replicas failing health: %v", got)
+	assert.Equal(t, 20.0, value(n.m.failOpen.WithLabelValues("m")))
+	assert.Equal(t, []string{"m"}, readyOf(t, n).FailOpen)
+	assert.Equal(t, 1, strings.Count(logs.String(), "routing among those failing them"), "entering fail-open is logged once")
+	resp := post(t, n, "/debug/route", streamReq, nil)
+	var rep struct {
+		Pick        string
+		FailOpen    bool `json:"fail_open"`
+		Unavailable []UnavailableReplica
+	}
+	require.NoError(t, json.Unmarshal([]byte(readAll(t, resp)), &rep))
+	assert.True(t, rep.FailOpen)
+	assert.NotEmpty(t, rep.Pick)
+	assert.Len(t, rep.Unavailable, 2)
+
+	// b passes its polls again: it takes every request, and fail-open ends.
+	b.healthStatus.Store(0)
+	require.Eventually(t, func() bool { return rb.available(nowNanos()) }, 10*time.Second, 5*time.Millisecond)
+	for range 10 {
+		require.Equal(t, "b", routeTo())
+	}
+	assert.Equal(t, 20.0, value(n.m.failOpen.WithLabelValues("m")), "no fail-open decision while b passes")
+	assert.Empty(t, readyOf(t, n).FailOpen)
+	assert.Contains(t, logs.String(), "fail-open routing ended")
+
+	// Both fail their polls again, and a fails its requests until it is
+	// ejected: from then on only b, still failing its polls, gets traffic.
+	b.healthStatus.Store(503)
+	a.status.Store(500)
+	require.Eventually(t, down(rb), 10*time.Second, 5*time.Millisecond)
+	for i := 0; ra.ejectedUntil.Load() <= nowNanos(); i++ {
+		require.Less(t, i, 200, "a was never ejected")
+		resp := post(t, n, "/v1/completions", streamReq, map[string]string{HeaderStrategy: "random"})
+		readAll(t, resp)
+	}
+	before := a.requests.Load()
+	for range 10 {
+		require.Equal(t, "b", routeTo())
+	}
+	assert.Equal(t, before, a.requests.Load(), "an ejected replica gets no traffic, fail-open or not")
+	assert.Equal(t, []string{"m"}, readyOf(t, n).FailOpen)
+}
+
 // TestFailedReplicaPolledAtUnhealthyInterval: a replica whose /health
 // poll failed is polled at UnhealthyInterval, not HealthInterval (an hour
 // here, so the old schedule would keep it down for the whole test): it
 // leaves rotation, Retry-After names the quick re-poll, and it returns
-// when its engine does.
+// when its engine does. Without HealthFailOpen its model is unroutable
+// meanwhile.
 func TestFailedReplicaPolledAtUnhealthyInterval(t *testing.T) {
 	a := newFakeEngine(t, "a")
 	a.healthStatus.Store(503)
 	n := startNode(t, func(c *Config) {
 		c.HealthInterval = time.Hour
 		c.UnhealthyInterval = 20 * time.Millisecond
+		c.HealthFailOpen = false
 	}, rc("a", a.url()))
 	ra := n.tbl.Load().byName["a"]
 	require.Eventually(t, func() bool { return !ra.available(nowNanos()) }, 10*time.Second, 5*time.Millisecond,
@@ -309,6 +402,8 @@ func TestFailedReplicaPolledAtUnhealthyInterval(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	assert.Equal(t, "1", resp.Header.Get("Retry-After"), "the next poll is 20ms away, not an hour")
 	assert.Equal(t, CodeNoHealthyReplica, decodeErr(t, readAll(t, resp)).Error.Code)
+	assert.Equal(t, []string{"m"}, readyOf(t, n).NoAvailableReplica)
+	assert.Empty(t, readyOf(t, n).FailOpen)
 
 	a.healthStatus.Store(0)
 	require.Eventually(t, func() bool { return ra.available(nowNanos()) }, 10*time.Second, 5*time.Millisecond)

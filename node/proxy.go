@@ -198,6 +198,17 @@ func (n *Node) refuse(w http.ResponseWriter, e *apiError) {
 }
 
 func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
+	if dec.failOpen {
+		n.m.failOpen.WithLabelValues(p.model).Inc()
+	}
+	if p.failingOpen != nil && p.failingOpen.Load() != dec.failOpen && p.failingOpen.CompareAndSwap(!dec.failOpen, dec.failOpen) {
+		if dec.failOpen {
+			n.log.Warn("no replica of the model passes its health checks; routing among those failing them (health_fail_open)",
+				"model", p.model, "replicas", dec.pool.failingHealth(dec.req.Now))
+		} else {
+			n.log.Info("a replica of the model passes its health checks again; fail-open routing ended", "model", p.model)
+		}
+	}
 	s := n.m.decisionSeries(decisionKey{p.model, dec.strategy.Name(), dec.Decision.Selection.String()})
 	s.took.Observe(took.Seconds())
 	s.decisions.Inc()

@@ -131,6 +131,35 @@ type pool struct {
 	// tok is the model's own tokenizer (ModelConfig.Tokenizer), resolved
 	// when the table was built; nil: the Node's global one.
 	tok *keyTokenizer
+	// failingOpen is set while the model's decisions route among replicas
+	// failing their health checks (Config.HealthFailOpen), so that entering
+	// and leaving that state is logged once. A pointer: the pool's copies
+	// (EPP subsets) and its successors across config reloads share it.
+	failingOpen *atomic.Bool
+}
+
+// failingHealth is the number of p's replicas that are out of rotation at
+// now only because their /health polls fail.
+func (p *pool) failingHealth(now int64) int {
+	k := 0
+	for _, r := range p.replicas {
+		if r.failingHealthOnly(now) {
+			k++
+		}
+	}
+	return k
+}
+
+// routable reports how p routes at now: ok when some replica is available;
+// failOpen when none is but Config.HealthFailOpen lets routing use those
+// failing only their /health polls; neither when requests get 503.
+func (p *pool) routable(now int64, healthFailOpen bool) (ok, failOpen bool) {
+	for _, r := range p.replicas {
+		if r.available(now) {
+			return true, false
+		}
+	}
+	return false, healthFailOpen && p.failingHealth(now) > 0
 }
 
 func newReplica(id index.ReplicaID, cfg ReplicaConfig, model string) (*replica, error) {
@@ -169,6 +198,14 @@ func (r *replica) endpoint(path string) string {
 // available reports whether the replica may get traffic at now.
 func (r *replica) available(now int64) bool {
 	return !r.activeDown.Load() && now >= r.ejectedUntil.Load()
+}
+
+// failingHealthOnly reports whether the replica is out of rotation at now
+// only because its /health polls fail: it is not ejected for failing
+// requests. Config.HealthFailOpen routes to such replicas when a model has
+// no available one.
+func (r *replica) failingHealthOnly(now int64) bool {
+	return r.activeDown.Load() && now >= r.ejectedUntil.Load()
 }
 
 // availableAt is when an unavailable replica may get traffic again: the end

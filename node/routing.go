@@ -24,6 +24,10 @@ type scratch struct {
 	peerQueued PeerQueuedPrefill
 	// available is the number of replicas routeOnce found available.
 	available int
+	// failOpen is set by routeOnce when no replica passed its health
+	// checks and it routed among those failing only them
+	// (Config.HealthFailOpen).
+	failOpen bool
 	// keyCut is set by prepare when the prompt was keyed only in part
 	// (MaxKeyTokens, MaxKeyPieceBytes or an unrenderable chat), so its
 	// token count is not the prompt's length.
@@ -83,18 +87,24 @@ type decision struct {
 	route.Routed
 	req    route.Request
 	keyCut bool // the prompt was keyed in part (scratch.keyCut)
+	// failOpen: every candidate was failing its /health polls
+	// (Config.HealthFailOpen).
+	failOpen bool
 }
 
 // routeOnce picks a replica of p for keys with strat, skipping exclude,
 // through the routing core (route.Scratch.Route) with s as its load view.
 // It takes one index read lock, allocates nothing in steady state and
 // returns ErrNoHealthyReplica (with the earliest time one may return) when
-// no replica is available. explain, when non-nil, receives the reasoning.
+// no replica is available. With Config.HealthFailOpen, replicas that fail
+// only their /health polls count as available when no other does.
+// explain, when non-nil, receives the reasoning.
 func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, rr *route.Request,
 	s *scratch, exclude *replica, explain *route.Explanation) (decision, int64, error) {
 	now := rr.Now
 	s.ids = s.ids[:0]
 	s.reps = s.reps[:0]
+	s.failOpen = false
 	earliest := int64(0)
 	for _, r := range p.replicas {
 		if r == exclude {
@@ -109,6 +119,15 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 		}
 		s.ids = append(s.ids, r.id)
 		s.reps = append(s.reps, r)
+	}
+	if len(s.ids) == 0 && n.cfg.HealthFailOpen {
+		for _, r := range p.replicas {
+			if r != exclude && r.failingHealthOnly(now) {
+				s.ids = append(s.ids, r.id)
+				s.reps = append(s.reps, r)
+			}
+		}
+		s.failOpen = len(s.ids) > 0
 	}
 	s.available = len(s.ids)
 	if len(s.ids) == 0 {
@@ -130,6 +149,7 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 		Routed:   out,
 		req:      *rr,
 		keyCut:   s.keyCut,
+		failOpen: s.failOpen,
 	}, 0, nil
 }
 

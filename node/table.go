@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -161,7 +162,11 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 		} else if set, err = route.NewSet(n.routeConfig(spec.route)); err != nil {
 			return nil, ch, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: defMode, sharedStore: mc.SharedResponseStore}
+		p := &pool{model: mc.Name, strategy: mc.Strategy, set: set, mode: defMode, sharedStore: mc.SharedResponseStore,
+			failingOpen: new(atomic.Bool)}
+		if pp := prevPools[mc.Name]; pp != nil {
+			p.failingOpen = pp.failingOpen
+		}
 		if p.tok, err = n.modelTokenizer(mc.Tokenizer); err != nil {
 			return nil, ch, fmt.Errorf("%w: model %q: tokenizer: %w", ErrInvalidConfig, mc.Name, err)
 		}

@@ -131,6 +131,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.DurationVar(&d.ScrapeInterval, "scrape-interval", d.ScrapeInterval, "replica /metrics scrape interval (0 disables)")
 	fl.DurationVar(&d.HealthInterval, "health-interval", d.HealthInterval, "replica /health poll interval (0 disables)")
 	fl.DurationVar(&d.UnhealthyInterval, "unhealthy-interval", d.UnhealthyInterval, "/health poll interval for a replica whose last poll failed (0: --health-interval)")
+	fl.BoolVar(&d.HealthFailOpen, "health-fail-open", d.HealthFailOpen, "when every replica of a model fails its /health polls, route among them anyway (false: answer 503)")
 	fl.IntVar(&d.EjectAfter, "eject-after", d.EjectAfter, "consecutive failures that eject a replica")
 	fl.DurationVar(&d.EjectBackoff, "eject-backoff", d.EjectBackoff, "first ejection period (doubles per repeat)")
 	fl.DurationVar(&d.EjectMaxBackoff, "eject-max-backoff", d.EjectMaxBackoff, "longest ejection period")
@@ -214,6 +215,7 @@ func (f *serveFlags) config(fs *pflag.FlagSet) (node.Config, error) {
 	set("scrape-interval", func() { cfg.ScrapeInterval = d.ScrapeInterval })
 	set("health-interval", func() { cfg.HealthInterval = d.HealthInterval })
 	set("unhealthy-interval", func() { cfg.UnhealthyInterval = d.UnhealthyInterval })
+	set("health-fail-open", func() { cfg.HealthFailOpen = d.HealthFailOpen })
 	set("eject-after", func() { cfg.EjectAfter = d.EjectAfter })
 	set("eject-backoff", func() { cfg.EjectBackoff = d.EjectBackoff })
 	set("eject-max-backoff", func() { cfg.EjectMaxBackoff = d.EjectMaxBackoff })
@@ -579,6 +581,9 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			}
 			fmt.Fprintln(out)
 		}
+	}
+	if rep.FailOpen {
+		fmt.Fprintln(out, "FAIL OPEN: no replica passes its health checks; the pick is among those failing them (health_fail_open)")
 	}
 	for _, u := range rep.Unavailable {
 		fmt.Fprintf(out, "unavailable: %s", u.Name)

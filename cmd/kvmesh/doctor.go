@@ -209,6 +209,12 @@ func checkGateway(ctx context.Context, c *doctorClient, v *verdicts, g *gatewayV
 	}
 	g.ready = &rr
 	v.pass(subject, "reachable and ready (config version %d, digest %s)", rr.ConfigVersion, rr.ConfigDigest)
+	for _, m := range rr.NoAvailableReplica {
+		v.fail(subject, "model %s: no replica available; its requests get 503 (replicas below)", m)
+	}
+	for _, m := range rr.FailOpen {
+		v.warn(subject, "model %s: every replica fails its /health polls, so the gateway routes among them anyway (health_fail_open); check the engines' /health and the gateway's health_timeout", m)
+	}
 
 	st, data, err = c.do(ctx, http.MethodGet, g.base+"/debug/replicas", nil, nil)
 	switch {

@@ -20,6 +20,7 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/cluster"
 	"github.com/kvmesh/kvmesh/chaos/cluster/clustertest"
 	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/internal/freeport"
 	"github.com/kvmesh/kvmesh/node"
 )
 
@@ -376,4 +377,43 @@ func TestDoctorWarnsWhenPeersLoadStops(t *testing.T) {
 	require.NoError(t, c.Heal())
 	require.Eventually(t, func() bool { out = lines(); return wantAll(out, healthy) }, 30*time.Second, 50*time.Millisecond,
 		"healed: %s", out)
+}
+
+// A model none of whose replicas passes its health checks: the doctor
+// warns that the gateway routes among them anyway (health_fail_open), and
+// with fail-open off fails the model as unroutable.
+func TestDoctorNamesAModelWithoutHealthyReplicas(t *testing.T) {
+	for _, failOpen := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fail_open=%v", failOpen), func(t *testing.T) {
+			cfg := node.LocalConfig()
+			cfg.DebugPublic = false
+			cfg.AdminToken = doctorToken
+			cfg.HealthFailOpen = failOpen
+			cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{
+				{Name: "gone", URL: "http://" + freeport.Refusing(t)}}}}
+			n, err := node.New(cfg, slog.New(slog.DiscardHandler))
+			require.NoError(t, err)
+			require.NoError(t, n.Start(context.Background()))
+			t.Cleanup(func() { _ = n.Shutdown(context.Background()) })
+			require.Eventually(t, func() bool {
+				resp, err := http.Get("http://" + n.HTTPAddr() + "/ready")
+				if err != nil {
+					return false
+				}
+				defer resp.Body.Close()
+				var rr node.ReadyReport
+				return json.NewDecoder(resp.Body).Decode(&rr) == nil && len(rr.FailOpen)+len(rr.NoAvailableReplica) == 1
+			}, 10*time.Second, 5*time.Millisecond)
+
+			out, err := runDoctor(t, n.HTTPAddr())
+			require.ErrorIs(t, err, errDoctorFailed, "the replica is unavailable either way")
+			if failOpen {
+				assert.Regexp(t, `WARN +gateway \S+ +model M: every replica fails its /health polls, so the gateway routes among them anyway`, out)
+				assert.NotContains(t, out, "no replica available")
+			} else {
+				assert.Regexp(t, `FAIL +gateway \S+ +model M: no replica available; its requests get 503`, out)
+				assert.NotContains(t, out, "routes among them anyway")
+			}
+		})
+	}
 }

@@ -2,7 +2,6 @@ package deploy_test
 
 import (
 	"bytes"
-	"debug/elf"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -1295,8 +1294,8 @@ func queriedMetrics(t *testing.T) map[string][]string {
 
 // TestDockerfile keeps the Dockerfile in step with the module and the
 // manifests: the Go version of go.mod, every binary built static
-// (CGO_ENABLED=0, checked on the binaries this test run built the same
-// way: no ELF interpreter) and copied to /usr/local/bin, a non-root user.
+// (CGO_ENABLED=0, which needs every dependency to build without cgo:
+// cgoFreeProblems) and copied to /usr/local/bin, a non-root user.
 func TestDockerfile(t *testing.T) {
 	data, err := os.ReadFile("Dockerfile")
 	if err != nil {
@@ -1332,17 +1331,60 @@ func TestDockerfile(t *testing.T) {
 	if regexp.MustCompile(`(?m)^ENTRYPOINT`).MatchString(df) {
 		t.Error("Dockerfile: the manifests name the binary in command:, so the image must set no ENTRYPOINT")
 	}
-	dir := binaries(t)
-	for _, b := range ourBinaries {
-		f, err := elf.Open(filepath.Join(dir, b))
-		if err != nil {
+	for _, p := range cgoFreeProblems(t, repoRoot, pkgs...) {
+		t.Errorf("CGO_ENABLED=0 (the distroless/static image): %s", p)
+	}
+}
+
+// cgoFreeProblems lists what stops pkgs (in the module at dir) from
+// building with CGO_ENABLED=0, by go list, which compiles nothing: a
+// dependency with no Go files left once cgo is off (it imports "C" alone),
+// or any other load error. With cgo off the Go linker links internally, so
+// a build that loads is static: no ELF interpreter, what
+// distroless/static needs.
+func cgoFreeProblems(t *testing.T, dir string, pkgs ...string) []string {
+	t.Helper()
+	args := append([]string{"list", "-deps", "-e", "-f", `{{if .Error}}{{.ImportPath}}: {{.Error}}{{"\n"}}{{end}}{{if .CgoFiles}}{{.ImportPath}}: cgo files {{.CgoFiles}}{{"\n"}}{{end}}`}, pkgs...)
+	cmd := exec.Command(goTool(), args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, stderr.Bytes())
+	}
+	var problems []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			problems = append(problems, l)
+		}
+	}
+	return problems
+}
+
+// TestCgoFreeProblemsFindsACgoOnlyDependency: the check behind
+// TestDockerfile's static build names a dependency that needs cgo.
+func TestCgoFreeProblemsFindsACgoOnlyDependency(t *testing.T) {
+	dir := t.TempDir()
+	for name, src := range map[string]string{
+		"go.mod":        "module example.com/m\n\ngo 1.22\n",
+		"main.go":       "package main\n\nimport _ \"example.com/m/needc\"\n\nfunc main() {}\n",
+		"needc/c.go":    "package needc\n\n// int one(void) { return 1; }\nimport \"C\"\n\nvar One = C.one()\n",
+		"pure/pure.go":  "package pure\n\nconst X = 1\n",
+		"clean/main.go": "package main\n\nimport _ \"example.com/m/pure\"\n\nfunc main() {}\n",
+	} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		for _, p := range f.Progs {
-			if p.Type == elf.PT_INTERP {
-				t.Errorf("%s is dynamically linked (has an ELF interpreter): the distroless/static image cannot run it", b)
-			}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
 		}
-		_ = f.Close()
+	}
+	if got := cgoFreeProblems(t, dir, "."); !strings.Contains(strings.Join(got, "\n"), "example.com/m/needc") {
+		t.Errorf("a dependency that imports \"C\" alone cannot build with CGO_ENABLED=0, yet the check found %q", got)
+	}
+	if got := cgoFreeProblems(t, dir, "./clean"); len(got) > 0 {
+		t.Errorf("a pure-Go program: %q", got)
 	}
 }

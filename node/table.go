@@ -167,6 +167,10 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 		if pp := prevPools[mc.Name]; pp != nil {
 			p.failingOpen = pp.failingOpen
 		}
+		// Exported at 0 from the start, so that an alert's increase()
+		// sees the first fail-open decisions (a series born at 9 shows
+		// no increase until its next sample).
+		n.m.failOpen.WithLabelValues(mc.Name)
 		if p.tok, err = n.modelTokenizer(mc.Tokenizer); err != nil {
 			return nil, ch, fmt.Errorf("%w: model %q: tokenizer: %w", ErrInvalidConfig, mc.Name, err)
 		}

@@ -101,15 +101,19 @@ func newClusterParts(cfg *Config) (*clusterParts, error) {
 // every replica with a kv endpoint. kv_bind engines connect to this
 // gateway, so they cannot move between gateways: each ingests its own.
 func (n *Node) clusterIngests(r *replica) bool {
-	return n.cl != nil && r.cfg.KVEndpoint != ""
+	return n.cl != nil && movableKV(r)
 }
+
+// movableKV reports whether r's KV events can be ingested by any gateway:
+// it has a kv endpoint to connect to (not kv_bind).
+func movableKV(r *replica) bool { return r.cfg.KVEndpoint != "" }
 
 // kvSourcesOf lists t's replicas that the cluster ingests (clusterIngests),
 // by name.
 func kvSourcesOf(t *table) []kvsync.KVSource {
 	var out []kvsync.KVSource
 	for _, r := range t.replicas {
-		if r.cfg.KVEndpoint != "" {
+		if movableKV(r) {
 			out = append(out, kvsync.KVSource{Replica: r.name, Model: r.model,
 				Endpoint: r.cfg.KVEndpoint, ReplayEndpoint: r.cfg.ReplayEndpoint})
 		}

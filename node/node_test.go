@@ -289,18 +289,6 @@ func TestActiveHealthRemovesAndRestores(t *testing.T) {
 	require.Eventually(t, func() bool { return ra.available(nowNanos()) }, 5*time.Second, 5*time.Millisecond)
 }
 
-// readyOf decodes n's GET /ready.
-func readyOf(t *testing.T, n *Node) ReadyReport {
-	t.Helper()
-	resp, err := http.Get("http://" + n.HTTPAddr() + "/ready")
-	require.NoError(t, err)
-	body := readAll(t, resp)
-	require.Equal(t, http.StatusOK, resp.StatusCode, body)
-	var rr ReadyReport
-	require.NoError(t, json.Unmarshal([]byte(body), &rr), body)
-	return rr
-}
-
 // TestHealthFailOpen: when every replica of a model fails its /health
 // polls, requests still route among them (Config.HealthFailOpen, on by
 // default): counted, logged once, and shown in /ready and /debug/route.
@@ -339,7 +327,7 @@ func TestHealthFailOpen(t *testing.T) {
 	assert.Positive(t, got["a"], "random routing spreads over both replicas failing health: %v", got)
 	assert.Positive(t, got["b"], "random routing spreads over both replicas failing health: %v", got)
 	assert.Equal(t, 20.0, value(n.m.failOpen.WithLabelValues("m")))
-	assert.Equal(t, []string{"m"}, readyOf(t, n).FailOpen)
+	assert.Equal(t, []string{"m"}, readyReport(t, n).FailOpen)
 	assert.Equal(t, 1, strings.Count(logs.String(), "routing among those failing them"), "entering fail-open is logged once")
 	resp := post(t, n, "/debug/route", streamReq, nil)
 	var rep struct {
@@ -359,7 +347,7 @@ func TestHealthFailOpen(t *testing.T) {
 		require.Equal(t, "b", routeTo())
 	}
 	assert.Equal(t, 20.0, value(n.m.failOpen.WithLabelValues("m")), "no fail-open decision while b passes")
-	assert.Empty(t, readyOf(t, n).FailOpen)
+	assert.Empty(t, readyReport(t, n).FailOpen)
 	assert.Contains(t, logs.String(), "fail-open routing ended")
 
 	// Both fail their polls again, and a fails its requests until it is
@@ -377,7 +365,7 @@ func TestHealthFailOpen(t *testing.T) {
 		require.Equal(t, "b", routeTo())
 	}
 	assert.Equal(t, before, a.requests.Load(), "an ejected replica gets no traffic, fail-open or not")
-	assert.Equal(t, []string{"m"}, readyOf(t, n).FailOpen)
+	assert.Equal(t, []string{"m"}, readyReport(t, n).FailOpen)
 }
 
 // TestFailedReplicaPolledAtUnhealthyInterval: a replica whose /health
@@ -402,8 +390,8 @@ func TestFailedReplicaPolledAtUnhealthyInterval(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	assert.Equal(t, "1", resp.Header.Get("Retry-After"), "the next poll is 20ms away, not an hour")
 	assert.Equal(t, CodeNoHealthyReplica, decodeErr(t, readAll(t, resp)).Error.Code)
-	assert.Equal(t, []string{"m"}, readyOf(t, n).NoAvailableReplica)
-	assert.Empty(t, readyOf(t, n).FailOpen)
+	assert.Equal(t, []string{"m"}, readyReport(t, n).NoAvailableReplica)
+	assert.Empty(t, readyReport(t, n).FailOpen)
 
 	a.healthStatus.Store(0)
 	require.Eventually(t, func() bool { return ra.available(nowNanos()) }, 10*time.Second, 5*time.Millisecond)

@@ -201,7 +201,7 @@ func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
 	if dec.failOpen {
 		n.m.failOpen.WithLabelValues(p.model).Inc()
 	}
-	if p.failingOpen != nil && p.failingOpen.Load() != dec.failOpen && p.failingOpen.CompareAndSwap(!dec.failOpen, dec.failOpen) {
+	if p.failingOpen.Load() != dec.failOpen && p.failingOpen.CompareAndSwap(!dec.failOpen, dec.failOpen) {
 		if dec.failOpen {
 			n.log.Warn("no replica of the model passes its health checks; routing among those failing them (health_fail_open)",
 				"model", p.model, "replicas", dec.pool.failingHealth(dec.req.Now))

@@ -63,7 +63,7 @@ func readyReport(t *testing.T, n *Node) ReadyReport {
 	resp, err := http.Get("http://" + n.HTTPAddr() + "/ready")
 	require.NoError(t, err)
 	raw := readAll(t, resp)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "a suspect annotates readiness, it does not fail it: %s", raw)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "suspects, tokenizer disagreements and models without a replica annotate readiness, they do not fail it: %s", raw)
 	var rr ReadyReport
 	require.NoError(t, json.Unmarshal([]byte(raw), &rr))
 	return rr

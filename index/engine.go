@@ -298,10 +298,26 @@ func (x *Index) removeConfirmed(k BlockKey, r ReplicaID, g int, tier Tier) int {
 // knows nothing of engine state). It returns the number of entries removed.
 // Cost is proportional to the number of blocks.
 func (x *Index) ClearReplica(r ReplicaID) int {
+	return x.ClearLedgers(r, Speculative, Confirmed)
+}
+
+// ClearLedgers removes every entry of r in the given ledgers (with
+// Confirmed, its engine map too) and keeps its root and publisher flag.
+// ClearReplica is ClearLedgers(r, Speculative, Confirmed); another engine
+// taking r's name (a new address) clears all three, since neither what the
+// old one confirmed nor where requests went says anything about the new
+// one's cache. It returns the number of entries removed.
+func (x *Index) ClearLedgers(r ReplicaID, ledgers ...Ledger) int {
+	var mask uint8
+	for _, l := range ledgers {
+		mask |= 1 << l
+	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.engClear(r)
-	return x.clearAll(r, 1<<Speculative|1<<Confirmed)
+	if mask&(1<<Confirmed) != 0 {
+		x.engClear(r)
+	}
+	return x.clearAll(r, mask)
 }
 
 // DropReplica removes every entry of r in all ledgers and everything the

@@ -582,3 +582,38 @@ func TestClearReplicaDropsSpeculative(t *testing.T) {
 		t.Fatalf("entries %v", s.Entries)
 	}
 }
+
+// TestClearLedgersAll: another engine under a replica's name (a new address)
+// inherits nothing: its confirmed, speculative and history entries and its
+// engine map go, while its root stays, so the new engine's first events
+// apply at once; the other replica keeps everything.
+func TestClearLedgersAll(t *testing.T) {
+	x := newTestIndex(t, nil)
+	h := x.Hasher()
+	root := h.Root("m", "", "")
+	toks := seqTokens(4*4, 1)
+	keys := h.AppendKeys(nil, root, toks)
+	for _, r := range []ReplicaID{1, 2} {
+		x.SetReplicaRoot(r, root)
+		must(t, x.ApplyStored(r, stored([]uint64{10, 11}, 0, false, toks[:8], 4)))
+		must(t, x.Record(keys, r, Speculative, t0))
+		must(t, x.Record(keys, r, History, t0))
+	}
+	if n := x.ClearLedgers(1, History, Speculative, Confirmed); n != 2+4+4 {
+		t.Fatalf("forgot %d entries, want 10", n)
+	}
+	for _, mode := range []Mode{ModeKVEvents, ModeHistory} {
+		if got, _ := match(x, keys, []ReplicaID{1, 2}, mode, t0); got[0] != 0 || got[1] == 0 {
+			t.Fatalf("%v after clearing replica 1: %v", mode, got)
+		}
+	}
+	// The engine map went with it: engine hash 11 is unknown to replica 1
+	// now, so a chained event from the new engine cannot attach to it.
+	if err := x.ApplyStored(1, stored([]uint64{12}, 11, true, toks[8:12], 4)); !errors.Is(err, ErrUnknownParent) {
+		t.Fatalf("chained on the old engine's hash: err %v", err)
+	}
+	must(t, x.ApplyStored(1, stored([]uint64{20, 21}, 0, false, toks[:8], 4)))
+	if got, _ := match(x, keys, []ReplicaID{1}, ModeKVEvents, t0); got[0] != 2 {
+		t.Fatalf("the new engine's first event, rooted as before: %v", got)
+	}
+}

@@ -35,6 +35,10 @@ const (
 	// ResetMalformed: a batch failed to decode and no decodable copy could
 	// be replayed, so its events (stores and removals) are lost.
 	ResetMalformed
+	// ResetSourceChanged: the replica's KV-event source now names another
+	// publisher (a config change), so what the old one reported is not
+	// the new one's state. The gateway raises it, not a Subscriber.
+	ResetSourceChanged
 )
 
 func (r ResetReason) String() string {
@@ -47,6 +51,8 @@ func (r ResetReason) String() string {
 		return "overflow"
 	case ResetMalformed:
 		return "malformed"
+	case ResetSourceChanged:
+		return "source_changed"
 	}
 	return fmt.Sprintf("ResetReason(%d)", uint8(r))
 }

@@ -355,3 +355,39 @@ func TestKVEventsLegacyParentZeroConfirmed(t *testing.T) {
 	assert.Zero(t, counterValue(t, n, "kvmesh_index_kv_apply_errors_total",
 		map[string]string{"replica": "a", "reason": "unknown_parent"}))
 }
+
+// TestReplacedEngineForgetsItsBlocks: a config change that gives a
+// replica's name another KV-event source (another engine) drops the old
+// engine's confirmed blocks at once; kept, they would draw the old
+// engine's prompts to an engine that never cached them, and no eviction
+// event would ever remove them. The new source's blocks then apply.
+func TestReplacedEngineForgetsItsBlocks(t *testing.T) {
+	a, c := startSim(t, true), startSim(t, true)
+	n := startNode(t, func(c *Config) {
+		c.IndexMode = "kv-events"
+		c.Tokenizer = TokenizerCharacter // the simulator's byte tokenizer
+		c.BlockSize = 16
+	}, simReplica("a", a))
+	waitSubscribed(t, n, a, "a")
+
+	prompt := "Replaced engine\n" + strings.Repeat("The old engine cached this prompt and then went away. ", 8)
+	body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":2}`, prompt)
+	readAll(t, post(t, n, "/v1/completions", body, nil))
+	blocks := len(prompt) / 16
+	require.Eventually(t, func() bool { return matchedOf(debugRoute(t, n, "prefix-cache", prompt), "a") == blocks },
+		10*time.Second, 10*time.Millisecond)
+
+	// Same name and address, another event source: the confirmed
+	// entries go with the reload, before anything is published.
+	spec := specFromConfig(&n.cfg)
+	spec.version = 2
+	moved := simReplica("a", a)
+	moved.KVEndpoint, moved.ReplayEndpoint = c.KVEventsAddr(), c.KVReplayAddr()
+	spec.models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{moved}}}
+	require.NoError(t, n.applySpec(spec))
+	assert.Zero(t, matchedOf(debugRoute(t, n, "prefix-cache", prompt), "a"), "the old engine's blocks outlived the reload")
+	assert.Zero(t, n.Index().Stats().Entries[index.Confirmed])
+
+	// The new source's events land on the replica.
+	waitSubscribed(t, n, c, "a")
+}

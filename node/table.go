@@ -323,6 +323,13 @@ func (n *Node) applySpecLocked(spec routingSpec) error {
 		r.stopBackground(n.log)
 		delete(n.probeDone, r)
 	}
+	if prev != nil {
+		for _, r := range ch.added {
+			if old := prev.byName[r.name]; old != nil {
+				n.forgetReplaced(old, r)
+			}
+		}
+	}
 	for _, r := range ch.dropped {
 		n.index.DropReplica(r.id)
 		n.forgetSeries(r)
@@ -353,6 +360,36 @@ func (n *Node) applySpecLocked(spec routingSpec) error {
 			"strategy", t.strategy)
 	}
 	return nil
+}
+
+// forgetReplaced clears what the index knows of old's engine when r, the
+// new definition under old's name, stands for another engine: a new
+// address (a pod replaced under a stable name) forgets its confirmed,
+// speculative and history entries, a new KV-event source (kv or kv_bind)
+// its confirmed and speculative ones. Kept, they would steer prompts to an
+// engine that never cached them until eviction events that will never
+// come. Called under reloadMu after old's subscriber stopped and before
+// r's starts, so no batch of the old engine lands after the clear and
+// none of the new one before it. The cluster's owner of a KV source it
+// ingests clears that replica's confirmed entries for every gateway, in
+// stream order (sync's owner resets a re-pointed source), so a gateway of
+// a cluster leaves them to it.
+func (n *Node) forgetReplaced(old, r *replica) {
+	newAddr := old.base.Scheme != r.base.Scheme || old.base.Host != r.base.Host
+	newKV := old.cfg.KVEndpoint != r.cfg.KVEndpoint || old.cfg.KVBind != r.cfg.KVBind
+	if !newAddr && !newKV {
+		return
+	}
+	ledgers := []index.Ledger{index.Speculative}
+	if newAddr {
+		ledgers = append(ledgers, index.History)
+	}
+	if !n.clusterIngests(r) {
+		ledgers = append(ledgers, index.Confirmed)
+	}
+	removed := n.index.ClearLedgers(r.id, ledgers...)
+	n.log.Info("replica now names another engine: what the index knew of the old one is dropped",
+		"replica", r.name, "new_address", newAddr, "new_kv_source", newKV, "entries", removed)
 }
 
 // reprobe restarts the probe loops of p's carried-over replicas after

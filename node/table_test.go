@@ -219,3 +219,33 @@ func TestDroppedReplicaLeavesNoSeries(t *testing.T) {
 	assert.Contains(t, series("stay"), "kvmesh_proxy_ttft_seconds")
 	assert.Contains(t, series("stay"), "kvmesh_kvevents_batches_total")
 }
+
+// TestReloadWithNewAddressForgetsHistory: a replica whose name now points
+// at another address (a pod replaced under a stable name) is another
+// engine with an empty cache, so the history of where prompts went goes
+// with the reload; the replica that kept its address keeps its history,
+// and so does one whose URL changed only in its path.
+func TestReloadWithNewAddressForgetsHistory(t *testing.T) {
+	a, b, c := newFakeEngine(t, "a"), newFakeEngine(t, "b"), newFakeEngine(t, "c")
+	n := startNode(t, func(c *Config) { c.Tokenizer = TokenizerCharacter; c.BlockSize = 16 }, rc("a", a.url()), rc("b", b.url()))
+	prompts := map[string]string{}
+	for i := 0; len(prompts) < 2 && i < 64; i++ {
+		p := fmt.Sprintf("history %d %s", i, strings.Repeat("of where the prompt went. ", 4))
+		resp := post(t, n, "/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, p), nil)
+		readAll(t, resp)
+		if r := resp.Header.Get(HeaderReplica); prompts[r] == "" {
+			prompts[r] = p
+		}
+	}
+	require.Len(t, prompts, 2, "the test needs a prompt on each replica")
+	for r, p := range prompts {
+		require.Positive(t, matchedOf(debugRoute(t, n, "prefix-cache", p), r), "replica %s", r)
+	}
+
+	spec := specFromConfig(&n.cfg)
+	spec.version = 2
+	spec.models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("a", a.url()+"/"), rc("b", c.url())}}}
+	require.NoError(t, n.applySpec(spec))
+	assert.Positive(t, matchedOf(debugRoute(t, n, "prefix-cache", prompts["a"]), "a"), "a path change is the same engine")
+	assert.Zero(t, matchedOf(debugRoute(t, n, "prefix-cache", prompts["b"]), "b"), "b's old engine's history outlived the reload")
+}

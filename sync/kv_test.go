@@ -338,13 +338,23 @@ func TestSetKVSources(t *testing.T) {
 	}
 	require.Equal(t, 1.0, owned, "kvmesh_sync_kv_owned_sources over the cluster: r1 alone")
 
-	// Same name, new endpoints: another engine, subscribed afresh. Its
-	// prompt differs from e1's, so its blocks add to what r1 held.
-	before := confirmedOn(gws[0], 1)
+	// Same name, new endpoints: another engine, subscribed afresh. The
+	// old engine's blocks are not the new one's: the owner's reset clears
+	// them on every gateway, and then every gateway holds the new engine's
+	// blocks alone.
+	require.Positive(t, confirmedOn(gws[0], 1))
 	e2 := startEngine(t)
 	setAll(KVSource{Replica: "r1", Model: "m", Endpoint: e2.KVEventsAddr(), ReplayEndpoint: e2.KVReplayAddr()})
 	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		for _, g := range gws {
+			if confirmedOn(g, 1) != 0 {
+				return false
+			}
+		}
+		return true
+	}, converge, 10*time.Millisecond, "every gateway forgets the replaced engine's blocks")
 	complete(t, e2, 20)
-	require.Eventually(t, holdAll(1, func() int { return before + len(e2.CachedBlocks()) }), converge, 10*time.Millisecond,
-		"every gateway holds the new engine's blocks")
+	require.Eventually(t, holdAll(1, func() int { return len(e2.CachedBlocks()) }), converge, 10*time.Millisecond,
+		"every gateway holds the new engine's blocks, and only those")
 }

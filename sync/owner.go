@@ -155,12 +155,19 @@ func (o *owners) reconcile() {
 		cur, running := o.subs[src.Replica]
 		if running && mine && cur.src != src {
 			// Its endpoints changed (a new engine under the same name):
-			// subscribe to the new ones.
+			// subscribe to the new ones. Another publisher's blocks are
+			// not the old one's: a reset, applied here and published
+			// ahead of the new stream's first batch, clears them on
+			// every gateway in stream order (a new replay endpoint
+			// alone is the same publisher).
 			o.closeSub(src.Replica, cur.sub)
 			delete(o.subs, src.Replica)
 			running = false
 			c.log.Info("KV source's endpoints changed: resubscribing", "replica", src.Replica,
 				"endpoint", src.Endpoint, "replay", src.ReplayEndpoint)
+			if cur.src.Endpoint != src.Endpoint {
+				(&ownerHandler{c: c, src: cur.src}).HandleReset(src.Replica, kvevents.ResetSourceChanged)
+			}
 		}
 		switch {
 		case mine && !running:

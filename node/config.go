@@ -205,7 +205,10 @@ type Config struct {
 	// every engine is down, and answering 503 to every request would turn
 	// a false alarm into an outage. Replicas ejected for failing real
 	// requests stay out, so a dead engine costs EjectAfter failed requests
-	// per ejection period. Default true; false answers 503
+	// per ejection period. A request pinned to one replica (the one that
+	// stored a Responses API response, or the admin pin header) has no
+	// other, so it is sent to its replica when that one fails only its
+	// polls. Default true; false answers 503
 	// (no_healthy_replica) instead. kvmesh_route_fail_open_total,
 	// /ready's fail_open and kvmesh doctor show when it happens.
 	HealthFailOpen bool `yaml:"health_fail_open"`

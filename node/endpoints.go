@@ -273,9 +273,6 @@ func (n *Node) forward(w http.ResponseWriter, r *http.Request, ep *endpoint, req
 		s.rng = n.newRand()
 		t0 := time.Now()
 		dec, earliest, err := n.routeOnce(p, strat, keys, &rr, s, exclude, nil)
-		if err == nil && pinned != "" && dec.rep.name != pinned {
-			err = ErrNoHealthyReplica
-		}
 		if err != nil {
 			msg := fmt.Sprintf("no healthy replica for model %q", p.model)
 			code := CodeNoHealthyReplica

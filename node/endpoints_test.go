@@ -25,10 +25,11 @@ import (
 // echoEngine records what reaches it (method, path, query, body) and
 // answers 200 with a JSON object naming itself.
 type echoEngine struct {
-	name string
-	srv  *httptest.Server
-	mu   sync.Mutex
-	got  []echoed
+	name   string
+	srv    *httptest.Server
+	health atomic.Int32 // /health's status when non-zero
+	mu     sync.Mutex
+	got    []echoed
 }
 
 type echoed struct {
@@ -41,6 +42,9 @@ func newEchoEngine(t testing.TB, name string) *echoEngine {
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/health":
+			if st := e.health.Load(); st != 0 {
+				w.WriteHeader(int(st))
+			}
 			return
 		case "/metrics":
 			w.Header().Set("Content-Type", "text/plain")
@@ -754,4 +758,58 @@ func TestResponsesInputKeyedAsChat(t *testing.T) {
 	_, aerr := parseResponses([]byte(`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":5}]}]}`))
 	require.NotNil(t, aerr)
 	assert.Equal(t, CodeInvalidPrompt, aerr.code)
+}
+
+// A request pinned to one replica (the owner of a stored response, or the
+// admin pin header) has no other replica to go to, so when that replica
+// fails only its /health polls it is tried (health fail-open) rather than
+// refused; the decision counts as fail-open, but it does not put the model,
+// whose other replica serves, into the fail-open state. With fail-open off
+// it is refused as before, and an ejected owner is refused either way.
+func TestPinnedReplicaFailingHealthFailsOpen(t *testing.T) {
+	for _, open := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fail_open=%v", open), func(t *testing.T) {
+			a, b := newEchoEngine(t, "a"), newEchoEngine(t, "b")
+			n := startNode(t, func(c *Config) { c.HealthFailOpen = open; c.AdminToken = "s3cret" },
+				rc("a", a.srv.URL), rc("b", b.srv.URL))
+			_, rb := n.tbl.Load().replicaByName("b")
+			n.owners.put("resp_b", "b", nowNanos())
+			b.health.Store(http.StatusServiceUnavailable)
+			require.Eventually(t, rb.activeDown.Load, 10*time.Second, 5*time.Millisecond)
+
+			follow := `{"model":"m","input":"x","previous_response_id":"resp_b"}`
+			resp := post(t, n, "/v1/responses", follow, nil)
+			out := readAll(t, resp)
+			pinned := post(t, n, "/v1/completions", `{"model":"m","prompt":"hi","max_tokens":1}`,
+				map[string]string{HeaderPinReplica: "b", HeaderAdminToken: "s3cret"})
+			pinnedOut := readAll(t, pinned)
+			if !open {
+				assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, out)
+				assert.Equal(t, CodeResponseOwnerUnavailable, decodeErr(t, out).Error.Code)
+				assert.Equal(t, http.StatusServiceUnavailable, pinned.StatusCode, pinnedOut)
+				assert.Zero(t, b.count())
+				return
+			}
+			require.Equal(t, http.StatusOK, resp.StatusCode, out)
+			assert.Equal(t, "b", resp.Header.Get(HeaderReplica))
+			require.Equal(t, http.StatusOK, pinned.StatusCode, pinnedOut)
+			assert.Equal(t, "b", pinned.Header.Get(HeaderReplica))
+			assert.Equal(t, 2.0, value(n.m.failOpen.WithLabelValues("m")), "pinned fail-open decisions are counted")
+			assert.False(t, n.tbl.Load().pools[0].failingOpen.Load(), "a serves: the model is not failing open")
+			assert.Empty(t, readyReport(t, n).FailOpen)
+			// Unpinned requests keep away from b.
+			for range 6 {
+				resp := post(t, n, "/v1/responses", `{"model":"m","input":"y"}`, map[string]string{HeaderStrategy: "random"})
+				readAll(t, resp)
+				assert.Equal(t, "a", resp.Header.Get(HeaderReplica))
+			}
+
+			// Ejected for failing requests: refused, fail-open or not.
+			rb.ejectedUntil.Store(time.Now().Add(time.Minute).UnixNano())
+			resp = post(t, n, "/v1/responses", follow, nil)
+			out = readAll(t, resp)
+			assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, out)
+			assert.Equal(t, CodeResponseOwnerUnavailable, decodeErr(t, out).Error.Code)
+		})
+	}
 }

@@ -605,9 +605,6 @@ func (x *eppExchange) pick() *apiError {
 	s.rng = n.newRand()
 	t0 := time.Now()
 	dec, earliest, err := n.routeOnce(sub, strat, keys, &rr, s, nil, nil)
-	if err == nil && pinned != "" && dec.rep.name != pinned {
-		err = ErrNoHealthyReplica
-	}
 	if err != nil {
 		return &apiError{status: http.StatusServiceUnavailable, code: CodeNoHealthyReplica,
 			message: fmt.Sprintf("no healthy replica for model %q", p.model), retryAfter: retryAfterSeconds(rr.Now, earliest)}

@@ -39,8 +39,8 @@ const (
 	// response (previous_response_id, /v1/responses/{id}) left the pool;
 	// the response is lost with its in-process store.
 	CodeResponseOwnerGone = "response_owner_gone"
-	// CodeResponseOwnerUnavailable: that replica is ejected or failing
-	// its health check; retry later.
+	// CodeResponseOwnerUnavailable: that replica is ejected, or failing
+	// its health check with health_fail_open off; retry later.
 	CodeResponseOwnerUnavailable = "response_owner_unavailable"
 	// CodeResponseOwnerUndiscovered: the gateway does not know which
 	// replica stored the response, and some replica did not answer its

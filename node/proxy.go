@@ -151,9 +151,6 @@ func (n *Node) serveInference(kind apiKind) http.HandlerFunc {
 			s.rng = n.newRand()
 			t0 := time.Now()
 			dec, earliest, err := n.routeOnce(p, strat, keys, &rr, s, exclude, nil)
-			if err == nil && pin != nil && dec.rep.name != headerValue(r.Header, canonPin) {
-				err = ErrNoHealthyReplica
-			}
 			if err != nil {
 				n.refuse(w, &apiError{status: http.StatusServiceUnavailable, code: CodeNoHealthyReplica,
 					message:    fmt.Sprintf("no healthy replica for model %q", req.model),
@@ -201,7 +198,8 @@ func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
 	if dec.failOpen {
 		n.m.failOpen.WithLabelValues(p.model).Inc()
 	}
-	if p.failingOpen.Load() != dec.failOpen && p.failingOpen.CompareAndSwap(!dec.failOpen, dec.failOpen) {
+	// A pinned decision speaks for its replica alone, not for the model.
+	if _, pinned := dec.strategy.(pinStrategy); !pinned && p.failingOpen.Load() != dec.failOpen && p.failingOpen.CompareAndSwap(!dec.failOpen, dec.failOpen) {
 		if dec.failOpen {
 			n.log.Warn("no replica of the model passes its health checks; routing among those failing them (health_fail_open)",
 				"model", p.model, "replicas", dec.pool.failingHealth(dec.req.Now))

@@ -98,6 +98,11 @@ type decision struct {
 // returns ErrNoHealthyReplica (with the earliest time one may return) when
 // no replica is available. With Config.HealthFailOpen, replicas that fail
 // only their /health polls count as available when no other does.
+// A pin (pinStrategy: the pin header, or the replica that stored a
+// Responses API response) makes the pinned replica the only candidate, so
+// fail-open applies to it alone: a pinned request whose replica fails only
+// its /health polls is sent to it rather than refused, since no other
+// replica can serve it.
 // explain, when non-nil, receives the reasoning.
 func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, rr *route.Request,
 	s *scratch, exclude *replica, explain *route.Explanation) (decision, int64, error) {
@@ -106,8 +111,9 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 	s.reps = s.reps[:0]
 	s.failOpen = false
 	earliest := int64(0)
+	pin, pinned := strat.(pinStrategy)
 	for _, r := range p.replicas {
-		if r == exclude {
+		if r == exclude || pinned && r.name != pin.name {
 			continue
 		}
 		if !r.available(now) {
@@ -122,7 +128,7 @@ func (n *Node) routeOnce(p *pool, strat route.Strategy, keys []index.BlockKey, r
 	}
 	if len(s.ids) == 0 && n.cfg.HealthFailOpen {
 		for _, r := range p.replicas {
-			if r != exclude && r.failingHealthOnly(now) {
+			if r != exclude && (!pinned || r.name == pin.name) && r.failingHealthOnly(now) {
 				s.ids = append(s.ids, r.id)
 				s.reps = append(s.reps, r)
 			}

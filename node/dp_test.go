@@ -93,11 +93,7 @@ func TestDataParallelRanksRouteByHeader(t *testing.T) {
 		defer cancel()
 		_ = d.Shutdown(ctx)
 	})
-	n := startNode(t, func(c *Config) {
-		c.IndexMode = "kv-events"
-		c.Tokenizer = TokenizerCharacter
-		c.BlockSize = 16
-	}, ReplicaConfig{Name: "e", URL: d.URL(), KVEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), DataParallelSize: 2})
+	n := startNode(t, simKeying, ReplicaConfig{Name: "e", URL: d.URL(), KVEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", port), DataParallelSize: 2})
 	// The front's /metrics carries each rank's series, labelled by engine
 	// as vLLM labels them, so each rank replica scrapes its own load.
 	mresp, err := http.Get(d.URL() + "/metrics")

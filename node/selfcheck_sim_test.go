@@ -76,11 +76,7 @@ func readyReport(t *testing.T, n *Node) ReadyReport {
 func TestSelfCheckCrossedStream(t *testing.T) {
 	a, b := startSimTok(t, "bytes"), startSimTok(t, "bytes")
 	crossed := ReplicaConfig{Name: "b", URL: b.URL(), KVEndpoint: a.KVEventsAddr(), ReplayEndpoint: a.KVReplayAddr()}
-	n := startNode(t, func(c *Config) {
-		c.IndexMode = "kv-events"
-		c.Tokenizer = TokenizerCharacter // the simulator's byte tokenizer
-		c.BlockSize = 16
-	}, simReplica("a", a), crossed)
+	n := startNode(t, simKeying, simReplica("a", a), crossed)
 	// Both subscribers hear a's engine (b's by mistake).
 	waitSubscribed(t, n, a, "a")
 	waitSubscribed(t, n, a, "b")
@@ -143,9 +139,7 @@ func TestTokenizerDisagreement(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			a := startSimTok(t, "tiktoken")
 			n := startNode(t, func(c *Config) {
-				c.IndexMode = "kv-events"
-				c.Tokenizer = TokenizerCharacter
-				c.BlockSize = 16
+				simKeying(c)
 				c.TokenizerAgreement = mode
 			}, simReplica("a", a))
 			require.Eventually(t, func() bool { return len(n.Agreement()) == 1 }, 10*time.Second, 10*time.Millisecond)
@@ -196,11 +190,7 @@ func TestTokenizerDisagreement(t *testing.T) {
 // Agreement is 1 for both and 40 requests leave no replica suspect.
 func TestSelfCheckMatchingSetup(t *testing.T) {
 	a, b := startSimTok(t, "bytes"), startSimTok(t, "bytes")
-	n := startNode(t, func(c *Config) {
-		c.IndexMode = "kv-events"
-		c.Tokenizer = TokenizerCharacter
-		c.BlockSize = 16
-	}, simReplica("a", a), simReplica("b", b))
+	n := startNode(t, simKeying, simReplica("a", a), simReplica("b", b))
 	waitSubscribed(t, n, a, "a")
 	waitSubscribed(t, n, b, "b")
 	require.Eventually(t, func() bool { return len(n.Agreement()) == 2 }, 10*time.Second, 10*time.Millisecond)
@@ -234,9 +224,7 @@ func TestSelfCheckEventsNeverArrive(t *testing.T) {
 	// nothing.
 	deaf := ReplicaConfig{Name: "a", URL: a.URL(), KVEndpoint: silent.KVEventsAddr()}
 	n := startNode(t, func(c *Config) {
-		c.IndexMode = "kv-events"
-		c.Tokenizer = TokenizerCharacter
-		c.BlockSize = 16
+		simKeying(c)
 		c.SpeculativeTTL = 100 * time.Millisecond
 	}, deaf)
 	for i := range 2 * suspectMinFailures {

@@ -44,6 +44,14 @@ func startSimWith(t testing.TB, tune func(*sim.Config)) *sim.Server {
 	return s
 }
 
+// simKeying keys prompts as the simulator's engines do (bytes, blocks of
+// 16) and routes on their KV events.
+func simKeying(c *Config) {
+	c.IndexMode = "kv-events"
+	c.Tokenizer = TokenizerCharacter // the simulator's byte tokenizer
+	c.BlockSize = 16
+}
+
 func simReplica(name string, s *sim.Server) ReplicaConfig {
 	return ReplicaConfig{Name: name, URL: s.URL(), KVEndpoint: s.KVEventsAddr(), ReplayEndpoint: s.KVReplayAddr()}
 }
@@ -101,9 +109,7 @@ func matchedOf(rep debugReport, name string) int {
 func TestSimKVEventsConfirmRouteAndReset(t *testing.T) {
 	a, b := startSim(t, true), startSim(t, true)
 	n := startNode(t, func(c *Config) {
-		c.IndexMode = "kv-events"
-		c.Tokenizer = TokenizerCharacter // the simulator's byte tokenizer
-		c.BlockSize = 16
+		simKeying(c)
 		c.SpeculativeTTL = 300 * time.Millisecond
 	}, simReplica("a", a), simReplica("b", b))
 	waitSubscribed(t, n, a, "a")
@@ -363,11 +369,7 @@ func TestKVEventsLegacyParentZeroConfirmed(t *testing.T) {
 // event would ever remove them. The new source's blocks then apply.
 func TestReplacedEngineForgetsItsBlocks(t *testing.T) {
 	a, c := startSim(t, true), startSim(t, true)
-	n := startNode(t, func(c *Config) {
-		c.IndexMode = "kv-events"
-		c.Tokenizer = TokenizerCharacter // the simulator's byte tokenizer
-		c.BlockSize = 16
-	}, simReplica("a", a))
+	n := startNode(t, simKeying, simReplica("a", a))
 	waitSubscribed(t, n, a, "a")
 
 	prompt := "Replaced engine\n" + strings.Repeat("The old engine cached this prompt and then went away. ", 8)

@@ -331,12 +331,19 @@ func TestSetKVSources(t *testing.T) {
 	complete(t, e1, 13)
 	require.Eventually(t, holdAll(1, func() int { return len(e1.CachedBlocks()) }), converge, 10*time.Millisecond,
 		"the engine that stays still flows")
-	owned := 0.0
 	for i, g := range gws {
 		require.Equal(t, held[i], confirmedOn(g, 0), "%s applied a removed engine's batch", g.name)
-		owned += metricValue(t, g.reg, "kvmesh_sync_kv_owned_sources", nil)
 	}
-	require.Equal(t, 1.0, owned, "kvmesh_sync_kv_owned_sources over the cluster: r1 alone")
+	// Polled: under load memberlist may declare a live gateway dead for a
+	// moment, and r1 then has two owners until the suspicion clears (ci1001
+	// read 2 here, five CI runs at once).
+	require.Eventually(t, func() bool {
+		owned := 0.0
+		for _, g := range gws {
+			owned += metricValue(t, g.reg, "kvmesh_sync_kv_owned_sources", nil)
+		}
+		return owned == 1
+	}, converge, 10*time.Millisecond, "kvmesh_sync_kv_owned_sources over the cluster: r1 alone")
 
 	// Same name, new endpoints: another engine, subscribed afresh. The
 	// old engine's blocks are not the new one's: the owner's reset clears

@@ -578,10 +578,24 @@ func (c *Cluster) SetKVSources(srcs []KVSource) error {
 	next := slices.Clone(srcs)
 	c.setSrcMu.Lock()
 	defer c.setSrcMu.Unlock()
+	// The list and the re-pointed marks change together under the
+	// owners' lock, so a reconcile sees both or neither.
+	c.own.mu.Lock()
 	c.srcMu.Lock()
 	prev := c.srcs
 	c.srcs = next
 	c.srcMu.Unlock()
+	was := make(map[string]string, len(prev))
+	for _, s := range prev {
+		was[s.Replica] = s.Endpoint
+	}
+	now := time.Now()
+	for _, s := range next {
+		if ep, ok := was[s.Replica]; ok && ep != s.Endpoint {
+			c.own.repointed[s.Replica] = repoint{endpoint: s.Endpoint, at: now}
+		}
+	}
+	c.own.mu.Unlock()
 	c.kvOwn.setSources(next, c.ms.snapshot(), time.Now())
 	listed := make(map[string]KVSource, len(next))
 	for _, s := range next {

@@ -365,3 +365,53 @@ func TestSetKVSources(t *testing.T) {
 	require.Eventually(t, holdAll(1, func() int { return len(e2.CachedBlocks()) }), converge, 10*time.Millisecond,
 		"every gateway holds the new engine's blocks, and only those")
 }
+
+// TestRepointedSourceResetOnTakeover: the gateway that owns a KV source
+// leaves before it applies the config change that points the source at
+// another engine. The gateway that takes the source over resets the old
+// engine's blocks on every remaining gateway before it subscribes to the
+// new one, so none of them keeps blocks that no event will ever remove.
+func TestRepointedSourceResetOnTakeover(t *testing.T) {
+	e1, e2 := startEngine(t), startEngine(t)
+	src := func(e *sim.Server) KVSource {
+		return KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
+	}
+	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = []KVSource{src(e1)} })
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	hold := func(gws []*gw, want func() int) func() bool {
+		return func() bool {
+			n := want()
+			for _, g := range gws {
+				if confirmedOn(g, 1) != n {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	complete(t, e1, 0)
+	require.Eventually(t, hold(gws, func() int { return len(e1.CachedBlocks()) }), converge, 10*time.Millisecond)
+	require.Positive(t, confirmedOn(gws[0], 1))
+
+	owner := ownersOfReplica(gws, "r1")[0]
+	var old *gw
+	var rest []*gw
+	for _, g := range gws {
+		if g.name == owner {
+			old = g
+		} else {
+			rest = append(rest, g)
+		}
+	}
+	for _, g := range rest {
+		require.NoError(t, g.c.SetKVSources([]KVSource{src(e2)}))
+	}
+	old.stop(t) // left with the old source: it never resets r1
+	require.Eventually(t, func() bool { return len(ownersOfReplica(rest, "r1")) == 1 }, converge, 10*time.Millisecond,
+		"a remaining gateway takes the source over")
+	require.Eventually(t, hold(rest, func() int { return 0 }), converge, 10*time.Millisecond,
+		"the new owner resets the old engine's blocks everywhere")
+	complete(t, e2, 20)
+	require.Eventually(t, hold(rest, func() int { return len(e2.CachedBlocks()) }), converge, 10*time.Millisecond,
+		"every remaining gateway holds the new engine's blocks alone")
+}

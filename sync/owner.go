@@ -109,7 +109,28 @@ type owners struct {
 
 	mu   sync.Mutex
 	subs map[string]ownedSource
+	// repointed holds the sources whose publisher endpoint a
+	// Cluster.SetKVSources changed, by replica, for repointWindow: the
+	// gateway that owns such a source resets the replica's confirmed
+	// blocks before it subscribes to the new publisher, whether or not it
+	// ran the old subscriber. The old owner does so when it applies the
+	// change; a gateway that takes the source over within the window
+	// does too, in case the old owner left before it applied the change
+	// (a second reset of a young stream costs a replay from its start).
+	repointed map[string]repoint
 }
+
+// repoint is a source's new publisher endpoint and when it changed.
+type repoint struct {
+	endpoint string
+	at       time.Time
+}
+
+// repointWindow bounds how long after a re-point a gateway taking the
+// source over still resets it (see owners.repointed): long enough for an
+// owner that left with the change unapplied to be declared gone, short
+// enough that a later takeover keeps a healthy stream.
+const repointWindow = 30 * time.Second
 
 // ownedSource is a running subscriber and the source it was started for.
 type ownedSource struct {
@@ -118,7 +139,7 @@ type ownedSource struct {
 }
 
 func newOwners(c *Cluster) *owners {
-	return &owners{c: c, subs: make(map[string]ownedSource)}
+	return &owners{c: c, subs: make(map[string]ownedSource), repointed: make(map[string]repoint)}
 }
 
 // reconcile starts and stops subscribers to match the live member set and
@@ -150,24 +171,39 @@ func (o *owners) reconcile() {
 			c.log.Info("no longer a KV source: its subscriber stopped", "replica", r)
 		}
 	}
+	now := time.Now()
+	for r, rp := range o.repointed {
+		if !listed[r] || now.Sub(rp.at) > repointWindow {
+			delete(o.repointed, r)
+		}
+	}
 	for _, src := range srcs {
 		mine := Owner(src.Replica, names) == c.cfg.NodeName
 		cur, running := o.subs[src.Replica]
+		// Another publisher's blocks are not the old one's: the owner
+		// resets them (applied here, and published ahead of the new
+		// stream's first batch, so every gateway clears them in stream
+		// order). A new replay endpoint alone is the same publisher.
+		rp, repointed := o.repointed[src.Replica]
+		repointed = repointed && rp.endpoint == src.Endpoint
+		reset := false
 		if running && mine && cur.src != src {
 			// Its endpoints changed (a new engine under the same name):
-			// subscribe to the new ones. Another publisher's blocks are
-			// not the old one's: a reset, applied here and published
-			// ahead of the new stream's first batch, clears them on
-			// every gateway in stream order (a new replay endpoint
-			// alone is the same publisher).
+			// subscribe to the new ones.
 			o.closeSub(src.Replica, cur.sub)
 			delete(o.subs, src.Replica)
 			running = false
+			reset = cur.src.Endpoint != src.Endpoint
 			c.log.Info("KV source's endpoints changed: resubscribing", "replica", src.Replica,
 				"endpoint", src.Endpoint, "replay", src.ReplayEndpoint)
-			if cur.src.Endpoint != src.Endpoint {
-				(&ownerHandler{c: c, src: cur.src}).HandleReset(src.Replica, kvevents.ResetSourceChanged)
-			}
+		} else if repointed && mine && !running {
+			reset = true // taken over: the old owner may not have reset it
+		}
+		if mine && repointed {
+			delete(o.repointed, src.Replica)
+		}
+		if reset {
+			(&ownerHandler{c: c, src: src}).HandleReset(src.Replica, kvevents.ResetSourceChanged)
 		}
 		switch {
 		case mine && !running:

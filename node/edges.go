@@ -135,22 +135,28 @@ func (m *metrics) registerEdges(n *Node) {
 	}, func() float64 { return float64(n.inflight.cur.Load()) }))
 }
 
-// pinStrategy routes to one named replica (HeaderPinReplica). Pick returns
-// the first candidate when the named one is not among them; the caller
-// checks the pick.
+// pinStrategy routes to one named replica: the pin header's, or the one
+// that stored a Responses API response. routeOnce makes that replica the
+// only candidate; Pick returns the first candidate when it is not among
+// them.
 type pinStrategy struct{ name string }
 
 var _ route.Strategy = pinStrategy{}
 
 func (pinStrategy) Name() string { return "pinned" }
 
-func (s pinStrategy) Pick(_ *route.Request, cands []route.Candidate, _ *route.Rand, explain *route.Explanation) route.Decision {
+func (s pinStrategy) Pick(req *route.Request, cands []route.Candidate, _ *route.Rand, explain *route.Explanation) route.Decision {
+	var d route.Decision
 	for i := range cands {
 		if cands[i].Name == s.name {
-			return route.Decision{Index: i}
+			d.Index = i
+			break
 		}
 	}
-	return route.Decision{}
+	if explain != nil {
+		explain.RecordPick(s.Name(), req, cands, d)
+	}
+	return d
 }
 
 // pinFor resolves a request's HeaderPinReplica: (nil, nil) without one.

@@ -268,6 +268,10 @@ func TestResponsesAffinityAcrossGateways(t *testing.T) {
 		rep := debugEndpointReport(t, g2, "/v1/responses/"+id, "", "")
 		assert.Equal(t, owner, rep.ResponseOwner)
 		assert.Equal(t, owner, rep.Pick)
+		// The explanation shows the one candidate a pin leaves: the owner.
+		require.NotNil(t, rep.Explanation)
+		require.Len(t, rep.Explanation.Replicas, 1)
+		assert.Equal(t, owner, rep.Explanation.Replicas[0].Name)
 
 		get := func(n *Node, method string) (int, string, string) {
 			req, _ := http.NewRequest(method, "http://"+n.HTTPAddr()+"/v1/responses/"+id, nil)

@@ -165,6 +165,16 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 	}
 }
 
+// RecordPick fills e for a strategy outside this package that decides
+// without scores (the gateway's pin to one replica): the candidates'
+// figures as every strategy reports them, and d's pick.
+func (e *Explanation) RecordPick(strategy string, req *Request, cands []Candidate, d Decision) {
+	e.begin(strategy, req, cands)
+	if d.Index >= 0 && d.Index < len(cands) {
+		e.finish(cands, d)
+	}
+}
+
 // finish records the decision d in e.
 func (e *Explanation) finish(cands []Candidate, d Decision) {
 	e.Picked = d.Index

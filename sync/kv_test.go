@@ -195,6 +195,13 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 		return owner != nil
 	}, converge, 10*time.Millisecond)
 
+	ownerChanges := func() (n float64) {
+		for _, g := range gws {
+			n += metricValue(t, g.reg, "kvmesh_sync_kv_owner_changes_total", nil)
+		}
+		return n
+	}
+	changesBefore := ownerChanges()
 	for _, g := range gws {
 		natsDown(t, g)
 	}
@@ -207,13 +214,23 @@ func TestKVOutageRepairedFromOwner(t *testing.T) {
 		natsUp(t, g)
 	}
 	require.Eventually(t, truth(gws), converge, 20*time.Millisecond, "peers repaired")
+	// Both peers repair by snapshot, unless memberlist declared the
+	// owner dead meanwhile (a false death under load: ci1023, five CI
+	// runs at once): the peer that took the engine over then replayed
+	// the batches from the engine itself, and only the other one needed
+	// the snapshot.
+	want := 2.0
+	if moved := ownerChanges() - changesBefore; moved > 0 {
+		t.Logf("KV ownership changed %v times during the outage: one peer ingested the engine itself", moved)
+		want = 1
+	}
 	require.Eventually(t, func() bool { // counted just after the restore
 		repairs := 0.0
 		for _, g := range gws {
 			repairs += metricValue(t, g.reg, "kvmesh_sync_antientropy_repairs_total", map[string]string{"result": "ok"})
 		}
-		return repairs >= 2
-	}, converge, 5*time.Millisecond, "both peers repaired by snapshot")
+		return repairs >= want
+	}, converge, 5*time.Millisecond, "the peers repaired by snapshot")
 }
 
 // TestKVLostStreamStartRepaired: a peer that knows nothing of an engine

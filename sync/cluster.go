@@ -576,31 +576,27 @@ func (c *Cluster) SetKVSources(srcs []KVSource) error {
 		return err
 	}
 	next := slices.Clone(srcs)
+	listed := make(map[string]KVSource, len(next))
+	for _, s := range next {
+		listed[s.Replica] = s
+	}
 	c.setSrcMu.Lock()
 	defer c.setSrcMu.Unlock()
 	// The list and the re-pointed marks change together under the
 	// owners' lock, so a reconcile sees both or neither.
 	c.own.mu.Lock()
+	now := time.Now()
 	c.srcMu.Lock()
 	prev := c.srcs
 	c.srcs = next
 	c.srcMu.Unlock()
-	was := make(map[string]string, len(prev))
 	for _, s := range prev {
-		was[s.Replica] = s.Endpoint
-	}
-	now := time.Now()
-	for _, s := range next {
-		if ep, ok := was[s.Replica]; ok && ep != s.Endpoint {
-			c.own.repointed[s.Replica] = repoint{endpoint: s.Endpoint, at: now}
+		if cur, ok := listed[s.Replica]; ok && cur.Endpoint != s.Endpoint {
+			c.own.repointed[s.Replica] = repoint{endpoint: cur.Endpoint, at: now}
 		}
 	}
 	c.own.mu.Unlock()
-	c.kvOwn.setSources(next, c.ms.snapshot(), time.Now())
-	listed := make(map[string]KVSource, len(next))
-	for _, s := range next {
-		listed[s.Replica] = s
-	}
+	c.kvOwn.setSources(next, c.ms.snapshot(), now)
 	for _, s := range prev {
 		if cur, ok := listed[s.Replica]; !ok || cur != s {
 			// Gone, or another engine under its name: its stream

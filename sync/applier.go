@@ -570,11 +570,18 @@ type kvCheck struct {
 
 // kvCheckOf returns replica's kvCheck, taken under the applier lock so
 // that no batch lands between the watermark and the fingerprint; ok is
-// false while the view has no complete watermark (nothing applied since a
-// reset, or a seq gap, which the watermark comparison repairs). A non-zero
-// at asks for the view at that watermark only: at any other there is
-// nothing to compare, and the index is not scanned (the scan holds the
-// applier lock).
+// false while the view has no complete watermark (a seq gap, which the
+// watermark comparison repairs; for the owner's own check, at 0, also
+// nothing applied since a reset). A non-zero at asks for the view at that
+// watermark only: at any other there is nothing to compare, and the index
+// is not scanned (the scan holds the applier lock).
+//
+// A view emptied by a reset is compared at the seq it last applied before
+// the reset: an owner that still advertises a view there did not apply
+// that reset. The reset came from a gateway that owned the engine for a
+// moment only (memberlist took the owner for dead), and with the engine
+// idle nothing else would ever repair the view (no batch follows, and the
+// owner's watermark is not ahead of the one the reset left).
 func (a *applier) kvCheckOf(replica string, at uint64) (kvCheck, bool) {
 	id, ok := a.c.deps.Replicas.ReplicaID(replica)
 	if !ok {
@@ -583,7 +590,7 @@ func (a *applier) kvCheckOf(replica string, at uint64) (kvCheck, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := a.kv[replica]
-	if st == nil || !st.valid || st.gap || at != 0 && st.seq+1 != at {
+	if st == nil || st.gap || at != 0 && st.seq+1 != at || !st.valid && at == 0 {
 		return kvCheck{}, false
 	}
 	n, sum := a.c.deps.Index.EngineFingerprint(id)

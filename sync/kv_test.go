@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/kvevents"
 )
 
 // startEngine starts a simulated vLLM replica serving model "m" with KV
@@ -431,4 +432,49 @@ func TestRepointedSourceResetOnTakeover(t *testing.T) {
 	complete(t, e2, 20)
 	require.Eventually(t, hold(rest, func() int { return len(e2.CachedBlocks()) }), converge, 10*time.Millisecond,
 		"every remaining gateway holds the new engine's blocks alone")
+}
+
+// TestTransientOwnersResetRepairedFromOwner: a gateway applied a reset
+// from a gateway that owned a KV source for a moment only (memberlist took
+// the real owner for dead, the taker-over reset the source, and the owner
+// was back before the taker-over's subscriber delivered a batch). The real
+// owner never applied that reset and still holds the engine's blocks at
+// the seq the emptied gateway had before it. With the engine idle, no
+// batch repairs the emptied view and no watermark is ahead of it, so the
+// owner's fingerprint must: the emptied gateway takes the owner's view.
+// (ci1034: TestSetKVSources waited 30 s for one gateway that held none of
+// the new engine's blocks after a re-point.)
+func TestTransientOwnersResetRepairedFromOwner(t *testing.T) {
+	e := startEngine(t)
+	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
+	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = []KVSource{src} })
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	hold := func() bool {
+		n := len(e.CachedBlocks())
+		for _, g := range gws {
+			if confirmedOn(g, 1) != n {
+				return false
+			}
+		}
+		return n > 0
+	}
+	complete(t, e, 0)
+	require.Eventually(t, hold, converge, 10*time.Millisecond)
+
+	owner := ownersOfReplica(gws, "r1")[0]
+	var others []*gw
+	for _, g := range gws {
+		if g.name != owner {
+			others = append(others, g)
+		}
+	}
+	emptied, transient := others[0], others[1]
+	// The reset as emptied applied it: accepted from transient, which it
+	// took for the owner then.
+	emptied.c.ap.applyLocal(&KVBatch{Origin: transient.c.origin, Replica: "r1", SentAt: time.Now().UnixNano(),
+		Reset: true, Reason: uint8(kvevents.ResetSourceChanged)})
+	require.Zero(t, confirmedOn(emptied, 1))
+	require.Eventually(t, hold, converge, 10*time.Millisecond,
+		"the emptied gateway takes the owner's view back while the engine is idle")
+	require.Positive(t, metricValue(t, emptied.reg, "kvmesh_sync_kv_diverged_total", nil))
 }

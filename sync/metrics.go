@@ -108,7 +108,7 @@ func newMetrics(natsUp func() bool) *metrics {
 			Name: "kv_rejected_total", Help: "KV-event input refused, by source (nats, gossip, snapshot) and reason (not_owner: a reset, clear or batch from a member that does not own the engine; seq_jump: a sequence number far beyond the engine's rate; clock_ahead: an engine time in the future)."},
 			[]string{"source", "reason"}),
 		kvDiverged: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-			Name: "kv_diverged_total", Help: "Times an engine owner's digest showed this gateway's confirmed view of the engine differing from the owner's at the same watermark (batches lost where no sequence gap shows them, e.g. before the first one applied here); each schedules a repair from the owner."}),
+			Name: "kv_diverged_total", Help: "Times an engine owner's digest showed this gateway's confirmed view of the engine differing from the owner's at the same watermark (batches lost where no sequence gap shows them, e.g. before the first one applied here, or a reset from a gateway that owned the engine for a moment only); each schedules a repair from the owner."}),
 	}
 }
 

@@ -110,11 +110,66 @@ func testRing(t testing.TB, name string, keys [][]byte) *trust.Ring {
 	return r
 }
 
+// testLogger is the gateways' logger: every line to stderr with
+// $KVMESH_SYNC_LOG set; otherwise a test's gateways share a ring of their
+// last logTailLines lines, printed if the test fails, so that a failure on
+// a busy CI machine shows what the cluster did (memberlist's suspicions,
+// ownership moves, refused batches, repairs) without a rerun.
 func testLogger(t testing.TB) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: slog.LevelDebug}
 	if os.Getenv("KVMESH_SYNC_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)).With("test", t.Name())
 	}
-	return nil
+	tt, ok := t.(*testing.T)
+	if !ok {
+		return nil // benchmarks log nothing
+	}
+	v, loaded := logTails.LoadOrStore(tt, &logTail{})
+	tail := v.(*logTail)
+	if !loaded {
+		t.Cleanup(func() {
+			logTails.Delete(tt)
+			if tt.Failed() {
+				t.Logf("the gateways' last log lines:\n%s", tail.String())
+			}
+		})
+	}
+	return slog.New(slog.NewTextHandler(tail, opts))
+}
+
+// logTails holds each running test's logTail.
+var logTails sync.Map // *testing.T → *logTail
+
+const logTailLines = 3000
+
+// logTail keeps the last logTailLines records written to it (a slog
+// handler writes one record per Write).
+type logTail struct {
+	mu    sync.Mutex
+	lines []string
+	next  int
+}
+
+func (l *logTail) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.lines) < logTailLines {
+		l.lines = append(l.lines, string(p))
+	} else {
+		l.lines[l.next] = string(p)
+		l.next = (l.next + 1) % logTailLines
+	}
+	return len(p), nil
+}
+
+func (l *logTail) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b strings.Builder
+	for i := range l.lines {
+		b.WriteString(l.lines[(l.next+i)%len(l.lines)])
+	}
+	return b.String()
 }
 
 func newIndex(t testing.TB) *index.Index {

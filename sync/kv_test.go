@@ -478,3 +478,59 @@ func TestTransientOwnersResetRepairedFromOwner(t *testing.T) {
 		"the emptied gateway takes the owner's view back while the engine is idle")
 	require.Positive(t, metricValue(t, emptied.reg, "kvmesh_sync_kv_diverged_total", nil))
 }
+
+// TestMissedResetRepairedFromOwner: a gateway whose NATS was down when the
+// owner reset an engine (here for a rewind: the engine restarted) (a reset carries no seq, so no gap shows the loss)
+// keeps the blocks the reset dropped, at the watermark the others had
+// before it. With the engine idle no batch ever corrects it, and each
+// gateway that applied the reset took that stale view for a newer one and
+// pulled a snapshot from it every repair interval, taking nothing. The
+// owner's fingerprint of its emptied view makes the stale gateway take the
+// owner's view, and the pulls stop.
+func TestMissedResetRepairedFromOwner(t *testing.T) {
+	e := startEngine(t)
+	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
+	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = []KVSource{src} })
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	complete(t, e, 0)
+	require.Eventually(t, func() bool {
+		for _, g := range gws {
+			if confirmedOn(g, 1) == 0 {
+				return false
+			}
+		}
+		return true
+	}, converge, 10*time.Millisecond)
+	var owner *gw
+	var others []*gw
+	for _, g := range gws {
+		if g.name == ownersOfReplica(gws, "r1")[0] {
+			owner = g
+		} else {
+			others = append(others, g)
+		}
+	}
+	applied, missed := others[0], others[1]
+	natsDown(t, missed)
+	(&ownerHandler{c: owner.c, src: src}).HandleReset("r1", kvevents.ResetRewind)
+	require.Eventually(t, func() bool { return confirmedOn(applied, 1) == 0 }, converge, 10*time.Millisecond)
+	require.Positive(t, confirmedOn(missed, 1))
+	natsUp(t, missed)
+	require.Eventually(t, func() bool { return confirmedOn(missed, 1) == 0 }, converge, 10*time.Millisecond,
+		"the gateway that missed the reset takes the owner's emptied view")
+	require.Positive(t, metricValue(t, missed.reg, "kvmesh_sync_kv_diverged_total", nil))
+
+	// The gateway that applied the reset no longer repairs from the stale
+	// one: over three more of its digests, at most the repair it may have
+	// had under way.
+	repairs := func() float64 {
+		return metricValue(t, applied.reg, "kvmesh_sync_antientropy_repairs_total", map[string]string{"result": "ok"})
+	}
+	digests := func() float64 {
+		return metricValue(t, missed.reg, "kvmesh_sync_messages_published_total", map[string]string{"kind": "digest", "transport": "nats"})
+	}
+	before, d0 := repairs(), digests()
+	require.Eventually(t, func() bool { return digests() >= d0+3 }, converge, 10*time.Millisecond)
+	require.LessOrEqual(t, repairs()-before, 1.0, "repairs from a view the owner's reset emptied")
+	require.Zero(t, confirmedOn(owner, 1))
+}

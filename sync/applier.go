@@ -102,13 +102,10 @@ func (o *originState) accept(seq uint64) (fresh bool, lost uint64) {
 
 // kvState tracks one engine's KV stream as applied here.
 type kvState struct {
-	valid bool // false: nothing applied since the start or a reset
-	// emptied: a reset emptied the view after batch seq and nothing was
-	// applied since (so !valid); kvCheckOf fingerprints such a view.
-	emptied bool
-	seq     uint64
-	engine  float64   // engine clock of the last applied batch
-	at      time.Time // local time the state last moved (bounds seq jumps)
+	valid  bool // false: nothing applied since the start or a reset
+	seq    uint64
+	engine float64   // engine clock of the last applied batch
+	at     time.Time // local time the state last moved (bounds seq jumps)
 	// gap: batches after goodSeq were lost on the way here, so the
 	// confirmed view may hold blocks whose removal was lost. Batches after
 	// the gap are still applied (routing stays close), but the watermark
@@ -346,7 +343,7 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 	ix := a.c.deps.Index
 	if b.Reset {
 		ix.ClearReplica(id)
-		st.valid, st.emptied = false, true
+		st.valid = false
 		st.cleared()
 		a.c.m.applied.WithLabelValues("kv").Inc()
 		return
@@ -388,7 +385,7 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 	if rep.Cleared {
 		st.cleared()
 	}
-	st.valid, st.emptied, st.seq, st.engine, st.at = true, false, b.Seq, b.EngineTS, time.Now()
+	st.valid, st.seq, st.engine, st.at = true, b.Seq, b.EngineTS, time.Now()
 	a.c.m.applied.WithLabelValues("kv").Inc()
 }
 
@@ -573,25 +570,18 @@ type kvCheck struct {
 
 // kvCheckOf returns replica's kvCheck, taken under the applier lock so
 // that no batch lands between the watermark and the fingerprint; ok is
-// false while the view has no complete watermark (nothing applied since
-// the start, or a seq gap, which the watermark comparison repairs). A
-// non-zero at asks for the view at that watermark only: at any other there
-// is nothing to compare, and the index is not scanned (the scan holds the
-// applier lock).
+// false while the view has no complete watermark (a seq gap, which the
+// watermark comparison repairs; for the owner's own check, at 0, also
+// nothing applied since a reset). A non-zero at asks for the view at that
+// watermark only: at any other there is nothing to compare, and the index
+// is not scanned (the scan holds the applier lock).
 //
-// A view a reset emptied (kvState.emptied) stands at the seq it last
-// applied before the reset, with no blocks. Compared there, it tells the
-// two views apart that a reset missed by one side leaves at the same
-// watermark, where nothing else would while the engine is idle (no batch
-// follows, and neither side's watermark is ahead):
-//   - this gateway applied a reset its owner never did: it came from a
-//     gateway that owned the engine for a moment only (memberlist took the
-//     owner for dead). The owner's view is taken back.
-//   - the owner reset the engine and this gateway missed it (its NATS was
-//     down then; a reset carries no seq, so no gap shows it). It takes the
-//     owner's empty view instead of routing on blocks the engine dropped,
-//     and peers that did apply the reset stop pulling its stale view as a
-//     newer one, a snapshot every repair interval.
+// A view emptied by a reset is compared at the seq it last applied before
+// the reset: an owner that still advertises a view there did not apply
+// that reset. The reset came from a gateway that owned the engine for a
+// moment only (memberlist took the owner for dead), and with the engine
+// idle nothing else would ever repair the view (no batch follows, and the
+// owner's watermark is not ahead of the one the reset left).
 func (a *applier) kvCheckOf(replica string, at uint64) (kvCheck, bool) {
 	id, ok := a.c.deps.Replicas.ReplicaID(replica)
 	if !ok {
@@ -600,7 +590,7 @@ func (a *applier) kvCheckOf(replica string, at uint64) (kvCheck, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := a.kv[replica]
-	if st == nil || !st.valid && !st.emptied || st.gap || at != 0 && st.seq+1 != at {
+	if st == nil || st.gap || at != 0 && st.seq+1 != at || !st.valid && at == 0 {
 		return kvCheck{}, false
 	}
 	n, sum := a.c.deps.Index.EngineFingerprint(id)

@@ -172,15 +172,12 @@
 // a hash of their set) with the watermark it was taken at; a peer at the
 // same watermark whose fingerprint differs counts it
 // (kvmesh_sync_kv_diverged_total) and repairs from the owner, taking that
-// engine's view whatever the watermarks say. A view a reset emptied is
-// fingerprinted too, empty, at the seq it last applied before the reset,
-// on the owner and on peers alike: a reset that only one side applied
-// leaves both at the same watermark, and with the engine idle nothing
-// else would tell them apart. A peer that missed the owner's reset (its
-// NATS was down; a reset carries no seq) takes the owner's empty view; a
-// peer that applied a reset the owner never did (from a gateway that
-// owned the engine for a moment only, while memberlist took the owner for
-// dead) takes the owner's view back. These are extra digest
+// engine's view whatever the watermarks say. A peer whose view a reset
+// emptied compares at the seq it last applied before the reset: an owner
+// still at that seq never applied the reset, which came from a gateway
+// that owned the engine for a moment only (memberlist took the owner for
+// dead), and with the engine idle nothing else would restore the view.
+// These are extra digest
 // sources ("kvat/", "kvn/", "kvsum/" + replica), which a previous
 // release ignores. Load reports are
 // kept per origin with the local receive time and summed into an immutable

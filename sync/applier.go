@@ -435,7 +435,15 @@ func (a *applier) setWatermarksLocked(w map[string]uint64, decisions bool, kv ma
 	if decisions {
 		clear(a.origins)
 	}
+	// A taken view with no watermark (the peer applied nothing since a
+	// reset, or ever) keeps the engine clock this gateway last knew:
+	// without it any peer's view would count as newer (kvNewer), even one
+	// from before the reset that emptied the taken one.
+	prev := make(map[string]float64, len(kv))
 	for r := range kv {
+		if st := a.kv[r]; st != nil {
+			prev[r] = st.engine
+		}
 		delete(a.kv, r)
 	}
 	for k, v := range w {
@@ -449,7 +457,7 @@ func (a *applier) setWatermarksLocked(w map[string]uint64, decisions bool, kv ma
 			if !kv[r] {
 				continue
 			}
-			st := &kvState{at: time.Now()}
+			st := &kvState{at: time.Now(), engine: prev[r]}
 			if v > 0 {
 				st.valid, st.seq = true, v-1
 				st.engine = math.Float64frombits(w[srcKVTS+r])

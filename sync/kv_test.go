@@ -478,3 +478,60 @@ func TestTransientOwnersResetRepairedFromOwner(t *testing.T) {
 		"the emptied gateway takes the owner's view back while the engine is idle")
 	require.Positive(t, metricValue(t, emptied.reg, "kvmesh_sync_kv_diverged_total", nil))
 }
+
+// TestEmptiedTakeKeepsEngineClock: a gateway that applied the owner's
+// reset and then took the owner's emptied view by force (a fingerprint the
+// owner took just before the reset arrived just after it: ci1071) must
+// still refuse the view of a gateway that missed the reset. A taken view
+// with no watermark used to leave no engine clock, and any peer's view
+// then counted as newer.
+func TestEmptiedTakeKeepsEngineClock(t *testing.T) {
+	e := startEngine(t)
+	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
+	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = []KVSource{src} })
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	complete(t, e, 0)
+	require.Eventually(t, func() bool {
+		n := len(e.CachedBlocks())
+		seq, ok := gws[0].c.KVApplied("r1")
+		for _, g := range gws {
+			s, k := g.c.KVApplied("r1")
+			if confirmedOn(g, 1) != n || k != ok || s != seq {
+				return false
+			}
+		}
+		return n > 0 && ok
+	}, converge, 10*time.Millisecond, "every gateway holds the engine's blocks at the same seq")
+	owner := ownersOfReplica(gws, "r1")[0]
+	var o *gw
+	var others []*gw
+	for _, g := range gws {
+		if g.name == owner {
+			o = g
+		} else {
+			others = append(others, g)
+		}
+	}
+	applied, missed := others[0], others[1]
+	natsDown(t, missed)
+	(&ownerHandler{c: o.c, src: src}).HandleReset("r1", kvevents.ResetRewind)
+	require.Eventually(t, func() bool { return confirmedOn(applied, 1) == 0 }, converge, 10*time.Millisecond)
+	m, ok := applied.c.ms.member(o.name)
+	require.True(t, ok)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, applied.c.restoreFrom(ctx, m, false, false, map[string]bool{"r1": true}), "the forced repair")
+	require.Zero(t, confirmedOn(applied, 1))
+	natsUp(t, missed)
+	require.Positive(t, confirmedOn(missed, 1), "the gateway that missed the reset keeps its view")
+
+	// The missed gateway's watermark is ahead: the applied one takes it for
+	// a lead within two of its digests and pulls its snapshot, which it
+	// must not take.
+	digests := func() float64 {
+		return metricValue(t, missed.reg, "kvmesh_sync_messages_published_total", map[string]string{"kind": "digest", "transport": "nats"})
+	}
+	d0 := digests()
+	require.Eventually(t, func() bool { return digests() >= d0+5 }, converge, 10*time.Millisecond)
+	require.Zero(t, confirmedOn(applied, 1), "took a view from before the reset that emptied its own")
+}

@@ -285,6 +285,20 @@ func confirmedOn(g *gw, id index.ReplicaID) int {
 }
 
 // ownersOfReplica returns the gateways running replica's subscriber.
+// splitOwner returns the gateway that owns replica's KV source (the
+// first, per ownersOfReplica) and the others, in gws's order.
+func splitOwner(gws []*gw, replica string) (owner *gw, others []*gw) {
+	name := ownersOfReplica(gws, replica)[0]
+	for _, g := range gws {
+		if g.name == name {
+			owner = g
+		} else {
+			others = append(others, g)
+		}
+	}
+	return owner, others
+}
+
 func ownersOfReplica(gws []*gw, replica string) []string {
 	var out []string
 	for _, g := range gws {
@@ -411,16 +425,7 @@ func TestRepointedSourceResetOnTakeover(t *testing.T) {
 	require.Eventually(t, hold(gws, func() int { return len(e1.CachedBlocks()) }), converge, 10*time.Millisecond)
 	require.Positive(t, confirmedOn(gws[0], 1))
 
-	owner := ownersOfReplica(gws, "r1")[0]
-	var old *gw
-	var rest []*gw
-	for _, g := range gws {
-		if g.name == owner {
-			old = g
-		} else {
-			rest = append(rest, g)
-		}
-	}
+	old, rest := splitOwner(gws, "r1")
 	for _, g := range rest {
 		require.NoError(t, g.c.SetKVSources([]KVSource{src(e2)}))
 	}
@@ -461,13 +466,7 @@ func TestTransientOwnersResetRepairedFromOwner(t *testing.T) {
 	complete(t, e, 0)
 	require.Eventually(t, hold, converge, 10*time.Millisecond)
 
-	owner := ownersOfReplica(gws, "r1")[0]
-	var others []*gw
-	for _, g := range gws {
-		if g.name != owner {
-			others = append(others, g)
-		}
-	}
+	_, others := splitOwner(gws, "r1")
 	emptied, transient := others[0], others[1]
 	// The reset as emptied applied it: accepted from transient, which it
 	// took for the owner then.
@@ -502,16 +501,7 @@ func TestEmptiedTakeKeepsEngineClock(t *testing.T) {
 		}
 		return n > 0 && ok
 	}, converge, 10*time.Millisecond, "every gateway holds the engine's blocks at the same seq")
-	owner := ownersOfReplica(gws, "r1")[0]
-	var o *gw
-	var others []*gw
-	for _, g := range gws {
-		if g.name == owner {
-			o = g
-		} else {
-			others = append(others, g)
-		}
-	}
+	o, others := splitOwner(gws, "r1")
 	applied, missed := others[0], others[1]
 	natsDown(t, missed)
 	(&ownerHandler{c: o.c, src: src}).HandleReset("r1", kvevents.ResetRewind)

@@ -39,9 +39,10 @@ were not there). For every replica: the gateway's
 tokenizer agrees with the engine's /tokenize; its KV-event stream carries its
 own blocks and no other replica's stream does (a unique probe prompt is pinned
 to the replica through the first gateway and must come back confirmed on that
-replica only); its event sequence is healthy (no malformed or dropped
-batches); the index's predictions agree with the engine's reported
-cached_tokens. Exits non-zero when any check fails.
+replica only); sent again, the probe finds as many tokens cached on the
+engine as the gateway predicts; its event sequence is healthy (no malformed
+or dropped batches); the index's predictions agree with the engine's
+reported cached_tokens. Exits non-zero when any check fails.
 
 The debug views and the pin header need the admin token: --token, else
 $KVMESH_ADMIN_TOKEN, else --token-file.`,
@@ -234,6 +235,19 @@ func checkGateway(ctx context.Context, c *doctorClient, v *verdicts, g *gatewayV
 	}
 }
 
+// refreshReplicas reads g's /debug/replicas again; on any error it keeps
+// what it had.
+func refreshReplicas(ctx context.Context, c *doctorClient, g *gatewayView) {
+	st, data, err := c.do(ctx, http.MethodGet, g.base+"/debug/replicas", nil, nil)
+	if err != nil || st != http.StatusOK {
+		return
+	}
+	var rep node.ReplicasReport
+	if json.Unmarshal(data, &rep) == nil {
+		g.replicas = &rep
+	}
+}
+
 // refreshKVMetrics reads every reachable gateway's KV-event counters.
 func refreshKVMetrics(ctx context.Context, c *doctorClient, gws []*gatewayView) {
 	for _, g := range gws {
@@ -360,6 +374,7 @@ func checkReplica(ctx context.Context, c *doctorClient, v *verdicts, o doctorOpt
 		v.warn(subject, "tokenizer: not probed yet (the engine's /tokenize did not answer, or the replica just joined)")
 	}
 
+	probed := false
 	if r.JudgedByEvents && r.PublishesKVEvents {
 		switch {
 		case o.skipStreams:
@@ -368,6 +383,7 @@ func checkReplica(ctx context.Context, c *doctorClient, v *verdicts, o doctorOpt
 			v.warn(subject, "kv stream: identity not checkable while the gateway's block keys differ from the engine's (tokenizer, above)")
 		default:
 			checkStreamIdentity(ctx, c, v, o, gws, first, r)
+			probed = true
 		}
 		refreshKVMetrics(ctx, c, gws) // after the probe's batches
 		checkSequence(v, gws, r)
@@ -375,6 +391,13 @@ func checkReplica(ctx context.Context, c *doctorClient, v *verdicts, o doctorOpt
 		// A replica without events of its own: its blocks must show up on
 		// no other replica's stream (the README mistake of issue 15).
 		checkStreamIdentity(ctx, c, v, o, gws, first, r)
+		probed = true
+	}
+	if probed {
+		// The probes' responses are self-check samples too: read the
+		// replica's windows again, or a gateway no client has used yet
+		// would be reported as having no sample.
+		refreshReplicas(ctx, c, first)
 	}
 
 	// Prediction error, on every gateway.
@@ -455,6 +478,12 @@ func checkStreamIdentity(ctx context.Context, c *doctorClient, v *verdicts, o do
 		return
 	}
 	route, _ := json.Marshal(map[string]any{"model": r.Model, "prompt": prompt})
+	// What the first gateway (the one the probe went through) confirmed
+	// on r, for the cache-reuse check below.
+	reuse := struct {
+		blocks, blockSize int
+		ok                bool
+	}{}
 	for _, g := range gws {
 		if g.replicas == nil {
 			continue
@@ -536,7 +565,79 @@ func checkStreamIdentity(ctx context.Context, c *doctorClient, v *verdicts, o do
 		default:
 			v.pass(subject, "kv stream%s: the probe's %d blocks came back confirmed on %s and on no other replica", where, n, r.Name)
 		}
+		if n := own(); g == first && r.PublishesKVEvents && len(crossed) == 0 && n > 0 && n >= last.TotalBlocks-1 {
+			reuse.blocks, reuse.blockSize, reuse.ok = n, last.BlockSize, true
+		}
 	}
+	if reuse.ok {
+		where := ""
+		if len(gws) > 1 {
+			where = " (" + first.addr + ")"
+		}
+		checkCacheReuse(ctx, c, v, first, r, body, reuse.blocks, reuse.blockSize, where)
+	}
+}
+
+// checkCacheReuse sends r's probe again, through g and pinned to r. Its
+// blocks are now confirmed on r, so the gateway predicts them cached, and
+// the engine's usage.prompt_tokens_details.cached_tokens says whether it
+// reused them: the self-check's comparison on a prompt whose answer is
+// known, end to end (the gateway's token ids, block size and hash chain
+// against the engine's own prefix cache). The slack is the self-check's:
+// one block, vLLM's recompute of a fully cached prompt's last token.
+func checkCacheReuse(ctx context.Context, c *doctorClient, v *verdicts, g *gatewayView, r node.ReplicaReport, body []byte, blocks, blockSize int, where string) {
+	subject := "replica " + r.Name
+	st, data, err := c.do(ctx, http.MethodPost, g.base+"/v1/completions", body, map[string]string{node.HeaderPinReplica: r.Name})
+	if err != nil || st != http.StatusOK {
+		v.fail(subject, "cache reuse%s: the repeated probe failed (%d): %v %s", where, st, err, strings.TrimSpace(string(data)))
+		return
+	}
+	var resp struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+			Details      *struct {
+				Cached *int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	predicted := blocks * blockSize
+	if json.Unmarshal(data, &resp) != nil || resp.Usage.Details == nil || resp.Usage.Details.Cached == nil {
+		v.warn(subject, "cache reuse%s: the engine's answer carries no usage.prompt_tokens_details.cached_tokens, so whether it reuses the %d tokens the gateway predicts cached is not checked (vLLM needs --enable-prompt-tokens-details)",
+			where, predicted)
+		return
+	}
+	cached := *resp.Usage.Details.Cached
+	switch reuseVerdict(predicted, cached, blockSize) {
+	case reuseOver:
+		v.fail(subject, "cache reuse%s: the gateway predicts %d of the repeated probe's tokens cached, the engine reused %d: it announced blocks it does not reuse (a cache salt, LoRA adapter or multimodal input the gateway does not key, or a KV cache so small it evicts at once); the index routes to cache that is not there",
+			where, predicted, cached)
+	case reuseUnder:
+		v.fail(subject, "cache reuse%s: the engine reused %d of the repeated probe's tokens, more than the %d the gateway predicts: some of its blocks' events do not reach the gateway, or its block keys differ from the engine's (--block-size)",
+			where, cached, predicted)
+	default:
+		v.pass(subject, "cache reuse%s: sent again, the probe found %d of its %d prompt tokens cached on the engine, as the gateway predicts (%d)",
+			where, cached, resp.Usage.PromptTokens, predicted)
+	}
+}
+
+// Outcomes of reuseVerdict.
+const (
+	reuseAgrees = iota
+	reuseOver   // the gateway predicts more than one block beyond the engine's reuse
+	reuseUnder  // the engine reused more than one block beyond the prediction
+)
+
+// reuseVerdict compares a prediction with the engine's cached tokens as
+// the gateway's self-check does (node/selfcheck.go): a difference of up to
+// one block either way agrees.
+func reuseVerdict(predicted, cached, blockSize int) int {
+	switch {
+	case predicted-cached > blockSize:
+		return reuseOver
+	case cached-predicted > blockSize:
+		return reuseUnder
+	}
+	return reuseAgrees
 }
 
 // modelHasEvents reports whether some replica of model feeds the index

@@ -5,11 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -149,6 +154,10 @@ func TestDoctorPassesOnAMatchingSetup(t *testing.T) {
 	assert.Contains(t, out, "came back confirmed on a and on no other replica")
 	assert.Contains(t, out, "came back confirmed on b and on no other replica")
 	assert.Contains(t, out, "agrees with the engine's /tokenize")
+	for _, r := range []string{"a", "b"} {
+		assert.Regexp(t, `PASS +replica `+r+` +cache reuse: sent again, the probe found (\d+) of its \d+ prompt tokens cached on the engine, as the gateway predicts \(\d+\)`, out)
+		assert.Regexp(t, `PASS +replica `+r+` +prediction: agrees with the engine's cached_tokens`, out)
+	}
 	assert.NotContains(t, out, "FAIL ")
 
 	// Without the token the doctor cannot see the debug views and says so.
@@ -319,7 +328,96 @@ func TestDoctorPassesWithAutoOnAQwen3Engine(t *testing.T) {
 	assert.Contains(t, out, "came back confirmed on a and on no other replica")
 	assert.Contains(t, out, "came back confirmed on b and on no other replica")
 	assert.Regexp(t, `WARN +replica a +tokenizer: .*set --tokenizer hf:<dir>`, out)
+	assert.Regexp(t, `PASS +replica a +cache reuse: sent again, the probe found \d+ of its \d+ prompt tokens cached`, out)
 	assert.NotContains(t, out, "FAIL ")
+}
+
+// usageRewriter stands between the gateway and an engine's HTTP API (its
+// KV events still go straight to the gateway) and rewrites the
+// completions' usage. It fakes the two engines this repository has no
+// real copy of: one that does not report cached tokens (vLLM without
+// --enable-prompt-tokens-details) and one that announces blocks it does
+// not reuse.
+func usageRewriter(t *testing.T, engine *sim.Server, rewrite func(usage map[string]any)) string {
+	t.Helper()
+	target, err := url.Parse(engine.URL())
+	require.NoError(t, err)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.ModifyResponse = func(resp *http.Response) error {
+		if resp.Request.URL.Path != "/v1/completions" || resp.StatusCode != http.StatusOK {
+			return nil
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return err
+		}
+		var body map[string]any
+		if err := json.Unmarshal(data, &body); err != nil {
+			return err
+		}
+		if u, ok := body["usage"].(map[string]any); ok {
+			rewrite(u)
+		}
+		if data, err = json.Marshal(body); err != nil {
+			return err
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(data))
+		resp.ContentLength = int64(len(data))
+		resp.Header.Set("Content-Length", strconv.Itoa(len(data)))
+		return nil
+	}
+	srv := httptest.NewServer(rp)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// The probe sent a second time must find its blocks cached on the engine
+// as the gateway predicts: an engine that reuses nothing fails the check,
+// one that reports no cached tokens gets a warning naming vLLM's flag.
+func TestDoctorChecksCacheReuse(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		rewrite func(u map[string]any)
+		want    string
+		fails   bool
+	}{
+		{"no reuse", func(u map[string]any) { u["prompt_tokens_details"] = map[string]any{"cached_tokens": 0} },
+			`FAIL +replica a +cache reuse: the gateway predicts \d+ of the repeated probe's tokens cached, the engine reused 0: it announced blocks it does not reuse`, true},
+		{"not reported", func(u map[string]any) { delete(u, "prompt_tokens_details") },
+			`WARN +replica a +cache reuse: the engine's answer carries no usage.prompt_tokens_details.cached_tokens, so whether it reuses the \d+ tokens the gateway predicts cached is not checked \(vLLM needs --enable-prompt-tokens-details\)`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := startEngine(t, "bytes")
+			rep := engineReplica("a", a)
+			rep.URL = usageRewriter(t, a, tc.rewrite)
+			n := startDoctorGateway(t, node.TokenizerCharacter, rep)
+			waitHears(t, n, a, "a")
+			waitProbed(t, n, 1)
+			out, err := runDoctor(t, n.HTTPAddr())
+			if tc.fails {
+				require.ErrorIs(t, err, errDoctorFailed)
+			} else {
+				require.NoError(t, err)
+			}
+			assert.Contains(t, out, "came back confirmed on a and on no other replica")
+			assert.Regexp(t, tc.want, out)
+		})
+	}
+}
+
+func TestReuseVerdict(t *testing.T) {
+	for _, tc := range []struct{ predicted, cached, want int }{
+		{160, 160, reuseAgrees},
+		{160, 144, reuseAgrees}, // vLLM recomputes a fully cached prompt's last block
+		{160, 176, reuseAgrees},
+		{160, 143, reuseOver},
+		{160, 0, reuseOver},
+		{160, 177, reuseUnder},
+		{0, 0, reuseAgrees},
+	} {
+		assert.Equal(t, tc.want, reuseVerdict(tc.predicted, tc.cached, 16), "predicted %d, cached %d", tc.predicted, tc.cached)
+	}
 }
 
 // TestDoctorWarnsWhenPeersLoadStops: three clustered gateways (real

@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
+	"github.com/kvmesh/kvmesh/internal/logx"
 	"github.com/kvmesh/kvmesh/kvevents"
 )
 
@@ -81,8 +85,16 @@ func (t *R) Row(r cluster.Row) {
 }
 
 // startCluster starts a cluster that the scenario shuts down at its end.
+// Unless cfg brings a logger, the cluster logs into a tail of its last
+// logTailLines lines that a failed scenario prints before the cluster
+// shuts down (every line to stderr instead with $KVMESH_CHAOS_LOG set).
 func startCluster(t *R, cfg cluster.Config) *cluster.Cluster {
 	t.Helper()
+	var printTail func()
+	if cfg.Logger == nil {
+		cfg.Logger, printTail = clusterLogger(t)
+		t.Cleanup(printTail) // a failure before the shutdown's cleanup is registered
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := cluster.Start(ctx, cfg)
@@ -92,8 +104,32 @@ func startCluster(t *R, cfg cluster.Config) *cluster.Cluster {
 		defer cancel()
 		require.NoError(t, c.Shutdown(sctx))
 	})
+	if printTail != nil {
+		t.Cleanup(printTail) // runs first: the lines up to the failure, not the shutdown's
+	}
 	require.NoError(t, c.WarmUp(ctx))
 	return c
+}
+
+// logTailLines is how many of a cluster's last log lines a failed
+// scenario prints.
+const logTailLines = 5000
+
+// clusterLogger returns the logger of a scenario's cluster (debug level)
+// and a function that prints its tail once if the scenario failed; with
+// $KVMESH_CHAOS_LOG set, every line goes to stderr and there is no tail.
+func clusterLogger(t *R) (*slog.Logger, func()) {
+	opts := &slog.HandlerOptions{Level: slog.LevelDebug}
+	if os.Getenv("KVMESH_CHAOS_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)).With("scenario", t.Name()), func() {}
+	}
+	tail := logx.NewTail(logTailLines)
+	var once sync.Once
+	return slog.New(slog.NewTextHandler(tail, opts)), func() {
+		if t.Failed() {
+			once.Do(func() { t.Logf("the cluster's last %d log lines:\n%s", tail.Len(), tail.String()) })
+		}
+	}
 }
 
 // prompt draws prompts from a few tenants that share long system prompts,

@@ -1,8 +1,6 @@
 package sync
 
 import (
-	"github.com/kvmesh/kvmesh/sync/trust"
-
 	"context"
 	"fmt"
 	"log/slog"
@@ -20,6 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/index"
+	"github.com/kvmesh/kvmesh/internal/logx"
+	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
 // fakeLoad is a LoadSource with settable counts.
@@ -124,8 +124,8 @@ func testLogger(t testing.TB) *slog.Logger {
 	if !ok {
 		return nil // benchmarks log nothing
 	}
-	v, loaded := logTails.LoadOrStore(tt, &logTail{})
-	tail := v.(*logTail)
+	v, loaded := logTails.LoadOrStore(tt, logx.NewTail(logTailLines))
+	tail := v.(*logx.Tail)
 	if !loaded {
 		t.Cleanup(func() {
 			logTails.Delete(tt)
@@ -137,39 +137,23 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tail, opts))
 }
 
-// logTails holds each running test's logTail.
-var logTails sync.Map // *testing.T → *logTail
+// logTails holds each running test's log tail.
+var logTails sync.Map // *testing.T → *logx.Tail
 
 const logTailLines = 3000
 
-// logTail keeps the last logTailLines records written to it (a slog
-// handler writes one record per Write).
-type logTail struct {
-	mu    sync.Mutex
-	lines []string
-	next  int
-}
-
-func (l *logTail) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.lines) < logTailLines {
-		l.lines = append(l.lines, string(p))
-	} else {
-		l.lines[l.next] = string(p)
-		l.next = (l.next + 1) % logTailLines
-	}
-	return len(p), nil
-}
-
-func (l *logTail) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var b strings.Builder
-	for i := range l.lines {
-		b.WriteString(l.lines[(l.next+i)%len(l.lines)])
-	}
-	return b.String()
+// memberOf returns g's member entry of the gateway name, waiting while g
+// does not list it: under load memberlist takes a live gateway for dead
+// for a moment (ci1113 failed a test that required the entry at once).
+func memberOf(t *testing.T, g *gw, name string) Member {
+	t.Helper()
+	var m Member
+	require.Eventually(t, func() bool {
+		var ok bool
+		m, ok = g.c.ms.member(name)
+		return ok
+	}, converge, 10*time.Millisecond, "%s lists %s as a member", g.name, name)
+	return m
 }
 
 func newIndex(t testing.TB) *index.Index {

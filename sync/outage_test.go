@@ -124,8 +124,7 @@ func TestKVOutageWithRemovalsConverges(t *testing.T) {
 			peer = g
 		}
 	}
-	m, found := owner.c.ms.member(peer.name)
-	require.True(t, found)
+	m := memberOf(t, owner, peer.name)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	require.NoError(t, owner.c.restoreFrom(ctx, m, false, true, nil))
 	cancel()

@@ -394,10 +394,12 @@ func (x *Index) engStore(r ReplicaID, rs *replicaState, h uint64, k BlockKey) {
 				if _, had := rs.eng[h]; had {
 					delete(rs.eng, h)
 					x.engCount--
+					rs.engSub(h)
 				}
 			}
 			if e.reps&b == 0 {
 				x.engCount++
+				rs.engAdd(h)
 			}
 			e.key, e.reps = k, e.reps|b
 			return
@@ -406,6 +408,7 @@ func (x *Index) engStore(r ReplicaID, rs *replicaState, h uint64, k BlockKey) {
 		if e.reps&b != 0 {
 			e.reps &^= b
 			x.engCount--
+			rs.engSub(h)
 		}
 	}
 	if rs.eng == nil {
@@ -413,6 +416,7 @@ func (x *Index) engStore(r ReplicaID, rs *replicaState, h uint64, k BlockKey) {
 	}
 	if _, had := rs.eng[h]; !had {
 		x.engCount++
+		rs.engAdd(h)
 	}
 	rs.eng[h] = k
 }
@@ -423,6 +427,7 @@ func (x *Index) engRemove(r ReplicaID, rs *replicaState, h uint64) (BlockKey, bo
 		if k, ok := rs.eng[h]; ok {
 			delete(rs.eng, h)
 			x.engCount--
+			rs.engSub(h)
 			return k, true
 		}
 	}
@@ -434,6 +439,9 @@ func (x *Index) engRemove(r ReplicaID, rs *replicaState, h uint64) (BlockKey, bo
 				x.eng.del(h)
 			}
 			x.engCount--
+			if rs != nil { // always: engStore made it
+				rs.engSub(h)
+			}
 			return k, true
 		}
 	}
@@ -445,6 +453,7 @@ func (x *Index) engClear(r ReplicaID) {
 	if rs := x.replicas[r]; rs != nil {
 		x.engCount -= len(rs.eng)
 		rs.eng, rs.multi = nil, nil
+		rs.engN, rs.engSum = 0, 0
 	}
 	if r >= inlineReplicas {
 		return
@@ -494,27 +503,15 @@ func (x *Index) AppendEngineHashes(dst []uint64, r ReplicaID) []uint64 {
 // KV-event stream from the same start hold equal fingerprints; a view
 // that missed batches holds a different one (with probability 2^-64 of
 // a collision at equal counts). Anti-entropy compares it with the
-// engine's owner at equal watermarks. It takes the read lock and scans
-// the engine maps.
+// engine's owner at equal watermarks, after every batch. The figures are
+// kept as mappings change, so it costs one read lock and no scan.
 func (x *Index) EngineFingerprint(r ReplicaID) (n int, sum uint64) {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	if r < inlineReplicas {
-		b := uint64(1) << r
-		x.eng.each(func(h uint64, e *engEntry) {
-			if e.reps&b != 0 {
-				n++
-				sum += mix64(h)
-			}
-		})
-	}
 	if rs := x.replicas[r]; rs != nil {
-		for h := range rs.eng {
-			n++
-			sum += mix64(h)
-		}
+		return rs.engN, rs.engSum
 	}
-	return n, sum
+	return 0, 0
 }
 
 // mix64 is splitmix64's finaliser: it spreads engine hashes (which may be

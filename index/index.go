@@ -54,7 +54,19 @@ type replicaState struct {
 	// ngroups counts the known ones (more than one: a hybrid model).
 	groups  [MaxGroups]groupSpec
 	ngroups int
+	// engN and engSum are EngineFingerprint's figures, kept as mappings
+	// come and go (engAdd, engSub) so that reading them costs nothing:
+	// the number of engine hashes mapped for the replica, shared or
+	// private, and the sum of their mix64.
+	engN   int
+	engSum uint64
 }
+
+// engAdd counts engine hash h as mapped for the replica.
+func (rs *replicaState) engAdd(h uint64) { rs.engN++; rs.engSum += mix64(h) }
+
+// engSub counts engine hash h as no longer mapped.
+func (rs *replicaState) engSub(h uint64) { rs.engN--; rs.engSum -= mix64(h) }
 
 // Index is the prefix index. See the package documentation for the contract.
 type Index struct {

@@ -114,6 +114,46 @@ type kvState struct {
 	gap        bool
 	goodSeq    uint64
 	goodEngine float64
+	// recent holds the view's fingerprint after each of the last
+	// kvRecent batches applied in sequence since the last reset, gap or
+	// restore (a ring; nrecent entries valid, the newest at last). Under
+	// a steady stream of batches this gateway has moved past the seq of
+	// an owner's fingerprint by the time its digest lands, and without
+	// these a view that lost blocks' removals would never be compared
+	// while the engine is busy (ci1112: 170 stale blocks for 20 s).
+	recent  [kvRecent]kvCheck
+	nrecent int
+	last    int
+}
+
+// kvRecent is how many recent fingerprints a view keeps per engine: a
+// digest reaches its peers within a few batches even when the engine
+// publishes hundreds a second.
+const kvRecent = 256
+
+// record keeps chk as the newest recent fingerprint.
+func (st *kvState) record(chk kvCheck) {
+	st.last = (st.last + 1) % kvRecent
+	st.recent[st.last] = chk
+	st.nrecent = min(st.nrecent+1, kvRecent)
+}
+
+// forget drops the recent fingerprints: the view no longer follows from
+// them batch by batch.
+func (st *kvState) forget() { st.nrecent = 0 }
+
+// recentAt returns the recent fingerprint taken at watermark at.
+func (st *kvState) recentAt(at uint64) (kvCheck, bool) {
+	for i := range st.nrecent {
+		c := st.recent[(st.last-i+kvRecent)%kvRecent]
+		switch {
+		case c.at == at:
+			return c, true
+		case c.at < at:
+			return kvCheck{}, false // older ones only from here
+		}
+	}
+	return kvCheck{}, false
 }
 
 // mark is the watermark st stands for: the last batch up to which the view
@@ -345,12 +385,15 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 		ix.ClearReplica(id)
 		st.valid = false
 		st.cleared()
+		st.forget()
 		a.c.m.applied.WithLabelValues("kv").Inc()
 		return
 	}
+	inSeq := !st.valid
 	if st.valid {
 		switch {
 		case b.Seq == st.seq+1:
+			inSeq = true
 		case b.Seq > st.seq+1:
 			// Batches the owner delivered were lost on the way here.
 			a.c.m.gaps.WithLabelValues("kv").Inc()
@@ -368,6 +411,8 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 			// owner's stream wins, so no single value can stall ingestion.
 			ix.ClearReplica(id)
 			st.cleared()
+			st.forget()
+			inSeq = true
 		default:
 			a.c.m.dropped.WithLabelValues("kv", "duplicate").Inc()
 			return
@@ -386,6 +431,12 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 		st.cleared()
 	}
 	st.valid, st.seq, st.engine, st.at = true, b.Seq, b.EngineTS, time.Now()
+	if inSeq && !st.gap {
+		n, sum := ix.EngineFingerprint(id)
+		st.record(kvCheck{at: b.Seq + 1, n: n, sum: sum})
+	} else {
+		st.forget()
+	}
 	a.c.m.applied.WithLabelValues("kv").Inc()
 }
 
@@ -598,8 +649,13 @@ func (a *applier) kvCheckOf(replica string, at uint64) (kvCheck, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := a.kv[replica]
-	if st == nil || st.gap || at != 0 && st.seq+1 != at || !st.valid && at == 0 {
+	if st == nil || st.gap || !st.valid && at == 0 {
 		return kvCheck{}, false
+	}
+	if at != 0 && st.seq+1 != at {
+		// Past (or not yet at) the owner's seq: the fingerprint this
+		// view had there, if it followed the stream batch by batch since.
+		return st.recentAt(at)
 	}
 	n, sum := a.c.deps.Index.EngineFingerprint(id)
 	return kvCheck{at: st.seq + 1, n: n, sum: sum}, true

@@ -169,10 +169,14 @@
 // its watermark then equals the owner's. So an owner's digest also
 // carries, for one of its engines per interval, the fingerprint of its
 // confirmed view (index.EngineFingerprint: the number of engine blocks and
-// a hash of their set) with the watermark it was taken at; a peer at the
-// same watermark whose fingerprint differs counts it
+// a hash of their set) with the watermark it was taken at; a peer whose
+// view differed at that watermark counts it
 // (kvmesh_sync_kv_diverged_total) and repairs from the owner, taking that
-// engine's view whatever the watermarks say. A peer whose view a reset
+// engine's view whatever the watermarks say. The index keeps the
+// fingerprint as blocks come and go, so each gateway records it after
+// every batch it applies in sequence (the last 256 per engine): under a
+// steady stream a peer is past the owner's watermark by the time the
+// digest lands, and is compared with the view it had there. A peer whose view a reset
 // emptied compares at the seq it last applied before the reset: an owner
 // still at that seq never applied the reset, which came from a gateway
 // that owned the engine for a moment only (memberlist took the owner for

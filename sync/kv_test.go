@@ -6,9 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
@@ -39,12 +43,22 @@ func startEngine(t testing.TB) *sim.Server {
 // complete sends one completion of a distinct 200-byte prompt (12 full
 // blocks with the byte tokenizer).
 func complete(t testing.TB, s *sim.Server, n int) {
+	require.NoError(t, post(s, n))
+}
+
+// post is complete's request; it returns what went wrong.
+func post(s *sim.Server, n int) error {
 	prompt := fmt.Sprintf("%06d %s", n, bytes.Repeat([]byte("kvmesh shares one index. "), 8))
 	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": prompt, "max_tokens": 2})
 	resp, err := http.Post(s.URL()+"/v1/completions", "application/json", bytes.NewReader(body))
-	require.NoError(t, err)
+	if err != nil {
+		return err
+	}
 	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("completion %d: %s", n, resp.Status)
+	}
+	return nil
 }
 
 func confirmed(g *gw) int { return g.ix.Stats().Entries[index.Confirmed] }
@@ -284,7 +298,6 @@ func confirmedOn(g *gw, id index.ReplicaID) int {
 	return len(g.ix.AppendReplicaKeys(nil, id, index.Confirmed))
 }
 
-// ownersOfReplica returns the gateways running replica's subscriber.
 // splitOwner returns the gateway that owns replica's KV source (the
 // first, per ownersOfReplica) and the others, in gws's order.
 func splitOwner(gws []*gw, replica string) (owner *gw, others []*gw) {
@@ -299,6 +312,7 @@ func splitOwner(gws []*gw, replica string) (owner *gw, others []*gw) {
 	return owner, others
 }
 
+// ownersOfReplica returns the gateways running replica's subscriber.
 func ownersOfReplica(gws []*gw, replica string) []string {
 	var out []string
 	for _, g := range gws {
@@ -523,4 +537,104 @@ func TestEmptiedTakeKeepsEngineClock(t *testing.T) {
 	d0 := digests()
 	require.Eventually(t, func() bool { return digests() >= d0+5 }, converge, 10*time.Millisecond)
 	require.Zero(t, confirmedOn(applied, 1), "took a view from before the reset that emptied its own")
+}
+
+// TestPastFingerprintCompared: an owner's fingerprint is compared with the
+// view this gateway had at the owner's seq, not only with its current one.
+// Under a steady stream of batches a peer has moved past the owner's seq
+// by the time the digest lands; before, a view that lost blocks' removals
+// went uncompared for as long as the engine stayed busy (ci1112: 170 stale
+// blocks for the 20 s TestScaleOutAndIn kept its engine publishing).
+func TestPastFingerprintCompared(t *testing.T) {
+	e := startEngine(t)
+	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
+	gws := startCluster(t, 2, nil, func(c *Config) { c.KVSources = []KVSource{src} })
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	o, others := splitOwner(gws, "r1")
+	peer := others[0]
+	same := func() bool {
+		a, ok1 := o.c.KVApplied("r1")
+		b, ok2 := peer.c.KVApplied("r1")
+		return ok1 && ok2 && a == b && a >= 3
+	}
+	for i := 0; !same(); i++ {
+		require.Less(t, i, 200, "the peer never caught up with the owner")
+		complete(t, e, i)
+	}
+	seq, _ := peer.c.KVApplied("r1")
+	at := seq - 1 // a watermark both applied on the way: seq-2 + 1
+	mine, ok := peer.c.ap.kvCheckOf("r1", at)
+	require.True(t, ok, "the peer kept its fingerprint after batch %d", at-1)
+	theirs, ok := o.c.ap.kvCheckOf("r1", at)
+	require.True(t, ok, "the owner kept its fingerprint after batch %d", at-1)
+	require.Equal(t, theirs, mine, "both applied the same batches")
+
+	digest := func(chk kvCheck) map[string]uint64 {
+		return map[string]uint64{srcKVAt + "r1": chk.at, srcKVN + "r1": uint64(chk.n), srcKVSum + "r1": chk.sum}
+	}
+	peer.c.checkKV(o.name, digest(theirs))
+	require.Zero(t, metricValue(t, peer.reg, "kvmesh_sync_kv_diverged_total", nil), "equal past views")
+	theirs.sum++
+	peer.c.checkKV(o.name, digest(theirs))
+	require.Equal(t, 1.0, metricValue(t, peer.reg, "kvmesh_sync_kv_diverged_total", nil),
+		"a past view that differs from the owner's at its seq")
+	peer.c.dmu.Lock()
+	marked := peer.c.diverged["r1"]
+	peer.c.dmu.Unlock()
+	require.Equal(t, o.name, marked, "repaired from the owner")
+}
+
+// TestStaleBlocksRepairedUnderSteadyTraffic: a peer whose view holds
+// blocks the engine no longer has, with every batch applied in sequence
+// (a removal lost some other way), is repaired while the engine keeps
+// publishing.
+func TestStaleBlocksRepairedUnderSteadyTraffic(t *testing.T) {
+	e := startEngine(t)
+	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
+	gws := startCluster(t, 2, nil, func(c *Config) { c.KVSources = []KVSource{src} })
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	_, others := splitOwner(gws, "r1")
+	peer := others[0]
+	for i := 0; confirmedOn(peer, 1) == 0; i++ {
+		require.Less(t, i, 200, "the peer never applied a batch")
+		complete(t, e, i)
+	}
+	// Blocks no engine stored: what a lost BlockRemoved leaves behind.
+	stale := []uint64{1 << 60, 1<<60 + 1}
+	toks := make([]uint32, 2*16)
+	for i := range toks {
+		toks[i] = uint32(7000 + i)
+	}
+	require.NoError(t, peer.ix.ApplyStored(1, index.StoredBlocks{Hashes: stale, Tokens: toks, BlockTokens: 16}))
+	holdsStale := func() bool { return slices.Contains(peer.ix.AppendEngineHashes(nil, 1), stale[0]) }
+	require.True(t, holdsStale())
+
+	// Steady traffic from four clients until the stale blocks are gone
+	// (bounded in count and time): the repair must not wait for the engine
+	// to go idle.
+	var sent atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	until := time.Now().Add(converge + 5*time.Second)
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; i < 100000 && time.Now().Before(until); i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if post(e, 10000*(w+1)+i) == nil { // no require off the test goroutine
+					sent.Add(1)
+				}
+			}
+		})
+	}
+	repaired := assert.Eventually(t, func() bool { return !holdsStale() }, converge, 10*time.Millisecond,
+		"the stale blocks outlive steady traffic")
+	close(stop)
+	wg.Wait()
+	t.Logf("%d requests sent", sent.Load())
+	require.True(t, repaired)
+	require.Positive(t, metricValue(t, peer.reg, "kvmesh_sync_kv_diverged_total", nil))
 }

@@ -362,12 +362,12 @@ func checkReplica(ctx context.Context, c *doctorClient, v *verdicts, o doctorOpt
 			// The keys are the engine's (auto did its job), so routing is
 			// right; what is left is the cost of a /tokenize round trip
 			// per prompt.
-			v.warn(subject, "tokenizer: the gateway's %s tokenizer disagrees with the engine's /tokenize (probe %q: gateway %d tokens, engine %d); the gateway now asks the engine's /tokenize for every prompt of the model, so its keys are right but each prompt costs a round trip; set --tokenizer hf:<dir> with the model's tokenizer files",
-				a.Tokenizer, a.Probe, a.GatewayTokens, a.EngineTokens)
+			v.warn(subject, "tokenizer: the gateway's %s tokenizer disagrees with the engine's /tokenize (probe %q: %s); the gateway now asks the engine's /tokenize for every prompt of the model, so its keys are right but each prompt costs a round trip; set --tokenizer hf:<dir> with the model's tokenizer files",
+				a.Tokenizer, a.Probe, tokenCounts(a.GatewayTokens, a.EngineTokens))
 			break
 		}
-		v.fail(subject, "tokenizer: the gateway's %s tokenizer disagrees with the engine's /tokenize (probe %q: gateway %d tokens, engine %d); the gateway keeps its own tokenizer, so this replica's KV-event matches miss; set --tokenizer hf:<dir> with the model's tokenizer files",
-			a.Tokenizer, a.Probe, a.GatewayTokens, a.EngineTokens)
+		v.fail(subject, "tokenizer: the gateway's %s tokenizer disagrees with the engine's /tokenize (probe %q: %s); the gateway keeps its own tokenizer, so this replica's KV-event matches miss; set --tokenizer hf:<dir> with the model's tokenizer files",
+			a.Tokenizer, a.Probe, tokenCounts(a.GatewayTokens, a.EngineTokens))
 	case r.Agreement != nil:
 		v.pass(subject, "tokenizer: the gateway's %s tokenizer agrees with the engine's /tokenize", r.Agreement.Tokenizer)
 	case r.JudgedByEvents:
@@ -430,6 +430,16 @@ func checkReplica(ctx context.Context, c *doctorClient, v *verdicts, o doctorOpt
 			v.pass(subject, "prediction: agrees with the engine's cached_tokens (%d recent responses)", samples)
 		}
 	}
+}
+
+// tokenCounts describes a tokenizer disagreement on a probe: two counts,
+// or one count and different ids (a vocabulary that splits the probe the
+// same way but numbers its tokens differently).
+func tokenCounts(gateway, engine int) string {
+	if gateway == engine {
+		return fmt.Sprintf("%d tokens on both sides, different ids", gateway)
+	}
+	return fmt.Sprintf("gateway %d tokens, engine %d", gateway, engine)
 }
 
 func findReplica(g *gatewayView, name string) *node.ReplicaReport {

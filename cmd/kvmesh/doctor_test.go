@@ -515,3 +515,9 @@ func TestDoctorNamesAModelWithoutHealthyReplicas(t *testing.T) {
 		})
 	}
 }
+
+func TestTokenCounts(t *testing.T) {
+	assert.Equal(t, "gateway 36 tokens, engine 41", tokenCounts(36, 41))
+	// llm-d-inference-sim's dummy tokenizer against cl100k: one count.
+	assert.Equal(t, "36 tokens on both sides, different ids", tokenCounts(36, 36))
+}

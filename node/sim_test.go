@@ -389,6 +389,8 @@ func TestReplacedEngineForgetsItsBlocks(t *testing.T) {
 	require.NoError(t, n.applySpec(spec))
 	assert.Zero(t, matchedOf(debugRoute(t, n, "prefix-cache", prompt), "a"), "the old engine's blocks outlived the reload")
 	assert.Zero(t, n.Index().Stats().Entries[index.Confirmed])
+	assert.Equal(t, 1.0, counterValue(t, n, "kvmesh_kvevents_resets_total",
+		map[string]string{"replica": "a", "reason": "source_changed"}))
 
 	// The new source's events land on the replica.
 	waitSubscribed(t, n, c, "a")

@@ -386,6 +386,11 @@ func (n *Node) forgetReplaced(old, r *replica) {
 	}
 	if !n.clusterIngests(r) {
 		ledgers = append(ledgers, index.Confirmed)
+		if newKV && (old.cfg.KVEndpoint != "" || old.cfg.KVBind != "") {
+			// Counted where the confirmed view is dropped: here, or
+			// (in a cluster) by the source's owner.
+			n.kvMetrics.Resets.WithLabelValues(r.name, kvevents.ResetSourceChanged.String()).Inc()
+		}
 	}
 	removed := n.index.ClearLedgers(r.id, ledgers...)
 	n.log.Info("replica now names another engine: what the index knew of the old one is dropped",

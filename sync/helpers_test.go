@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/internal/logx"
+	"github.com/kvmesh/kvmesh/kvevents"
 	"github.com/kvmesh/kvmesh/sync/trust"
 )
 
@@ -183,9 +184,11 @@ func newGW(t testing.TB, name string, tr memberlist.Transport, mutate func(*Conf
 		mutate(&cfg)
 	}
 	g := &gw{name: name, ix: newIndex(t), reg: prometheus.NewRegistry(), load: &fakeLoad{}}
+	kvm := kvevents.NewMetrics()
+	require.NoError(t, kvm.Register(g.reg))
 	c, err := New(cfg, Deps{
 		Index: g.ix, Replicas: newReplicaTable(testReplicas), Load: g.load,
-		Registerer: g.reg, Logger: testLogger(t), Transport: tr,
+		Registerer: g.reg, KVMetrics: kvm, Logger: testLogger(t), Transport: tr,
 	})
 	require.NoError(t, err)
 	g.c = c

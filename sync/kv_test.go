@@ -410,6 +410,14 @@ func TestSetKVSources(t *testing.T) {
 	complete(t, e2, 20)
 	require.Eventually(t, holdAll(1, func() int { return len(e2.CachedBlocks()) }), converge, 10*time.Millisecond,
 		"every gateway holds the new engine's blocks, and only those")
+	// The owner that reset the old engine's blocks counted it; the others
+	// applied its reset and count nothing.
+	resets := 0.0
+	for _, g := range gws {
+		resets += metricValue(t, g.reg, "kvmesh_kvevents_resets_total",
+			map[string]string{"replica": "r1", "reason": "source_changed"})
+	}
+	require.GreaterOrEqual(t, resets, 1.0, "kvmesh_kvevents_resets_total{reason=source_changed} over the cluster")
 }
 
 // TestRepointedSourceResetOnTakeover: the gateway that owns a KV source

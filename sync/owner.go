@@ -204,6 +204,9 @@ func (o *owners) reconcile() {
 		}
 		if reset {
 			(&ownerHandler{c: c, src: src}).HandleReset(src.Replica, kvevents.ResetSourceChanged)
+			if m := c.deps.KVMetrics; m != nil {
+				m.Resets.WithLabelValues(src.Replica, kvevents.ResetSourceChanged.String()).Inc()
+			}
 		}
 		switch {
 		case mine && !running:

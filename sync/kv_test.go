@@ -298,6 +298,19 @@ func confirmedOn(g *gw, id index.ReplicaID) int {
 	return len(g.ix.AppendReplicaKeys(nil, id, index.Confirmed))
 }
 
+// startOwnedEngine starts an engine publishing KV events as replica r1
+// (its source src) and n gateways ingesting it, and waits until exactly
+// one owns it.
+func startOwnedEngine(t testing.TB, n int) (*sim.Server, KVSource, []*gw) {
+	t.Helper()
+	e := startEngine(t)
+	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
+	gws := startCluster(t, n, nil, func(c *Config) { c.KVSources = []KVSource{src} })
+	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond,
+		"one gateway owns r1")
+	return e, src, gws
+}
+
 // splitOwner returns the gateway that owns replica's KV source (the
 // first, per ownersOfReplica) and the others, in gws's order.
 func splitOwner(gws []*gw, replica string) (owner *gw, others []*gw) {
@@ -472,10 +485,7 @@ func TestRepointedSourceResetOnTakeover(t *testing.T) {
 // (ci1034: TestSetKVSources waited 30 s for one gateway that held none of
 // the new engine's blocks after a re-point.)
 func TestTransientOwnersResetRepairedFromOwner(t *testing.T) {
-	e := startEngine(t)
-	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
-	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = []KVSource{src} })
-	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	e, _, gws := startOwnedEngine(t, 3)
 	hold := func() bool {
 		n := len(e.CachedBlocks())
 		for _, g := range gws {
@@ -507,10 +517,7 @@ func TestTransientOwnersResetRepairedFromOwner(t *testing.T) {
 // with no watermark used to leave no engine clock, and any peer's view
 // then counted as newer.
 func TestEmptiedTakeKeepsEngineClock(t *testing.T) {
-	e := startEngine(t)
-	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
-	gws := startCluster(t, 3, nil, func(c *Config) { c.KVSources = []KVSource{src} })
-	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	e, src, gws := startOwnedEngine(t, 3)
 	complete(t, e, 0)
 	require.Eventually(t, func() bool {
 		n := len(e.CachedBlocks())
@@ -554,10 +561,7 @@ func TestEmptiedTakeKeepsEngineClock(t *testing.T) {
 // went uncompared for as long as the engine stayed busy (ci1112: 170 stale
 // blocks for the 20 s TestScaleOutAndIn kept its engine publishing).
 func TestPastFingerprintCompared(t *testing.T) {
-	e := startEngine(t)
-	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
-	gws := startCluster(t, 2, nil, func(c *Config) { c.KVSources = []KVSource{src} })
-	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	e, _, gws := startOwnedEngine(t, 2)
 	o, others := splitOwner(gws, "r1")
 	peer := others[0]
 	same := func() bool {
@@ -597,10 +601,7 @@ func TestPastFingerprintCompared(t *testing.T) {
 // (a removal lost some other way), is repaired while the engine keeps
 // publishing.
 func TestStaleBlocksRepairedUnderSteadyTraffic(t *testing.T) {
-	e := startEngine(t)
-	src := KVSource{Replica: "r1", Model: "m", Endpoint: e.KVEventsAddr(), ReplayEndpoint: e.KVReplayAddr()}
-	gws := startCluster(t, 2, nil, func(c *Config) { c.KVSources = []KVSource{src} })
-	require.Eventually(t, func() bool { return len(ownersOfReplica(gws, "r1")) == 1 }, converge, 10*time.Millisecond)
+	e, _, gws := startOwnedEngine(t, 2)
 	_, others := splitOwner(gws, "r1")
 	peer := others[0]
 	for i := 0; confirmedOn(peer, 1) == 0; i++ {

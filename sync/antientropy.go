@@ -199,7 +199,7 @@ func (c *Cluster) driftPeer(mine map[string]uint64) (string, string, map[string]
 		}
 		var ahead uint64
 		for s, v := range d.sources {
-			if !c.comparable(s, live) || v <= mine[s] || !c.ap.leadSane(s, v, now) {
+			if !c.comparable(s, live) || v <= mine[s] || !c.ap.leadUseful(s, v, d.sources, now) {
 				continue
 			}
 			ahead += v - mine[s]

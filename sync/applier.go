@@ -553,19 +553,37 @@ func (a *applier) kvWatermarkBadLocked(w map[string]uint64, replica string, now 
 	return ""
 }
 
-// leadSane reports whether a peer's digest watermark v for source may be
-// believed: a KV watermark further ahead of this gateway's than the engine
-// can have published since is ignored (a forged digest must not make this
-// gateway repair from its sender over and over).
-func (a *applier) leadSane(source string, v uint64, now time.Time) bool {
+// leadUseful reports whether a peer's digest watermark v for source is a
+// reason to repair from that peer. A KV watermark is not when it is
+// further ahead of this gateway's than the engine can have published since
+// (a forged digest must not make this gateway repair from its sender over
+// and over), nor when a restore would not take the view behind it
+// (kvNewer, by the engine clock the digest carries beside it: srcKVTS in
+// peer). The latter is a peer that missed a reset this gateway applied: it
+// advertises a higher seq at the engine clock of the reset view, and
+// pulling its snapshot would take nothing, every repair interval for as
+// long as the engine stays idle. A digest without the clock (a release
+// before it carried one) is taken at its seq.
+func (a *applier) leadUseful(source string, v uint64, peer map[string]uint64, now time.Time) bool {
 	r, ok := strings.CutPrefix(source, srcKV)
 	if !ok || v == 0 {
 		return true
 	}
+	bits, hasClock := peer[srcKVTS+r]
+	theirs := math.Float64frombits(bits)
+	if hasClock && clockAhead(theirs, now) {
+		return false // kvWatermarkBadLocked would refuse it
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	st := a.kv[r]
-	return st == nil || !st.valid || v-1 <= st.seq || v-1-st.seq <= seqBound(st.at, now)
+	switch {
+	case st == nil:
+		return true
+	case st.valid && v-1 > st.seq && v-1-st.seq > seqBound(st.at, now):
+		return false
+	}
+	return !hasClock || a.kvNewer(st, v, theirs)
 }
 
 // kvNewer is kvNewerLocked for a known state st and the snapshot's
@@ -605,14 +623,18 @@ func (a *applier) endBuffering() {
 func (a *applier) sources() []watermark {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]watermark, 0, len(a.origins)+len(a.kv))
+	out := make([]watermark, 0, len(a.origins)+2*len(a.kv))
 	for o, st := range a.origins {
 		out = append(out, watermark{Source: srcDecisions + o, Seq: st.base})
 	}
 	for r, st := range a.kv {
 		var v uint64
-		if seq, _, ok := st.mark(); ok {
+		if seq, engine, ok := st.mark(); ok {
 			v = seq + 1
+			// The engine clock beside it, as in snapshots: a peer counts
+			// this gateway ahead only where a restore would take its view
+			// (leadUseful). Releases before it ignore the source.
+			out = append(out, watermark{Source: srcKVTS + r, Seq: math.Float64bits(engine)})
 		}
 		out = append(out, watermark{Source: srcKV + r, Seq: v})
 	}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
@@ -160,6 +161,44 @@ func TestKVGapWatermark(t *testing.T) {
 	a.setWatermarksLocked(wm(30, 50), false, map[string]bool{"r1": true})
 	require.Equal(t, uint64(31), a.watermarksLocked()[srcKV+"r1"])
 	require.Equal(t, uint64(4), a.watermarksLocked()[srcKV+"r2"])
+}
+
+// TestLeadUseful: a peer's digest lead on an engine is a reason to repair
+// only where a restore would take the peer's view, judged by the engine
+// clock the digest carries beside the seq (the digest's own srcKVTS).
+func TestLeadUseful(t *testing.T) {
+	g := newGW(t, "x", nil, nil)
+	a := g.c.ap
+	now := time.Now()
+	peer := func(seq uint64, ts float64) map[string]uint64 {
+		return map[string]uint64{srcKV + "r1": seq + 1, srcKVTS + "r1": math.Float64bits(ts)}
+	}
+	useful := func(d map[string]uint64) bool { return a.leadUseful(srcKV+"r1", d[srcKV+"r1"], d, now) }
+	require.True(t, useful(peer(3, 10)), "nothing known here")
+	a.applyLocal(&KVBatch{Origin: "o", Replica: "r1", Seq: 3, EngineTS: 10})
+	require.True(t, useful(peer(5, 12)), "later batches of the same stream")
+	require.Equal(t, math.Float64bits(10), sourceOf(a.sources(), srcKVTS+"r1"), "the digest carries the clock")
+
+	// A reset emptied this view; a peer that missed it advertises a later
+	// seq at the clock of the reset view, which a restore would not take.
+	a.applyLocal(&KVBatch{Origin: "o", Replica: "r1", Reset: true})
+	require.False(t, useful(peer(5, 10)), "a peer that missed the reset")
+	require.True(t, useful(peer(0, 20)), "the engine published since: a later clock")
+	require.False(t, useful(peer(5, float64(now.Add(time.Hour).UnixNano())/1e9)), "a clock in the future")
+	noClock := map[string]uint64{srcKV + "r1": 6}
+	require.True(t, useful(noClock), "a digest without the clock (a previous release) counts its seq")
+	require.Zero(t, sourceOf(a.sources(), srcKVTS+"r1"), "no watermark, no clock")
+}
+
+// sourceOf returns the value of source in a digest's watermark list (0
+// when absent).
+func sourceOf(ws []watermark, source string) uint64 {
+	for _, w := range ws {
+		if w.Source == source {
+			return w.Seq
+		}
+	}
+	return 0
 }
 
 // TestKVParentZeroChainStart: an owner republishes a legacy-format

@@ -181,9 +181,16 @@
 // still at that seq never applied the reset, which came from a gateway
 // that owned the engine for a moment only (memberlist took the owner for
 // dead), and with the engine idle nothing else would restore the view.
-// These are extra digest
-// sources ("kvat/", "kvn/", "kvsum/" + replica), which a previous
-// release ignores. Load reports are
+// A digest also carries each engine's clock beside its watermark ("kvts/"
+// + replica, as in snapshots), and a peer's lead on an engine counts only
+// where a restore would take the peer's view: a peer that missed a reset
+// this gateway applied advertises a higher seq at the same clock, and
+// pulling its snapshot would take nothing, every repair interval for as
+// long as the engine stays idle. (The stale view itself stays until the
+// engine's next batch, which the stale gateway sees as a rewind or a gap.)
+// These are extra digest sources ("kvts/",
+// "kvat/", "kvn/", "kvsum/" + replica), which a previous release ignores.
+// Load reports are
 // kept per origin with the local receive time and summed into an immutable
 // map; InFlight reads it without locks or allocation, and reports older
 // than LoadTTL stop counting. A peer's reports stop counting at once when

@@ -311,6 +311,23 @@ func startOwnedEngine(t testing.TB, n int) (*sim.Server, KVSource, []*gw) {
 	return e, src, gws
 }
 
+// waitSameView waits until every gateway holds e's blocks (as replica r1)
+// at the same seq.
+func waitSameView(t testing.TB, e *sim.Server, gws []*gw) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		n := len(e.CachedBlocks())
+		seq, ok := gws[0].c.KVApplied("r1")
+		for _, g := range gws {
+			s, k := g.c.KVApplied("r1")
+			if confirmedOn(g, 1) != n || k != ok || s != seq {
+				return false
+			}
+		}
+		return n > 0 && ok
+	}, converge, 10*time.Millisecond, "every gateway holds the engine's blocks at the same seq")
+}
+
 // splitOwner returns the gateway that owns replica's KV source (the
 // first, per ownersOfReplica) and the others, in gws's order.
 func splitOwner(gws []*gw, replica string) (owner *gw, others []*gw) {
@@ -519,17 +536,7 @@ func TestTransientOwnersResetRepairedFromOwner(t *testing.T) {
 func TestEmptiedTakeKeepsEngineClock(t *testing.T) {
 	e, src, gws := startOwnedEngine(t, 3)
 	complete(t, e, 0)
-	require.Eventually(t, func() bool {
-		n := len(e.CachedBlocks())
-		seq, ok := gws[0].c.KVApplied("r1")
-		for _, g := range gws {
-			s, k := g.c.KVApplied("r1")
-			if confirmedOn(g, 1) != n || k != ok || s != seq {
-				return false
-			}
-		}
-		return n > 0 && ok
-	}, converge, 10*time.Millisecond, "every gateway holds the engine's blocks at the same seq")
+	waitSameView(t, e, gws)
 	o, others := splitOwner(gws, "r1")
 	applied, missed := others[0], others[1]
 	natsDown(t, missed)
@@ -552,6 +559,39 @@ func TestEmptiedTakeKeepsEngineClock(t *testing.T) {
 	d0 := digests()
 	require.Eventually(t, func() bool { return digests() >= d0+5 }, converge, 10*time.Millisecond)
 	require.Zero(t, confirmedOn(applied, 1), "took a view from before the reset that emptied its own")
+}
+
+// TestMissedResetNoUselessRepairs: a gateway whose NATS was down while the
+// owner reset an engine keeps the reset blocks and advertises its old
+// watermark until the engine publishes again. The gateways that applied
+// the reset must not take that for a lead: a restore would take nothing
+// from it (the same engine clock), and they used to pull its snapshot
+// every repair interval for as long as the engine stayed idle.
+func TestMissedResetNoUselessRepairs(t *testing.T) {
+	e, src, gws := startOwnedEngine(t, 3)
+	complete(t, e, 0)
+	waitSameView(t, e, gws)
+	o, others := splitOwner(gws, "r1")
+	applied, missed := others[0], others[1]
+	natsDown(t, missed)
+	(&ownerHandler{c: o.c, src: src}).HandleReset("r1", kvevents.ResetRewind)
+	require.Eventually(t, func() bool { return confirmedOn(applied, 1) == 0 }, converge, 10*time.Millisecond)
+	natsUp(t, missed)
+
+	repairs := func() float64 {
+		return metricValue(t, applied.reg, "kvmesh_sync_antientropy_repairs_total", nil)
+	}
+	digests := func(g *gw) float64 {
+		return metricValue(t, g.reg, "kvmesh_sync_messages_published_total", map[string]string{"kind": "digest", "transport": "nats"})
+	}
+	r0, dm, da := repairs(), digests(missed), digests(applied)
+	// Five of the missed gateway's digests, each fresh for three of the
+	// applied one's intervals, and five digest rounds of the applied one:
+	// a lead held for one interval is repaired at the next.
+	require.Eventually(t, func() bool { return digests(missed) >= dm+5 && digests(applied) >= da+5 },
+		converge, 10*time.Millisecond)
+	require.Equal(t, r0, repairs(), "pulled a snapshot from the gateway that missed the reset")
+	require.Zero(t, confirmedOn(applied, 1))
 }
 
 // TestPastFingerprintCompared: an owner's fingerprint is compared with the

@@ -93,12 +93,16 @@ func (n *Node) downPollInterval() time.Duration {
 	return n.cfg.HealthInterval
 }
 
-// checkHealth polls /health; any 2xx within HealthTimeout is up.
+// checkHealth polls /health; any 2xx within HealthTimeout is up. ctx is
+// the probe loop's: once it ends (the gateway stops, or the replica left
+// the routing table) a failed poll is ours, not the replica's, and counts
+// nothing. Counted, it would bring back a dropped replica's series right
+// after forgetSeries deleted them (ci1134).
 func (n *Node) checkHealth(ctx context.Context, r *replica) {
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.HealthTimeout)
+	hctx, cancel := context.WithTimeout(ctx, n.cfg.HealthTimeout)
 	defer cancel()
 	up := false
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.endpoint("/health"), nil)
+	req, err := http.NewRequestWithContext(hctx, http.MethodGet, r.endpoint("/health"), nil)
 	if err == nil {
 		var resp *http.Response
 		if resp, err = n.client.Do(req); err == nil {
@@ -110,7 +114,7 @@ func (n *Node) checkHealth(ctx context.Context, r *replica) {
 			}
 		}
 	}
-	if n.bgCtx.Err() != nil {
+	if ctx.Err() != nil {
 		return // stopping: the failure is ours, not the replica's
 	}
 	if !up {
@@ -125,13 +129,14 @@ func (n *Node) checkHealth(ctx context.Context, r *replica) {
 	}
 }
 
-// scrape reads the engine's load figures from /metrics.
+// scrape reads the engine's load figures from /metrics. A scrape the
+// probe loop's ctx ended counts nothing (see checkHealth).
 func (n *Node) scrape(ctx context.Context, r *replica) {
-	ctx, cancel := context.WithTimeout(ctx, n.cfg.ScrapeTimeout)
+	sctx, cancel := context.WithTimeout(ctx, n.cfg.ScrapeTimeout)
 	defer cancel()
-	l, err := n.fetchLoad(ctx, r)
+	l, err := n.fetchLoad(sctx, r)
 	if err != nil {
-		if n.bgCtx.Err() == nil {
+		if ctx.Err() == nil {
 			n.m.upstreamErrors.WithLabelValues(r.name, reasonScrape).Inc()
 			if r.scrapeOK.Swap(false) {
 				n.log.Debug("replica metrics scrape failed", "replica", r.name, "err", err)

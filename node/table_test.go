@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -222,6 +223,57 @@ func TestDroppedReplicaLeavesNoSeries(t *testing.T) {
 	assert.Empty(t, series("old"), "series of the dropped replica")
 	assert.Contains(t, series("stay"), "kvmesh_proxy_ttft_seconds")
 	assert.Contains(t, series("stay"), "kvmesh_kvevents_batches_total")
+}
+
+// TestDroppedReplicasCancelledProbeCountsNothing: a replica dropped while
+// its probe loop waits on a scrape cancels that scrape; the cancelled
+// scrape is not the engine's failure, and counting it brought the dropped
+// replica's series back right after they were deleted (ci1134).
+func TestDroppedReplicasCancelledProbeCountsNothing(t *testing.T) {
+	scraping := make(chan struct{}, 1)
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			select {
+			case scraping <- struct{}{}:
+			default:
+			}
+			<-r.Context().Done() // until the gateway gives up
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(eng.Close)
+	stay := newFakeEngine(t, "stay")
+	n := startNode(t, func(c *Config) {
+		c.ScrapeTimeout = time.Hour // only the drop ends the scrape
+		c.HealthInterval = 0
+	}, rc("old", eng.URL), rc("stay", stay.url()))
+	select {
+	case <-scraping:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the gateway never scraped the replica")
+	}
+	n.reloadMu.Lock()
+	var done chan struct{}
+	for r, ch := range n.probeDone {
+		if r.name == "old" {
+			done = ch
+		}
+	}
+	n.reloadMu.Unlock()
+	require.NotNil(t, done)
+
+	spec := specFromConfig(&n.cfg)
+	spec.version = 2
+	spec.models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("stay", stay.url())}}}
+	require.NoError(t, n.applySpec(spec))
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dropped replica's probe loop did not return")
+	}
+	assert.Zero(t, counterValue(t, n, "kvmesh_proxy_upstream_errors_total", map[string]string{"replica": "old"}),
+		"the cancelled scrape counted as the engine's failure")
 }
 
 // TestReloadWithNewAddressForgetsHistory: a replica whose name now points

@@ -698,6 +698,7 @@ func checkSequence(v *verdicts, gws []*gatewayView, r node.ReplicaReport) {
 
 // parseKVEventMetrics reads kvmesh_kvevents_* samples from a Prometheus
 // text exposition, summed per replica label: metric → replica → value.
+// Resets for a re-pointed source are kept apart, as "source_changes_total".
 func parseKVEventMetrics(data []byte) map[string]map[string]float64 {
 	const prefix = "kvmesh_kvevents_"
 	out := map[string]map[string]float64{}
@@ -715,11 +716,18 @@ func parseKVEventMetrics(data []byte) map[string]map[string]float64 {
 		}
 		name := line[len(prefix):brace]
 		labels := line[brace+1 : end]
-		replica := ""
+		replica, reason := "", ""
 		for _, kv := range strings.Split(labels, ",") {
 			if k, val, ok := strings.Cut(kv, "="); ok && k == "replica" {
 				replica, _ = strconv.Unquote(val)
+			} else if ok && k == "reason" {
+				reason, _ = strconv.Unquote(val)
 			}
+		}
+		if name == "resets_total" && reason == "source_changed" {
+			// A config change pointed the replica at another engine: not
+			// a sequence problem (the alert leaves it out too).
+			name = "source_changes_total"
 		}
 		f, err := strconv.ParseFloat(strings.TrimSpace(line[end+1:]), 64)
 		if err != nil || replica == "" {

@@ -521,3 +521,22 @@ func TestTokenCounts(t *testing.T) {
 	// llm-d-inference-sim's dummy tokenizer against cl100k: one count.
 	assert.Equal(t, "36 tokens on both sides, different ids", tokenCounts(36, 36))
 }
+
+// TestSequenceLeavesRepointsOut: a reset counted because a config change
+// pointed the replica at another engine (reason source_changed) is not a
+// sequence problem; an engine restart's is.
+func TestSequenceLeavesRepointsOut(t *testing.T) {
+	verdict := func(exposition string) string {
+		var out bytes.Buffer
+		gv := &gatewayView{kv: parseKVEventMetrics([]byte(exposition))}
+		checkSequence(&verdicts{out: &out}, []*gatewayView{gv}, node.ReplicaReport{Name: "a"})
+		return out.String()
+	}
+	const batches = "kvmesh_kvevents_batches_total{replica=\"a\"} 12\n"
+	repointed := verdict(batches + "kvmesh_kvevents_resets_total{replica=\"a\",reason=\"source_changed\"} 1\n")
+	assert.True(t, strings.HasPrefix(repointed, "PASS"), repointed)
+	restarted := verdict(batches + "kvmesh_kvevents_resets_total{replica=\"a\",reason=\"rewind\"} 1\n" +
+		"kvmesh_kvevents_resets_total{replica=\"a\",reason=\"source_changed\"} 1\n")
+	assert.Contains(t, restarted, "WARN")
+	assert.Contains(t, restarted, "1 resets", restarted)
+}

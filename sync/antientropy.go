@@ -65,7 +65,7 @@ func (c *Cluster) checkKV(node string, src map[string]uint64) {
 
 // nextKVCheck returns the fingerprint of the next engine this gateway owns
 // after *next in the KV sources' order (round robin: one engine per digest
-// bounds the scans), ok false when it owns none with a complete view.
+// keeps digests small), ok false when it owns none with a complete view.
 func (c *Cluster) nextKVCheck(next *int) (string, kvCheck, bool) {
 	srcs := c.kvSources()
 	for range srcs {
@@ -199,7 +199,7 @@ func (c *Cluster) driftPeer(mine map[string]uint64) (string, string, map[string]
 		}
 		var ahead uint64
 		for s, v := range d.sources {
-			if !c.comparable(s, live) || v <= mine[s] || !c.ap.leadUseful(s, v, d.sources, now) {
+			if !c.comparable(s, live) || v <= mine[s] || !c.ap.leadUseful(s, d.sources, now) {
 				continue
 			}
 			ahead += v - mine[s]

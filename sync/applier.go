@@ -553,37 +553,29 @@ func (a *applier) kvWatermarkBadLocked(w map[string]uint64, replica string, now 
 	return ""
 }
 
-// leadUseful reports whether a peer's digest watermark v for source is a
-// reason to repair from that peer. A KV watermark is not when it is
-// further ahead of this gateway's than the engine can have published since
-// (a forged digest must not make this gateway repair from its sender over
-// and over), nor when a restore would not take the view behind it
-// (kvNewer, by the engine clock the digest carries beside it: srcKVTS in
-// peer). The latter is a peer that missed a reset this gateway applied: it
-// advertises a higher seq at the engine clock of the reset view, and
-// pulling its snapshot would take nothing, every repair interval for as
-// long as the engine stays idle. A digest without the clock (a release
-// before it carried one) is taken at its seq.
-func (a *applier) leadUseful(source string, v uint64, peer map[string]uint64, now time.Time) bool {
+// leadUseful reports whether a peer's digest watermark for source (in
+// peer, the digest's sources) is a reason to repair from that peer. For a
+// KV source it asks what restoreFrom asks of a snapshot watermark: sane
+// (kvWatermarkBadLocked: a forged digest must not make this gateway
+// repair from its sender over and over) and newer (kvNewerLocked, by the
+// engine clock the digest carries beside the seq). The latter leaves out
+// a peer that missed a reset this gateway applied: it advertises a higher
+// seq at the engine clock of the reset view, and pulling its snapshot
+// would take nothing, every repair interval for as long as the engine
+// stays idle. A digest without the clock (a release before it carried
+// one) is taken at its seq.
+func (a *applier) leadUseful(source string, peer map[string]uint64, now time.Time) bool {
 	r, ok := strings.CutPrefix(source, srcKV)
-	if !ok || v == 0 {
+	if !ok || peer[source] == 0 {
 		return true
-	}
-	bits, hasClock := peer[srcKVTS+r]
-	theirs := math.Float64frombits(bits)
-	if hasClock && clockAhead(theirs, now) {
-		return false // kvWatermarkBadLocked would refuse it
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	st := a.kv[r]
-	switch {
-	case st == nil:
-		return true
-	case st.valid && v-1 > st.seq && v-1-st.seq > seqBound(st.at, now):
+	if a.kvWatermarkBadLocked(peer, r, now) != "" {
 		return false
 	}
-	return !hasClock || a.kvNewer(st, v, theirs)
+	_, hasClock := peer[srcKVTS+r]
+	return !hasClock || a.kvNewerLocked(peer, r)
 }
 
 // kvNewer is kvNewerLocked for a known state st and the snapshot's
@@ -654,8 +646,9 @@ type kvCheck struct {
 // false while the view has no complete watermark (a seq gap, which the
 // watermark comparison repairs; for the owner's own check, at 0, also
 // nothing applied since a reset). A non-zero at asks for the view at that
-// watermark only: at any other there is nothing to compare, and the index
-// is not scanned (the scan holds the applier lock).
+// watermark only: the current view, or one of the recent fingerprints
+// (kvState.recent) when this gateway has moved past it; at any other there
+// is nothing to compare.
 //
 // A view emptied by a reset is compared at the seq it last applied before
 // the reset: an owner that still advertises a view there did not apply

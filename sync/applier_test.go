@@ -173,7 +173,7 @@ func TestLeadUseful(t *testing.T) {
 	peer := func(seq uint64, ts float64) map[string]uint64 {
 		return map[string]uint64{srcKV + "r1": seq + 1, srcKVTS + "r1": math.Float64bits(ts)}
 	}
-	useful := func(d map[string]uint64) bool { return a.leadUseful(srcKV+"r1", d[srcKV+"r1"], d, now) }
+	useful := func(d map[string]uint64) bool { return a.leadUseful(srcKV+"r1", d, now) }
 	require.True(t, useful(peer(3, 10)), "nothing known here")
 	a.applyLocal(&KVBatch{Origin: "o", Replica: "r1", Seq: 3, EngineTS: 10})
 	require.True(t, useful(peer(5, 12)), "later batches of the same stream")

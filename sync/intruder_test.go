@@ -187,8 +187,8 @@ func TestKVTrustTheWireLess(t *testing.T) {
 	w[srcKVTS+"r0"] = math.Float64bits(now)
 	require.Equal(t, "", other.c.ap.kvWatermarkBadLocked(w, "r0", time.Now()))
 	other.c.ap.mu.Unlock()
-	require.True(t, other.c.ap.leadUseful(srcKV+"r0", 10, nil, time.Now()))
-	require.False(t, other.c.ap.leadUseful(srcKV+"r0", 1<<40, nil, time.Now()), "a forged digest is not a reason to repair")
+	require.True(t, other.c.ap.leadUseful(srcKV+"r0", map[string]uint64{srcKV + "r0": 10}, time.Now()))
+	require.False(t, other.c.ap.leadUseful(srcKV+"r0", map[string]uint64{srcKV + "r0": 1 << 40}, time.Now()), "a forged digest is not a reason to repair")
 }
 
 // TestKeyRotationSteps: gateways one rotation step apart ([old, new] and

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/chaos/study/live"
+	"github.com/kvmesh/kvmesh/node"
 )
 
 // TestEPPRoutesLikeTheProxy runs the seed's hot50 workload through two
@@ -32,6 +33,15 @@ func TestEPPRoutesLikeTheProxy(t *testing.T) {
 	// scheduling hiccups alone can miss; at 5 it is 400 ms, so that the
 	// comparison measures routing, not the host.
 	cfg.Speed, lc.Speed = 5, 5
+	// prefix-cache's imbalance gate trips on in-flight requests, and how
+	// many are in flight is the host's speed: on an oversubscribed CI run
+	// the proxy pass piled up more than 16 on the hot replica, the gate
+	// sent a hot request to the other one, and from then on both held the
+	// hot prefix (A:21 B:27 against the EPP pass's A:12 B:36). Engines
+	// slowed 250× reproduce it. Out of reach, the gate leaves prefix-cache
+	// picking by the index alone, which is what the two passes must share;
+	// cost still weighs load.
+	lc.TuneNode = func(c *node.Config) { c.Route.PrefixCache.ImbalanceAbsCount = cfg.Arrivals }
 	run := func(epp bool) map[string]study.Run {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
@@ -49,14 +59,22 @@ func TestEPPRoutesLikeTheProxy(t *testing.T) {
 	proxy, epp := run(false), run(true)
 	for _, s := range cfg.Strategies {
 		p, e := proxy[s], epp[s]
-		t.Logf("%s: proxy pass %d hit %.3f per replica %v | epp pass %d hit %.3f per replica %v", s,
-			p.SLOPass, float64(p.TokenHitRate), p.PerReplica, e.SLOPass, float64(e.TokenHitRate), e.PerReplica)
+		t.Logf("%s: proxy pass %d hit %.3f per replica %v sel %v wait %v | epp pass %d hit %.3f per replica %v sel %v wait %v", s,
+			p.SLOPass, float64(p.TokenHitRate), p.PerReplica, p.Selection, p.MaxWaiting, e.SLOPass, float64(e.TokenHitRate), e.PerReplica, e.Selection, e.MaxWaiting)
 		assert.InDelta(t, float64(p.TokenHitRate), float64(e.TokenHitRate), 0.1, "%s: token hit rate", s)
 		// SLO passes are logged, not compared: the TTFT SLO is wall time,
 		// and on a busy host (an oversubscribed CI run: proxy 48, EPP 34
 		// of 48 with equal hit rates) the extra data-plane hop misses it
 		// for the host's sake, not the picker's. How the requests spread
-		// over the replicas is the picker's.
+		// over the replicas is the picker's, as long as the host left
+		// the engines fast enough that load moved nothing: cost spreads a
+		// hot prefix once requests pile up (engines slowed 50×: A:24
+		// B:24), and only one pass may have been slowed.
+		spread := p.Selection[s+"/cost_spread"] + e.Selection[s+"/cost_spread"]
+		if spread > 0 {
+			t.Logf("%s: %d requests spread for load; the busiest replicas are not compared", s, spread)
+			continue
+		}
 		assert.InDelta(t, busiest(p.PerReplica), busiest(e.PerReplica), float64(cfg.Arrivals)/8, "%s: requests on the busiest replica", s)
 	}
 }

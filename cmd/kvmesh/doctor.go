@@ -217,34 +217,37 @@ func checkGateway(ctx context.Context, c *doctorClient, v *verdicts, g *gatewayV
 		v.warn(subject, "model %s: every replica fails its /health polls, so the gateway routes among them anyway (health_fail_open); check the engines' /health and the gateway's health_timeout", m)
 	}
 
-	st, data, err = c.do(ctx, http.MethodGet, g.base+"/debug/replicas", nil, nil)
+	rep, err := fetchReplicas(ctx, c, g)
+	if err != nil {
+		v.fail(subject, "%v", err)
+		return
+	}
+	g.replicas = rep
+}
+
+// fetchReplicas reads g's /debug/replicas.
+func fetchReplicas(ctx context.Context, c *doctorClient, g *gatewayView) (*node.ReplicasReport, error) {
+	st, data, err := c.do(ctx, http.MethodGet, g.base+"/debug/replicas", nil, nil)
 	switch {
 	case err != nil:
-		v.fail(subject, "/debug/replicas: %v", err)
+		return nil, fmt.Errorf("/debug/replicas: %w", err)
 	case st == http.StatusUnauthorized:
-		v.fail(subject, "/debug/replicas refused the admin token (set KVMESH_ADMIN_TOKEN or --token to the gateway's): %s", strings.TrimSpace(string(data)))
+		return nil, fmt.Errorf("/debug/replicas refused the admin token (set KVMESH_ADMIN_TOKEN or --token to the gateway's): %s", strings.TrimSpace(string(data)))
 	case st != http.StatusOK:
-		v.fail(subject, "/debug/replicas answered %d (a gateway older than this doctor?)", st)
-	default:
-		var rep node.ReplicasReport
-		if err := json.Unmarshal(data, &rep); err != nil {
-			v.fail(subject, "unreadable /debug/replicas answer: %v", err)
-			break
-		}
-		g.replicas = &rep
+		return nil, fmt.Errorf("/debug/replicas answered %d (a gateway older than this doctor?)", st)
 	}
+	var rep node.ReplicasReport
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return nil, fmt.Errorf("unreadable /debug/replicas answer: %w", err)
+	}
+	return &rep, nil
 }
 
 // refreshReplicas reads g's /debug/replicas again; on any error it keeps
 // what it had.
 func refreshReplicas(ctx context.Context, c *doctorClient, g *gatewayView) {
-	st, data, err := c.do(ctx, http.MethodGet, g.base+"/debug/replicas", nil, nil)
-	if err != nil || st != http.StatusOK {
-		return
-	}
-	var rep node.ReplicasReport
-	if json.Unmarshal(data, &rep) == nil {
-		g.replicas = &rep
+	if rep, err := fetchReplicas(ctx, c, g); err == nil {
+		g.replicas = rep
 	}
 }
 

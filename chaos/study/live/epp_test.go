@@ -34,13 +34,14 @@ func TestEPPRoutesLikeTheProxy(t *testing.T) {
 	// comparison measures routing, not the host.
 	cfg.Speed, lc.Speed = 5, 5
 	// prefix-cache's imbalance gate trips on in-flight requests, and how
-	// many are in flight is the host's speed: on an oversubscribed CI run
-	// the proxy pass piled up more than 16 on the hot replica, the gate
-	// sent a hot request to the other one, and from then on both held the
-	// hot prefix (A:21 B:27 against the EPP pass's A:12 B:36). Engines
-	// slowed 250× reproduce it. Out of reach, the gate leaves prefix-cache
-	// picking by the index alone, which is what the two passes must share;
-	// cost still weighs load.
+	// many are in flight is the host's speed. An oversubscribed CI run's
+	// proxy pass split A:21 B:27 against the EPP pass's A:12 B:36: more
+	// than 16 apart in flight, the gate sends a hot request to the other
+	// replica, and from then on both hold the hot prefix. Engines slowed
+	// 1,250× (simulator speed 0.004 against the study's 5) give the same
+	// A:21 B:27. Out of reach, the gate leaves prefix-cache picking by the
+	// index alone, which is what the two passes must share; cost still
+	// weighs load.
 	lc.TuneNode = func(c *node.Config) { c.Route.PrefixCache.ImbalanceAbsCount = cfg.Arrivals }
 	run := func(epp bool) map[string]study.Run {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -68,7 +69,7 @@ func TestEPPRoutesLikeTheProxy(t *testing.T) {
 		// for the host's sake, not the picker's. How the requests spread
 		// over the replicas is the picker's, as long as the host left
 		// the engines fast enough that load moved nothing: cost spreads a
-		// hot prefix once requests pile up (engines slowed 50×: A:24
+		// hot prefix once requests pile up (engines slowed 250×: A:24
 		// B:24), and only one pass may have been slowed.
 		spread := p.Selection[s+"/cost_spread"] + e.Selection[s+"/cost_spread"]
 		if spread > 0 {

@@ -386,7 +386,7 @@ func (n *Node) forgetReplaced(old, r *replica) {
 	}
 	if !n.clusterIngests(r) {
 		ledgers = append(ledgers, index.Confirmed)
-		if newKV && (old.cfg.KVEndpoint != "" || old.cfg.KVBind != "") {
+		if newKV && old.cfg.PublishesKVEvents() {
 			// Counted where the confirmed view is dropped: here, or
 			// (in a cluster) by the source's owner.
 			n.kvMetrics.Resets.WithLabelValues(r.name, kvevents.ResetSourceChanged.String()).Inc()

@@ -177,7 +177,7 @@ func TestLeadUseful(t *testing.T) {
 	require.True(t, useful(peer(3, 10)), "nothing known here")
 	a.applyLocal(&KVBatch{Origin: "o", Replica: "r1", Seq: 3, EngineTS: 10})
 	require.True(t, useful(peer(5, 12)), "later batches of the same stream")
-	require.Equal(t, math.Float64bits(10), sourceOf(a.sources(), srcKVTS+"r1"), "the digest carries the clock")
+	require.Equal(t, math.Float64bits(10), g.c.mySources()[srcKVTS+"r1"], "the digest carries the clock")
 
 	// A reset emptied this view; a peer that missed it advertises a later
 	// seq at the clock of the reset view, which a restore would not take.
@@ -187,18 +187,7 @@ func TestLeadUseful(t *testing.T) {
 	require.False(t, useful(peer(5, float64(now.Add(time.Hour).UnixNano())/1e9)), "a clock in the future")
 	noClock := map[string]uint64{srcKV + "r1": 6}
 	require.True(t, useful(noClock), "a digest without the clock (a previous release) counts its seq")
-	require.Zero(t, sourceOf(a.sources(), srcKVTS+"r1"), "no watermark, no clock")
-}
-
-// sourceOf returns the value of source in a digest's watermark list (0
-// when absent).
-func sourceOf(ws []watermark, source string) uint64 {
-	for _, w := range ws {
-		if w.Source == source {
-			return w.Seq
-		}
-	}
-	return 0
+	require.Zero(t, g.c.mySources()[srcKVTS+"r1"], "no watermark, no clock")
 }
 
 // TestKVParentZeroChainStart: an owner republishes a legacy-format

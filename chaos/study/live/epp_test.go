@@ -11,6 +11,7 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/chaos/study/live"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/route"
 )
 
 // TestEPPRoutesLikeTheProxy runs the seed's hot50 workload through two
@@ -71,7 +72,8 @@ func TestEPPRoutesLikeTheProxy(t *testing.T) {
 		// the engines fast enough that load moved nothing: cost spreads a
 		// hot prefix once requests pile up (engines slowed 250×: A:24
 		// B:24), and only one pass may have been slowed.
-		spread := p.Selection[s+"/cost_spread"] + e.Selection[s+"/cost_spread"]
+		label := s + "/" + route.SelectionCostSpread.String()
+		spread := p.Selection[label] + e.Selection[label]
 		if spread > 0 {
 			t.Logf("%s: %d requests spread for load; the busiest replicas are not compared", s, spread)
 			continue

@@ -121,6 +121,9 @@ func newGateway(w *World, id int) (*gateway, error) {
 func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	w := g.w
 	strat, err := g.set.Get(req.Target.Strategy)
+	if s, ok := w.opts.substitute[req.Target.Strategy]; ok {
+		strat, err = s, nil
+	}
 	if err != nil {
 		w.failLater(f, 400, fmt.Sprintf("http 400: unknown routing strategy %q", req.Target.Strategy))
 		return

@@ -101,6 +101,11 @@ type Options struct {
 	// engine and index hash seeds). The study's own seed drives the
 	// workload.
 	Seed uint64
+
+	// substitute routes a request that names strategy k with
+	// substitute[k] instead (its phases keep k's name): a strategy under
+	// study that route does not have. Tests only.
+	substitute map[string]route.Strategy
 }
 
 // DefaultOptions returns two replicas behind one gateway in history mode on

@@ -101,15 +101,7 @@ func TestExplainShowsSlotWait(t *testing.T) {
 		{ID: 1, Name: "idle", InFlight: 0, Running: 0, Waiting: 0},
 	}
 	pick := func(cfg CostConfig) (Decision, Explanation) {
-		m, err := NewModel(cfg)
-		require.NoError(t, err)
-		c := NewCost(m)
-		var ex Explanation
-		rng := NewRand(1)
-		d := c.Pick(&req, cands, &rng, &ex)
-		rng = NewRand(1)
-		require.Equal(t, d.Index, c.Pick(&req, cands, &rng, nil).Index, "explaining changed the pick")
-		return d, ex
+		return explainedPick(t, cfg, &req, cands)
 	}
 
 	cfg := DefaultCostConfig()
@@ -179,4 +171,19 @@ func TestObservationEngineUsage(t *testing.T) {
 	require.Equal(t, 1000, o.Engine(0, 0, true).UncachedTokens, "no prompt count")
 	require.Equal(t, 1000, o.Engine(100, 960, true).UncachedTokens, "more cached than prompt")
 	require.Equal(t, 1000, o.Engine(100, -1, true).UncachedTokens)
+}
+
+// explainedPick is a fresh cost model's explained Pick of req over cands
+// with cfg; it fails t when the same Pick unexplained chooses otherwise.
+func explainedPick(t *testing.T, cfg CostConfig, req *Request, cands []Candidate) (Decision, Explanation) {
+	t.Helper()
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	c := NewCost(m)
+	var ex Explanation
+	rng := NewRand(1)
+	d := c.Pick(req, cands, &rng, &ex)
+	rng = NewRand(1)
+	require.Equal(t, d.Index, c.Pick(req, cands, &rng, nil).Index, "explaining changed the pick")
+	return d, ex
 }

@@ -78,6 +78,11 @@ type Explanation struct {
 	// each block weighed by (1 − share·replicas)⁺ with the share of the
 	// prompt up to that block (see Cost).
 	PrefixShare float64 `json:"prefix_share,omitempty"`
+	// TTFTTarget is cost's TTFT target in seconds (CostConfig.
+	// TTFTTargetSeconds; 0: none) and TargetMissCharge what a candidate
+	// whose EstimatedTTFT exceeds it is charged in its Score.
+	TTFTTarget       float64 `json:"ttft_target_s,omitempty"`
+	TargetMissCharge float64 `json:"target_miss_charge_s,omitempty"`
 	// Replicas holds one entry per candidate, in candidate order.
 	Replicas []ExplainedReplica `json:"replicas"`
 }

@@ -49,6 +49,11 @@ func TestConfigValidate(t *testing.T) {
 		func(c *Config) { c.Cost.ShareTauSeconds = -1 },
 		func(c *Config) { c.Cost.ShareTauSeconds = math.Inf(1) },
 		func(c *Config) { c.Cost.ShareTauSeconds = math.NaN() },
+		func(c *Config) { c.Cost.TTFTTargetSeconds = -1 },
+		func(c *Config) { c.Cost.TTFTTargetSeconds = math.Inf(1) },
+		func(c *Config) { c.Cost.TTFTTargetSeconds = math.NaN() },
+		func(c *Config) { c.Cost.TargetMissCharge = -0.5 },
+		func(c *Config) { c.Cost.TargetMissCharge = math.NaN() },
 		func(c *Config) { c.PeerLoadDelaySeconds = math.NaN() },
 		func(c *Config) { c.PeerLoadDelaySeconds = math.Inf(1) },
 	}

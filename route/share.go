@@ -180,6 +180,9 @@ type duplication struct {
 	// share is the share of the prefix as far as the best match
 	// (Explanation.PrefixShare); 0 when no candidate holds any of it.
 	share float64
+	// targetMiss is what a candidate estimated past the TTFT target is
+	// charged in this Pick (0: no charge; see Cost).
+	targetMiss float64
 }
 
 // duplication fills d with the duplicate-prefill pricing of req over

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
+	"github.com/kvmesh/kvmesh/chaos/study"
 	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/node/tokenizer"
 	"github.com/kvmesh/kvmesh/route"
@@ -87,7 +88,9 @@ type Options struct {
 	SpeculativeTTL time.Duration
 	IndexCapacity  int
 	// Route is every gateway's strategy configuration. Default
-	// route.DefaultConfig(), as node.
+	// route.DefaultConfig(), as node, with cost's TTFT target set to the
+	// study's SLO (study.DefaultSLO: 2 s), as an operator states the SLO
+	// the deployment serves (route.CostConfig.TTFTTargetSeconds).
 	Route route.Config
 
 	// QueuedUntilFirstToken releases a request's queued prefill tokens
@@ -111,6 +114,8 @@ type Options struct {
 // DefaultOptions returns two replicas behind one gateway in history mode on
 // the L20 profile, with the propagation delays documented on Options.
 func DefaultOptions() Options {
+	rcfg := route.DefaultConfig()
+	rcfg.Cost.TTFTTargetSeconds = study.DefaultSLO().TTFT.Seconds()
 	return Options{
 		Replicas:            2,
 		Gateways:            1,
@@ -132,7 +137,7 @@ func DefaultOptions() Options {
 		HistoryTTL:          2 * time.Hour,
 		SpeculativeTTL:      10 * time.Second,
 		IndexCapacity:       1 << 20,
-		Route:               route.DefaultConfig(),
+		Route:               rcfg,
 		// node releases queued prefill at the first body byte.
 		QueuedUntilFirstToken: true,
 		Seed:                  1,

@@ -469,6 +469,8 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			ScoreUnit   string  `json:"score_unit"`
 			Bound       float64 `json:"bound"`
 			PrefixShare float64 `json:"prefix_share"`
+			TTFTTarget  float64 `json:"ttft_target_s"`
+			TargetMiss  float64 `json:"target_miss_charge_s"`
 			Replicas    []struct {
 				Name          string  `json:"name"`
 				Matched       int     `json:"matched_blocks"`
@@ -523,6 +525,15 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		// duplicate prefill unless the prefix needs more than one).
 		fmt.Fprintf(out, "prefix share %.1f%% of this gateway's recent requests\n", 100*rep.Explanation.PrefixShare)
 	}
+	if e := rep.Explanation; e != nil && e.TTFTTarget > 0 {
+		// cost: a replica estimated past the TTFT target pays a charge,
+		// while this gateway sees every request on the replicas.
+		if e.TargetMiss > 0 {
+			fmt.Fprintf(out, "TTFT target %.3gs: a TTFT marked > misses it and adds %.3gs to the score\n", e.TTFTTarget, e.TargetMiss)
+		} else {
+			fmt.Fprintf(out, "TTFT target %.3gs: not charged (other senders' requests are on these replicas)\n", e.TTFTTarget)
+		}
+	}
 	if rep.Explanation != nil {
 		// The tiers come from the report (every strategy): MATCHED is
 		// the GPU match routing uses, CPU and DISK the run after it that
@@ -555,6 +566,9 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			}
 			if r.EstimatedTTFT > 0 {
 				ttft = fmt.Sprintf("%.3fs", r.EstimatedTTFT)
+				if rep.Explanation.TargetMiss > 0 && r.EstimatedTTFT > rep.Explanation.TTFTTarget {
+					ttft += ">"
+				}
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.2f\t%d\t%d\t%d\t%d\t%.2f\t%d\t%d\t%s\t%s\t%s\t%s\t%.4g\t%s\t%s\n", r.Name, r.Matched, t.CPU, t.Disk, r.MatchFraction,
 				r.InFlight, r.LocalInFlight, r.Running, r.Waiting, r.KVUsage, r.Queued, r.PeerQueued, step, slots, slotWait, ttft, r.Score, r.Filtered, pick)

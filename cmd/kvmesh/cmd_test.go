@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,9 +99,12 @@ func TestServeFlagErrors(t *testing.T) {
 }
 
 func TestExplainAgainstAGateway(t *testing.T) {
+	// Nothing running beyond the gateway's own requests at first: cost
+	// sees every request there, so its TTFT target applies.
+	var running atomic.Int32
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
-			_, _ = w.Write([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n"))
+			_, _ = fmt.Fprintf(w, "vllm:num_requests_running %d\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n", running.Load())
 			return
 		}
 		w.WriteHeader(http.StatusOK)
@@ -111,6 +116,8 @@ func TestExplainAgainstAGateway(t *testing.T) {
 	cfg.AdminToken = "explain-token"
 	// One sequence at a time: cost prices a slot wait on every replica.
 	cfg.Route.Cost.MaxRunning = 1
+	// A target no estimate meets: every replica is charged and marked.
+	cfg.Route.Cost.TTFTTargetSeconds = 0.01
 	n, err := node.New(cfg, nil)
 	require.NoError(t, err)
 	require.NoError(t, n.Start(context.Background()))
@@ -145,7 +152,22 @@ func TestExplainAgainstAGateway(t *testing.T) {
 	// cost's own view per replica: the running-set size it assumed, the
 	// slot wait that puts on the request, its TTFT estimate.
 	assert.Regexp(t, `STEP-ENDS\s+SLOTS\s+SLOT-WAIT\s+TTFT\s+SCORE\(estimated_cost_seconds\)`, out.String())
-	assert.Regexp(t, `(?m)^a\s.*\s1\s+\d+\.\d{3}s\s+\d+\.\d{3}s\s`, out.String())
+	assert.Regexp(t, `(?m)^a\s.*\s1\s+\d+\.\d{3}s\s+\d+\.\d{3}s>\s`, out.String())
+	assert.Contains(t, out.String(), "TTFT target 0.01s: a TTFT marked > misses it and adds 0.00125s to the score")
+	// Another sender's requests in the engines' scrapes: no charge.
+	running.Store(3)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out.Reset()
+		require.NoError(t, explain(context.Background(), &out, n.HTTPAddr(), "M", prompt, "cost", "", tok, false))
+		if strings.Contains(out.String(), "TTFT target 0.01s: not charged (other senders' requests are on these replicas)") {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "no scrape showed the other sender's requests:\n%s", out.String())
+		time.Sleep(50 * time.Millisecond)
+	}
+	assert.NotRegexp(t, `\d{3}s>`, out.String(), "no TTFT is marked when nothing is charged")
+	running.Store(0)
 
 	out.Reset()
 	require.NoError(t, explain(context.Background(), &out, "http://"+n.HTTPAddr(), "M", "hi", "", "", tok, true))

@@ -278,6 +278,8 @@ func Start(ctx context.Context, cfg Config) (*World, error) {
 		// unscaled, at speed 10 it spanned the previous phases' requests.
 		// (TuneNode, below, may still set its own.)
 		nc.Route.Cost.ShareTauSeconds = route.DefaultShareTauSeconds / cfg.Speed
+		// The operator's SLO: the study's TTFT target, in wall time.
+		nc.Route.Cost.TTFTTargetSeconds = study.DefaultSLO().TTFT.Seconds() / cfg.Speed
 		nc.HealthTimeout = max(nc.HealthTimeout, time.Second)
 		nc.ScrapeTimeout = max(nc.ScrapeTimeout, time.Second)
 		if cfg.EPP {

@@ -453,6 +453,33 @@ func (a *applier) resumePoint(replica string) (rp kvevents.ResumePoint, ok bool)
 	return kvevents.ResumePoint{Seq: kvevents.Seq(st.seq), EngineTS: st.engine}, true
 }
 
+// dropGapped empties this gateway's view of replica's engine when batches
+// were lost on the way here since its last reset (kvState.gap), and
+// reports whether it did. A gateway about to own the engine calls it
+// before its subscriber replays the engine's buffer: the replay's batches
+// up to the last one applied here are duplicates by seq and would be
+// dropped, so the removals the gap lost would stay in the owner's view
+// for good (no peer repairs an owner's view). Emptied, the view is
+// rebuilt in order from the replay (ci1208: an owner kept 107 removed
+// blocks of a scaled-out engine).
+func (a *applier) dropGapped(replica string) bool {
+	id, ok := a.c.deps.Replicas.ReplicaID(replica)
+	if !ok {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := a.kv[replica]
+	if st == nil || !st.valid || !st.gap {
+		return false
+	}
+	a.c.deps.Index.ClearReplica(id)
+	st.valid = false
+	st.cleared()
+	st.forget()
+	return true
+}
+
 // applyLocal applies a batch this gateway produced as an engine's owner.
 func (a *applier) applyLocal(b *KVBatch) {
 	a.mu.Lock()

@@ -213,3 +213,51 @@ func TestKVParentZeroChainStart(t *testing.T) {
 	require.NoError(t, m.Tolerated.WithLabelValues("r1", "parent_zero").Write(&d))
 	require.Equal(t, 1.0, d.GetCounter().GetValue())
 }
+
+// TestDropGappedRebuildsFromReplay: a view that lost batches on the way
+// here (one of them a removal) keeps the removed block; a new owner's
+// replay of the engine's buffer alone cannot fix it (its batches are
+// duplicates by seq), so dropGapped empties the view first and the
+// replay rebuilds it in order, without the removed block.
+func TestDropGappedRebuildsFromReplay(t *testing.T) {
+	g := newGW(t, "x", nil, nil)
+	a := g.c.ap
+	h := g.ix.Hasher()
+	stored := func(seq uint64, hash uint64, tok uint32) *KVBatch {
+		toks := make([]uint32, h.BlockTokens())
+		for i := range toks {
+			toks[i] = tok
+		}
+		return &KVBatch{Origin: "o", Replica: "r1", Seq: seq, EngineTS: float64(10 + seq), Events: []index.KVEvent{
+			{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{hash}, BlockTokens: h.BlockTokens(), Tokens: toks}}}}
+	}
+	removed := &KVBatch{Origin: "o", Replica: "r1", Seq: 2, EngineTS: 12, Events: []index.KVEvent{
+		{Kind: index.KVRemoved, Removed: []uint64{100}}}}
+	engine := []*KVBatch{stored(0, 100, 1), stored(1, 101, 2), removed, stored(3, 102, 3)}
+
+	require.False(t, a.dropGapped("r1"), "nothing applied: nothing to drop")
+	for _, b := range engine {
+		if b.Seq != 2 { // lost on the way here
+			a.applyLocal(b)
+		}
+	}
+	require.Equal(t, 3, confirmed(g), "the lost removal leaves block 100")
+	for _, b := range engine { // the replay alone: duplicates, dropped
+		a.applyLocal(b)
+	}
+	require.Equal(t, 3, confirmed(g))
+	_, ok := a.resumePoint("r1")
+	require.False(t, ok, "a gapped view is no resume point")
+
+	require.True(t, a.dropGapped("r1"))
+	require.Zero(t, confirmed(g))
+	for _, b := range engine {
+		a.applyLocal(b)
+	}
+	require.Equal(t, 2, confirmed(g), "rebuilt without the removed block")
+	rp, ok := a.resumePoint("r1")
+	require.True(t, ok)
+	require.Equal(t, kvevents.Seq(3), rp.Seq)
+	require.False(t, a.dropGapped("r1"), "a complete view stays")
+	require.False(t, a.dropGapped("nope"), "unknown replica")
+}

@@ -248,6 +248,8 @@ func (o *owners) startLocked(src KVSource) error {
 		// ask the engine only for what follows, not its whole buffer,
 		// which every peer would then drop as duplicates.
 		sc.Resume = &rp
+	} else if c.ap.dropGapped(src.Replica) {
+		c.log.Info("KV view missed batches: rebuilding it from the engine's replay", "replica", src.Replica)
 	}
 	h := &ownerHandler{c: c, src: src, hasher: c.deps.Index.Hasher()}
 	sub, err := kvevents.NewSubscriber(sc, h, c.deps.KVMetrics, c.log.With("replica", src.Replica))

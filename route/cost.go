@@ -177,15 +177,7 @@ type slotTerms struct {
 // prefill (zero: none).
 func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotView, extra placement, dup *duplication, slots *slotTerms) (ttft, queue, cost float64, n int) {
 	cfg := &c.model.cfg
-	n = max(cand.InFlight, 0)
-	if cand.Running >= 0 && cand.Waiting >= 0 {
-		if cand.ScrapedInFlightKnown {
-			n += max(cand.Running+cand.Waiting-cand.ScrapedInFlight, 0)
-		} else {
-			n = max(n, cand.Running+cand.Waiting)
-		}
-	}
-	n += extra.requests
+	n = max(cand.InFlight, 0) + cand.unseen() + extra.requests
 	// Work in engine tokens: the keys' units converted (Request.UnitsPerToken).
 	queued := req.tokens(cand.queuedPrefill() + extra.tokens)
 	capacity := c.capacity(cand, queued, sv)
@@ -507,8 +499,8 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	// An explained decision is not routed: it does not count.
 	var dup duplication
 	c.duplication(req, cands, explain == nil, &dup)
-	if !othersSeen(cands) {
-		dup.targetMiss = m.cfg.targetMiss()
+	if miss := m.cfg.targetMiss(); miss > 0 && !othersSeen(cands) {
+		dup.targetMiss = miss
 	}
 	if explain != nil {
 		explain.PrefixShare = dup.share
@@ -680,24 +672,13 @@ func (c *Cost) explainEstimate(req *Request, cand *Candidate, extra placement, d
 
 // othersSeen reports whether cands carry requests of senders other than
 // this gateway: peers report load there (InFlight beyond LocalInFlight),
-// or an engine's scrape showed more outstanding than this gateway had in
-// flight when it was taken (ScrapedInFlight; where that is unknown, more
-// than it has now). One gateway sees none; the TTFT target's charge
-// applies only then (see Cost).
+// or an engine's scrape showed requests this gateway's in-flight count
+// does not explain (Candidate.unseen). One gateway sees none; the TTFT
+// target's charge applies only then (see Cost).
 func othersSeen(cands []Candidate) bool {
 	for i := range cands {
 		c := &cands[i]
-		if c.InFlight > max(c.LocalInFlight, 0) {
-			return true
-		}
-		if c.Running < 0 || c.Waiting < 0 {
-			continue
-		}
-		own := c.InFlight
-		if c.ScrapedInFlightKnown {
-			own = c.ScrapedInFlight
-		}
-		if c.Running+c.Waiting > own {
+		if c.InFlight > max(c.LocalInFlight, 0) || c.unseen() > 0 {
 			return true
 		}
 	}

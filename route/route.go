@@ -70,6 +70,22 @@ type Candidate struct {
 	ScrapedInFlightKnown bool
 }
 
+// unseen is what the engine's last scrape showed outstanding beyond this
+// gateway's view: beyond ScrapedInFlight (its own in-flight count at the
+// scrape) where known, else beyond InFlight now; 0 without a scrape.
+// Where peers report load, InFlight includes theirs, and requests a peer
+// sent that its report does not carry yet show here.
+func (c *Candidate) unseen() int {
+	if c.Running < 0 || c.Waiting < 0 {
+		return 0
+	}
+	own := max(c.InFlight, 0)
+	if c.ScrapedInFlightKnown {
+		own = c.ScrapedInFlight
+	}
+	return max(c.Running+c.Waiting-own, 0)
+}
+
 // queuedPrefill is the prefill work the load view shows queued on c: this
 // gateway's and the peers' reported.
 func (c *Candidate) queuedPrefill() int {

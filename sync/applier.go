@@ -382,10 +382,7 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 	}
 	ix := a.c.deps.Index
 	if b.Reset {
-		ix.ClearReplica(id)
-		st.valid = false
-		st.cleared()
-		st.forget()
+		a.emptyLocked(id, st)
 		a.c.m.applied.WithLabelValues("kv").Inc()
 		return
 	}
@@ -473,11 +470,17 @@ func (a *applier) dropGapped(replica string) bool {
 	if st == nil || !st.valid || !st.gap {
 		return false
 	}
+	a.emptyLocked(id, st)
+	return true
+}
+
+// emptyLocked empties this gateway's view of engine id, whose stream
+// state is st: nothing applied since.
+func (a *applier) emptyLocked(id index.ReplicaID, st *kvState) {
 	a.c.deps.Index.ClearReplica(id)
 	st.valid = false
 	st.cleared()
 	st.forget()
-	return true
 }
 
 // applyLocal applies a batch this gateway produced as an engine's owner.

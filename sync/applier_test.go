@@ -58,14 +58,8 @@ func TestOriginWindowAgainstReference(t *testing.T) {
 func TestKVSequenceRules(t *testing.T) {
 	g := newGW(t, "x", nil, nil)
 	a := g.c.ap
-	h := g.ix.Hasher()
 	stored := func(seq uint64, ts float64, hash uint64, tok uint32) *KVBatch {
-		toks := make([]uint32, h.BlockTokens())
-		for i := range toks {
-			toks[i] = tok
-		}
-		return &KVBatch{Origin: "o", Replica: "r1", Seq: seq, EngineTS: ts, Events: []index.KVEvent{
-			{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{hash}, BlockTokens: h.BlockTokens(), Tokens: toks}}}}
+		return storedBatch(g.ix.Hasher(), seq, ts, hash, tok)
 	}
 	applied := func() float64 {
 		return metricValue(t, g.reg, "kvmesh_sync_deltas_applied_total", map[string]string{"kind": "kv"})
@@ -222,14 +216,8 @@ func TestKVParentZeroChainStart(t *testing.T) {
 func TestDropGappedRebuildsFromReplay(t *testing.T) {
 	g := newGW(t, "x", nil, nil)
 	a := g.c.ap
-	h := g.ix.Hasher()
 	stored := func(seq uint64, hash uint64, tok uint32) *KVBatch {
-		toks := make([]uint32, h.BlockTokens())
-		for i := range toks {
-			toks[i] = tok
-		}
-		return &KVBatch{Origin: "o", Replica: "r1", Seq: seq, EngineTS: float64(10 + seq), Events: []index.KVEvent{
-			{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{hash}, BlockTokens: h.BlockTokens(), Tokens: toks}}}}
+		return storedBatch(g.ix.Hasher(), seq, float64(10+seq), hash, tok)
 	}
 	removed := &KVBatch{Origin: "o", Replica: "r1", Seq: 2, EngineTS: 12, Events: []index.KVEvent{
 		{Kind: index.KVRemoved, Removed: []uint64{100}}}}
@@ -260,4 +248,15 @@ func TestDropGappedRebuildsFromReplay(t *testing.T) {
 	require.Equal(t, kvevents.Seq(3), rp.Seq)
 	require.False(t, a.dropGapped("r1"), "a complete view stays")
 	require.False(t, a.dropGapped("nope"), "unknown replica")
+}
+
+// storedBatch is engine r1's batch seq (engine clock ts) from origin "o":
+// one stored block of engine hash hash, every token tok.
+func storedBatch(h index.Hasher, seq uint64, ts float64, hash uint64, tok uint32) *KVBatch {
+	toks := make([]uint32, h.BlockTokens())
+	for i := range toks {
+		toks[i] = tok
+	}
+	return &KVBatch{Origin: "o", Replica: "r1", Seq: seq, EngineTS: ts, Events: []index.KVEvent{
+		{Kind: index.KVStored, Stored: index.StoredBlocks{Hashes: []uint64{hash}, BlockTokens: h.BlockTokens(), Tokens: toks}}}}
 }

@@ -3,7 +3,6 @@ package des
 import (
 	"fmt"
 	"math/bits"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,23 +36,14 @@ import (
 // arrive.
 // Run: DES_PARTITIONS=102,7,42 go test -run TestColdSplits -v ./chaos/des
 func TestColdSplits(t *testing.T) {
-	seeds := os.Getenv("DES_PARTITIONS")
-	if seeds == "" {
-		t.Skip("set DES_PARTITIONS=<seed,seed,...> to run")
-	}
+	seeds := envSeeds(t, "DES_PARTITIONS")
 	tb := study.Table{
 		Title: "Cold on two replicas: the 70 four-and-four splits of the groups under pinned routing, against cost and prefix-cache (hybrid, one gateway)",
 		Header: []string{"seed", "round", "splits: min / median / max passes",
 			"cost: passes (splits below, tied)", "prefix-cache: passes (splits below, tied)"},
 	}
-	for _, f := range strings.Split(seeds, ",") {
-		seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
-		require.NoError(t, err, "DES_PARTITIONS entry %q", f)
-		cfg := study.DefaultConfig()
-		cfg.Seed = seed
-		o := DefaultOptions()
-		o.Seed = seed
-		grid, _ := runStudy(t, cfg, o)
+	for _, seed := range seeds {
+		grid, cfg, o := seedGrid(t, seed)
 
 		cfg.Scenarios = []string{study.ScenarioCold}
 		cfg.Strategies = []string{route.NameRandom}

@@ -161,10 +161,7 @@ func table64(t *testing.T, seed uint64, dir string) (synced, isolated []SweepRes
 // tells a miss that holds across seeds from one that is the seed's.
 // Run: DES_TABLE_SEEDS=1,2,3,4,5 go test -run TestTable64Seeds -v -timeout 120m ./chaos/des
 func TestTable64Seeds(t *testing.T) {
-	env := os.Getenv("DES_TABLE_SEEDS")
-	if env == "" {
-		t.Skip("set DES_TABLE_SEEDS=<seed,seed,...> to run")
-	}
+	list := envSeeds(t, "DES_TABLE_SEEDS")
 	type cell struct{ setting, scenario, mode string }
 	var order []cell
 	margins := map[cell][]int{}
@@ -195,10 +192,9 @@ func TestTable64Seeds(t *testing.T) {
 		}
 	}
 	var seeds []string
-	for _, f := range strings.Split(env, ",") {
-		seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
-		if err != nil || seed == 0 {
-			t.Fatalf("DES_TABLE_SEEDS entry %q: want a seed > 0", f)
+	for _, seed := range list {
+		if seed == 0 {
+			t.Fatal("DES_TABLE_SEEDS entry 0: want a seed > 0 (0 runs the defaults)")
 		}
 		seeds = append(seeds, strconv.FormatUint(seed, 10))
 		synced, isolated := table64(t, seed, "")

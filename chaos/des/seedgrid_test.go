@@ -41,21 +41,12 @@ import (
 // (TestColdSplits).
 // Run: DES_SEEDGRID=102,7,11,23,42 go test -run TestSeedGridBeatIt -v ./chaos/des
 func TestSeedGridBeatIt(t *testing.T) {
-	seeds := os.Getenv("DES_SEEDGRID")
-	if seeds == "" {
-		t.Skip("set DES_SEEDGRID=<seed,seed,...> to run")
-	}
+	seeds := envSeeds(t, "DES_SEEDGRID")
 	var out strings.Builder
 	total, missed := 0, 0
 	var sum beatSums
-	for _, f := range strings.Split(seeds, ",") {
-		seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
-		require.NoError(t, err, "DES_SEEDGRID entry %q", f)
-		cfg := study.DefaultConfig()
-		cfg.Seed = seed
-		o := DefaultOptions()
-		o.Seed = seed // as kvbench --seed: it seeds the engine too
-		res, _ := runStudy(t, cfg, o)
+	for _, seed := range seeds {
+		res, _, _ := seedGrid(t, seed)
 		tb, ok := study.BeatCheck(res)
 		require.True(t, ok, "seed %d: the grid has no beat-it rows", seed)
 		miss := beatMisses(tb)
@@ -67,13 +58,43 @@ func TestSeedGridBeatIt(t *testing.T) {
 		t.Logf("seed %d: %d of %d rows miss: %s", seed, len(miss), len(tb.Rows), strings.Join(miss, "; "))
 	}
 	t.Logf("all seeds: %d of %d rows miss", missed, total)
-	st := sum.table(seeds)
+	st := sum.table(os.Getenv("DES_SEEDGRID"))
 	st.Markdown(&out)
 	t.Logf("\n%s", out.String())
 	if dir := os.Getenv("DES_SEEDGRID_OUT"); dir != "" {
 		require.NoError(t, os.MkdirAll(dir, 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, "beatit.md"), []byte(out.String()), 0o644))
 	}
+}
+
+// envSeeds returns the comma-separated seeds in $name, skipping t when
+// it is unset and failing it on an entry that is not a seed.
+func envSeeds(t *testing.T, name string) []uint64 {
+	t.Helper()
+	env := os.Getenv(name)
+	if env == "" {
+		t.Skipf("set %s=<seed,seed,...> to run", name)
+	}
+	var seeds []uint64
+	for _, f := range strings.Split(env, ",") {
+		seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		require.NoError(t, err, "%s entry %q", name, f)
+		seeds = append(seeds, seed)
+	}
+	return seeds
+}
+
+// seedGrid runs the seed grid (study.DefaultConfig) with seed driving
+// the workload and, as kvbench --seed does, the engine; it returns the
+// results with the configuration and options it ran.
+func seedGrid(t *testing.T, seed uint64) (*study.Results, study.Config, Options) {
+	t.Helper()
+	cfg := study.DefaultConfig()
+	cfg.Seed = seed
+	o := DefaultOptions()
+	o.Seed = seed
+	res, _ := runStudy(t, cfg, o)
+	return res, cfg, o
 }
 
 // beatMisses lists a beat-it table's missing rows as "scenario / round:

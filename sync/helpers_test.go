@@ -176,10 +176,20 @@ func newIndex(t testing.TB) *index.Index {
 	return ix
 }
 
+// natsHost is the loopback address the tests' embedded NATS servers listen
+// on: one per test process, not 127.0.0.1. natsDown and natsUp free a
+// server's ports for a moment, and on a busy host any connect() to
+// 127.0.0.1 may take a freed ephemeral port as its local port (ci1217:
+// "NATS port ... taken right after the server stopped"). Such a socket
+// does not conflict with a bind of the same port on another 127/8 address.
+var natsHost = fmt.Sprintf("127.77.%d.%d", os.Getpid()/250%250+1, os.Getpid()%250+1)
+
 // newGW builds (not starts) a gateway; mutate adjusts its config.
 func newGW(t testing.TB, name string, tr memberlist.Transport, mutate func(*Config)) *gw {
 	cfg := LocalConfig(name)
 	cfg.Trust = testRing(t, name, nil)
+	cfg.NATSClientAddr = net.JoinHostPort(natsHost, "0")
+	cfg.NATSClusterAddr = net.JoinHostPort(natsHost, "0")
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -352,7 +362,9 @@ func logCounters(t testing.TB, gws []*gw) {
 // and route ports until natsUp restarts it on them, as a restarted server
 // with configured ports would. Without the hold, any bind(0) on this busy
 // host could take a freed port during the outage, and the server could
-// not come back.
+// not come back. (The moments between the server's close and the hold, and
+// between the hold's close and the restart, are why natsHost is not
+// 127.0.0.1.)
 func natsDown(t testing.TB, g *gw) {
 	t.Helper()
 	b := g.c.bus

@@ -363,12 +363,9 @@ func (n *Node) startCluster(ctx context.Context, httpAddr string) (err error) {
 }
 
 // openStore opens the raft config store. raft panics when its log store
-// cannot read an entry it needs at start (raft-wal v0.4.0 can leave a
-// sealed segment without its index after raft truncated the log's tail,
-// hashicorp/raft-wal#31; the store compacts such a segment away within
-// about a second, so only a crash inside that window leaves one); that
-// becomes ErrRaftLog naming the directory, instead of a crashed process,
-// so the operator knows what to move away.
+// cannot read an entry it needs at start (a damaged or foreign raft
+// directory); that becomes ErrRaftLog naming the directory, instead of a
+// crashed process, so the operator knows what to move away.
 func openStore(sc config.StoreConfig) (s *config.Store, err error) {
 	defer func() {
 		if r := recover(); r != nil {

@@ -72,13 +72,12 @@
 // log (a follower whose uncommitted entries conflict with a new leader's,
 // e.g. a leader that accepted a write just before it was partitioned away),
 // raft-wal marks the active segment sealed without writing its index
-// block, and after a restart every read in that segment fails with
-// "sealed segment has no index block" (raft panics in NewRaft). The store
-// notices such a truncation (kvmesh_config_raft_log_tail_truncations_total)
-// and, once it has applied through the truncation point, snapshots with
-// TrailingLogs 0 so compaction deletes that segment (wal.go). A process
-// that dies inside that window (normally under a second) still cannot
-// reopen its log: move DataDir/raft away and it rejoins and catches up.
+// block, and after a restart raft-wal's reader fails every read in that
+// segment with "sealed segment has no index block" (raft panics in
+// NewRaft). The store opens raft-wal with a segment filer that reads such
+// a segment by scanning its frames (wal.go), so a node restarts whenever
+// it stops. kvmesh_config_raft_log_tail_truncations_total counts the
+// truncations.
 //
 // # Admin API
 //

@@ -29,8 +29,9 @@ type metrics struct {
 	// this node forwarded to the leader.
 	forwarded *prometheus.CounterVec
 	// tailTruncations: kvmesh_config_raft_log_tail_truncations_total, raft
-	// log suffixes deleted on this node (a conflicting uncommitted tail);
-	// each leaves a raft-wal segment the store must compact away (wal.go).
+	// log suffixes deleted on this node (a conflicting uncommitted tail;
+	// raft-wal leaves its segment without an index block, read by
+	// scanning after a restart: wal.go).
 	tailTruncations prometheus.Counter
 	// adminRejected: kvmesh_config_admin_rejected_total{api="grpc"|"http",
 	// reason}, admin API input refused: a client error answered by the
@@ -79,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		tailTruncations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_config_raft_log_tail_truncations_total",
-			Help: "Raft log suffixes deleted on this node (uncommitted entries overwritten by a new leader); each is compacted away by a snapshot.",
+			Help: "Raft log suffixes deleted on this node (uncommitted entries overwritten by a new leader).",
 		}),
 		adminRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_config_admin_rejected_total",

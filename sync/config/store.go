@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -38,20 +37,15 @@ type Store struct {
 	metrics *metrics
 	fsm     *FSM
 
-	raft     *raft.Raft
-	wal      *wal.WAL
-	meta     *metadb.BoltMetaDB     // closed by us: WAL.Close leaves it open
-	unlock   func() error           // releases the data dir lock
-	netTrans *raft.NetworkTransport // nil when cfg.Transport was given
-	guard    *noPipelineTransport   // netTrans as raft has it (nil likewise)
-	trans    raft.Transport         // what raft was given
-	// walRepair is the last index of a raft-wal segment left sealed
-	// without its index block by a tail truncation (see wal.go), 0 when
-	// none is pending; walRepairCh wakes repairLoop.
-	walRepair   atomic.Uint64
-	walRepairCh chan struct{}
-	raftAddr    string
-	leaderObs   chan bool
+	raft      *raft.Raft
+	wal       *wal.WAL
+	meta      *metadb.BoltMetaDB     // closed by us: WAL.Close leaves it open
+	unlock    func() error           // releases the data dir lock
+	netTrans  *raft.NetworkTransport // nil when cfg.Transport was given
+	guard     *noPipelineTransport   // netTrans as raft has it (nil likewise)
+	trans     raft.Transport         // what raft was given
+	raftAddr  string
+	leaderObs chan bool
 
 	applied chan struct{} // cap 1: "the FSM swapped"
 
@@ -103,7 +97,6 @@ func Open(cfg StoreConfig) (*Store, error) {
 		clients:     map[string]*Client{},
 		absentSince: map[string]time.Time{},
 		leaderObs:   make(chan bool, 1),
-		walRepairCh: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 	}
 	s.fsm = newFSM(m, log, s.signalApplied)
@@ -111,10 +104,9 @@ func Open(cfg StoreConfig) (*Store, error) {
 		s.closeStorage()
 		return nil, err
 	}
-	s.wg.Add(3)
+	s.wg.Add(2)
 	go s.notifyLoop()
 	go s.runLoop()
-	go s.repairLoop()
 	return s, nil
 }
 
@@ -135,7 +127,7 @@ func (s *Store) openRaft() error {
 	}
 	s.unlock = unlock
 	s.meta = &metadb.BoltMetaDB{}
-	w, err := wal.Open(filepath.Join(dir, "wal"), wal.WithMetaStore(s.meta))
+	w, err := openWAL(filepath.Join(dir, "wal"), s.meta)
 	if err != nil {
 		return fmt.Errorf("config: open raft log in %s: %w", dir, err)
 	}

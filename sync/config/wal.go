@@ -1,11 +1,15 @@
 package config
 
 import (
-	"errors"
-	"time"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
 
-	"github.com/hashicorp/raft"
 	wal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/fs"
+	"github.com/hashicorp/raft-wal/segment"
+	"github.com/hashicorp/raft-wal/types"
 )
 
 // raft-wal v0.4.0 and log tail truncation (hashicorp/raft-wal#31).
@@ -16,19 +20,23 @@ import (
 // write during a partition, or just before it stepped down) once it
 // rejoins under a new leader. Compaction after a snapshot deletes a prefix,
 // which is safe. For a suffix raft-wal marks the active segment sealed in
-// its metadata but never writes the segment's index block; the running
-// process keeps reading it through the in-memory index, but after a
-// restart every read of an entry in that segment fails with "sealed
-// segment has no index block", and raft panics in NewRaft while scanning
-// the entries after its last snapshot (or later, applying them).
+// its metadata but never writes the segment's index block (the array of
+// entry offsets a sealed segment is read through). The running process
+// keeps reading the segment through its in-memory index, but after a
+// restart raft-wal's reader fails every read in it with "sealed segment
+// has no index block", and raft panics in NewRaft while scanning the
+// entries after its last snapshot.
 //
-// The guard: walLog notices a tail truncation, and the store's repair
-// loop, as soon as the FSM has applied through the truncation point, takes
-// a snapshot with TrailingLogs 0 for that one compaction, so the broken
-// segment lies wholly below the snapshot and is deleted. A process that
-// dies between the truncation and that snapshot (normally well under a
-// second) still cannot restart; node turns the panic into ErrRaftLog, and
-// moving the data dir's raft directory away lets it rejoin and catch up.
+// The entries themselves are intact in the segment file: frames in index
+// order, each an 8-byte header (type, 3 reserved bytes, little-endian
+// payload length) and the payload padded to 8 bytes, after a 32-byte file
+// header; commit frames carry a checksum instead of a length and no
+// payload. So the store opens raft-wal with scanningFiler, which is
+// raft-wal's own segment filer except that it opens a sealed segment
+// without an index block by walking its frames once to find the entries.
+// An earlier guard compacted such a segment away by a snapshot once the
+// FSM had applied through it; a gateway stopped inside that window (ci1218:
+// 1.8 s after the truncation, during an election) could not restart.
 
 // walLog is the raft LogStore: raft-wal, reporting tail truncations.
 type walLog struct {
@@ -55,98 +63,119 @@ func (l walLog) DeleteRange(lo, hi uint64) error {
 	return nil
 }
 
-// tailTruncated records that the entries up to newLast now end a segment
-// without an index block; it runs on raft's goroutine and never blocks.
-// Every entry after newLast is gone, so every such segment, this one or
-// one an earlier truncation left, lies at or below newLast: the pending
-// repair becomes newLast even if an earlier truncation asked for more (an
-// index a quiet cluster may not write again for a long time).
+// tailTruncated counts and logs a tail truncation; it runs on raft's
+// goroutine.
 func (s *Store) tailTruncated(newLast uint64) {
-	s.walRepair.Store(newLast)
 	s.metrics.tailTruncations.Inc()
-	s.log.Warn("raft log tail truncated; compacting past it once applied (raft-wal#31)", "last_kept", newLast)
-	select {
-	case s.walRepairCh <- struct{}{}:
-	default:
-	}
+	s.log.Info("raft log tail truncated (uncommitted entries replaced by the leader's)", "last_kept", newLast)
 }
 
-// walRepairPending is the index a snapshot must still cover, 0 if none.
-func (s *Store) walRepairPending() uint64 { return s.walRepair.Load() }
+// openWAL opens raft-wal in dir with scanningFiler.
+func openWAL(dir string, meta types.MetaStore) (*wal.WAL, error) {
+	sf := scanningFiler{Filer: segment.NewFiler(dir, fs.New()), dir: dir}
+	return wal.Open(dir, wal.WithMetaStore(meta), wal.WithSegmentFiler(sf))
+}
 
-// walRepairPoll is how often repairLoop looks at the applied index while
-// a repair waits for it. A truncation usually comes before the entries it
-// kept are committed (a new leader commits its predecessors' entries only
-// with its own first one), and nothing else wakes the loop when they are.
-const walRepairPoll = 20 * time.Millisecond
+// scanningFiler is raft-wal's segment filer, opening a sealed segment
+// that has no index block (IndexStart 0) by scanning it.
+type scanningFiler struct {
+	*segment.Filer
+	dir string
+}
 
-// repairLoop snapshots and compacts past a truncated segment once the FSM
-// has applied through it: at once when a truncation is signalled, then
-// every walRepairPoll until done. An attempt that fails (the FSM has taken
-// nothing at or after the segment's last entry, which happens when that
-// entry is a no-op and nothing follows it yet, or raft refuses the
-// snapshot) is retried once more entries are applied or after a
-// ReconcileInterval, not on every poll.
-func (s *Store) repairLoop() {
-	defer s.wg.Done()
-	var poll <-chan time.Time
-	var tried uint64    // the applied index at the last failed attempt
-	var retry time.Time // when to try again without more applied
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-s.walRepairCh:
-		case <-poll:
+// Open implements types.SegmentFiler; raft-wal calls it for sealed
+// segments only.
+func (f scanningFiler) Open(info types.SegmentInfo) (types.SegmentReader, error) {
+	if info.IndexStart != 0 {
+		return f.Filer.Open(info)
+	}
+	return openScanned(filepath.Join(f.dir, segment.FileName(info)), info)
+}
+
+// The segment format's constants (see the comment at the top).
+const (
+	segFileHeaderLen  = 32
+	segFrameHeaderLen = 8
+	segMagic          = 0x58eb6b0d // little-endian uint64 of the header's first 8 bytes
+	segFrameEntry     = 1
+	segFrameIndex     = 2
+	segFrameCommit    = 3
+)
+
+// scannedSegment reads a sealed segment through entry offsets found by
+// scanning its frames.
+type scannedSegment struct {
+	f       *os.File
+	info    types.SegmentInfo
+	offsets []int64 // frame offset of entry BaseIndex+i
+}
+
+func openScanned(path string, info types.SegmentInfo) (_ *scannedSegment, err error) {
+	if info.MaxIndex < info.BaseIndex {
+		return nil, fmt.Errorf("%w: sealed segment %s ends at %d, before its base %d", types.ErrCorrupt, path, info.MaxIndex, info.BaseIndex)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = f.Close()
 		}
-		need, applied := s.walRepair.Load(), s.raft.AppliedIndex()
-		switch {
-		case need == 0 || applied < need:
-		case applied <= tried && time.Now().Before(retry):
-		case s.snapshotPast(need):
-			s.walRepair.CompareAndSwap(need, 0)
+	}()
+	var h [segFileHeaderLen]byte
+	if _, err := f.ReadAt(h[:], 0); err != nil {
+		return nil, fmt.Errorf("%w: segment %s: header: %w", types.ErrCorrupt, path, err)
+	}
+	le := binary.LittleEndian
+	if le.Uint64(h[0:8]) != segMagic || le.Uint64(h[8:16]) != info.BaseIndex ||
+		le.Uint64(h[16:24]) != info.ID || le.Uint64(h[24:32]) != info.Codec {
+		return nil, fmt.Errorf("%w: segment %s: header does not match its metadata", types.ErrCorrupt, path)
+	}
+	want := int(info.MaxIndex - info.BaseIndex + 1)
+	s := &scannedSegment{f: f, info: info, offsets: make([]int64, 0, want)}
+	var fh [segFrameHeaderLen]byte
+	for off := int64(segFileHeaderLen); len(s.offsets) < want; {
+		if _, err := f.ReadAt(fh[:], off); err != nil {
+			return nil, fmt.Errorf("%w: segment %s: %d of %d entries before offset %d: %w",
+				types.ErrCorrupt, path, len(s.offsets), want, off, err)
+		}
+		size := int64(le.Uint32(fh[4:8]))
+		switch fh[0] {
+		case segFrameEntry:
+			s.offsets = append(s.offsets, off)
+		case segFrameIndex:
+		case segFrameCommit:
+			size = 0 // the field is a checksum
 		default:
-			tried, retry = applied, time.Now().Add(s.cfg.ReconcileInterval)
+			return nil, fmt.Errorf("%w: segment %s: frame type %d at offset %d after %d of %d entries",
+				types.ErrCorrupt, path, fh[0], off, len(s.offsets), want)
 		}
-		poll = nil
-		if s.walRepairPending() != 0 {
-			poll = time.After(walRepairPoll)
-		}
+		off += segFrameHeaderLen + (size+segFrameHeaderLen-1)/segFrameHeaderLen*segFrameHeaderLen
 	}
+	return s, nil
 }
 
-// snapshotPast takes a snapshot with TrailingLogs 0, so raft compacts the
-// whole log it covers, and reports whether it covers index need.
-func (s *Store) snapshotPast(need uint64) bool {
-	rc := s.raft.ReloadableConfig()
-	keep := rc.TrailingLogs
-	rc.TrailingLogs = 0
-	if err := s.raft.ReloadConfig(rc); err != nil {
-		s.log.Warn("raft log repair: reload config", "err", err)
-		return false
+// GetLog implements types.SegmentReader.
+func (s *scannedSegment) GetLog(idx uint64) (*types.PooledBuffer, error) {
+	if idx < s.info.MinIndex || idx > s.info.MaxIndex {
+		return nil, types.ErrNotFound
 	}
-	f := s.raft.Snapshot()
-	err := f.Error()
-	rc.TrailingLogs = keep
-	if rerr := s.raft.ReloadConfig(rc); rerr != nil {
-		s.log.Warn("raft log repair: restore trailing logs", "err", rerr)
+	off := s.offsets[idx-s.info.BaseIndex]
+	var fh [segFrameHeaderLen]byte
+	if _, err := s.f.ReadAt(fh[:], off); err != nil {
+		return nil, err
 	}
-	if err != nil {
-		if !errors.Is(err, raft.ErrNothingNewToSnapshot) {
-			s.log.Warn("raft log repair: snapshot", "err", err)
-		}
-		return false
+	n := binary.LittleEndian.Uint32(fh[4:8])
+	if n > segment.MaxEntrySize {
+		return nil, fmt.Errorf("%w: entry %d claims %d bytes", types.ErrCorrupt, idx, n)
 	}
-	meta, rd, err := f.Open()
-	if err != nil {
-		s.log.Warn("raft log repair: open snapshot", "err", err)
-		return false
+	buf := make([]byte, n)
+	if _, err := s.f.ReadAt(buf, off+segFrameHeaderLen); err != nil {
+		return nil, err
 	}
-	_ = rd.Close()
-	if meta.Index < need {
-		s.log.Info("raft log repair waits for an entry the FSM takes", "snapshot_index", meta.Index, "need", need)
-		return false
-	}
-	s.log.Info("raft log compacted past the truncated segment", "snapshot_index", meta.Index)
-	return true
+	return &types.PooledBuffer{Bs: buf}, nil
 }
+
+// Close implements io.Closer.
+func (s *scannedSegment) Close() error { return s.f.Close() }

@@ -56,6 +56,7 @@ type metrics struct {
 	// Operator's first look (issue 19): where the traffic goes, what the
 	// gateway costs a request, and which build runs.
 	replicaDecisions *prometheus.CounterVec   // model, replica
+	pastTarget       *prometheus.CounterVec   // model, replica: cost's pick estimated past the TTFT target
 	requestDuration  *prometheus.HistogramVec // model
 	addedLatency     prometheus.Histogram
 	buildInfo        *prometheus.GaugeVec // version, revision, goversion
@@ -146,6 +147,11 @@ func newMetrics() *metrics {
 		Name: "kvmesh_route_replica_decisions_total",
 		Help: "Routing decisions this gateway made, by model and the replica picked (retries count again).",
 	}, []string{"model", "replica"})
+	m.pastTarget = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_route_estimated_past_target_total",
+		Help: "Cost decisions whose pick was estimated past the TTFT target (cost.ttft_target_seconds), by model and replica: even the best replica was expected to miss the SLO, " +
+			"so the replicas are short of capacity for the load (or cost's view of them is off: kvmesh_route_ttft_estimate_ratio).",
+	}, []string{"model", "replica"})
 	m.requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "kvmesh_http_request_duration_seconds",
 		Help:    "End to end, as the gateway sees a proxied request: from its arrival (before the body is read) to the last byte relayed, by model.",
@@ -162,7 +168,7 @@ func newMetrics() *metrics {
 	}, []string{"version", "revision", "goversion"})
 	bi := buildinfo.Get()
 	m.buildInfo.WithLabelValues(bi.Version, bi.Revision, bi.GoVersion).Set(1)
-	m.reg.MustRegister(m.replicaDecisions, m.requestDuration, m.addedLatency, m.buildInfo)
+	m.reg.MustRegister(m.replicaDecisions, m.pastTarget, m.requestDuration, m.addedLatency, m.buildInfo)
 	m.responseAffinity = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_proxy_response_affinity_total",
 		Help: "Requests naming a stored response (previous_response_id, /v1/responses/{id}) by how its owning replica was found: known (relayed here), shared (recorded by a peer), discovered (asked the engines), unknown, owner_gone (its replica left the pool), owner_unavailable (ejected or failing health), shared_store (affinity off), undiscovered (a replica did not answer the lookup: 503 response_owner_undiscovered), discovery_busy (too many lookups at once: the same 503).",
@@ -290,7 +296,7 @@ func (n *Node) forgetSeries(r *replica) {
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
 	}{n.m.inflight, n.m.healthy, n.m.ttft, n.m.ttftEstimate, n.m.ejections, n.m.upstreamErrors,
-		n.m.kvApplyErrors, n.m.replicaDecisions, n.m.suspect, n.m.predictionChecks, n.m.predictionError} {
+		n.m.kvApplyErrors, n.m.replicaDecisions, n.m.pastTarget, n.m.suspect, n.m.predictionChecks, n.m.predictionError} {
 		v.DeletePartialMatch(l)
 	}
 	n.kvMetrics.Forget(r.name)

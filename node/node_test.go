@@ -673,6 +673,31 @@ func TestTTFTEstimateRatio(t *testing.T) {
 	assert.EqualValues(t, 1, count, "prefix-cache estimates nothing")
 }
 
+// TestEstimatedPastTargetCounter: a cost decision whose pick is estimated
+// past the TTFT target counts, by model and replica; one within it, and
+// one by a strategy that estimates nothing, do not.
+func TestEstimatedPastTargetCounter(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	n := startNode(t, func(c *Config) {
+		c.Strategy = route.NameCost
+		c.Route.Cost.TTFTTargetSeconds = 1e-9 // below any estimate
+	}, rc("a", e.url()))
+	const name = "kvmesh_route_estimated_past_target_total"
+	series := map[string]string{"model": "m", "replica": "a"}
+	readAll(t, post(t, n, "/v1/completions", streamReq, nil))
+	assert.Equal(t, 1.0, counterValue(t, n, name, series))
+	readAll(t, post(t, n, "/v1/completions", streamReq, map[string]string{HeaderStrategy: route.NamePrefixCache}))
+	assert.Equal(t, 1.0, counterValue(t, n, name, series), "prefix-cache estimates nothing")
+
+	n2 := startNode(t, func(c *Config) {
+		c.Strategy = route.NameCost
+		c.Route.Cost.TTFTTargetSeconds = 1e6
+	}, rc("a", e.url()))
+	readAll(t, post(t, n2, "/v1/completions", streamReq, nil))
+	assert.Equal(t, 1.0, counterValue(t, n2, "kvmesh_route_replica_decisions_total", series))
+	assert.Zero(t, counterValue(t, n2, name, series), "estimated within the target")
+}
+
 // TestQueuedPrefillGaugeWhileWaiting: the gauge shows a request's uncached
 // prompt tokens while the engine has not answered, and 0 after.
 func TestQueuedPrefillGaugeWhileWaiting(t *testing.T) {

@@ -211,6 +211,11 @@ func (n *Node) observeDecision(p *pool, dec decision, took time.Duration) {
 	s.took.Observe(took.Seconds())
 	s.decisions.Inc()
 	dec.rep.mPicked.Inc()
+	if est := dec.Decision.EstimatedTTFT; est > 0 {
+		if target := dec.pool.set.Model().TTFTTarget(); target > 0 && est > target {
+			dec.rep.mPast.Inc()
+		}
+	}
 	frac := 0.0
 	if dec.req.TotalBlocks > 0 {
 		frac = float64(dec.Matched) / float64(dec.req.TotalBlocks)

@@ -117,6 +117,7 @@ type replica struct {
 	mTTFTEst  prometheus.Observer // kvmesh_route_ttft_estimate_ratio
 	mHealthy  prometheus.Gauge
 	mPicked   prometheus.Counter // kvmesh_route_replica_decisions_total
+	mPast     prometheus.Counter // kvmesh_route_estimated_past_target_total
 }
 
 // pool is the replicas serving one model.

@@ -204,6 +204,7 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 				}
 				r.mInflight = n.m.inflight.WithLabelValues(r.name)
 				r.mPicked = n.m.replicaDecisions.WithLabelValues(mc.Name, r.name)
+				r.mPast = n.m.pastTarget.WithLabelValues(mc.Name, r.name)
 				r.mTTFT = n.m.ttft.WithLabelValues(r.name)
 				r.mTTFTEst = n.m.ttftEstimate.WithLabelValues(r.name)
 				r.mHealthy = n.m.healthy.WithLabelValues(r.name)

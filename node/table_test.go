@@ -211,7 +211,7 @@ func TestDroppedReplicaLeavesNoSeries(t *testing.T) {
 		return out
 	}
 	for _, want := range []string{"kvmesh_proxy_inflight", "kvmesh_proxy_replica_healthy", "kvmesh_proxy_ttft_seconds",
-		"kvmesh_route_replica_decisions_total", "kvmesh_proxy_upstream_errors_total", "kvmesh_proxy_ejections_total",
+		"kvmesh_route_replica_decisions_total", "kvmesh_route_estimated_past_target_total", "kvmesh_proxy_upstream_errors_total", "kvmesh_proxy_ejections_total",
 		"kvmesh_index_kv_apply_errors_total", "kvmesh_kvevents_batches_total", "kvmesh_kvevents_resets_total"} {
 		require.Contains(t, series("old"), want)
 	}

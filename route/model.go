@@ -330,6 +330,9 @@ func NewModel(cfg CostConfig) (*Model, error) {
 // Config returns the model's configuration.
 func (m *Model) Config() CostConfig { return m.cfg }
 
+// TTFTTarget is CostConfig.TTFTTargetSeconds (0: none).
+func (m *Model) TTFTTarget() float64 { return m.cfg.TTFTTargetSeconds }
+
 func (m *Model) prior() replicaRates {
 	return replicaRates{
 		prefillSecPerToken: 1 / m.cfg.PriorPrefillTokensPerSecond,

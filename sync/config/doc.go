@@ -68,16 +68,15 @@
 // which is plenty for a config document. A StoreConfig.Transport given by
 // the caller is used as is.
 //
-// raft-wal v0.4.0 (hashicorp/raft-wal#31): when raft deletes a suffix of the
-// log (a follower whose uncommitted entries conflict with a new leader's,
-// e.g. a leader that accepted a write just before it was partitioned away),
-// raft-wal marks the active segment sealed without writing its index
-// block, and after a restart raft-wal's reader fails every read in that
-// segment with "sealed segment has no index block" (raft panics in
-// NewRaft). The store opens raft-wal with a segment filer that reads such
-// a segment by scanning its frames (wal.go), so a node restarts whenever
-// it stops. kvmesh_config_raft_log_tail_truncations_total counts the
-// truncations.
+// raft-wal v0.4.0 (hashicorp/raft-wal#31, fixed in the v0.4.1 the store
+// uses): when raft deleted a suffix of the log (a follower whose
+// uncommitted entries conflict with a new leader's, e.g. a leader that
+// accepted a write just before it was partitioned away), raft-wal sealed
+// the segment without writing its index block, and after a restart
+// raft-wal's reader failed every read in it (raft panicked in NewRaft). A
+// data directory written by an earlier kvmesh may still hold such a
+// segment; the store reads it by scanning its frames (wal.go).
+// kvmesh_config_raft_log_tail_truncations_total counts the truncations.
 //
 // # Admin API
 //

@@ -30,8 +30,7 @@ type metrics struct {
 	forwarded *prometheus.CounterVec
 	// tailTruncations: kvmesh_config_raft_log_tail_truncations_total, raft
 	// log suffixes deleted on this node (a conflicting uncommitted tail;
-	// raft-wal leaves its segment without an index block, read by
-	// scanning after a restart: wal.go).
+	// see wal.go).
 	tailTruncations prometheus.Counter
 	// adminRejected: kvmesh_config_admin_rejected_total{api="grpc"|"http",
 	// reason}, admin API input refused: a client error answered by the

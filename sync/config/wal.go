@@ -12,31 +12,33 @@ import (
 	"github.com/hashicorp/raft-wal/types"
 )
 
-// raft-wal v0.4.0 and log tail truncation (hashicorp/raft-wal#31).
+// raft-wal and log tail truncation (hashicorp/raft-wal#31).
 //
 // raft deletes a suffix of its log in one place only: a follower whose
 // entries conflict with the leader's (raft.go, "clearing log suffix"),
 // which happens to a leader that appended entries it could not commit (a
 // write during a partition, or just before it stepped down) once it
-// rejoins under a new leader. Compaction after a snapshot deletes a prefix,
-// which is safe. For a suffix raft-wal marks the active segment sealed in
-// its metadata but never writes the segment's index block (the array of
-// entry offsets a sealed segment is read through). The running process
-// keeps reading the segment through its in-memory index, but after a
-// restart raft-wal's reader fails every read in it with "sealed segment
-// has no index block", and raft panics in NewRaft while scanning the
-// entries after its last snapshot.
+// rejoins under a new leader. raft-wal v0.4.0, which kvmesh used before,
+// marked the truncated segment sealed in its metadata without writing the
+// segment's index block (the array of entry offsets a sealed segment is
+// read through). The running process kept reading it through its
+// in-memory index, but after a restart raft-wal's reader failed every read
+// in it with "sealed segment has no index block", and raft panicked in
+// NewRaft. v0.4.1 writes the index when it truncates. (v0.4.2 needs
+// hashicorp/go-metrics/compat, which the go-metrics that raft v1.8.0 and
+// memberlist pull in no longer has.)
 //
-// The entries themselves are intact in the segment file: frames in index
-// order, each an 8-byte header (type, 3 reserved bytes, little-endian
-// payload length) and the payload padded to 8 bytes, after a 32-byte file
-// header; commit frames carry a checksum instead of a length and no
-// payload. So the store opens raft-wal with scanningFiler, which is
-// raft-wal's own segment filer except that it opens a sealed segment
-// without an index block by walking its frames once to find the entries.
-// An earlier guard compacted such a segment away by a snapshot once the
-// FSM had applied through it; a gateway stopped inside that window (ci1218:
-// 1.8 s after the truncation, during an election) could not restart.
+// Data directories written before the upgrade may still hold such a
+// segment: kvmesh compacted it away by a snapshot once the FSM had applied
+// through it, and a gateway stopped inside that window (ci1218: 1.8 s
+// after the truncation, during an election) could not restart. The
+// entries themselves are intact in the file: frames in index order, each
+// an 8-byte header (type, 3 reserved bytes, little-endian payload length)
+// and the payload padded to 8 bytes, after a 32-byte file header; commit
+// frames carry a checksum instead of a length and no payload. So the store
+// opens raft-wal with scanningFiler, raft-wal's own segment filer except
+// that it opens a sealed segment without an index block by walking its
+// frames once to find the entries.
 
 // walLog is the raft LogStore: raft-wal, reporting tail truncations.
 type walLog struct {

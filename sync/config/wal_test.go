@@ -15,10 +15,10 @@ import (
 
 // A leader cut off from the others appends a write it cannot commit; once
 // healed, the new leader's entries conflict with it and raft truncates the
-// old leader's log tail. raft-wal v0.4.0 then marks the active segment
-// sealed without writing its index block (hashicorp/raft-wal#31). The old
-// leader stops at once (ci1218 stopped one 1.8 s after its truncation) and
-// must restart and rejoin: its store reads that segment by scanning it.
+// old leader's log tail. raft-wal v0.4.0 then sealed the segment without
+// its index block (hashicorp/raft-wal#31, fixed in v0.4.1), and a restart
+// panicked. The old leader stops at once (ci1218 stopped one 1.8 s after
+// its truncation) and must restart and rejoin.
 func TestRestartAfterLogTailTruncation(t *testing.T) {
 	c := newCluster(t, 3, 3, true, func(cfg *StoreConfig) { cfg.ApplyTimeout = time.Second })
 	v1 := writeEventually(t, 10*time.Second, func() (uint64, error) {
@@ -60,9 +60,12 @@ func TestRestartAfterLogTailTruncation(t *testing.T) {
 	c.waitVersion(v3, c.nodes...)
 }
 
-// The same at the log store alone: entries 1-10, the tail from 6 deleted
-// and 6-7 written again in a later term. raft-wal's own reader cannot read
-// entries 1-5 after a reopen; openWAL's reads every entry as written.
+// A log that raft-wal v0.4.0 left behind: entries 1-10, the tail from 6
+// deleted and 6-7 written again in a later term, then the sealed
+// segment's IndexStart cleared in the metadata, as v0.4.0 sealed a
+// truncated segment. v0.4.1 writes the index (the first reopen checks our
+// pin has the fix); with the index gone raft-wal's own reader fails every
+// entry in the segment, and openWAL's reads each one as written.
 func TestTruncatedSegmentReadAfterReopen(t *testing.T) {
 	dir := t.TempDir()
 	// open returns the log and its closer (WAL.Close leaves the meta
@@ -90,26 +93,50 @@ func TestTruncatedSegmentReadAfterReopen(t *testing.T) {
 		}
 		return ls
 	}
+	want := append(entries(1, 1, 5), entries(2, 6, 7)...)
+	readAll := func(w *wal.WAL) error {
+		var l raft.Log
+		for _, e := range want {
+			if err := w.GetLog(e.Index, &l); err != nil {
+				return fmt.Errorf("entry %d: %w", e.Index, err)
+			}
+			require.Equal(t, e.Term, l.Term, "entry %d", e.Index)
+			require.Equal(t, string(e.Data), string(l.Data), "entry %d", e.Index)
+		}
+		return nil
+	}
 	w, closeLog := open(true)
 	require.NoError(t, w.StoreLogs(entries(1, 1, 10)))
 	require.NoError(t, walLog{WAL: w, truncated: func(uint64) {}}.DeleteRange(6, 10))
 	require.NoError(t, w.StoreLogs(entries(2, 6, 7)))
 	closeLog()
 
-	var l raft.Log
 	w, closeLog = open(false)
-	require.ErrorContains(t, w.GetLog(3, &l), "sealed segment has no index block",
-		"raft-wal#31 is still there (if fixed, openWAL's scanning can go)")
+	require.NoError(t, readAll(w), "raft-wal ≥ v0.4.1 indexes a truncated segment (hashicorp/raft-wal#31)")
+	closeLog()
+
+	meta := &metadb.BoltMetaDB{}
+	state, err := meta.Load(dir)
+	require.NoError(t, err)
+	sealed := 0
+	for i := range state.Segments {
+		if !state.Segments[i].SealTime.IsZero() {
+			state.Segments[i].IndexStart = 0
+			sealed++
+		}
+	}
+	require.Equal(t, 1, sealed, "entries 1-5 in a sealed segment, 6-7 in the tail")
+	require.NoError(t, meta.CommitState(state))
+	require.NoError(t, meta.Close())
+
+	w, closeLog = open(false)
+	require.ErrorContains(t, readAll(w), "sealed segment has no index block", "what v0.4.0 left cannot be read by raft-wal")
 	closeLog()
 
 	w, closeLog = open(true)
 	defer closeLog()
-	want := append(entries(1, 1, 5), entries(2, 6, 7)...)
-	for _, e := range want {
-		require.NoError(t, w.GetLog(e.Index, &l), "entry %d", e.Index)
-		require.Equal(t, e.Term, l.Term, "entry %d", e.Index)
-		require.Equal(t, string(e.Data), string(l.Data), "entry %d", e.Index)
-	}
+	require.NoError(t, readAll(w))
+	var l raft.Log
 	require.ErrorIs(t, w.GetLog(8, &l), raft.ErrLogNotFound)
 	last, err := w.LastIndex()
 	require.NoError(t, err)

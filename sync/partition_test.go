@@ -50,6 +50,27 @@ func TestGossipPartitionDuplicateOwnersHarmless(t *testing.T) {
 	}, converge, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return len(ownersOf(gws)) == 2 }, converge, 10*time.Millisecond,
 		"each side owns the engine")
+	// For ownerGrace after the split a gateway still accepts the batches
+	// of the engine's owner before it, over the NATS routes the partition
+	// leaves up. On a busy host those arrived before the new owner's own
+	// subscriber's, whose copies were then duplicates it never published
+	// (ci1236). Wait until each gateway accepts only its side's owner, so
+	// each side is fed by its own.
+	require.Eventually(t, func() bool {
+		now := time.Now()
+		for _, g := range gws {
+			n := 0
+			for _, o := range gws {
+				if g.c.kvOwn.accepts("r0", o.name, now) {
+					n++
+				}
+			}
+			if n != 1 {
+				return false
+			}
+		}
+		return true
+	}, converge, 50*time.Millisecond, "each gateway accepts one owner's batches once ownerGrace has passed")
 	for i := 3; i < 8; i++ {
 		complete(t, eng, i)
 	}

@@ -161,13 +161,6 @@ type Config struct {
 	// HTTP/2 connection would multiplex every stream over one TCP window.
 	UpstreamHTTP2 bool `yaml:"upstream_http2"`
 
-	// StdHTTPServer serves client connections with Go's net/http server
-	// alone. Default false: the gateway's own HTTP/1.1 loop serves
-	// ordinary requests (GET or POST with a Content-Length body or none),
-	// with fewer goroutine wake-ups per request than net/http's, and hands
-	// any other connection to net/http (kvmesh_http_handoffs_total).
-	StdHTTPServer bool `yaml:"std_http_server"`
-
 	// RetryConnectFailures retries a request once on the next-best replica
 	// when connecting to the picked one fails (nothing was sent, so the
 	// retry is safe). Default true.

@@ -64,8 +64,6 @@ type metrics struct {
 	cache seriesCache // resolved children for the per-request path
 	// Responses API affinity (responses.go).
 	responseAffinity *prometheus.CounterVec // result
-	// The lane (lane.go): requests handed to net/http's server.
-	handoffs *prometheus.CounterVec // reason
 }
 
 func newMetrics() *metrics {
@@ -176,16 +174,6 @@ func newMetrics() *metrics {
 		Help: "Requests naming a stored response (previous_response_id, /v1/responses/{id}) by how its owning replica was found: known (relayed here), shared (recorded by a peer), discovered (asked the engines), unknown, owner_gone (its replica left the pool), owner_unavailable (ejected or failing health), shared_store (affinity off), undiscovered (a replica did not answer the lookup: 503 response_owner_undiscovered), discovery_busy (too many lookups at once: the same 503).",
 	}, []string{"result"})
 	m.reg.MustRegister(m.responseAffinity)
-	m.handoffs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "kvmesh_http_handoffs_total",
-		Help: "Client connections the gateway's own HTTP/1.1 loop handed to Go's net/http server, by the first request it did not serve itself: " +
-			"version (not HTTP/1.1), method (not GET or POST), target, framing (Transfer-Encoding, an odd Content-Length), expect (100-continue), " +
-			"upgrade, malformed (anything else unusual in the head), large_head (a head over 8 KiB). Served correctly either way, at net/http's cost per request.",
-	}, []string{"reason"})
-	for _, r := range handoffReasons {
-		m.handoffs.WithLabelValues(r)
-	}
-	m.reg.MustRegister(m.handoffs)
 	return m
 }
 

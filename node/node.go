@@ -87,7 +87,6 @@ type Node struct {
 	started  bool
 	shutdown bool
 	srv      *http.Server
-	lane     *lane // the own HTTP/1.1 loop (lane.go); nil with Config.StdHTTPServer
 	ln       net.Listener
 	bgCtx    context.Context
 	bgCancel context.CancelFunc
@@ -350,10 +349,6 @@ func (n *Node) Start(ctx context.Context) error {
 		ConnState:         n.conns.track,
 		ErrorLog:          slog.NewLogLogger(n.log.Handler(), slog.LevelWarn),
 	}
-	if !n.cfg.StdHTTPServer {
-		n.lane = newLane(n.handler, n.reqBase, n.srv.ReadHeaderTimeout, n.srv.IdleTimeout, n.log,
-			func(reason string) { n.m.handoffs.WithLabelValues(reason).Inc() })
-	}
 	if n.cl != nil {
 		if err := n.startCluster(ctx, ln.Addr().String()); err != nil {
 			n.bgCancel()
@@ -389,17 +384,8 @@ func (n *Node) Start(ctx context.Context) error {
 	n.running.Store(true)
 	n.reloadMu.Unlock()
 	n.started = true
-	served := ln
-	if n.lane != nil {
-		served = n.lane.listener(ln)
-		n.goFunc(func() {
-			if err := n.lane.serve(); err != nil {
-				n.log.Error("http lane stopped", "err", err)
-			}
-		})
-	}
 	n.goFunc(func() {
-		if err := n.srv.Serve(served); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := n.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			n.log.Error("http server stopped", "err", err)
 		}
 	})
@@ -488,19 +474,10 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		step("drained HTTP requests and streams", func() {
 			// Connections without a request in flight would hold Shutdown
 			// for Go's 5 s allowance: close them first.
-			c := n.conns.closeQuiet()
-			if n.lane != nil {
-				c += n.lane.closeQuiet()
-			}
-			if c > 0 {
+			if c := n.conns.closeQuiet(); c > 0 {
 				n.log.Info("shutdown: closed connections without a request", "conns", c)
 			}
-			if n.lane != nil {
-				err = n.lane.shutdown(ctx)
-			}
-			if e := n.srv.Shutdown(ctx); err == nil {
-				err = e
-			}
+			err = n.srv.Shutdown(ctx)
 			if err != nil {
 				// Deadline: cut the remaining requests. Each cut handler
 				// ends its stream with a gateway_shutdown error event (or
@@ -516,9 +493,6 @@ func (n *Node) Shutdown(ctx context.Context) error {
 				}
 				t.Stop()
 				_ = n.srv.Close()
-				if n.lane != nil {
-					n.lane.close()
-				}
 				n.log.Warn("shutdown deadline reached, cut the remaining streams", "requests", left, "err", err)
 			}
 		})

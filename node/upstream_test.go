@@ -286,14 +286,12 @@ func BenchmarkProxyStream(b *testing.B) {
 	for _, c := range []struct {
 		name      string
 		transport bool
-		std       bool // net/http's server instead of the lane
-	}{{"client=own", false, false}, {"client=transport", true, false}, {"client=own,server=std", false, true}} {
+	}{{"client=own", false}, {"client=transport", true}} {
 		b.Run(c.name, func(b *testing.B) {
 			e := newFakeEngine(b, "a")
 			e.chunks.Store(8)
 			n := startNode(b, func(cfg *Config) {
 				cfg.UpstreamHTTP2 = c.transport
-				cfg.StdHTTPServer = c.std
 				cfg.HealthInterval, cfg.ScrapeInterval = 0, 0
 				cfg.Tokenizer = TokenizerCharacter
 			}, rc("a", e.url()))

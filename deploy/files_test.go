@@ -1116,8 +1116,8 @@ func dashboardQueries(t *testing.T) (map[string]string, []string) {
 
 // TestDashboardVariablesAndTiles: an operator filters by model, gateway and
 // replica and sets the SLO; the first row holds stat tiles; no panel
-// hard-codes the SLO; the series issue 19 added, and cost's estimate
-// series, each have a panel.
+// hard-codes the SLO; the series issue 19 added, cost's estimate series
+// and the gateway's scheduling latency each have a panel.
 func TestDashboardVariablesAndTiles(t *testing.T) {
 	d := readDashboard(t)
 	vars := map[string]string{}
@@ -1154,7 +1154,8 @@ func TestDashboardVariablesAndTiles(t *testing.T) {
 	}
 	for _, m := range []string{"kvmesh_route_replica_decisions_total", "kvmesh_http_request_duration_seconds_bucket",
 		"kvmesh_http_added_latency_seconds_bucket", "kvmesh_route_queued_prefill_tokens",
-		"kvmesh_route_estimated_past_target_total", "kvmesh_route_ttft_estimate_ratio_bucket", "$gateway", "$replica", "$slo"} {
+		"kvmesh_route_estimated_past_target_total", "kvmesh_route_ttft_estimate_ratio_bucket",
+		"go_sched_latencies_seconds_bucket", "$gateway", "$replica", "$slo"} {
 		if !strings.Contains(all, m) {
 			t.Errorf("no panel reads %s", m)
 		}

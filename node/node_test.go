@@ -638,6 +638,12 @@ func TestMetricsEndpointIsPerNode(t *testing.T) {
 	assert.Contains(t, m1, `kvmesh_route_queued_prefill_tokens{model="m",replica="a"} 0`+"\n", "released at the first byte")
 	assert.Regexp(t, `kvmesh_build_info\{goversion="go[^"]+",revision="[^"]+",version="[^"]+"\} 1\n`, m1)
 	assert.Contains(t, m2, "kvmesh_http_added_latency_seconds_count 0\n")
+	// The Go runtime's series: the defaults, and the scheduling latency
+	// (how long ready goroutines waited for a thread: a gateway short of
+	// CPU shows here first).
+	for _, name := range []string{"go_goroutines ", "go_gc_duration_seconds_count ", "go_sched_latencies_seconds_bucket{le=", "process_cpu_seconds_total "} {
+		assert.Contains(t, m1, name)
+	}
 }
 
 // TestTTFTEstimateRatio: a stream that cost routed records its TTFT over

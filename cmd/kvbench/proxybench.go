@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -417,30 +418,89 @@ type target struct {
 	base   string // kvmesh's base URL (its /debug/pprof/), "" for the others
 }
 
-// gcCycles reads go_gc_duration_seconds_count from a Go process's
-// Prometheus /metrics; -1 when it cannot.
-func gcCycles(url string) int64 {
+// goRuntime is what proxybench reads from kvmesh's /metrics around a
+// block: its GC cycles, and its scheduling latency histogram (how long
+// goroutines that were ready to run waited for a thread).
+type goRuntime struct {
+	gcs   int64               // go_gc_duration_seconds_count
+	sched map[float64]float64 // go_sched_latencies_seconds_bucket: upper bound → cumulative count
+}
+
+// readGoRuntime reads goRuntime from a Go process's Prometheus /metrics;
+// false when it cannot.
+func readGoRuntime(url string) (goRuntime, bool) {
+	g := goRuntime{gcs: -1, sched: map[float64]float64{}}
 	if url == "" {
-		return -1
+		return g, false
 	}
 	c := &http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get(url)
 	if err != nil {
-		return -1
+		return g, false
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_gc_duration_seconds_count "); ok {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, "go_gc_duration_seconds_count "); ok {
 			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
 			if err != nil {
-				return -1
+				return g, false
 			}
-			return int64(n)
+			g.gcs = int64(n)
+		}
+		if rest, ok := strings.CutPrefix(line, `go_sched_latencies_seconds_bucket{le="`); ok {
+			le, count, ok := strings.Cut(rest, `"} `)
+			if !ok {
+				return g, false
+			}
+			bound, err1 := strconv.ParseFloat(le, 64) // "+Inf" parses
+			n, err2 := strconv.ParseFloat(strings.TrimSpace(count), 64)
+			if err1 != nil || err2 != nil {
+				return g, false
+			}
+			g.sched[bound] = n
 		}
 	}
-	return -1
+	return g, g.gcs >= 0
+}
+
+// schedDelta is the scheduling latency histogram of a block: b's minus
+// a's, cumulative per upper bound.
+func schedDelta(a, b goRuntime) map[float64]float64 {
+	if len(a.sched) == 0 || len(b.sched) == 0 {
+		return nil
+	}
+	d := make(map[float64]float64, len(b.sched))
+	for le, n := range b.sched {
+		d[le] = n - a.sched[le]
+	}
+	return d
+}
+
+// schedWaits summarises a scheduling latency histogram: its wake-ups
+// (ready goroutines that got a thread; the runtime samples about one in
+// eight) and the shares that waited longer than the histogram's bounds
+// nearest 1 ms and 10 ms (the Go collector's buckets are about a factor
+// of ten apart; the bounds used are returned).
+func schedWaits(h map[float64]float64) (wakeups, over1, bound1, over10, bound10 float64) {
+	wakeups = h[math.Inf(1)]
+	if wakeups <= 0 {
+		return 0, 0, 0, 0, 0
+	}
+	bounds := slices.Sorted(maps.Keys(h))
+	pick := func(target float64) float64 {
+		b := 0.0
+		for _, le := range bounds {
+			if le <= target*1.5 {
+				b = le
+			}
+		}
+		return b
+	}
+	bound1, bound10 = pick(1e-3), pick(1e-2)
+	return wakeups, 1 - h[bound1]/wakeups, bound1, 1 - h[bound10]/wakeups, bound10
 }
 
 // sample is what one block measured for one target.
@@ -448,8 +508,9 @@ type sample struct {
 	ttfb, gaps []time.Duration
 	requests   int
 	ticks      int64
-	switches   int64 // context switches of the target's threads
-	gcs        int64 // GC cycles (kvmesh only; -1 unknown)
+	switches   int64               // context switches of the target's threads
+	gcs        int64               // GC cycles (kvmesh only; -1 unknown)
+	sched      map[float64]float64 // scheduling latency histogram (kvmesh only; nil unknown)
 	failures   int
 	firstErr   error
 }
@@ -467,7 +528,7 @@ func runBlock(ctx context.Context, t *target, bodies func(int) []byte, want []by
 	if t.proc != nil {
 		pids = t.proc.pids()
 	}
-	gc0 := gcCycles(t.gcURL)
+	rt0, rtOK := readGoRuntime(t.gcURL)
 	t0, sw0 := cpuTicks(pids), ctxSwitches(pids)
 	for i := 0; i < conc; i++ {
 		wg.Add(1)
@@ -512,8 +573,9 @@ func runBlock(ctx context.Context, t *target, bodies func(int) []byte, want []by
 	s.ticks = cpuTicks(pids) - t0
 	s.switches = ctxSwitches(pids) - sw0
 	s.gcs = -1
-	if gc1 := gcCycles(t.gcURL); gc0 >= 0 && gc1 >= 0 {
-		s.gcs = gc1 - gc0
+	if rt1, ok := readGoRuntime(t.gcURL); rtOK && ok {
+		s.gcs = rt1.gcs - rt0.gcs
+		s.sched = schedDelta(rt0, rt1)
 	}
 	return s
 }
@@ -600,22 +662,34 @@ func pct(sorted []time.Duration, p float64) time.Duration {
 
 // proxyRow is one target's figures at one stream count.
 type proxyRow struct {
-	Target       string  `json:"target"`
-	Streams      int     `json:"streams"`
-	Requests     int     `json:"requests"`
-	Failures     int     `json:"failures"`
-	TTFBp50ms    float64 `json:"ttfb_p50_ms"`
-	TTFBp99ms    float64 `json:"ttfb_p99_ms"`
-	AddedP50ms   float64 `json:"added_ttfb_p50_ms"`
-	AddedP99ms   float64 `json:"added_ttfb_p99_ms"`
-	GapP50ms     float64 `json:"gap_p50_ms"`
-	GapP99ms     float64 `json:"gap_p99_ms"`
-	AddedGapP99  float64 `json:"added_gap_p99_ms"`
-	CPUPer1000s  float64 `json:"cpu_s_per_1000"` // -1 for direct
-	Switches1000 float64 `json:"context_switches_per_1000"`
-	GC1000       float64 `json:"gc_cycles_per_1000,omitempty"` // kvmesh only
-	Syscalls1000 float64 `json:"syscalls_per_1000,omitempty"`
-	FirstError   string  `json:"first_error,omitempty"`
+	Target       string    `json:"target"`
+	Streams      int       `json:"streams"`
+	Requests     int       `json:"requests"`
+	Failures     int       `json:"failures"`
+	TTFBp50ms    float64   `json:"ttfb_p50_ms"`
+	TTFBp99ms    float64   `json:"ttfb_p99_ms"`
+	AddedP50ms   float64   `json:"added_ttfb_p50_ms"`
+	AddedP99ms   float64   `json:"added_ttfb_p99_ms"`
+	GapP50ms     float64   `json:"gap_p50_ms"`
+	GapP99ms     float64   `json:"gap_p99_ms"`
+	AddedGapP99  float64   `json:"added_gap_p99_ms"`
+	CPUPer1000s  float64   `json:"cpu_s_per_1000"` // -1 for direct
+	Switches1000 float64   `json:"context_switches_per_1000"`
+	GC1000       float64   `json:"gc_cycles_per_1000,omitempty"` // kvmesh only
+	Sched        *schedRow `json:"sched,omitempty"`              // kvmesh only
+	Syscalls1000 float64   `json:"syscalls_per_1000,omitempty"`
+	FirstError   string    `json:"first_error,omitempty"`
+}
+
+// schedRow is how long kvmesh's ready goroutines waited for a thread
+// (go_sched_latencies_seconds): what its latency is made of beyond its
+// own work when the cores are short.
+type schedRow struct {
+	Samples       float64 `json:"samples"`        // wake-ups the runtime sampled (about one in eight)
+	Over1msShare  float64 `json:"over_1ms_share"` // of wake-ups, waiting longer than Over1msBound
+	Over1msBound  float64 `json:"over_1ms_bound_s"`
+	Over10msShare float64 `json:"over_10ms_share"`
+	Over10msBound float64 `json:"over_10ms_bound_s"`
 }
 
 // proxyReport is a whole run.
@@ -815,6 +889,12 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 				if s.gcs >= 0 {
 					a.gcs += s.gcs
 				}
+				for le, n := range s.sched {
+					if a.sched == nil {
+						a.sched = map[float64]float64{}
+					}
+					a.sched[le] += n
+				}
 				if a.firstErr == nil {
 					a.firstErr = s.firstErr
 				}
@@ -838,6 +918,10 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 				row.Switches1000 = float64(a.switches) / float64(a.requests) * 1000
 				if t.gcURL != "" {
 					row.GC1000 = float64(a.gcs) / float64(a.requests) * 1000
+				}
+				if w, o1, b1, o10, b10 := schedWaits(a.sched); w > 0 {
+					row.Sched = &schedRow{Samples: w,
+						Over1msShare: o1, Over1msBound: b1, Over10msShare: o10, Over10msBound: b10}
 				}
 			}
 			if a.firstErr != nil {
@@ -986,7 +1070,12 @@ func (r *proxyReport) write(w io.Writer) {
 	}
 	for _, x := range r.Rows {
 		if strings.HasPrefix(x.Target, targetKvmesh) {
-			fmt.Fprintf(w, "%s at %d streams: %.1f GC cycles per 1,000 requests\n", x.Target, x.Streams, x.GC1000)
+			fmt.Fprintf(w, "%s at %d streams: %.1f GC cycles per 1,000 requests", x.Target, x.Streams, x.GC1000)
+			if sr := x.Sched; sr != nil {
+				fmt.Fprintf(w, "; of its goroutine wake-ups (%.0f sampled), %.2f %% waited over %.2f ms for a thread, %.3f %% over %.1f ms",
+					sr.Samples, 100*sr.Over1msShare, 1e3*sr.Over1msBound, 100*sr.Over10msShare, 1e3*sr.Over10msBound)
+			}
+			fmt.Fprintln(w)
 		}
 	}
 	for _, x := range r.Rows {

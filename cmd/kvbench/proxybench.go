@@ -878,7 +878,7 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 				byRound[t.name] = append(byRound[t.name], blockTimes{ttfb: s.ttfb, gaps: s.gaps})
 				a := acc[t.name]
 				if a == nil {
-					a = &sample{}
+					a = &sample{sched: map[float64]float64{}}
 					acc[t.name] = a
 				}
 				a.ttfb, a.gaps = append(a.ttfb, s.ttfb...), append(a.gaps, s.gaps...)
@@ -890,9 +890,6 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 					a.gcs += s.gcs
 				}
 				for le, n := range s.sched {
-					if a.sched == nil {
-						a.sched = map[float64]float64{}
-					}
 					a.sched[le] += n
 				}
 				if a.firstErr == nil {

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -23,6 +22,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/kvmesh/kvmesh/internal/gosched"
 )
 
 // proxyOpts are `kvbench proxybench`'s flags.
@@ -418,89 +419,21 @@ type target struct {
 	base   string // kvmesh's base URL (its /debug/pprof/), "" for the others
 }
 
-// goRuntime is what proxybench reads from kvmesh's /metrics around a
-// block: its GC cycles, and its scheduling latency histogram (how long
-// goroutines that were ready to run waited for a thread).
-type goRuntime struct {
-	gcs   int64               // go_gc_duration_seconds_count
-	sched map[float64]float64 // go_sched_latencies_seconds_bucket: upper bound → cumulative count
-}
-
-// readGoRuntime reads goRuntime from a Go process's Prometheus /metrics;
-// false when it cannot.
-func readGoRuntime(url string) (goRuntime, bool) {
-	g := goRuntime{gcs: -1, sched: map[float64]float64{}}
+// readGoRuntime reads a Go process's GC cycles and scheduling latency
+// histogram (how long goroutines that were ready to run waited for a
+// thread) from its Prometheus /metrics; false when it cannot.
+func readGoRuntime(url string) (gosched.Runtime, bool) {
 	if url == "" {
-		return g, false
+		return gosched.Runtime{}, false
 	}
 	c := &http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get(url)
 	if err != nil {
-		return g, false
+		return gosched.Runtime{}, false
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if v, ok := strings.CutPrefix(line, "go_gc_duration_seconds_count "); ok {
-			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				return g, false
-			}
-			g.gcs = int64(n)
-		}
-		if rest, ok := strings.CutPrefix(line, `go_sched_latencies_seconds_bucket{le="`); ok {
-			le, count, ok := strings.Cut(rest, `"} `)
-			if !ok {
-				return g, false
-			}
-			bound, err1 := strconv.ParseFloat(le, 64) // "+Inf" parses
-			n, err2 := strconv.ParseFloat(strings.TrimSpace(count), 64)
-			if err1 != nil || err2 != nil {
-				return g, false
-			}
-			g.sched[bound] = n
-		}
-	}
-	return g, g.gcs >= 0
-}
-
-// schedDelta is the scheduling latency histogram of a block: b's minus
-// a's, cumulative per upper bound.
-func schedDelta(a, b goRuntime) map[float64]float64 {
-	if len(a.sched) == 0 || len(b.sched) == 0 {
-		return nil
-	}
-	d := make(map[float64]float64, len(b.sched))
-	for le, n := range b.sched {
-		d[le] = n - a.sched[le]
-	}
-	return d
-}
-
-// schedWaits summarises a scheduling latency histogram: its wake-ups
-// (ready goroutines that got a thread; the runtime samples about one in
-// eight) and the shares that waited longer than the histogram's bounds
-// nearest 1 ms and 10 ms (the Go collector's buckets are about a factor
-// of ten apart; the bounds used are returned).
-func schedWaits(h map[float64]float64) (wakeups, over1, bound1, over10, bound10 float64) {
-	wakeups = h[math.Inf(1)]
-	if wakeups <= 0 {
-		return 0, 0, 0, 0, 0
-	}
-	bounds := slices.Sorted(maps.Keys(h))
-	pick := func(target float64) float64 {
-		b := 0.0
-		for _, le := range bounds {
-			if le <= target*1.5 {
-				b = le
-			}
-		}
-		return b
-	}
-	bound1, bound10 = pick(1e-3), pick(1e-2)
-	return wakeups, 1 - h[bound1]/wakeups, bound1, 1 - h[bound10]/wakeups, bound10
+	rt, err := gosched.Parse(resp.Body)
+	return rt, err == nil && rt.GCs >= 0
 }
 
 // sample is what one block measured for one target.
@@ -508,9 +441,9 @@ type sample struct {
 	ttfb, gaps []time.Duration
 	requests   int
 	ticks      int64
-	switches   int64               // context switches of the target's threads
-	gcs        int64               // GC cycles (kvmesh only; -1 unknown)
-	sched      map[float64]float64 // scheduling latency histogram (kvmesh only; nil unknown)
+	switches   int64             // context switches of the target's threads
+	gcs        int64             // GC cycles (kvmesh only; -1 unknown)
+	sched      gosched.Histogram // scheduling latency histogram (kvmesh only; nil unknown)
 	failures   int
 	firstErr   error
 }
@@ -574,8 +507,8 @@ func runBlock(ctx context.Context, t *target, bodies func(int) []byte, want []by
 	s.switches = ctxSwitches(pids) - sw0
 	s.gcs = -1
 	if rt1, ok := readGoRuntime(t.gcURL); rtOK && ok {
-		s.gcs = rt1.gcs - rt0.gcs
-		s.sched = schedDelta(rt0, rt1)
+		s.gcs = rt1.GCs - rt0.GCs
+		s.sched = rt1.Sched.Sub(rt0.Sched)
 	}
 	return s
 }
@@ -878,7 +811,7 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 				byRound[t.name] = append(byRound[t.name], blockTimes{ttfb: s.ttfb, gaps: s.gaps})
 				a := acc[t.name]
 				if a == nil {
-					a = &sample{sched: map[float64]float64{}}
+					a = &sample{sched: gosched.Histogram{}}
 					acc[t.name] = a
 				}
 				a.ttfb, a.gaps = append(a.ttfb, s.ttfb...), append(a.gaps, s.gaps...)
@@ -916,9 +849,9 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 				if t.gcURL != "" {
 					row.GC1000 = float64(a.gcs) / float64(a.requests) * 1000
 				}
-				if w, o1, b1, o10, b10 := schedWaits(a.sched); w > 0 {
-					row.Sched = &schedRow{Samples: w,
-						Over1msShare: o1, Over1msBound: b1, Over10msShare: o10, Over10msBound: b10}
+				if w := a.sched.Waits(); w.Wakeups > 0 {
+					row.Sched = &schedRow{Samples: w.Wakeups,
+						Over1msShare: w.Over1, Over1msBound: w.Bound1, Over10msShare: w.Over10, Over10msBound: w.Bound10}
 				}
 			}
 			if a.firstErr != nil {

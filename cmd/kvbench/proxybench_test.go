@@ -14,7 +14,6 @@ import (
 	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -349,8 +348,8 @@ func heldAnswer(w http.ResponseWriter, r *http.Request, release <-chan struct{})
 }
 
 // TestProxybenchGoRuntime: the GC count and the scheduling latency
-// histogram are read from a real Go collector's /metrics, and a block's
-// histogram is summarised by the bounds nearest 1 ms and 10 ms.
+// histogram are read over HTTP from a real Go collector's /metrics
+// (internal/gosched tests the parsing and the summary).
 func TestProxybenchGoRuntime(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
@@ -360,33 +359,16 @@ func TestProxybenchGoRuntime(t *testing.T) {
 
 	a, ok := readGoRuntime(srv.URL)
 	require.True(t, ok)
-	assert.GreaterOrEqual(t, a.gcs, int64(0))
-	require.NotEmpty(t, a.sched)
-	assert.Contains(t, a.sched, math.Inf(1))
+	assert.GreaterOrEqual(t, a.GCs, int64(0))
+	assert.Contains(t, a.Sched, math.Inf(1))
 	runtime.GC()
-	var wg sync.WaitGroup
-	for range 100 { // wake-ups for the histogram
-		wg.Add(1)
-		go func() { defer wg.Done() }()
-	}
-	wg.Wait()
 	b, ok := readGoRuntime(srv.URL)
 	require.True(t, ok)
-	assert.Greater(t, b.gcs, a.gcs)
-	d := schedDelta(a, b)
-	assert.Positive(t, d[math.Inf(1)])
+	assert.Greater(t, b.GCs, a.GCs)
 
 	_, ok = readGoRuntime("")
 	assert.False(t, ok)
-
-	// 1,000 wake-ups: 900 within 0.9 ms, 990 within 10.5 ms.
-	h := map[float64]float64{6.4e-8: 100, 8.192e-5: 600, 0.000917504: 900, 0.01048576: 990, 0.117440512: 1000, math.Inf(1): 1000}
-	w, o1, b1, o10, b10 := schedWaits(h)
-	assert.Equal(t, 1000.0, w)
-	assert.InDelta(t, 0.10, o1, 1e-9)
-	assert.Equal(t, 0.000917504, b1)
-	assert.InDelta(t, 0.01, o10, 1e-9)
-	assert.Equal(t, 0.01048576, b10)
-	w, _, _, _, _ = schedWaits(nil)
-	assert.Zero(t, w)
+	srv.Close()
+	_, ok = readGoRuntime(srv.URL)
+	assert.False(t, ok, "nothing listens")
 }

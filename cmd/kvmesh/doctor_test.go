@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -26,6 +27,7 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/cluster/clustertest"
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/internal/freeport"
+	"github.com/kvmesh/kvmesh/internal/gosched"
 	"github.com/kvmesh/kvmesh/node"
 )
 
@@ -159,6 +161,8 @@ func TestDoctorPassesOnAMatchingSetup(t *testing.T) {
 		assert.Regexp(t, `PASS +replica `+r+` +prediction: agrees with the engine's cached_tokens`, out)
 	}
 	assert.NotContains(t, out, "FAIL ")
+	// PASS or WARN: a busy test machine may starve the gateway.
+	assert.Regexp(t, `(PASS|WARN) +gateway \S+ +CPU: of \d+ sampled goroutine wake-ups (during the checks|since it started)`, out)
 
 	// Without the token the doctor cannot see the debug views and says so.
 	var buf bytes.Buffer
@@ -539,4 +543,41 @@ func TestSequenceLeavesRepointsOut(t *testing.T) {
 		"kvmesh_kvevents_resets_total{replica=\"a\",reason=\"source_changed\"} 1\n")
 	assert.Contains(t, restarted, "WARN")
 	assert.Contains(t, restarted, "1 resets", restarted)
+}
+
+// TestCPUVerdict: the window of the checks is judged when it holds
+// enough wake-ups, the gateway's lifetime otherwise; over 1 % waiting
+// more than about 10 ms warns.
+func TestCPUVerdict(t *testing.T) {
+	// Cumulative histograms on the Go collector's bounds.
+	hist := func(total, over1, over10 float64) gosched.Histogram {
+		return gosched.Histogram{8.192e-5: total - 2*over1, 0.000917504: total - over1, 0.01048576: total - over10,
+			0.117440512: total, math.Inf(1): total}
+	}
+	start := hist(10_000, 100, 0)
+
+	warn, msg, ok := cpuVerdict(start, hist(11_000, 110, 1))
+	require.True(t, ok)
+	assert.False(t, warn, msg)
+	assert.Equal(t, "CPU: of 1000 sampled goroutine wake-ups during the checks, 1.00% waited over 0.92 ms for a thread and 0.10% over 10.5 ms", msg)
+
+	warn, msg, ok = cpuVerdict(start, hist(11_000, 300, 20))
+	require.True(t, ok)
+	assert.True(t, warn, msg)
+	assert.Contains(t, msg, "1000 sampled goroutine wake-ups during the checks, 20.00% waited over 0.92 ms for a thread and 2.00% over 10.5 ms: the gateway is short of CPU")
+
+	// 100 wake-ups in the window, 50 of them slow: too few to judge alone,
+	// so the lifetime (0.5 % slow) decides.
+	warn, msg, ok = cpuVerdict(start, hist(10_100, 150, 50))
+	require.True(t, ok)
+	assert.False(t, warn, msg)
+	assert.Contains(t, msg, "of 10100 sampled goroutine wake-ups since it started")
+	// A lifetime past the threshold warns all the same.
+	warn, msg, _ = cpuVerdict(start, hist(10_100, 300, 200))
+	assert.True(t, warn, msg)
+
+	_, _, ok = cpuVerdict(start, nil)
+	assert.False(t, ok, "no histogram at the end")
+	_, _, ok = cpuVerdict(nil, gosched.Histogram{math.Inf(1): 0})
+	assert.False(t, ok, "no wake-ups")
 }

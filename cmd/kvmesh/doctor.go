@@ -272,8 +272,9 @@ func checkGatewayCPU(ctx context.Context, c *doctorClient, v *verdicts, g *gatew
 // 10 ms is a P99 over 10 ms, what KvmeshGatewayShortOfCPU alerts on. In
 // issue 21's benchmark at 200 streams, the gateway sharing two cores
 // with the load generator and two engines, it was 0–0.2 % in 14 blocks
-// on the quiet machine, and 0.6 and 1.2 % with a compile beside them,
-// where the gateway added 29–30 ms to the TTFT P99.
+// on the quiet machine, and 0.6 and 1.2 % in two runs that shared the
+// cores with other work, where the gateway added 29–30 ms to the TTFT
+// P99.
 const (
 	minSchedWakeups = 200
 	maxSchedOver10  = 0.01

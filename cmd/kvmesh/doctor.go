@@ -44,8 +44,8 @@ replica only); sent again, the probe finds as many tokens cached on the
 engine as the gateway predicts; its event sequence is healthy (no malformed
 or dropped batches); the index's predictions agree with the engine's
 reported cached_tokens. For every gateway again at the end: how long its
-goroutines waited for a thread during the checks (a warning when over 1 %
-waited 10 ms: it is short of CPU). Exits non-zero when any check fails.
+goroutines waited for a thread during the checks (a warning when more than 1 %
+waited over 10 ms: it is short of CPU). Exits non-zero when any check fails.
 
 The debug views and the pin header need the admin token: --token, else
 $KVMESH_ADMIN_TOKEN, else --token-file.`,

@@ -90,7 +90,8 @@ streaming completions (a --prompt-byte prompt with a shared prefix) back to
 back. Every answer is checked byte for byte against the engine's stream.
 It reports TTFB (request sent to first body byte) and inter-chunk gap
 percentiles, both also as added over direct, CPU seconds per 1,000 requests
-of the nginx processes and of kvmesh read from /proc around their blocks,
+of the nginx processes and of kvmesh read from /proc around their blocks
+(and of this process, whose work competes with theirs on shared cores),
 and uptime before and after; for the figures issue 21 compares, also their
 5th–95th percentile over resamples of the rounds (how much they move with
 the rounds that happened to run). --strace adds one block per proxy under
@@ -441,6 +442,7 @@ type sample struct {
 	ttfb, gaps []time.Duration
 	requests   int
 	ticks      int64
+	loadTicks  int64             // CPU ticks of this process (the load generator) during the block
 	switches   int64             // context switches of the target's threads
 	gcs        int64             // GC cycles (kvmesh only; -1 unknown)
 	sched      gosched.Histogram // scheduling latency histogram (kvmesh only; nil unknown)
@@ -462,7 +464,8 @@ func runBlock(ctx context.Context, t *target, bodies func(int) []byte, want []by
 		pids = t.proc.pids()
 	}
 	rt0, rtOK := readGoRuntime(t.gcURL)
-	t0, sw0 := cpuTicks(pids), ctxSwitches(pids)
+	self := []int{os.Getpid()}
+	t0, sw0, l0 := cpuTicks(pids), ctxSwitches(pids), cpuTicks(self)
 	for i := 0; i < conc; i++ {
 		wg.Add(1)
 		go func() {
@@ -504,6 +507,7 @@ func runBlock(ctx context.Context, t *target, bodies func(int) []byte, want []by
 	}
 	wg.Wait()
 	s.ticks = cpuTicks(pids) - t0
+	s.loadTicks = cpuTicks(self) - l0
 	s.switches = ctxSwitches(pids) - sw0
 	s.gcs = -1
 	if rt1, ok := readGoRuntime(t.gcURL); rtOK && ok {
@@ -595,18 +599,22 @@ func pct(sorted []time.Duration, p float64) time.Duration {
 
 // proxyRow is one target's figures at one stream count.
 type proxyRow struct {
-	Target       string    `json:"target"`
-	Streams      int       `json:"streams"`
-	Requests     int       `json:"requests"`
-	Failures     int       `json:"failures"`
-	TTFBp50ms    float64   `json:"ttfb_p50_ms"`
-	TTFBp99ms    float64   `json:"ttfb_p99_ms"`
-	AddedP50ms   float64   `json:"added_ttfb_p50_ms"`
-	AddedP99ms   float64   `json:"added_ttfb_p99_ms"`
-	GapP50ms     float64   `json:"gap_p50_ms"`
-	GapP99ms     float64   `json:"gap_p99_ms"`
-	AddedGapP99  float64   `json:"added_gap_p99_ms"`
-	CPUPer1000s  float64   `json:"cpu_s_per_1000"` // -1 for direct
+	Target      string  `json:"target"`
+	Streams     int     `json:"streams"`
+	Requests    int     `json:"requests"`
+	Failures    int     `json:"failures"`
+	TTFBp50ms   float64 `json:"ttfb_p50_ms"`
+	TTFBp99ms   float64 `json:"ttfb_p99_ms"`
+	AddedP50ms  float64 `json:"added_ttfb_p50_ms"`
+	AddedP99ms  float64 `json:"added_ttfb_p99_ms"`
+	GapP50ms    float64 `json:"gap_p50_ms"`
+	GapP99ms    float64 `json:"gap_p99_ms"`
+	AddedGapP99 float64 `json:"added_gap_p99_ms"`
+	CPUPer1000s float64 `json:"cpu_s_per_1000"` // -1 for direct
+	// LoadCPU1000s is the load generator's (this process's) CPU seconds
+	// per 1,000 requests during the target's blocks: on shared cores its
+	// work competes with the proxy's.
+	LoadCPU1000s float64   `json:"load_generator_cpu_s_per_1000"`
 	Switches1000 float64   `json:"context_switches_per_1000"`
 	GC1000       float64   `json:"gc_cycles_per_1000,omitempty"` // kvmesh only
 	Sched        *schedRow `json:"sched,omitempty"`              // kvmesh only
@@ -818,6 +826,7 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 				a.requests += s.requests
 				a.failures += s.failures
 				a.ticks += s.ticks
+				a.loadTicks += s.loadTicks
 				a.switches += s.switches
 				if s.gcs >= 0 {
 					a.gcs += s.gcs
@@ -843,6 +852,9 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 			row.AddedP50ms = row.TTFBp50ms - ms(pct(d.ttfb, .5))
 			row.AddedP99ms = row.TTFBp99ms - ms(pct(d.ttfb, .99))
 			row.AddedGapP99 = row.GapP99ms - ms(pct(d.gaps, .99))
+			if a.requests > 0 {
+				row.LoadCPU1000s = float64(a.loadTicks) / clkTck / float64(a.requests) * 1000
+			}
 			if t.proc != nil && a.requests > 0 {
 				row.CPUPer1000s = float64(a.ticks) / clkTck / float64(a.requests) * 1000
 				row.Switches1000 = float64(a.switches) / float64(a.requests) * 1000
@@ -976,6 +988,20 @@ func straceBlock(ctx context.Context, t *target, bodies func(int) []byte, want [
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
+// writeLoadCPU prints, per stream count, the load generator's CPU per
+// 1,000 requests during each target's blocks: it shares the cores with
+// the proxies, so a heavier client leaves them less.
+func (r *proxyReport) writeLoadCPU(w io.Writer) {
+	for i := 0; i < len(r.Rows); {
+		streams := r.Rows[i].Streams
+		var parts []string
+		for ; i < len(r.Rows) && r.Rows[i].Streams == streams; i++ {
+			parts = append(parts, fmt.Sprintf("%s %.3f", r.Rows[i].Target, r.Rows[i].LoadCPU1000s))
+		}
+		fmt.Fprintf(w, "load generator (this process) at %d streams, CPU s per 1,000 requests during each target's blocks: %s\n", streams, strings.Join(parts, ", "))
+	}
+}
+
 func (r *proxyReport) write(w io.Writer) {
 	fmt.Fprintf(w, "proxybench: %s\n", r.Options)
 	fmt.Fprintf(w, "uptime before: %s\nuptime after:  %s\n", r.UptimeBefore, r.UptimeAfter)
@@ -998,6 +1024,7 @@ func (r *proxyReport) write(w io.Writer) {
 			x.Streams, x.Target, x.Requests, x.Failures, x.TTFBp50ms, x.TTFBp99ms, x.AddedP50ms, x.AddedP99ms,
 			x.GapP50ms, x.GapP99ms, x.AddedGapP99, cpu, cs, sc)
 	}
+	r.writeLoadCPU(w)
 	for _, x := range r.Rows {
 		if strings.HasPrefix(x.Target, targetKvmesh) {
 			fmt.Fprintf(w, "%s at %d streams: %.1f GC cycles per 1,000 requests", x.Target, x.Streams, x.GC1000)

@@ -372,3 +372,46 @@ func TestProxybenchGoRuntime(t *testing.T) {
 	_, ok = readGoRuntime(srv.URL)
 	assert.False(t, ok, "nothing listens")
 }
+
+// TestProxybenchBlockCountsLoadGeneratorCPU: a block counts the CPU this
+// process (the load generator) spends during it, and the report prints
+// it per stream count and target. The bodies burn a known amount of CPU
+// in the client, so the count cannot be zero however busy the machine.
+func TestProxybenchBlockCountsLoadGeneratorCPU(t *testing.T) {
+	var want []byte
+	for _, c := range benchStream(2) {
+		want = append(want, c...)
+	}
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write(want)
+	}))
+	defer engine.Close()
+	burn := func(d time.Duration) { // CPU time of this process, not wall time
+		var x uint64
+		for start := cpuTicks([]int{os.Getpid()}); cpuTicks([]int{os.Getpid()})-start < int64(d/(time.Second/clkTck)); {
+			for range 100_000 {
+				x = x*6364136223846793005 + 1
+			}
+		}
+		_ = x
+	}
+	bodies := func(int) []byte { burn(30 * time.Millisecond); return []byte(`{}`) }
+	tg := &target{name: targetDirect, client: &http.Client{}, urls: []string{engine.URL + "/v1/completions"}}
+	s := runBlock(context.Background(), tg, bodies, want, 2, 3, 0)
+	require.Zero(t, s.failures, "%v", s.firstErr)
+	// Each body returns once this process has spent 3 more ticks of CPU,
+	// all of it within the block.
+	assert.GreaterOrEqual(t, s.loadTicks, int64(3))
+
+	rep := &proxyReport{Rows: []proxyRow{
+		{Target: targetDirect, Streams: 20, LoadCPU1000s: 0.5},
+		{Target: targetKvmesh, Streams: 20, LoadCPU1000s: 0.25},
+		{Target: targetKvmesh, Streams: 200, LoadCPU1000s: 0.125},
+	}}
+	var out strings.Builder
+	rep.write(&out)
+	assert.Contains(t, out.String(), "load generator (this process) at 20 streams, CPU s per 1,000 requests during each target's blocks: direct 0.500, kvmesh 0.250\n")
+	assert.Contains(t, out.String(), "load generator (this process) at 200 streams, CPU s per 1,000 requests during each target's blocks: kvmesh 0.125\n")
+}

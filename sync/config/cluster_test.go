@@ -129,16 +129,24 @@ func (c *testCluster) start(nd *testNode) {
 }
 
 // stop kills nd: it leaves membership, its gRPC server and store stop.
+// A node whose first start failed part way (its store did not open, say
+// on a full disk) has no server or store yet: the cleanup stops what it
+// has, so the test reports the start's error instead of a nil
+// dereference.
 func (c *testCluster) stop(nd *testNode) {
 	if nd.down {
 		return
 	}
 	nd.down = true
 	c.members.Remove(nd.id)
-	nd.gs.Stop()
+	if nd.gs != nil {
+		nd.gs.Stop()
+	}
 	nd.served.Wait()
-	require.NoError(c.t, nd.store.Shutdown())
-	require.NoError(c.t, nd.store.Shutdown(), "Shutdown is idempotent")
+	if nd.store != nil {
+		require.NoError(c.t, nd.store.Shutdown())
+		require.NoError(c.t, nd.store.Shutdown(), "Shutdown is idempotent")
+	}
 }
 
 func (c *testCluster) stopAll() {

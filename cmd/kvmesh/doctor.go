@@ -287,11 +287,10 @@ const (
 // minSchedWakeups, else everything since the gateway started; ok is false
 // when after is nil or holds no wake-ups.
 func cpuVerdict(before, after gosched.Histogram) (warn bool, msg string, ok bool) {
-	h, when := after.Sub(before), "during the checks"
-	if h.Waits().Wakeups < minSchedWakeups {
-		h, when = after, "since it started"
+	w, when := after.Sub(before).Waits(), "during the checks"
+	if w.Wakeups < minSchedWakeups {
+		w, when = after.Waits(), "since it started"
 	}
-	w := h.Waits()
 	if w.Wakeups <= 0 {
 		return false, "", false
 	}

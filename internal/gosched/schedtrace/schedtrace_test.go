@@ -1,0 +1,79 @@
+package schedtrace
+
+import (
+	"bytes"
+	"runtime"
+	"runtime/trace"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// hog holds the only P: each round it wakes the receiver on ch and keeps
+// running for spin before it blocks, so the receiver waits about spin
+// for the P, however busy the machine (a descheduled thread only makes
+// the wait longer: the runtime cannot hand the P over before hog blocks,
+// or sysmon preempts it after 10 ms). It blocks once first, so that the
+// trace knows where it blocks from the first round on.
+func hog(ch chan<- struct{}, rounds int, spin time.Duration) {
+	time.Sleep(time.Millisecond)
+	for range rounds {
+		ch <- struct{}{}
+		for start := time.Now(); time.Since(start) < spin; {
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// TestAnalyzeNamesWhatHeldTheP traces a receiver held up by a goroutine
+// that keeps the only P and checks that the summary counts the long
+// waits and names the hog as what ran during them.
+func TestAnalyzeNamesWhatHeldTheP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const rounds, spin = 20, 2 * time.Millisecond
+	var buf bytes.Buffer
+	require.NoError(t, trace.Start(&buf))
+	ch := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		for range ch {
+		}
+		close(done)
+	}()
+	hog(ch, rounds, spin)
+	close(ch)
+	<-done
+	trace.Stop()
+
+	s, err := Analyze(&buf, "github.com/kvmesh/kvmesh/")
+	require.NoError(t, err)
+	var out strings.Builder
+	s.Write(&out, 3)
+	t.Logf("\n%s", out.String())
+
+	assert.Equal(t, 1, s.Procs, "GOMAXPROCS 1")
+	assert.GreaterOrEqual(t, s.LongWaits, rounds/2, "the receiver waited for the P in most rounds")
+	assert.GreaterOrEqual(t, s.WaitMax, spin, "a wait lasted the hog's spin")
+	assert.Greater(t, s.Wakeups, s.LongWaits)
+	require.NotEmpty(t, s.RanDuringWaits)
+	assert.Equal(t, "github.com/kvmesh/kvmesh/internal/gosched/schedtrace.hog", s.RanDuringWaits[0].Where)
+	// On a busy machine the thread can be off the CPU between the hog's
+	// block and the receiver's start, when the P runs nothing: most of
+	// each wait is still the hog's.
+	assert.Greater(t, s.RanDuringWaits[0].Share, 0.6, "the hog ran through the waits")
+	assert.Greater(t, s.BusyPs, 0.6, "the one P was busy while the receiver waited")
+	assert.LessOrEqual(t, s.BusyPs, 1.0)
+	assert.Greater(t, s.LongRunShare, 0.5, "the hog's spins are most of the running time")
+	assert.LessOrEqual(t, s.InGC, s.LongWaits)
+	assert.Contains(t, out.String(), "schedtrace.hog")
+}
+
+func TestAnalyzeRejectsWhatIsNoTrace(t *testing.T) {
+	_, err := Analyze(strings.NewReader("not a trace"), "")
+	require.Error(t, err)
+	_, err = Analyze(strings.NewReader(""), "")
+	require.Error(t, err)
+}

@@ -45,6 +45,8 @@ type proxyOpts struct {
 	strace    bool
 	profile   string // directory for CPU profiles of the kvmesh targets ("": none)
 	profSecs  int    // length of each profile
+	trace     string // directory for execution traces of the kvmesh targets ("": none)
+	traceSecs int    // length of each trace
 	out       string
 	timeout   time.Duration
 	noInstall bool
@@ -53,7 +55,7 @@ type proxyOpts struct {
 func defaultProxyOpts() proxyOpts {
 	return proxyOpts{
 		streams: []int{20, 200}, perWorker: 5, rounds: 4, tokens: 8, gap: 20 * time.Millisecond,
-		prompt: 2048, strategy: "cost", indexMode: "history", timeout: 10 * time.Minute, profSecs: 10,
+		prompt: 2048, strategy: "cost", indexMode: "history", timeout: 10 * time.Minute, profSecs: 10, traceSecs: 2,
 	}
 }
 
@@ -100,7 +102,10 @@ takes a CPU profile of each kvmesh target from its own /debug/pprof/ (an admin
 token made up for the run) while one more untimed run of blocks streams
 through it, per --streams value, writes it to DIR and sums it into the shares
 that say where the gateway's time goes (system calls, the scheduler, GC,
-kvmesh's own code).
+kvmesh's own code). --trace DIR takes an execution trace the same way and
+reports what the gateway's goroutines waited for: how long wake-ups waited
+for a thread, and for those that waited 1 ms or more, what ran on the
+threads meanwhile and whether a GC was on.
 
 kvmesh is built from ./cmd/kvmesh unless --kvmesh names a binary; nginx is
 taken from PATH or /usr/sbin, installed with apt-get (nginx-light) when
@@ -144,6 +149,8 @@ missing and allowed, and left out (with a message) when it cannot be.`,
 	f.BoolVar(&o.strace, "strace", false, "also count syscalls per 1,000 requests with strace -c -f (one extra untimed block per proxy)")
 	f.StringVar(&o.profile, "profile", "", "also take a CPU profile of each kvmesh target from its /debug/pprof/ at each --streams value (one extra untimed run of blocks) and write it into this directory")
 	f.IntVar(&o.profSecs, "profile-seconds", o.profSecs, "length of each --profile")
+	f.StringVar(&o.trace, "trace", "", "also take an execution trace of each kvmesh target from its /debug/pprof/ at each --streams value (one extra untimed run of blocks), write it into this directory and report what its goroutines waited for")
+	f.IntVar(&o.traceSecs, "trace-seconds", o.traceSecs, "length of each --trace (a trace at 200 streams takes about 0.3 MB a second)")
 	f.StringVar(&o.out, "out", "", "also write the figures as JSON to this file")
 	f.DurationVar(&o.timeout, "timeout", o.timeout, "abort the whole run after this long")
 	return cmd
@@ -642,6 +649,7 @@ type proxyReport struct {
 	Rows         []proxyRow      `json:"rows"`
 	Syscalls     []string        `json:"syscalls,omitempty"` // strace -c tables
 	Profiles     []profileResult `json:"profiles,omitempty"`
+	Traces       []traceResult   `json:"traces,omitempty"`
 	Bands        []proxyBands    `json:"bands"`
 }
 
@@ -659,6 +667,9 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 	}
 	if o.profile != "" && o.profSecs < 1 {
 		return nil, errors.New("--profile-seconds must be positive")
+	}
+	if o.trace != "" && o.traceSecs < 1 {
+		return nil, errors.New("--trace-seconds must be positive")
 	}
 	for _, s := range o.streams {
 		if s < 1 || s > 2000 {
@@ -760,13 +771,19 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 		targets = append(targets, &target{name: fl.name, urls: []string{"http://" + addr + "/v1/completions"}, client: newClient(), proc: p})
 	}
 
-	// An admin token opens the gateways' /debug/pprof/ to --profile.
+	// An admin token opens the gateways' /debug/pprof/ to --profile and
+	// --trace.
 	token := ""
-	if o.profile != "" {
+	if o.profile != "" || o.trace != "" {
 		if token, err = newAdminToken(); err != nil {
 			return nil, err
 		}
-		if err := os.MkdirAll(o.profile, 0o755); err != nil {
+	}
+	for _, dir := range []string{o.profile, o.trace} {
+		if dir == "" {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
 	}
@@ -890,17 +907,27 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 			}
 		}
 	}
-	if o.profile != "" {
-		for _, conc := range o.streams {
-			for _, t := range targets {
-				if t.base == "" {
-					continue
-				}
-				p := profileBlock(ctx, t, token, o.profSecs, o.profile, bodies, want, conc, o.perWorker, streamDur/time.Duration(conc))
+	// --profile and --trace: one more untimed run of blocks per capture,
+	// per kvmesh target (t.base set) and stream count.
+	for _, conc := range o.streams {
+		stagger := streamDur / time.Duration(conc)
+		for _, t := range targets {
+			if t.base == "" {
+				continue
+			}
+			if o.profile != "" {
+				p := profileBlock(ctx, t, token, o.profSecs, o.profile, bodies, want, conc, o.perWorker, stagger)
 				if p.Error != "" {
 					fmt.Fprintf(log, "proxybench: profile of %s at %d streams: %s\n", t.name, conc, p.Error)
 				}
 				rep.Profiles = append(rep.Profiles, p)
+			}
+			if o.trace != "" {
+				tr := traceBlock(ctx, t, token, o.traceSecs, o.trace, bodies, want, conc, o.perWorker, stagger)
+				if tr.Error != "" {
+					fmt.Fprintf(log, "proxybench: trace of %s at %d streams: %s\n", t.name, conc, tr.Error)
+				}
+				rep.Traces = append(rep.Traces, tr)
 			}
 		}
 	}
@@ -1078,5 +1105,8 @@ func (r *proxyReport) write(w io.Writer) {
 	}
 	for _, p := range r.Profiles {
 		p.write(w)
+	}
+	for _, t := range r.Traces {
+		t.write(w)
 	}
 }

@@ -24,14 +24,19 @@ import (
 
 // profileResult is one kvmesh target's profile at one stream count.
 type profileResult struct {
-	Target   string         `json:"target"`
-	Streams  int            `json:"streams"`
-	File     string         `json:"file"`
-	Seconds  int            `json:"seconds"`
-	Requests int            `json:"requests"` // sent while the profile ran
-	Shares   []profileShare `json:"shares,omitempty"`
-	Top      string         `json:"top,omitempty"` // go tool pprof -top, its first lines
-	Error    string         `json:"error,omitempty"`
+	capture
+	Shares []profileShare `json:"shares,omitempty"`
+	Top    string         `json:"top,omitempty"` // go tool pprof -top, its first lines
+}
+
+// capture is what --profile and --trace report of every capture.
+type capture struct {
+	Target   string `json:"target"`
+	Streams  int    `json:"streams"`
+	File     string `json:"file"`
+	Seconds  int    `json:"seconds"`
+	Requests int    `json:"requests"` // sent while the capture ran
+	Error    string `json:"error,omitempty"`
 }
 
 // profileShare is one line of the summary: a share of the CPU samples.
@@ -51,40 +56,12 @@ func newAdminToken() (string, error) {
 
 // profileBlock profiles t (a kvmesh target, t.base set, whose admin
 // token is token) for seconds while blocks of conc streams run through it
-// back to back, writes the profile to dir and summarises it. The blocks
-// stop when the profile has arrived; at most maxProfileBlocks run.
+// (takeCapture), writes the profile to dir and summarises it.
 func profileBlock(ctx context.Context, t *target, token string, seconds int, dir string,
 	bodies func(int) []byte, want []byte, conc, perWorker int, stagger time.Duration) profileResult {
-	res := profileResult{Target: t.name, Streams: conc, Seconds: seconds}
-	type fetched struct {
-		body []byte
-		err  error
-	}
-	done := make(chan fetched, 1)
-	go func() {
-		b, err := fetchProfile(ctx, t.base, token, seconds)
-		done <- fetched{b, err}
-	}()
-	var got fetched
-	arrived := false
-	for blocks := 0; !arrived && blocks < maxProfileBlocks && ctx.Err() == nil; blocks++ {
-		select {
-		case got = <-done:
-			arrived = true
-		default:
-			res.Requests += runBlock(ctx, t, bodies, want, conc, perWorker, stagger).requests
-		}
-	}
-	if !arrived {
-		got = <-done // the profile's own deadline ends the wait
-	}
-	if got.err != nil {
-		res.Error = got.err.Error()
-		return res
-	}
-	res.File = filepath.Join(dir, fmt.Sprintf("%s-%dstreams.pprof", t.name, conc))
-	if err := os.WriteFile(res.File, got.body, 0o644); err != nil {
-		res.Error = err.Error()
+	c, _ := takeCapture(ctx, t, token, "profile", "pprof", seconds, dir, bodies, want, conc, perWorker, stagger)
+	res := profileResult{capture: c}
+	if res.Error != "" {
 		return res
 	}
 	top, err := pprofTop(ctx, res.File)
@@ -97,16 +74,59 @@ func profileBlock(ctx context.Context, t *target, token string, seconds int, dir
 	return res
 }
 
-// maxProfileBlocks bounds the blocks run while one profile is taken.
+// takeCapture GETs /debug/pprof/<what> (profile or trace) from t for
+// seconds with the admin token while blocks of conc streams run through
+// t back to back, writes it to dir as <target>-<conc>streams.<ext> and
+// returns it. The blocks stop when the capture has arrived; at most
+// maxProfileBlocks run. c.Error says what failed.
+func takeCapture(ctx context.Context, t *target, token, what, ext string, seconds int, dir string,
+	bodies func(int) []byte, want []byte, conc, perWorker int, stagger time.Duration) (c capture, body []byte) {
+	c = capture{Target: t.name, Streams: conc, Seconds: seconds}
+	type fetched struct {
+		body []byte
+		err  error
+	}
+	done := make(chan fetched, 1)
+	go func() {
+		b, err := fetchDebug(ctx, t.base, token, what, seconds)
+		done <- fetched{b, err}
+	}()
+	var got fetched
+	arrived := false
+	for blocks := 0; !arrived && blocks < maxProfileBlocks && ctx.Err() == nil; blocks++ {
+		select {
+		case got = <-done:
+			arrived = true
+		default:
+			c.Requests += runBlock(ctx, t, bodies, want, conc, perWorker, stagger).requests
+		}
+	}
+	if !arrived {
+		got = <-done // the capture's own deadline ends the wait
+	}
+	if got.err != nil {
+		c.Error = got.err.Error()
+		return c, nil
+	}
+	file := filepath.Join(dir, fmt.Sprintf("%s-%dstreams.%s", t.name, conc, ext))
+	if err := os.WriteFile(file, got.body, 0o644); err != nil {
+		c.Error = err.Error()
+		return c, nil
+	}
+	c.File = file
+	return c, got.body
+}
+
+// maxProfileBlocks bounds the blocks run while one capture is taken.
 const maxProfileBlocks = 1000
 
-// fetchProfile GETs base/debug/pprof/profile?seconds=N with the admin
-// token and returns the profile's bytes.
-func fetchProfile(ctx context.Context, base, token string, seconds int) ([]byte, error) {
-	// The gateway answers when the profile ends: allow for a slow start.
+// fetchDebug GETs base/debug/pprof/<what>?seconds=N (what: profile or
+// trace) with the admin token and returns the capture's bytes.
+func fetchDebug(ctx context.Context, base, token, what string, seconds int) ([]byte, error) {
+	// The gateway answers when the capture ends: allow for a slow start.
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(seconds)*time.Second+30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", base, seconds), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/%s?seconds=%d", base, what, seconds), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +146,7 @@ func fetchProfile(ctx context.Context, base, token string, seconds int) ([]byte,
 	case http.StatusNotFound:
 		return nil, errors.New("the gateway serves no /debug/pprof/ (a kvmesh built before it had one?)")
 	default:
-		return nil, fmt.Errorf("/debug/pprof/profile: %s: %s", resp.Status, firstLines(string(b), 3))
+		return nil, fmt.Errorf("/debug/pprof/%s: %s: %s", what, resp.Status, firstLines(string(b), 3))
 	}
 }
 

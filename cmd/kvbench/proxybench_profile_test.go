@@ -8,6 +8,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,36 +69,11 @@ func TestProxybenchProfileBlock(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("go tool pprof needs the go command")
 	}
-	chunks := benchStream(2)
-	var want []byte
-	for _, c := range chunks {
-		want = append(want, c...)
-	}
-	const token = "profile-test-token"
-	mux := http.NewServeMux()
-	mux.Handle("/v1/completions", &benchEngine{chunks: chunks, gap: 5 * time.Millisecond})
-	mux.HandleFunc("/debug/pprof/profile", func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer "+token {
-			http.Error(w, `{"error":{"message":"profiles require the admin token"}}`, http.StatusUnauthorized)
-			return
-		}
-		pprof.Profile(w, r)
-	})
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	c := &http.Client{Transport: &http.Transport{DisableCompression: true}}
-	defer c.CloseIdleConnections()
-	tg := &target{name: targetKvmesh, urls: []string{srv.URL + "/v1/completions"}, client: c, base: srv.URL}
-	bodies := func(int) []byte { return []byte(`{}`) }
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx, tg, bodies, want := captureTarget(t)
 	dir := t.TempDir()
 
-	res := profileBlock(ctx, tg, token, 1, dir, bodies, want, 2, 1, 0)
-	require.Empty(t, res.Error)
-	assert.Positive(t, res.Requests, "blocks ran while the profile was taken")
-	b, err := os.ReadFile(res.File)
-	require.NoError(t, err)
+	res := profileBlock(ctx, tg, captureToken, 1, dir, bodies, want, 2, 1, 0)
+	b := readCapture(t, res.Error, res.Requests, res.File)
 	require.True(t, bytes.HasPrefix(b, []byte{0x1f, 0x8b}), "a pprof profile is gzipped")
 	require.Len(t, res.Shares, 6)
 	assert.Contains(t, res.Top, "flat%")
@@ -106,4 +82,75 @@ func TestProxybenchProfileBlock(t *testing.T) {
 	assert.Contains(t, bad.Error, "401")
 	assert.Contains(t, bad.Error, "admin token")
 	assert.Empty(t, bad.File)
+}
+
+// TestProxybenchTraceBlock takes a real execution trace the same way and
+// summarises what the server's goroutines waited for.
+func TestProxybenchTraceBlock(t *testing.T) {
+	ctx, tg, bodies, want := captureTarget(t)
+	dir := t.TempDir()
+
+	res := traceBlock(ctx, tg, captureToken, 1, dir, bodies, want, 2, 1, 0)
+	b := readCapture(t, res.Error, res.Requests, res.File)
+	require.True(t, bytes.HasPrefix(b, []byte("go 1.")), "an execution trace starts with its Go version")
+	require.NotNil(t, res.Summary)
+	assert.Positive(t, res.Summary.Wakeups, "the streams woke the server's goroutines")
+	assert.Positive(t, res.Summary.Runs)
+	assert.GreaterOrEqual(t, res.Summary.Span, 500*time.Millisecond, "a 1 s trace spans most of its second")
+	var out strings.Builder
+	rep := proxyReport{Traces: []traceResult{res}}
+	rep.write(&out)
+	assert.Contains(t, out.String(), "Execution trace, kvmesh at 2 streams (1 s, ")
+	assert.Contains(t, out.String(), "goroutine wake-ups in")
+
+	bad := traceBlock(ctx, tg, "not-the-token", 1, t.TempDir(), bodies, want, 2, 1, 0)
+	assert.Contains(t, bad.Error, "401")
+	assert.Empty(t, bad.File)
+	assert.Nil(t, bad.Summary)
+}
+
+// readCapture checks that a capture was taken while blocks ran and
+// returns the file it was written to.
+func readCapture(t *testing.T, errText string, requests int, file string) []byte {
+	t.Helper()
+	require.Empty(t, errText)
+	assert.Positive(t, requests, "blocks ran while the capture was taken")
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	return b
+}
+
+// captureToken is the admin token of captureTarget's server.
+const captureToken = "capture-test-token"
+
+// captureTarget serves a streaming engine and net/http/pprof's profile and
+// trace handlers (behind captureToken, as the gateway serves them) on one
+// server, and returns it as a kvmesh target with the blocks' bodies and
+// the stream each answer must be.
+func captureTarget(t *testing.T) (context.Context, *target, func(int) []byte, []byte) {
+	t.Helper()
+	chunks := benchStream(2)
+	var want []byte
+	for _, c := range chunks {
+		want = append(want, c...)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/completions", &benchEngine{chunks: chunks, gap: 5 * time.Millisecond})
+	for path, h := range map[string]http.HandlerFunc{"/debug/pprof/profile": pprof.Profile, "/debug/pprof/trace": pprof.Trace} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("Authorization") != "Bearer "+captureToken {
+				http.Error(w, `{"error":{"message":"profiles require the admin token"}}`, http.StatusUnauthorized)
+				return
+			}
+			h(w, r)
+		})
+	}
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	c := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	t.Cleanup(c.CloseIdleConnections)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	tg := &target{name: targetKvmesh, urls: []string{srv.URL + "/v1/completions"}, client: c, base: srv.URL}
+	return ctx, tg, func(int) []byte { return []byte(`{}`) }, want
 }

@@ -33,6 +33,9 @@ const LongRun = 200 * time.Microsecond
 
 // Summary is what Analyze read from a trace.
 type Summary struct {
+	// Module is the function-name prefix Analyze was given; Write leaves
+	// it out of the names it prints.
+	Module string `json:"module,omitempty"`
 	// Span is the time between the trace's first and last event.
 	Span time.Duration `json:"span_ns"`
 	// Procs is the number of Ps the trace shows running goroutines.
@@ -67,6 +70,22 @@ type Summary struct {
 	// running time that overlapped them, by where each goroutine that
 	// ran had last blocked (Where), largest first.
 	RanDuringWaits []Share `json:"ran_during_long_waits,omitempty"`
+	// Activities sums the runs by what the goroutine did: from where it
+	// had last blocked to where it blocked next (a relay goroutine's
+	// chunk is "relay → relay", a request's start "reading the request →
+	// relay"), most running time first.
+	Activities []Activity `json:"activities,omitempty"`
+}
+
+// Activity is one line of Summary.Activities. To is "(preempted)" for a
+// run that ended runnable, "(syscall)" for one that entered a blocking
+// system call, "(exited)" for a goroutine's last.
+type Activity struct {
+	From  string        `json:"from"`
+	To    string        `json:"to"`
+	Runs  int           `json:"runs"`
+	Total time.Duration `json:"total_ns"`
+	Share float64       `json:"share"` // of all running time
 }
 
 // Share is one line of Summary.RanDuringWaits.
@@ -118,7 +137,8 @@ type openRun struct {
 // run is one goroutine's run, labelled by where it had last blocked.
 type run struct {
 	start, end trace.Time
-	where      string
+	where      string // where the goroutine had blocked before the run
+	to         string // where it blocked after it (Activity.To)
 }
 
 // span is a closed interval of trace time.
@@ -168,12 +188,16 @@ func (a *analysis) event(ev trace.Event) {
 func (a *analysis) transition(g trace.GoID, st trace.StateTransition, proc trace.ProcID, t trace.Time) {
 	from, to := st.Goroutine()
 	if from == trace.GoRunning && to != trace.GoRunning {
+		next := runEnd(to)
+		if to == trace.GoWaiting {
+			next = a.label(st.Stack)
+		}
 		if o, ok := a.running[g]; ok {
-			a.runs = append(a.runs, run{o.start, t, a.where[g]})
+			a.runs = append(a.runs, run{o.start, t, a.where[g], next})
 			delete(a.running, g)
 		}
 		if to == trace.GoWaiting {
-			a.where[g] = a.label(st.Stack)
+			a.where[g] = next
 		}
 	}
 	switch to {
@@ -196,6 +220,19 @@ func (a *analysis) transition(g trace.GoID, st trace.StateTransition, proc trace
 	default:
 		delete(a.runnable, g)
 	}
+}
+
+// runEnd names how a run that did not block ended (Activity.To).
+func runEnd(to trace.GoState) string {
+	switch to {
+	case trace.GoRunnable:
+		return "(preempted)"
+	case trace.GoSyscall:
+		return "(syscall)"
+	case trace.GoNotExist:
+		return "(exited)"
+	}
+	return "(" + to.String() + ")"
 }
 
 // isGC reports whether a range is a GC phase that holds up goroutines:
@@ -242,7 +279,7 @@ func plumbing(fn string) bool {
 }
 
 func (a *analysis) summary() Summary {
-	s := Summary{Span: a.last.Sub(a.first), Procs: len(a.procs), Wakeups: len(a.waits), LongWaits: len(a.long)}
+	s := Summary{Module: a.module, Span: a.last.Sub(a.first), Procs: len(a.procs), Wakeups: len(a.waits), LongWaits: len(a.long)}
 	if len(a.waits) > 0 {
 		slices.Sort(a.waits)
 		s.WaitP50, s.WaitP99, s.WaitP999 = quantile(a.waits, 0.5), quantile(a.waits, 0.99), quantile(a.waits, 0.999)
@@ -252,18 +289,36 @@ func (a *analysis) summary() Summary {
 	if len(a.runs) > 0 {
 		lens := make([]time.Duration, len(a.runs))
 		var total, long time.Duration
+		acts := map[[2]string]*Activity{}
 		for i, r := range a.runs {
 			lens[i] = r.end.Sub(r.start)
 			total += lens[i]
 			if lens[i] >= LongRun {
 				long += lens[i]
 			}
+			k := [2]string{r.where, r.to}
+			act := acts[k]
+			if act == nil {
+				act = &Activity{From: r.where, To: r.to}
+				acts[k] = act
+			}
+			act.Runs++
+			act.Total += lens[i]
 		}
 		slices.Sort(lens)
 		s.RunP50, s.RunP99 = quantile(lens, 0.5), quantile(lens, 0.99)
 		if total > 0 {
 			s.LongRunShare = float64(long) / float64(total)
 		}
+		for _, act := range acts {
+			if total > 0 {
+				act.Share = float64(act.Total) / float64(total)
+			}
+			s.Activities = append(s.Activities, *act)
+		}
+		slices.SortFunc(s.Activities, func(x, y Activity) int {
+			return cmp.Or(cmp.Compare(y.Total, x.Total), strings.Compare(x.From, y.From), strings.Compare(x.To, y.To))
+		})
 	}
 	if len(a.long) == 0 {
 		return s
@@ -322,6 +377,12 @@ func quantile(xs []time.Duration, q float64) time.Duration {
 // top of them.
 func (s Summary) Write(w io.Writer, top int) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/1e6) }
+	name := func(fn string) string {
+		if s.Module != "" {
+			return strings.TrimPrefix(fn, s.Module)
+		}
+		return fn
+	}
 	fmt.Fprintf(w, "  %d goroutine wake-ups in %.2f s; their wait for a P: p50 %s, p99 %s, p99.9 %s, max %s\n",
 		s.Wakeups, s.Span.Seconds(), ms(s.WaitP50), ms(s.WaitP99), ms(s.WaitP999), ms(s.WaitMax))
 	if s.LongWaits == 0 {
@@ -332,13 +393,23 @@ func (s Summary) Write(w io.Writer, top int) {
 	}
 	fmt.Fprintf(w, "  %d goroutine runs: p50 %s, p99 %s; runs of %s or more hold %.0f%% of the running time\n",
 		s.Runs, ms(s.RunP50), ms(s.RunP99), ms(LongRun), 100*s.LongRunShare)
+	if len(s.Activities) > 0 {
+		fmt.Fprintf(w, "  running time by what the goroutine did (where it had blocked -> where it blocked next):\n")
+		for i, act := range s.Activities {
+			if i == top {
+				break
+			}
+			fmt.Fprintf(w, "    %5.1f%%  %6d runs, mean %s  %s -> %s\n", 100*act.Share, act.Runs,
+				ms(act.Total/time.Duration(act.Runs)), name(act.From), name(act.To))
+		}
+	}
 	if len(s.RanDuringWaits) > 0 {
 		fmt.Fprintf(w, "  ran during the long waits, by where the goroutine last blocked:\n")
 		for i, sh := range s.RanDuringWaits {
 			if i == top {
 				break
 			}
-			fmt.Fprintf(w, "    %5.1f%%  %s\n", 100*sh.Share, sh.Where)
+			fmt.Fprintf(w, "    %5.1f%%  %s\n", 100*sh.Share, name(sh.Where))
 		}
 	}
 }

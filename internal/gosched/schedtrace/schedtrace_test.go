@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"runtime"
 	"runtime/trace"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,8 @@ func hog(ch chan<- struct{}, rounds int, spin time.Duration) {
 		time.Sleep(50 * time.Microsecond)
 	}
 }
+
+const hogName = "github.com/kvmesh/kvmesh/internal/gosched/schedtrace.hog"
 
 // TestAnalyzeNamesWhatHeldTheP traces a receiver held up by a goroutine
 // that keeps the only P and checks that the summary counts the long
@@ -59,16 +62,23 @@ func TestAnalyzeNamesWhatHeldTheP(t *testing.T) {
 	assert.GreaterOrEqual(t, s.WaitMax, spin, "a wait lasted the hog's spin")
 	assert.Greater(t, s.Wakeups, s.LongWaits)
 	require.NotEmpty(t, s.RanDuringWaits)
-	assert.Equal(t, "github.com/kvmesh/kvmesh/internal/gosched/schedtrace.hog", s.RanDuringWaits[0].Where)
+	assert.Equal(t, hogName, s.RanDuringWaits[0].Where)
 	// On a busy machine the thread can be off the CPU between the hog's
-	// block and the receiver's start, when the P runs nothing: most of
-	// each wait is still the hog's.
+	// block and the receiver's start, when the P runs nothing (4 test
+	// processes beside 3 busy loops on 2 cores: down to 0.57 of the
+	// waits): most of each wait is still the hog's.
 	assert.Greater(t, s.RanDuringWaits[0].Share, 0.6, "the hog ran through the waits")
-	assert.Greater(t, s.BusyPs, 0.6, "the one P was busy while the receiver waited")
+	assert.Greater(t, s.BusyPs, 0.3, "the one P was busy while the receiver waited")
 	assert.LessOrEqual(t, s.BusyPs, 1.0)
 	assert.Greater(t, s.LongRunShare, 0.5, "the hog's spins are most of the running time")
 	assert.LessOrEqual(t, s.InGC, s.LongWaits)
-	assert.Contains(t, out.String(), "schedtrace.hog")
+	// The hog's spins run from one sleep to the next (or, when a busy
+	// machine stretches one past 10 ms, to sysmon's preemption).
+	i := slices.IndexFunc(s.Activities, func(a Activity) bool { return a.From == hogName && a.To == hogName })
+	require.GreaterOrEqual(t, i, 0, "the hog's spins are an activity")
+	assert.GreaterOrEqual(t, s.Activities[i].Runs, rounds/2)
+	assert.Equal(t, hogName, s.Activities[0].From, "the hog's runs took the most time")
+	assert.Contains(t, out.String(), "internal/gosched/schedtrace.hog -> internal/gosched/schedtrace.hog", "names are printed without the module")
 }
 
 func TestAnalyzeRejectsWhatIsNoTrace(t *testing.T) {

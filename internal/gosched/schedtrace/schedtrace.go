@@ -89,6 +89,11 @@ type Activity struct {
 	Share float64       `json:"share"` // of all running time
 }
 
+// RunningAtStart names where a goroutine blocked when the trace shows it
+// running before it shows it blocked or created: it was running when the
+// trace began.
+const RunningAtStart = "(running when the trace began)"
+
 // Share is one line of Summary.RanDuringWaits.
 type Share struct {
 	Where string  `json:"where"`
@@ -99,7 +104,9 @@ type Share struct {
 // is a function-name prefix (such as "github.com/kvmesh/kvmesh/") that
 // names where a goroutine blocked: the innermost frame of its blocking
 // stack with that prefix, else the innermost outside the runtime's and
-// the standard library's synchronisation and polling.
+// the standard library's synchronisation and polling. A goroutine not
+// yet seen blocking is named by its starting stack the same way, or
+// RunningAtStart.
 func Analyze(r io.Reader, module string) (Summary, error) {
 	rd, err := trace.NewReader(r)
 	if err != nil {
@@ -201,6 +208,15 @@ func (a *analysis) transition(g trace.GoID, st trace.StateTransition, proc trace
 			a.where[g] = next
 		}
 	}
+	switch {
+	case from == trace.GoNotExist && to == trace.GoRunnable:
+		// A new goroutine is named by the function it starts in until
+		// it first blocks.
+		a.where[g] = a.label(st.Stack)
+	case from != trace.GoRunning && to == trace.GoWaiting && st.Stack != trace.NoStack:
+		// A goroutine blocked when the trace began.
+		a.where[g] = a.label(st.Stack)
+	}
 	switch to {
 	case trace.GoRunnable:
 		a.runnable[g] = t
@@ -216,7 +232,7 @@ func (a *analysis) transition(g trace.GoID, st trace.StateTransition, proc trace
 		a.running[g] = openRun{t, proc}
 		a.procs[proc] = true
 		if _, ok := a.where[g]; !ok {
-			a.where[g] = "(not seen blocking)"
+			a.where[g] = RunningAtStart
 		}
 	default:
 		delete(a.runnable, g)

@@ -219,7 +219,13 @@ func (a *analysis) transition(g trace.GoID, st trace.StateTransition, proc trace
 	}
 	switch to {
 	case trace.GoRunnable:
-		a.runnable[g] = t
+		// Runnable when the trace began (from undetermined): since when
+		// is not known, so its wait is not counted.
+		if from != trace.GoUndetermined {
+			a.runnable[g] = t
+		} else {
+			delete(a.runnable, g)
+		}
 	case trace.GoRunning:
 		if s, ok := a.runnable[g]; ok && from == trace.GoRunnable {
 			w := t.Sub(s)

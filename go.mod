@@ -13,7 +13,7 @@ require (
 	github.com/hashicorp/raft-wal v0.4.1
 	github.com/miekg/dns v1.1.73
 	github.com/nats-io/nats-server/v2 v2.15.3
-	github.com/nats-io/nats.go v1.56.0
+	github.com/nats-io/nats.go v1.55.0
 	github.com/pkoukk/tiktoken-go v0.1.8
 	github.com/pkoukk/tiktoken-go-loader v0.0.2
 	github.com/prometheus/client_golang v1.25.0

@@ -870,13 +870,13 @@ func runProxybench(ctx context.Context, o proxyOpts, log io.Writer) (*proxyRepor
 			row.AddedP99ms = row.TTFBp99ms - ms(pct(d.ttfb, .99))
 			row.AddedGapP99 = row.GapP99ms - ms(pct(d.gaps, .99))
 			if a.requests > 0 {
-				row.LoadCPU1000s = float64(a.loadTicks) / clkTck / float64(a.requests) * 1000
+				row.LoadCPU1000s = per1000(float64(a.loadTicks)/clkTck, a.requests)
 			}
 			if t.proc != nil && a.requests > 0 {
-				row.CPUPer1000s = float64(a.ticks) / clkTck / float64(a.requests) * 1000
-				row.Switches1000 = float64(a.switches) / float64(a.requests) * 1000
+				row.CPUPer1000s = per1000(float64(a.ticks)/clkTck, a.requests)
+				row.Switches1000 = per1000(float64(a.switches), a.requests)
 				if t.gcURL != "" {
-					row.GC1000 = float64(a.gcs) / float64(a.requests) * 1000
+					row.GC1000 = per1000(float64(a.gcs), a.requests)
 				}
 				if w := a.sched.Waits(); w.Wakeups > 0 {
 					row.Sched = &schedRow{Samples: w.Wakeups,
@@ -1014,6 +1014,9 @@ func straceBlock(ctx context.Context, t *target, bodies func(int) []byte, want [
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// per1000 is x per 1,000 of requests (> 0).
+func per1000(x float64, requests int) float64 { return x / float64(requests) * 1000 }
 
 // writeLoadCPU prints, per stream count, the load generator's CPU per
 // 1,000 requests during each target's blocks: it shares the cores with

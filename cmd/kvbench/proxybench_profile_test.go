@@ -130,10 +130,7 @@ const captureToken = "capture-test-token"
 func captureTarget(t *testing.T) (context.Context, *target, func(int) []byte, []byte) {
 	t.Helper()
 	chunks := benchStream(2)
-	var want []byte
-	for _, c := range chunks {
-		want = append(want, c...)
-	}
+	want := bytes.Join(chunks, nil)
 	mux := http.NewServeMux()
 	mux.Handle("/v1/completions", &benchEngine{chunks: chunks, gap: 5 * time.Millisecond})
 	for path, h := range map[string]http.HandlerFunc{"/debug/pprof/profile": pprof.Profile, "/debug/pprof/trace": pprof.Trace} {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"math"
@@ -378,10 +379,7 @@ func TestProxybenchGoRuntime(t *testing.T) {
 // it per stream count and target. The bodies burn a known amount of CPU
 // in the client, so the count cannot be zero however busy the machine.
 func TestProxybenchBlockCountsLoadGeneratorCPU(t *testing.T) {
-	var want []byte
-	for _, c := range benchStream(2) {
-		want = append(want, c...)
-	}
+	want := bytes.Join(benchStream(2), nil)
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")

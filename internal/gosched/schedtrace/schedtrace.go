@@ -115,7 +115,7 @@ func Analyze(r io.Reader, module string) (Summary, error) {
 	a := analysis{
 		module:   module,
 		runnable: map[trace.GoID]trace.Time{},
-		running:  map[trace.GoID]openRun{},
+		running:  map[trace.GoID]trace.Time{},
 		where:    map[trace.GoID]string{},
 		procs:    map[trace.ProcID]bool{},
 		ranges:   map[string]trace.Time{},
@@ -136,12 +136,6 @@ func Analyze(r io.Reader, module string) (Summary, error) {
 	return a.summary(), nil
 }
 
-// openRun is a goroutine running since start on proc.
-type openRun struct {
-	start trace.Time
-	proc  trace.ProcID
-}
-
 // run is one goroutine's run, labelled by where it had last blocked.
 type run struct {
 	start, end trace.Time
@@ -157,8 +151,8 @@ type analysis struct {
 	seen        bool // an event was read
 	first, last trace.Time
 	runnable    map[trace.GoID]trace.Time // since when each runnable goroutine is
-	running     map[trace.GoID]openRun
-	where       map[trace.GoID]string // where each goroutine last blocked
+	running     map[trace.GoID]trace.Time // since when each running goroutine runs
+	where       map[trace.GoID]string     // where each goroutine last blocked
 	procs       map[trace.ProcID]bool
 	ranges      map[string]trace.Time // open GC ranges by name
 	waits       []time.Duration
@@ -200,8 +194,8 @@ func (a *analysis) transition(g trace.GoID, st trace.StateTransition, proc trace
 		if to == trace.GoWaiting {
 			next = a.label(st.Stack)
 		}
-		if o, ok := a.running[g]; ok {
-			a.runs = append(a.runs, run{o.start, t, a.where[g], next})
+		if start, ok := a.running[g]; ok {
+			a.runs = append(a.runs, run{start, t, a.where[g], next})
 			delete(a.running, g)
 		}
 		if to == trace.GoWaiting {
@@ -235,7 +229,7 @@ func (a *analysis) transition(g trace.GoID, st trace.StateTransition, proc trace
 			}
 		}
 		delete(a.runnable, g)
-		a.running[g] = openRun{t, proc}
+		a.running[g] = t
 		a.procs[proc] = true
 		if _, ok := a.where[g]; !ok {
 			a.where[g] = RunningAtStart
@@ -309,6 +303,7 @@ func (a *analysis) summary() Summary {
 		s.WaitMax = a.waits[len(a.waits)-1]
 	}
 	s.Runs = len(a.runs)
+	var longest time.Duration // the longest run
 	if len(a.runs) > 0 {
 		lens := make([]time.Duration, len(a.runs))
 		var total, long time.Duration
@@ -330,6 +325,7 @@ func (a *analysis) summary() Summary {
 		}
 		slices.Sort(lens)
 		s.RunP50, s.RunP99 = quantile(lens, 0.5), quantile(lens, 0.99)
+		longest = lens[len(lens)-1]
 		if total > 0 {
 			s.LongRunShare = float64(long) / float64(total)
 		}
@@ -351,16 +347,12 @@ func (a *analysis) summary() Summary {
 	// before it.
 	slices.SortFunc(a.runs, func(x, y run) int { return cmp.Compare(x.start, y.start) })
 	slices.SortFunc(a.long, func(x, y span) int { return cmp.Compare(x.start, y.start) })
-	var longest trace.Time
-	for _, r := range a.runs {
-		longest = max(longest, r.end-r.start)
-	}
 	by := map[string]time.Duration{}
 	var waited, ran time.Duration
 	lo := 0
 	for _, w := range a.long {
 		waited += w.end.Sub(w.start)
-		for lo < len(a.runs) && a.runs[lo].start < w.start-longest {
+		for lo < len(a.runs) && a.runs[lo].start < w.start-trace.Time(longest) {
 			lo++
 		}
 		for _, r := range a.runs[lo:] {
@@ -396,8 +388,8 @@ func quantile(xs []time.Duration, q float64) time.Duration {
 	return xs[int(math.Floor(q*float64(len(xs)-1)))]
 }
 
-// Write prints s in a few lines, the RanDuringWaits shares down to
-// top of them.
+// Write prints s in a few lines, the Activities and RanDuringWaits down
+// to top lines each.
 func (s Summary) Write(w io.Writer, top int) {
 	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/1e6) }
 	name := func(fn string) string {

@@ -106,6 +106,11 @@ type gatewayView struct {
 	replicas *node.ReplicasReport
 	kv       map[string]map[string]float64 // metric (without prefix) → replica → value
 	sched    gosched.Histogram             // scheduling latency when the checks began (nil: not exported)
+	// metrics is the /metrics exposition read when the checks began (nil:
+	// unreadable, metricsErr says why); the checks that need a gauge read
+	// it here instead of fetching the exposition again.
+	metrics    []byte
+	metricsErr string
 }
 
 type doctorClient struct {
@@ -169,7 +174,7 @@ func doctor(ctx context.Context, out io.Writer, o doctorOptions) error {
 		checkGateway(ctx, c, v, g)
 	}
 	checkConvergence(v, gws)
-	checkLoadSharing(ctx, c, v, gws)
+	checkLoadSharing(v, gws)
 
 	// Replicas, in the order the first answering gateway lists them.
 	var first *gatewayView
@@ -224,7 +229,8 @@ func checkGateway(ctx context.Context, c *doctorClient, v *verdicts, g *gatewayV
 		v.warn(subject, "model %s: every replica fails its /health polls, so the gateway routes among them anyway (health_fail_open); check the engines' /health and the gateway's health_timeout", m)
 	}
 
-	g.sched = readSched(ctx, c, g)
+	g.metrics, g.metricsErr = readMetrics(ctx, c, g)
+	g.sched = parseSched(g.metrics)
 	rep, err := fetchReplicas(ctx, c, g)
 	if err != nil {
 		v.fail(subject, "%v", err)
@@ -233,11 +239,24 @@ func checkGateway(ctx context.Context, c *doctorClient, v *verdicts, g *gatewayV
 	g.replicas = rep
 }
 
-// readSched reads g's scheduling latency histogram from its /metrics; nil
-// when g does not export one.
-func readSched(ctx context.Context, c *doctorClient, g *gatewayView) gosched.Histogram {
+// readMetrics reads g's /metrics exposition; on failure it returns nil and
+// why.
+func readMetrics(ctx context.Context, c *doctorClient, g *gatewayView) ([]byte, string) {
 	st, data, err := c.do(ctx, http.MethodGet, g.base+"/metrics", nil, nil)
-	if err != nil || st != http.StatusOK {
+	switch {
+	case err != nil:
+		return nil, err.Error()
+	case st != http.StatusOK:
+		return nil, fmt.Sprintf("answered %d", st)
+	}
+	return data, ""
+}
+
+// parseSched reads the scheduling latency histogram from a /metrics
+// exposition; nil when it holds none (a gateway older than this doctor,
+// or data nil).
+func parseSched(data []byte) gosched.Histogram {
+	if data == nil {
 		return nil
 	}
 	rt, err := gosched.Parse(bytes.NewReader(data))
@@ -255,7 +274,8 @@ func checkGatewayCPU(ctx context.Context, c *doctorClient, v *verdicts, g *gatew
 	if g.ready == nil || g.sched == nil {
 		return
 	}
-	warn, msg, ok := cpuVerdict(g.sched, readSched(ctx, c, g))
+	data, _ := readMetrics(ctx, c, g)
+	warn, msg, ok := cpuVerdict(g.sched, parseSched(data))
 	switch {
 	case !ok:
 	case warn:
@@ -347,16 +367,17 @@ func refreshKVMetrics(ctx context.Context, c *doctorClient, gws []*gatewayView) 
 // warns when reports from some live peer are missing: the gateway then
 // sees that peer's in-flight requests only in its engine scrapes, and its
 // routing herds with the others'. Gateways outside a cluster (no such
-// gauges) or alone in one are not checked.
-func checkLoadSharing(ctx context.Context, c *doctorClient, v *verdicts, gws []*gatewayView) {
+// gauges) or alone in one are not checked. It reads the exposition
+// checkGateway took.
+func checkLoadSharing(v *verdicts, gws []*gatewayView) {
 	for _, g := range gws {
 		if g.ready == nil {
 			continue
 		}
 		subject := "gateway " + g.addr
-		st, data, err := c.do(ctx, http.MethodGet, g.base+"/metrics", nil, nil)
-		if err != nil || st != http.StatusOK {
-			v.warn(subject, "peers' load: /metrics unreadable (%d, %v)", st, err)
+		data := g.metrics
+		if data == nil {
+			v.warn(subject, "peers' load: /metrics unreadable (%s)", g.metricsErr)
 			continue
 		}
 		members, ok := gaugeValue(data, "kvmesh_sync_members")

@@ -49,6 +49,12 @@ func (f FilterReason) MarshalText() ([]byte, error) { return []byte(f.String()),
 // Explanation is a decision's reasoning, served at GET /debug/route. The
 // caller owns it and may reuse it across Picks (its Replicas slice is
 // reused); it is not safe for concurrent use.
+//
+// A Pick given an Explanation is taken as a question, not a routed
+// request: cost leaves it out of the prefix shares and the recent-request
+// rate its later decisions read. A hook that explains every request it
+// routes therefore changes what cost decides: every prompt looks
+// unshared, so every copy pays the full duplicate charge.
 type Explanation struct {
 	// Strategy is the strategy's name.
 	Strategy string `json:"strategy"`

@@ -128,8 +128,8 @@ func TestNATSOutageFallsBackToGossip(t *testing.T) {
 		t.FailNow()
 	}
 	// The publisher counts a batch after handing it to memberlist, so the
-	// peers can apply it before the count moves (the publisher's thread
-	// descheduled in between on a busy machine).
+	// peers can apply it before the count moves when the publisher is
+	// held up in between (as on a busy machine).
 	require.Eventually(t, func() bool {
 		return metricValue(t, gws[0].reg, "kvmesh_sync_messages_published_total",
 			map[string]string{"kind": "decisions", "transport": "gossip"}) > 0

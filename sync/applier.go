@@ -387,6 +387,13 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 		return
 	}
 	inSeq := !st.valid
+	if !st.valid {
+		// Where this gateway took up the stream: a start past the
+		// owner's first batches is what the owner's fingerprint (checkKV)
+		// has to catch, and a failure to catch it needs this seq to read.
+		a.c.log.Debug("KV stream taken up", "replica", b.Replica, "origin", b.Origin, "seq", b.Seq,
+			"events", len(b.Events))
+	}
 	if st.valid {
 		switch {
 		case b.Seq == st.seq+1:

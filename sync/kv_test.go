@@ -290,8 +290,16 @@ func TestKVLostStreamStartRepaired(t *testing.T) {
 		return confirmed(owner) == n && confirmed(peer) == n
 	}, converge, 20*time.Millisecond, "the peer's view of r0 repaired: owner %d, peer %d, engine %d",
 		confirmed(owner), confirmed(peer), len(eng.CachedBlocks()))
+	// ci1292 failed here once, the peer's view complete without a repair
+	// (not reproduced since): say what each side sent and took.
 	require.Positive(t, metricValue(t, peer.reg, "kvmesh_sync_kv_diverged_total", nil),
-		"the owner's fingerprint showed the peer its view differs")
+		"the owner's fingerprint showed the peer its view differs (owner published %v KV batches; "+
+			"peer applied %v, refused %v, gaps %v, repairs %v; its log says where it took up the stream)",
+		metricValue(t, owner.reg, "kvmesh_sync_messages_published_total", map[string]string{"kind": "kv"}),
+		metricValue(t, peer.reg, "kvmesh_sync_deltas_applied_total", map[string]string{"kind": "kv"}),
+		metricValue(t, peer.reg, "kvmesh_sync_kv_rejected_total", nil),
+		metricValue(t, peer.reg, "kvmesh_sync_sequence_gaps_total", map[string]string{"kind": "kv"}),
+		metricValue(t, peer.reg, "kvmesh_sync_antientropy_repairs_total", nil))
 }
 
 // confirmedOn counts g's confirmed blocks of replica id.

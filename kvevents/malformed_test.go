@@ -58,7 +58,8 @@ func TestMalformedLiveBatchRecoveredByReplay(t *testing.T) {
 	requireContiguous(t, h.snapshot(), first, n, 20)
 	require.Equal(t, 1.0, counterValue(t, m.Malformed.WithLabelValues("r1")))
 	require.Zero(t, counterValue(t, m.Resets.WithLabelValues("r1", "malformed")))
-	require.GreaterOrEqual(t, counterValue(t, m.Replays.WithLabelValues("r1", "complete")), 1.0)
+	require.Eventually(t, func() bool { return counterValue(t, m.Replays.WithLabelValues("r1", "complete")) >= 1 },
+		5*time.Second, 5*time.Millisecond, "a replay is counted when it ends, after its batches")
 }
 
 // TestMalformedBatchUnrecoverableResets: when the replayed copy does not

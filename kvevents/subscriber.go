@@ -617,7 +617,7 @@ func (s *Subscriber) live(ctx context.Context, it item) {
 // seq is tried before the batch is declared lost.
 func (s *Subscriber) deliverLive(ctx context.Context, it item) {
 	if it.err == nil || errors.Is(it.err, ErrNoEvents) || s.cfg.ReplayEndpoint == "" {
-		s.deliver(it.seq, it.b, it.err, it.ignored)
+		s.deliver(it.seq, it.b, it.err, it.ignored, false)
 		return
 	}
 	s.recycle(it.b)
@@ -758,9 +758,7 @@ func (s *Subscriber) replayRange(ctx context.Context, from, until Seq, catchUp b
 		}
 		b := s.pool.Get().(*Batch)
 		ignored, derr := s.dec.Decode(payload, b)
-		if s.deliver(seq, b, derr, ignored) {
-			s.mReplayed.Inc()
-		}
+		s.deliver(seq, b, derr, ignored, true)
 		delivered++
 	}
 	switch {
@@ -816,12 +814,15 @@ func parseReplayReply(f [][]byte) (Seq, []byte, bool) {
 	return Seq(binary.BigEndian.Uint64(seqFrame)), payload, true
 }
 
-// deliver hands one batch to the Handler and advances the delivered
-// sequence. A batch with no known event (ErrNoEvents) consumes its seq and
-// loses nothing the index uses; any other decode error loses the batch's
-// events, so the replica is reset. It reports whether the Handler got the
-// batch.
-func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) bool {
+// deliver hands one batch (replayed: from the engine's replay buffer) to
+// the Handler and advances the delivered sequence. A batch with no known
+// event (ErrNoEvents) consumes its seq and loses nothing the index uses;
+// any other decode error loses the batch's events, so the replica is
+// reset. It counts a batch before handing it over, as reset counts a
+// reset, so that the counters never trail what the Handler has seen (a
+// test that waits for the Handler's batches and then reads them; an
+// operator comparing the two).
+func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int, replayed bool) {
 	s.hasLast, s.last, s.hasTS = true, seq, err == nil
 	if err == nil {
 		s.lastTS = b.TS
@@ -836,21 +837,23 @@ func (s *Subscriber) deliver(seq Seq, b *Batch, err error, ignored int) bool {
 			// all): nothing the index tracks was in it.
 			s.mNoEvents.Inc()
 			s.log.Debug("kv-event batch without known events", "seq", uint64(seq), "ignored", ignored)
-			return false
+			return
 		}
 		s.mMalformed.Inc()
 		s.lost(seq, err)
-		return false
+		return
 	}
-	s.h.HandleBatch(s.cfg.Replica, seq, b)
 	s.mBatches.Inc()
+	if replayed {
+		s.mReplayed.Inc()
+	}
 	for i := range b.Events {
 		if k := b.Events[i].Kind; int(k) < len(s.mEvents) && s.mEvents[k] != nil {
 			s.mEvents[k].Inc()
 		}
 	}
+	s.h.HandleBatch(s.cfg.Replica, seq, b)
 	s.recycle(b)
-	return true
 }
 
 // lost resets the replica for an undecodable batch and consumes its seq, so

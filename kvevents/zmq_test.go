@@ -372,7 +372,9 @@ func TestGapReplayedBothReplyForms(t *testing.T) {
 			require.Eventually(t, func() bool { s, ok := h.lastBatchSeq(); return ok && s == n-1 }, 5*time.Second, 5*time.Millisecond)
 			requireContiguous(t, h.snapshot(), 0, n, 3)
 			require.Equal(t, gapsBefore+1, counterValue(t, m.Gaps.WithLabelValues("r1")))
-			require.GreaterOrEqual(t, counterValue(t, m.Replays.WithLabelValues("r1", "complete")), 1.0)
+			// A replay is counted when it ends, after its batches.
+			require.Eventually(t, func() bool { return counterValue(t, m.Replays.WithLabelValues("r1", "complete")) >= 1 },
+				5*time.Second, 5*time.Millisecond)
 			require.Equal(t, replayedBefore+10, counterValue(t, m.Replayed.WithLabelValues("r1")), "the ten lost batches came from the replay")
 		})
 	}
@@ -437,7 +439,8 @@ func TestGapBeyondReplayBufferResets(t *testing.T) {
 	require.Equal(t, ResetGapUnrecoverable, recs[0].reset, "records %v", recs)
 	requireContiguous(t, recs[1:], recs[1].seq, n, 5)
 	require.Greater(t, recs[1].seq, gapAt)
-	require.Equal(t, 1.0, counterValue(t, m.Replays.WithLabelValues("r1", "partial")))
+	require.Eventually(t, func() bool { return counterValue(t, m.Replays.WithLabelValues("r1", "partial")) == 1 },
+		5*time.Second, 5*time.Millisecond, "a replay is counted when it ends, after its batches")
 }
 
 func TestRewindAfterPublisherRestart(t *testing.T) {

@@ -393,8 +393,7 @@ func (a *applier) applyKVLocked(b *KVBatch) {
 		// has to catch, and a failure to catch it needs this seq to read.
 		a.c.log.Debug("KV stream taken up", "replica", b.Replica, "origin", b.Origin, "seq", b.Seq,
 			"events", len(b.Events))
-	}
-	if st.valid {
+	} else {
 		switch {
 		case b.Seq == st.seq+1:
 			inSeq = true

@@ -110,7 +110,7 @@ type gatewayView struct {
 	// unreadable, metricsErr says why); the checks that need a gauge read
 	// it here instead of fetching the exposition again.
 	metrics    []byte
-	metricsErr string
+	metricsErr error
 }
 
 type doctorClient struct {
@@ -239,17 +239,16 @@ func checkGateway(ctx context.Context, c *doctorClient, v *verdicts, g *gatewayV
 	g.replicas = rep
 }
 
-// readMetrics reads g's /metrics exposition; on failure it returns nil and
-// why.
-func readMetrics(ctx context.Context, c *doctorClient, g *gatewayView) ([]byte, string) {
+// readMetrics reads g's /metrics exposition.
+func readMetrics(ctx context.Context, c *doctorClient, g *gatewayView) ([]byte, error) {
 	st, data, err := c.do(ctx, http.MethodGet, g.base+"/metrics", nil, nil)
 	switch {
 	case err != nil:
-		return nil, err.Error()
+		return nil, err
 	case st != http.StatusOK:
-		return nil, fmt.Sprintf("answered %d", st)
+		return nil, fmt.Errorf("answered %d", st)
 	}
-	return data, ""
+	return data, nil
 }
 
 // parseSched reads the scheduling latency histogram from a /metrics
@@ -377,7 +376,7 @@ func checkLoadSharing(v *verdicts, gws []*gatewayView) {
 		subject := "gateway " + g.addr
 		data := g.metrics
 		if data == nil {
-			v.warn(subject, "peers' load: /metrics unreadable (%s)", g.metricsErr)
+			v.warn(subject, "peers' load: /metrics unreadable (%v)", g.metricsErr)
 			continue
 		}
 		members, ok := gaugeValue(data, "kvmesh_sync_members")

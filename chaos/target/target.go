@@ -30,7 +30,9 @@
 // nats-outage and gateway-restart pin their prompts to the model's
 // replicas in turn (/debug/replicas lists them), so each prompt has one
 // replica it must be confirmed on; a sample of 24 per replica is checked.
-// Prompts must fit the engines' KV pools: an evicted probe is a miss.
+// Prompts must fit the engines' KV pools: an evicted probe is a miss. So
+// while their fault lasts they send at most 4·Requests prompts (96 by
+// default), however long it lasts, and then wait for its end.
 //
 // Each records a cluster.Row through the suite's harness (suite.R), so
 // kvmesh chaos --target writes the same table and report as the in-process
@@ -86,7 +88,9 @@ type Config struct {
 	// last gateway); KVMESH_CHAOS_GATEWAY holds its URL.
 	RestartCmd     string
 	RestartGateway string
-	// Requests is each phase's request count. Default 24.
+	// Requests is each phase's request count. Default 24. While the
+	// fault of nats-outage or gateway-restart lasts, at most 4·Requests
+	// prompts are sent (see windowProbes).
 	Requests int
 	// Converge bounds the wait for the views after a heal. Default 15s.
 	Converge time.Duration
@@ -463,6 +467,44 @@ func (s *spread) load(r *suite.R, c *Config, step string, prompts []string) clus
 	return total
 }
 
+// windowProbes is how many prompts per Config.Requests a scenario sends
+// at most while its fault lasts (NATS down, a gateway restarting). The
+// fault's length is the operator's (Outage, the restart command), not the
+// load's: sending for as long as it lasted, a 500 ms outage against fast
+// engines drew 292 prompts of 58 blocks, more than the engines' 8,192-block
+// pools held, and the check then looked for the first prompts, which the
+// engines had rightly evicted.
+const windowProbes = 4
+
+// loadWhile sends rounds of probes tagged tag through s while open
+// reports the fault's window open: at least one round, and at most
+// windowProbes·c.Requests prompts in all; after the last round it waits
+// for the window to close. It returns the load and the number of prompts
+// sent. open must turn false in time (the scenario's context bounds the
+// wait).
+func (s *spread) loadWhile(r *suite.R, c *Config, tag, step string, open func() bool) (cluster.LoadResult, int) {
+	var total cluster.LoadResult
+	size := max(4, r.Scale(c.Requests/4, c.Requests))
+	budget := max(size, windowProbes*c.Requests)
+	n := 0
+	for round := 0; round == 0 || open(); round++ {
+		if n+size > budget {
+			wait(r.Context(), 50*time.Millisecond) // polling the fault's end
+			if r.Context().Err() != nil {
+				break
+			}
+			continue
+		}
+		batch := make([]string, size)
+		for i := range batch {
+			batch[i] = probe(fmt.Sprintf("%s round %d", tag, round), i)
+		}
+		total.Add(s.load(r, c, step, batch))
+		n += len(batch)
+	}
+	return total, n
+}
+
 // await checks every replica's prompts (a sample of each) on every gateway
 // within d in all.
 func (s *spread) await(r *suite.R, c *Config, step string, d time.Duration) (precision, recall float64, took time.Duration, checked int) {
@@ -703,16 +745,7 @@ func natsOutage(r *suite.R, c *Config) {
 	}
 	start := time.Now()
 	sp := newSpread(r, c)
-	var total cluster.LoadResult
-	n := 0
-	for round := 0; time.Since(start) < c.Outage || round == 0; round++ {
-		batch := make([]string, max(4, r.Scale(c.Requests/4, c.Requests)))
-		for i := range batch {
-			batch[i] = probe(fmt.Sprintf("%s round %d", tag, round), i)
-		}
-		total.Add(sp.load(r, c, "during the outage", batch))
-		n += len(batch)
-	}
+	total, n := sp.loadWhile(r, c, tag, "during the outage", func() bool { return time.Since(start) < c.Outage })
 	if err := c.FaultProxy.Heal(ctx, c.NATSProxy); err != nil {
 		r.Fatalf("heal: %v", err)
 	}
@@ -752,24 +785,21 @@ func gatewayRestart(r *suite.R, c *Config) {
 	hook := make(chan error, 1)
 	go func() { hook <- cmd.Wait() }()
 	sp := newSpread(r, &served)
-	var total cluster.LoadResult
-	n := 0
-	for round := 0; ; round++ {
-		batch := make([]string, max(4, r.Scale(c.Requests/4, c.Requests)))
-		for i := range batch {
-			batch[i] = probe(fmt.Sprintf("%s round %d", tag, round), i)
-		}
-		total.Add(sp.load(r, &served, "on the other gateways during the restart", batch))
-		n += len(batch)
-		select {
-		case err := <-hook:
-			if err != nil {
-				r.Fatalf("restart command failed: %v: %s", err, strings.TrimSpace(out.String()))
+	var hookErr error
+	done := false
+	restarting := func() bool {
+		if !done {
+			select {
+			case hookErr = <-hook:
+				done = true
+			default:
 			}
-		default:
-			continue
 		}
-		break
+		return !done
+	}
+	total, n := sp.loadWhile(r, &served, tag, "on the other gateways during the restart", restarting)
+	if hookErr != nil {
+		r.Fatalf("restart command failed: %v: %s", hookErr, strings.TrimSpace(out.String()))
 	}
 	if err := c.ready(ctx, c.RestartGateway, c.Converge); err != nil {
 		r.Fatalf("restarted gateway not ready within %v: %v", c.Converge, err)

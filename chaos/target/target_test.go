@@ -2,8 +2,17 @@ package target_test
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -168,8 +177,154 @@ func TestTargetNATSOutage(t *testing.T) {
 	require.True(t, res.Passed, "%v", res.Failures)
 	require.Len(t, res.Rows, 1)
 	t.Log(res.Rows[0].Line())
+	// However many prompts the outage had time for, it sent at most
+	// 4·Requests: the engines' pools must hold every one it checks.
+	require.LessOrEqual(t, res.Rows[0].Load.Sent, 4*tc.Requests)
 	p, err := fp.Proxy(t.Context(), "nats")
 	require.NoError(t, err)
 	require.Positive(t, p.TCP.Cut, "the outage cut the gateways' NATS connections")
 	require.Empty(t, p.Faults, "healed")
+}
+
+// gateway-restart against a three-gateway cluster, through a restart
+// command run by sh -c as an operator's script would be: the command (this
+// test binary, see TestRestartHookHelper) asks the test to restart the
+// gateway named in $KVMESH_CHAOS_GATEWAY. The cluster restarts it in
+// process on a new port; a relay keeps the address the scenario knows it
+// by, as a Kubernetes Service would.
+func TestTargetGatewayRestart(t *testing.T) {
+	cfg := cluster.DefaultConfig()
+	cfg.Gateways, cfg.Engines = 3, 2
+	cfg.ClusterMode = true
+	cfg.NumGPUBlocks = 8192 // pools that hold every probe, as TestTargetNATSOutage
+	cfg.DataDir = t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		require.NoError(t, c.Shutdown(sctx))
+	})
+	require.NoError(t, c.WarmUp(ctx))
+
+	gws := c.Gateways()
+	last := gws[len(gws)-1]
+	front := newRelay(t, strings.TrimPrefix(last.URL(), "http://"))
+	var restarts atomic.Int32
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if got := r.URL.Query().Get("gateway"); got != front.url() {
+			http.Error(w, fmt.Sprintf("$KVMESH_CHAOS_GATEWAY is %q, want %q", got, front.url()), http.StatusBadRequest)
+			return
+		}
+		rctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
+		defer cancel()
+		if err := c.StopGateway(rctx, last); err != nil {
+			http.Error(w, "stop: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		g, err := c.RestartGateway(rctx, last)
+		if err != nil {
+			http.Error(w, "restart: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		front.point(strings.TrimPrefix(g.URL(), "http://"))
+		restarts.Add(1)
+	}))
+	t.Cleanup(hook.Close)
+
+	tc := &target.Config{AdminToken: cluster.AdminToken, Model: c.Config().Model, Requests: 8,
+		RestartCmd: fmt.Sprintf("KVMESH_TARGET_RESTART_HOOK=%s '%s' -test.run '^TestRestartHookHelper$'", hook.URL, os.Args[0]),
+		// As deployment(): the waits poll, the bound only has to hold
+		// on a busy machine.
+		Converge: time.Minute}
+	for _, g := range gws[:len(gws)-1] {
+		tc.Gateways = append(tc.Gateways, g.URL())
+	}
+	tc.Gateways = append(tc.Gateways, front.url())
+	scs, _, err := target.Suite(tc, []string{"gateway-restart"})
+	require.NoError(t, err)
+	res := suite.RunOne(t.Context(), scs[0], suite.Options{})
+	require.True(t, res.Passed, "%v", res.Failures)
+	require.Equal(t, int32(1), restarts.Load(), "the command restarted the gateway once")
+	require.Len(t, res.Rows, 1)
+	row := res.Rows[0]
+	t.Log(row.Line())
+	require.Zero(t, row.Load.Lost)
+	require.Equal(t, 1.0, row.Precision)
+	// While the gateway restarts the others serve at most 4·Requests
+	// prompts, however long the restart takes (the pools must hold them),
+	// and the restarted gateway two more.
+	require.LessOrEqual(t, row.Load.Sent, 4*tc.Requests+2)
+}
+
+// TestRestartHookHelper is not a test: it is the restart command of
+// TestTargetGatewayRestart, which runs this binary through sh -c. It asks
+// the test's hook to restart the gateway in $KVMESH_CHAOS_GATEWAY and
+// fails (exits non-zero) if the hook could not.
+func TestRestartHookHelper(t *testing.T) {
+	hook := os.Getenv("KVMESH_TARGET_RESTART_HOOK")
+	if hook == "" {
+		t.Skip("the restart command of TestTargetGatewayRestart, run by it")
+	}
+	resp, err := http.Post(hook+"?gateway="+url.QueryEscape(os.Getenv("KVMESH_CHAOS_GATEWAY")), "text/plain", nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+}
+
+// relay forwards TCP connections from one loopback address to an
+// upstream that can change: a gateway's fixed address across restarts.
+type relay struct {
+	ln       net.Listener
+	upstream atomic.Pointer[string]
+}
+
+func newRelay(t *testing.T, upstream string) *relay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	r := &relay{ln: ln}
+	r.point(upstream)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			down, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { r.serve(down) })
+		}
+	})
+	return r
+}
+
+func (r *relay) url() string           { return "http://" + r.ln.Addr().String() }
+func (r *relay) point(upstream string) { r.upstream.Store(&upstream) }
+
+// serve copies down's bytes to the upstream of the moment and back until
+// either side closes.
+func (r *relay) serve(down net.Conn) {
+	defer down.Close()
+	up, err := net.Dial("tcp", *r.upstream.Load())
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		if tc, ok := dst.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	go pipe(up, down)
+	go pipe(down, up)
+	<-done
+	<-done
 }

@@ -54,7 +54,7 @@ func (f *chaosFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.natsProxy, "nats-proxy", "", "--target: the tcp proxy in front of the gateways' NATS (nats-outage)")
 	fs.StringVar(&f.restartCmd, "restart-cmd", "", "--target: sh -c command that restarts --restart-gateway, $KVMESH_CHAOS_GATEWAY (gateway-restart)")
 	fs.StringVar(&f.restartGateway, "restart-gateway", "", "--target: the gateway --restart-cmd restarts (default the last --target)")
-	fs.IntVar(&f.requests, "requests", 24, "--target: requests per phase")
+	fs.IntVar(&f.requests, "requests", 24, "--target: requests per phase (at most 4x that while nats-outage's or gateway-restart's fault lasts)")
 	fs.DurationVar(&f.converge, "converge", 15*time.Second, "--target: how long the views may take to follow the engines after a heal")
 	fs.DurationVar(&f.outage, "outage", 3*time.Second, "--target: how long nats-outage keeps NATS down")
 }

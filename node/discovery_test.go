@@ -94,6 +94,10 @@ func TestDNSDiscoveryFollowsPods(t *testing.T) {
 		readAll(t, resp)
 		assert.Equal(t, nameA, resp.Header.Get(HeaderReplica))
 	}
+	// A snapshot is counted just after the table it made is in place:
+	// wait for the third count rather than read it once.
+	require.Eventually(t, func() bool { return counterValue(t, n, "kvmesh_discovery_updates_total", nil) >= 3 },
+		2*time.Second, time.Millisecond)
 	assert.Equal(t, 3.0, counterValue(t, n, "kvmesh_discovery_updates_total", nil), "three snapshots: a, a+b, a")
 	assert.Equal(t, 1.0, gaugeValue(t, n, "kvmesh_discovery_endpoints"))
 }

@@ -30,9 +30,15 @@
 // nats-outage and gateway-restart pin their prompts to the model's
 // replicas in turn (/debug/replicas lists them), so each prompt has one
 // replica it must be confirmed on; a sample of 24 per replica is checked.
-// Prompts must fit the engines' KV pools: an evicted probe is a miss. So
-// while their fault lasts they send at most 4·Requests prompts (96 by
-// default), however long it lasts, and then wait for its end.
+//
+// Prompts must fit the engines' KV pools: an evicted probe is a miss (the
+// failure then says how many blocks the gateways saw the engine evict).
+// A kv-events phase sends rounds of Requests prompts (4·Requests with
+// --long, both times --factor), at most 5, until its fault fired, then 2
+// more, and checks them all; nats-outage and gateway-restart send at most
+// 4·Requests prompts (or one round, where --factor makes a round larger)
+// while their fault lasts, however long it lasts, and then wait for its
+// end.
 //
 // Each records a cluster.Row through the suite's harness (suite.R), so
 // kvmesh chaos --target writes the same table and report as the in-process
@@ -320,10 +326,31 @@ func await(r *suite.R, c *Config, step string, prompts []string, replica string,
 		}
 		if time.Now().After(deadline) || r.Context().Err() != nil {
 			p, rc := figures(v)
-			r.Fatalf("%s: %d gateway-prompt pairs not as expected after %v (precision %.4f, recall %.4f, err %v)", step, v.pending, d, p, rc, err)
+			r.Fatalf("%s: %d gateway-prompt pairs not as expected after %v (precision %.4f, recall %.4f, err %v)%s", step, v.pending, d, p, rc, err, c.evictionHint(r.Context(), replica, present))
 		}
 		wait(r.Context(), 50*time.Millisecond) // polling remote views with a deadline
 	}
+}
+
+// evictionHint says, for a failed wait for prompts to be present, how
+// many blocks the gateways saw replica evict (BlockRemoved events): a
+// probe the engine evicted is rightly missing, and the scenario's prompts
+// did not fit its KV pool. Empty when none were seen, or for a wait for
+// prompts to be gone.
+func (c *Config) evictionHint(ctx context.Context, replica string, present bool) string {
+	if !present {
+		return ""
+	}
+	m, err := c.counters(ctx, replica)
+	if err != nil {
+		return ""
+	}
+	n := m["kvmesh_kvevents_events_total{type=BlockRemoved}"]
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the gateways saw %s evict %.0f blocks (BlockRemoved) since they started: "+
+		"a probe it evicted is rightly missing, so its KV pool must hold every probe of a scenario (fewer --requests)", replica, n)
 }
 
 func figures(v view) (precision, recall float64) {
@@ -373,7 +400,7 @@ func (c *Config) counters(ctx context.Context, replica string) (map[string]float
 			}
 			name, labels, _ := strings.Cut(line[:sp], "{")
 			out[name] += val
-			for _, l := range []string{"reason", "result"} {
+			for _, l := range []string{"reason", "result", "type"} {
 				if i := strings.Index(labels, l+`="`); i >= 0 {
 					v := labels[i+len(l)+2:]
 					v = v[:strings.IndexByte(v, '"')]
@@ -478,7 +505,8 @@ const windowProbes = 4
 
 // loadWhile sends rounds of probes tagged tag through s while open
 // reports the fault's window open: at least one round, and at most
-// windowProbes·c.Requests prompts in all; after the last round it waits
+// windowProbes·c.Requests prompts in all (one round where the suite's
+// factor makes a round larger); after the last round it waits
 // for the window to close. It returns the load and the number of prompts
 // sent. open must turn false in time (the scenario's context bounds the
 // wait).

@@ -29,14 +29,16 @@ import (
 
 const adminToken = "target-test-admin"
 
-// deployment is what an operator runs, in process: two vllmsim engines,
-// kvmesh faultproxy with a zmq relay in front of e0's event port, and a
-// standalone gateway that reads e0's events through it.
-func deployment(t *testing.T) *target.Config {
+// deployment is what an operator runs, in process: two vllmsim engines
+// of blocks KV blocks each, kvmesh faultproxy with a zmq relay in front of
+// e0's event port, and a standalone gateway that reads e0's events through
+// it.
+func deployment(t *testing.T, blocks int) *target.Config {
 	t.Helper()
 	engine := func() *sim.Server {
 		cfg := sim.LocalConfig()
 		cfg.ServedModelName = "M"
+		cfg.NumGPUBlocks = blocks
 		cfg.KVEvents.EnableKVCacheEvents = true
 		cfg.Logger = slog.New(slog.DiscardHandler)
 		s, err := sim.NewServer(cfg)
@@ -87,8 +89,14 @@ func deployment(t *testing.T) *target.Config {
 	}
 }
 
+// poolBlocks holds every probe the scenarios send (58 blocks each): with
+// 1,024 (sim.LocalConfig's), a kv-events phase whose fault took two
+// rounds of 8 to fire (the engine's batches coalesce on a busy machine)
+// sent 18 probes, 1,044 blocks, and the engine evicted the first.
+const poolBlocks = 8192
+
 func TestTargetScenariosAgainstADeployment(t *testing.T) {
-	cfg := deployment(t)
+	cfg := deployment(t, poolBlocks)
 	scs, skipped, err := target.Suite(cfg, nil)
 	require.NoError(t, err)
 	names := make([]string, 0, len(scs))
@@ -115,7 +123,7 @@ func TestTargetScenariosAgainstADeployment(t *testing.T) {
 // A fault proxy that does not carry the replica's events is caught: the
 // fault never fires, and the scenario fails instead of passing vacuously.
 func TestTargetKVEventsFailsWhenTheProxyIsNotInThePath(t *testing.T) {
-	cfg := deployment(t)
+	cfg := deployment(t, poolBlocks)
 	_, err := cfg.FaultProxy.CreateProxy(t.Context(), faultctl.ProxySpec{Name: "elsewhere", Kind: faultctl.KindZMQ, Listen: "tcp://127.0.0.1:0", Upstream: "tcp://127.0.0.1:1"})
 	require.NoError(t, err)
 	cfg.KVProxy = "elsewhere"
@@ -125,6 +133,21 @@ func TestTargetKVEventsFailsWhenTheProxyIsNotInThePath(t *testing.T) {
 	res := suite.RunOne(t.Context(), scs[0], suite.Options{})
 	require.False(t, res.Passed)
 	require.Contains(t, res.Failures[0], "the fault acted on 0 of 3 batches")
+}
+
+// An engine whose KV pool cannot hold the probes evicts some, and the
+// scenario says so when the views miss them, rather than leaving the
+// operator to suspect the gateways.
+func TestTargetSaysWhenTheEngineEvictedProbes(t *testing.T) {
+	cfg := deployment(t, 128) // two probes of 58 blocks
+	cfg.Converge = 2 * time.Second
+	scs, _, err := target.Suite(cfg, []string{"kv-events"})
+	require.NoError(t, err)
+	res := suite.RunOne(t.Context(), scs[0], suite.Options{})
+	require.False(t, res.Passed)
+	require.Contains(t, res.Failures[0], "gateway-prompt pairs not as expected")
+	require.Contains(t, res.Failures[0], "the gateways saw e0 evict")
+	t.Log(res.Failures[0])
 }
 
 // nats-outage against a three-gateway cluster whose NATS is behind a tcp

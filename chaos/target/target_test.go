@@ -24,6 +24,7 @@ import (
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/chaos/suite"
 	"github.com/kvmesh/kvmesh/chaos/target"
+	"github.com/kvmesh/kvmesh/internal/logx"
 	"github.com/kvmesh/kvmesh/node"
 )
 
@@ -168,27 +169,7 @@ func TestTargetNATSOutage(t *testing.T) {
 	relay, err := fp.CreateProxy(t.Context(), faultctl.ProxySpec{Name: "nats", Kind: faultctl.KindTCP, Listen: "127.0.0.1:0", Upstream: ns.Addr().String()})
 	require.NoError(t, err)
 
-	cfg := cluster.DefaultConfig()
-	cfg.Gateways, cfg.Engines = 3, 2
-	cfg.ClusterMode = true
-	cfg.NATSURL = "nats://" + relay.Addr
-	// Pools that hold every probe: the scenario checks the views follow
-	// the engines, not eviction (scenario 1's business).
-	cfg.NumGPUBlocks = 8192
-	cfg.DataDir = t.TempDir()
-	// A bound, not a pace: a three-gateway raft cluster under the race
-	// detector on an oversubscribed machine took longer than 30 s once.
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
-	defer cancel()
-	c, err := cluster.Start(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		require.NoError(t, c.Shutdown(sctx))
-	})
-	require.NoError(t, c.WarmUp(ctx))
-
+	c := startCluster(t, "nats://"+relay.Addr)
 	tc := &target.Config{AdminToken: cluster.AdminToken, Model: c.Config().Model, FaultProxy: fp, NATSProxy: "nats",
 		Requests: 8, Outage: 500 * time.Millisecond}
 	for _, g := range c.Gateways() {
@@ -216,22 +197,7 @@ func TestTargetNATSOutage(t *testing.T) {
 // process on a new port; a relay keeps the address the scenario knows it
 // by, as a Kubernetes Service would.
 func TestTargetGatewayRestart(t *testing.T) {
-	cfg := cluster.DefaultConfig()
-	cfg.Gateways, cfg.Engines = 3, 2
-	cfg.ClusterMode = true
-	cfg.NumGPUBlocks = 8192 // pools that hold every probe, as TestTargetNATSOutage
-	cfg.DataDir = t.TempDir()
-	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
-	defer cancel()
-	c, err := cluster.Start(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		require.NoError(t, c.Shutdown(sctx))
-	})
-	require.NoError(t, c.WarmUp(ctx))
-
+	c := startCluster(t, "")
 	gws := c.Gateways()
 	last := gws[len(gws)-1]
 	front := newRelay(t, strings.TrimPrefix(last.URL(), "http://"))
@@ -280,6 +246,41 @@ func TestTargetGatewayRestart(t *testing.T) {
 	// prompts, however long the restart takes (the pools must hold them),
 	// and the restarted gateway two more.
 	require.LessOrEqual(t, row.Load.Sent, 4*tc.Requests+2)
+}
+
+// startCluster starts three clustered gateways over two engines whose
+// pools hold every probe (poolBlocks: the scenarios check that the views
+// follow the engines, not eviction, scenario 1's business), with NATS at
+// natsURL ("": embedded), warmed up. When the test fails it prints the
+// cluster's last log lines.
+func startCluster(t *testing.T, natsURL string) *cluster.Cluster {
+	t.Helper()
+	cfg := cluster.DefaultConfig()
+	cfg.Gateways, cfg.Engines = 3, 2
+	cfg.ClusterMode = true
+	cfg.NATSURL = natsURL
+	cfg.NumGPUBlocks = poolBlocks
+	cfg.DataDir = t.TempDir()
+	tail := logx.NewTail(3000)
+	cfg.Logger = slog.New(slog.NewTextHandler(tail, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	// A bound, not a pace: a three-gateway raft cluster under the race
+	// detector on an oversubscribed machine took longer than 30 s once.
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	c, err := cluster.Start(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		require.NoError(t, c.Shutdown(sctx))
+	})
+	t.Cleanup(func() { // runs first: the lines up to the failure, not the shutdown's
+		if t.Failed() {
+			t.Logf("the cluster's last %d log lines:\n%s", tail.Len(), tail.String())
+		}
+	})
+	require.NoError(t, c.WarmUp(ctx))
+	return c
 }
 
 // TestRestartHookHelper is not a test: it is the restart command of

@@ -24,6 +24,10 @@
 //     keeps the client's, swallowing what it sends (a peer that vanished
 //     without a FIN).
 //
+// SetTarget points the connections accepted from then on at another
+// target (an address that outlives what serves it: a Service in front of
+// a restarted pod); open ones keep theirs.
+//
 // The proxy works on any TCP protocol: HTTP, ZMQ, NATS, raft, gRPC,
 // memberlist's TCP stream (not its UDP gossip). Every goroutine it starts is
 // owned by the Proxy and ends in Close, which is idempotent; Close waits

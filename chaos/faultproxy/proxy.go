@@ -98,6 +98,9 @@ type Stats struct {
 type Proxy struct {
 	cfg Config
 	log *slog.Logger
+	// target is where new connections are dialled: cfg.Target until
+	// SetTarget.
+	target atomic.Pointer[string]
 
 	delay   [numDirections]atomic.Int64 // nanoseconds
 	jitter  [numDirections]atomic.Int64 // nanoseconds
@@ -129,7 +132,9 @@ func New(cfg Config) (*Proxy, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Proxy{cfg: cfg, log: log.With("proxy", cfg.Name), conns: make(map[*link]struct{}), done: make(chan struct{})}, nil
+	p := &Proxy{cfg: cfg, log: log.With("proxy", cfg.Name), conns: make(map[*link]struct{}), done: make(chan struct{})}
+	p.target.Store(&cfg.Target)
+	return p, nil
 }
 
 // Start listens and starts accepting. It returns once the listener is open.
@@ -162,7 +167,12 @@ func (p *Proxy) Addr() string {
 }
 
 // Target is the forwarded-to address.
-func (p *Proxy) Target() string { return p.cfg.Target }
+func (p *Proxy) Target() string { return *p.target.Load() }
+
+// SetTarget forwards the connections accepted from now on to addr
+// (host:port); open ones keep their upstream. It stands for an address
+// that outlives what serves it, as a Service in front of a restarted pod.
+func (p *Proxy) SetTarget(addr string) { p.target.Store(&addr) }
 
 // SetDelay sets the latency added to each chunk in the given directions;
 // 0 removes it. It applies to chunks read from now on.
@@ -413,11 +423,12 @@ func (p *Proxy) serve(l *link) {
 	}
 	ctx, cancel := context.WithTimeout(l.ctx, p.cfg.DialTimeout)
 	var d net.Dialer
-	up, err := d.DialContext(ctx, "tcp", p.cfg.Target)
+	target := p.Target()
+	up, err := d.DialContext(ctx, "tcp", target)
 	cancel()
 	if err != nil {
 		p.dialFails.Add(1)
-		p.log.Debug("dial failed", "target", p.cfg.Target, "err", err)
+		p.log.Debug("dial failed", "target", target, "err", err)
 		return
 	}
 	if !l.setUpstream(up) {

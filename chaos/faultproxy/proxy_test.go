@@ -263,6 +263,29 @@ func TestHoldAndRelease(t *testing.T) {
 	require.Equal(t, "held", string(buf), "bytes sent while held are forwarded on release")
 }
 
+// SetTarget moves the connections accepted from then on; an open one
+// keeps its upstream.
+func TestSetTarget(t *testing.T) {
+	a, b := newEcho(t), newEcho(t)
+	p := newProxy(t, a.ln.Addr().String())
+	before := dial(t, p)
+	got, err := roundTrip(t, before, "to a", 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "to a", got)
+
+	p.SetTarget(b.ln.Addr().String())
+	require.Equal(t, b.ln.Addr().String(), p.Target())
+	after := dial(t, p)
+	got, err = roundTrip(t, after, "to b", 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "to b", got)
+	got, err = roundTrip(t, before, " still a", 5*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, " still a", got)
+	require.Equal(t, "to a still a", a.received())
+	require.Equal(t, "to b", b.received())
+}
+
 func TestTargetDown(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chaos/cluster"
 	"github.com/kvmesh/kvmesh/chaos/faultctl"
+	"github.com/kvmesh/kvmesh/chaos/faultproxy"
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/chaos/suite"
 	"github.com/kvmesh/kvmesh/chaos/target"
@@ -194,17 +193,26 @@ func TestTargetNATSOutage(t *testing.T) {
 // command run by sh -c as an operator's script would be: the command (this
 // test binary, see TestRestartHookHelper) asks the test to restart the
 // gateway named in $KVMESH_CHAOS_GATEWAY. The cluster restarts it in
-// process on a new port; a relay keeps the address the scenario knows it
-// by, as a Kubernetes Service would.
+// process on a new port; a proxy in front keeps the address the scenario
+// knows it by.
 func TestTargetGatewayRestart(t *testing.T) {
 	c := startCluster(t, "")
 	gws := c.Gateways()
 	last := gws[len(gws)-1]
-	front := newRelay(t, strings.TrimPrefix(last.URL(), "http://"))
+	// The address the scenario knows the gateway by outlives the gateway,
+	// as a Service in front of a restarted pod: a proxy retargeted to the
+	// restarted one.
+	pcfg := faultproxy.DefaultConfig()
+	pcfg.Name, pcfg.Target = "front", strings.TrimPrefix(last.URL(), "http://")
+	front, err := faultproxy.New(pcfg)
+	require.NoError(t, err)
+	require.NoError(t, front.Start())
+	t.Cleanup(func() { _ = front.Close() })
+	frontURL := "http://" + front.Addr()
 	var restarts atomic.Int32
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if got := r.URL.Query().Get("gateway"); got != front.url() {
-			http.Error(w, fmt.Sprintf("$KVMESH_CHAOS_GATEWAY is %q, want %q", got, front.url()), http.StatusBadRequest)
+		if got := r.URL.Query().Get("gateway"); got != frontURL {
+			http.Error(w, fmt.Sprintf("$KVMESH_CHAOS_GATEWAY is %q, want %q", got, frontURL), http.StatusBadRequest)
 			return
 		}
 		rctx, cancel := context.WithTimeout(r.Context(), 60*time.Second)
@@ -218,7 +226,7 @@ func TestTargetGatewayRestart(t *testing.T) {
 			http.Error(w, "restart: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
-		front.point(strings.TrimPrefix(g.URL(), "http://"))
+		front.SetTarget(strings.TrimPrefix(g.URL(), "http://"))
 		restarts.Add(1)
 	}))
 	t.Cleanup(hook.Close)
@@ -231,7 +239,7 @@ func TestTargetGatewayRestart(t *testing.T) {
 	for _, g := range gws[:len(gws)-1] {
 		tc.Gateways = append(tc.Gateways, g.URL())
 	}
-	tc.Gateways = append(tc.Gateways, front.url())
+	tc.Gateways = append(tc.Gateways, frontURL)
 	scs, _, err := target.Suite(tc, []string{"gateway-restart"})
 	require.NoError(t, err)
 	res := suite.RunOne(t.Context(), scs[0], suite.Options{})
@@ -298,57 +306,4 @@ func TestRestartHookHelper(t *testing.T) {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
-}
-
-// relay forwards TCP connections from one loopback address to an
-// upstream that can change: a gateway's fixed address across restarts.
-type relay struct {
-	ln       net.Listener
-	upstream atomic.Pointer[string]
-}
-
-func newRelay(t *testing.T, upstream string) *relay {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	r := &relay{ln: ln}
-	r.point(upstream)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			down, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() { r.serve(down) })
-		}
-	})
-	return r
-}
-
-func (r *relay) url() string           { return "http://" + r.ln.Addr().String() }
-func (r *relay) point(upstream string) { r.upstream.Store(&upstream) }
-
-// serve copies down's bytes to the upstream of the moment and back until
-// either side closes.
-func (r *relay) serve(down net.Conn) {
-	defer down.Close()
-	up, err := net.Dial("tcp", *r.upstream.Load())
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		if tc, ok := dst.(*net.TCPConn); ok {
-			_ = tc.CloseWrite()
-		}
-		done <- struct{}{}
-	}
-	go pipe(up, down)
-	go pipe(down, up)
-	<-done
-	<-done
 }

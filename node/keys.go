@@ -45,7 +45,7 @@ func (n *Node) prepare(ctx context.Context, p *pool, lora string, req *inference
 			text = tokenizer.RenderChat(req.messages)
 		}
 		promptTokens = len(text)
-		units = route.CharsPerToken
+		units = p.set.Model().UnitsPerToken()
 		if len(text) > n.cfg.MaxKeyTokens {
 			text = text[:n.cfg.MaxKeyTokens] // one token per byte; the count above stays exact
 		}

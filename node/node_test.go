@@ -1100,6 +1100,53 @@ func TestCostLearnsPrefillFromEngineUsage(t *testing.T) {
 	}
 }
 
+// TestCostLearnsCharactersPerToken: a gateway keying prompts by
+// characters converts them to engine tokens by the ratio the engine's
+// usage shows, not by the rule of thumb of four: the 5,000-character
+// prompt the engine counted as 1,000 tokens moves the ratio halfway from
+// 4 to 5 (the prior weighs as one sample), and the next decision's view
+// (/debug/route, cost) converts with the new ratio.
+func TestCostLearnsCharactersPerToken(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.usagePrompt.Store(1000)
+	e.chunks.Store(3)
+	e.chunkDelay.Store(int64(5 * time.Millisecond)) // a TPOT: each observed stream counts a decode sample
+	n := startNode(t, func(c *Config) { c.Strategy = route.NameCost }, rc("a", e.url()))
+	m := n.tbl.Load().pools[0].set.Model()
+	require.Equal(t, route.CharsPerToken, m.UnitsPerToken())
+	prompt := strings.Repeat("w", 5000)
+	body := fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`, prompt)
+	resp := post(t, n, "/v1/completions", body, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	readAll(t, resp)
+	require.Eventually(t, func() bool { return m.UnitsPerToken() != route.CharsPerToken }, 5*time.Second, time.Millisecond,
+		"the stream's usage was observed")
+	assert.InDelta(t, 4.5, m.UnitsPerToken(), 1e-9)
+
+	// A batch of prompts is keyed by its longest: its characters are
+	// not the prompt_tokens' (all of them), so it teaches no ratio.
+	rep := n.tbl.Load().byName["a"]
+	decodes := m.Rates(rep.id).DecodeSamples
+	body = fmt.Sprintf(`{"model":"m","prompt":[%q,%q],"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`, prompt, prompt)
+	resp = post(t, n, "/v1/completions", body, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	readAll(t, resp)
+	require.Eventually(t, func() bool { return m.Rates(rep.id).DecodeSamples > decodes }, 5*time.Second, time.Millisecond,
+		"the batch's stream was observed")
+	assert.InDelta(t, 4.5, m.UnitsPerToken(), 1e-9)
+
+	resp = post(t, n, "/debug/route", fmt.Sprintf(`{"model":"m","prompt":%q}`, prompt), nil)
+	out := readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, out)
+	var report struct {
+		Explanation struct {
+			UnitsPerToken float64 `json:"units_per_token"`
+		} `json:"explanation"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &report))
+	assert.InDelta(t, 4.5, report.Explanation.UnitsPerToken, 1e-9)
+}
+
 // testConfig is LocalConfig with the strategy and index mode these tests
 // were written against (prefix-cache, history), set explicitly now that
 // the defaults are cost and auto; tests of a default use LocalConfig.

@@ -606,5 +606,11 @@ func (n *Node) observeCost(rep *replica, dec decision, ttft time.Duration, res r
 	}
 	obs := dec.Observation.Stream(ttft.Seconds(), out, t.content, time.Duration(t.lastAt-t.firstAt).Seconds()).
 		Engine(t.usage.prompt, t.usage.cached, t.usage.promptOK && t.usage.cachedOK)
+	if t.usage.promptOK && !dec.keyCut {
+		// A prompt keyed in part (media parts, a batch keyed by its
+		// longest prompt) has more engine tokens than its keyed characters
+		// account for: no sample of the characters per token.
+		obs = obs.Prompt(t.usage.prompt)
+	}
 	dec.pool.set.Model().Observe(rep.id, obs)
 }

@@ -219,6 +219,10 @@ func (s *Scratch) Route(in *Input) Routed {
 	picked := &s.cands[d.Index]
 	matched := picked.Matched
 	uncached := in.Request.UncachedTokens(matched) - in.Request.offloadedTokens(picked)
+	units := 0
+	if u := in.Request.UnitsPerToken; u > 0 && u != 1 {
+		units = in.Request.PromptTokens
+	}
 	return Routed{
 		Decision: d,
 		Matched:  matched,
@@ -228,6 +232,7 @@ func (s *Scratch) Route(in *Input) Routed {
 			UncachedTokens: int(math.Round(in.Request.tokens(uncached))),
 			QueueSeconds:   d.EstimatedQueue,
 			QueueEstimated: d.EstimatedTTFT > 0,
+			PromptUnits:    units,
 		},
 		Candidates: n,
 	}
@@ -264,6 +269,15 @@ func (o Observation) Engine(prompt, cached int, ok bool) Observation {
 	if ok && prompt > 0 && cached >= 0 && cached <= prompt {
 		o.UncachedTokens = prompt - cached
 	}
+	return o
+}
+
+// Prompt returns o with PromptTokens the engine's count of the prompt
+// (usage.prompt_tokens; 0: none reported), which with PromptUnits teaches
+// the model the prompts' characters per token (Model.UnitsPerToken). It
+// needs no cached-token figure, unlike Engine.
+func (o Observation) Prompt(tokens int) Observation {
+	o.PromptTokens = max(tokens, 0)
 	return o
 }
 

@@ -316,6 +316,21 @@ func TestRouteObservationInTokens(t *testing.T) {
 	if out.Observation.UncachedTokens != 100 || !out.Observation.QueueEstimated {
 		t.Fatalf("cost observation %+v, want 100 tokens (401 characters), queue estimated", out.Observation)
 	}
+	// The prompt's characters, for the model to learn the ratio from
+	// with the engine's prompt_tokens (Engine).
+	if out.Observation.PromptUnits != req.PromptTokens {
+		t.Fatalf("character keys: observation's prompt units %d, want %d", out.Observation.PromptUnits, req.PromptTokens)
+	}
+	if obs := out.Observation.Prompt(1200); obs.PromptTokens != 1200 {
+		t.Fatalf("engine usage: %+v, want 1,200 prompt tokens", obs)
+	}
+	tokReq := req
+	tokReq.UnitsPerToken = 0
+	in.Request = &tokReq
+	if out := s.Route(in); out.Observation.PromptUnits != 0 {
+		t.Fatalf("token keys: observation's prompt units %d, want 0", out.Observation.PromptUnits)
+	}
+	in.Request = &req
 	in.Strategy = set.LeastRequest
 	if out := s.Route(in); out.Observation.QueueEstimated || out.Observation.QueueSeconds != 0 {
 		t.Fatalf("least-request observation %+v: no queue estimated", out.Observation)

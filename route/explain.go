@@ -89,6 +89,10 @@ type Explanation struct {
 	// whose EstimatedTTFT exceeds it is charged in its Score.
 	TTFTTarget       float64 `json:"ttft_target_s,omitempty"`
 	TargetMissCharge float64 `json:"target_miss_charge_s,omitempty"`
+	// UnitsPerToken is the characters-per-token ratio the prompt's
+	// character keys were converted with (Request.UnitsPerToken, learned:
+	// Model.UnitsPerToken); 0 when the keys are engine tokens.
+	UnitsPerToken float64 `json:"units_per_token,omitempty"`
 	// Replicas holds one entry per candidate, in candidate order.
 	Replicas []ExplainedReplica `json:"replicas"`
 }
@@ -153,6 +157,10 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 	e.ScoreUnit = ""
 	e.UnseenPeerRequests = 0
 	e.PrefixShare = 0
+	e.UnitsPerToken = 0
+	if u := req.UnitsPerToken; u > 0 && u != 1 {
+		e.UnitsPerToken = u
+	}
 	if cap(e.Replicas) < len(cands) {
 		e.Replicas = make([]ExplainedReplica, len(cands))
 	}

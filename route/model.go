@@ -211,6 +211,14 @@ type Observation struct {
 	TPOT float64
 	// OutputTokens is the number of tokens generated; 0 if unknown.
 	OutputTokens int
+	// PromptUnits is the prompt's length in the keys' units where those
+	// are not engine tokens (characters: Request.UnitsPerToken ≠ 1), 0
+	// where they are (the routing core sets it); PromptTokens the
+	// engine's own count of the same prompt (usage.prompt_tokens: Prompt),
+	// 0 if unknown. Together they teach the
+	// model the prompts' units per token (Model.UnitsPerToken).
+	PromptUnits  int
+	PromptTokens int
 }
 
 // Rates is the model's current belief about one replica.
@@ -256,6 +264,12 @@ type Model struct {
 	// Observe). Guarded by mu.
 	poolPrefill        float64
 	poolPrefillSamples uint32
+	// unitsPerToken is the learned ratio of prompt units (characters) to
+	// engine tokens (float64 bits; 0: no sample yet), written under mu and
+	// read without it on every routing call; unitsSamples counts its
+	// samples (guarded by mu).
+	unitsPerToken atomic.Uint64
+	unitsSamples  uint32
 	// shares is each prefix's share of the cost strategy's recent
 	// decisions (see Cost, duplicate prefill).
 	shares shareTable
@@ -430,6 +444,9 @@ func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 			}
 		}
 	}
+	if obs.PromptUnits > 0 && obs.PromptTokens > 0 {
+		m.learnUnits(float64(obs.PromptUnits) / float64(obs.PromptTokens))
+	}
 	if obs.TPOT > 0 && !math.IsInf(obs.TPOT, 0) {
 		s := min(max(obs.TPOT, r.decodeStep/4), r.decodeStep*4)
 		r.decodeStep += a * (s - r.decodeStep)
@@ -440,6 +457,37 @@ func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 	}
 	r.known = true
 	m.rates[id] = r
+}
+
+// learnUnits folds one prompt's units-per-token ratio into the learned
+// one, as the pool's prefill rate learns (the prior counts as one sample
+// until there are poolAlphaDivisor/Alpha of them; a sample is clamped to
+// a quarter and four times the current figure). Called under mu.
+func (m *Model) learnUnits(s float64) {
+	if !(s > 0) || math.IsInf(s, 0) {
+		return
+	}
+	cur := m.UnitsPerToken()
+	w := max(m.cfg.Alpha/poolAlphaDivisor, 1/float64(m.unitsSamples+2))
+	cur += w * (min(max(s, cur/4), cur*4) - cur)
+	m.unitsPerToken.Store(math.Float64bits(cur))
+	m.unitsSamples++
+}
+
+// UnitsPerToken is how many characters make one engine token in the
+// prompts this model has seen, learned from the engine's usage
+// (Observation.PromptUnits, PromptTokens); CharsPerToken until a stream
+// reported usage. A gateway that keys prompts by characters sets it as
+// Request.UnitsPerToken, so that the cost strategy's token counts (own
+// and queued prefill, chunks) are in the engine tokens its prefill rates
+// are learned in: those rates are learned from the engine's token counts
+// (Observation.Engine), and a fixed ratio that does not fit the
+// prompts' text misprices every prefill by the misfit.
+func (m *Model) UnitsPerToken() float64 {
+	if v := math.Float64frombits(m.unitsPerToken.Load()); v > 0 {
+		return v
+	}
+	return CharsPerToken
 }
 
 // Forget drops what the model learned about id (replica replaced or

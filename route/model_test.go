@@ -398,3 +398,36 @@ func TestModelQueueDominatedIsABound(t *testing.T) {
 	require.EqualValues(t, 1, m.Rates(3).PrefillSamples)
 	require.Greater(t, m.Rates(3).PrefillTokensPerSecond, prior)
 }
+
+// TestModelLearnsUnitsPerToken: the characters-per-token ratio starts at
+// CharsPerToken and follows the prompts' own (the engine's prompt_tokens
+// against the characters keyed); observations without both figures teach
+// nothing, and one wild sample moves it by a bounded step.
+func TestModelLearnsUnitsPerToken(t *testing.T) {
+	m, err := NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	require.Equal(t, CharsPerToken, m.UnitsPerToken())
+	for _, obs := range []Observation{
+		{PromptUnits: 5830},                         // no usage from the engine
+		{PromptTokens: 1000},                        // keys are tokens
+		{UncachedTokens: 4000, TTFT: 1, TPOT: 0.05}, // neither
+	} {
+		m.Observe(0, obs)
+	}
+	require.Equal(t, CharsPerToken, m.UnitsPerToken())
+
+	// The first sample weighs as much as the prior: halfway.
+	m.Observe(0, Observation{PromptUnits: 5830, PromptTokens: 1000})
+	require.InDelta(t, (4+5.83)/2, m.UnitsPerToken(), 1e-9)
+	for range 200 {
+		m.Observe(1, Observation{PromptUnits: 5830, PromptTokens: 1000})
+	}
+	require.InEpsilon(t, 5.83, m.UnitsPerToken(), 0.01)
+
+	// A prompt of one character per token (or a bogus usage) is clamped
+	// to a quarter of the current ratio before it is weighed.
+	before := m.UnitsPerToken()
+	w := DefaultCostConfig().Alpha / poolAlphaDivisor
+	m.Observe(0, Observation{PromptUnits: 1, PromptTokens: 1000})
+	require.InDelta(t, before+w*(before/4-before), m.UnitsPerToken(), 1e-9)
+}

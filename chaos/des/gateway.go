@@ -141,7 +141,7 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	rr := route.NewRequest(g.keys, g.root, g.hasher.BlockTokens(), promptTokens, req.MaxTokens, req.Session)
 	rr.Now = now
 	if g.charKeys {
-		rr.UnitsPerToken = route.CharsPerToken
+		rr.UnitsPerToken = g.set.Model().UnitsPerToken()
 	}
 	g.rngSeed += 0x9e3779b97f4a7c15
 	rng := route.NewRand(g.rngSeed)
@@ -254,7 +254,7 @@ func (g *gateway) release(f *flight, ok bool, fin *sim.Finished) {
 	out := f.maxTokens
 	obs := f.obs.Stream((f.first - f.start).Seconds(), out, out, (w.now - f.first).Seconds())
 	if fin != nil { // the engine's usage, as node reads it from the stream
-		obs = obs.Engine(fin.PromptTokens, fin.CachedTokens, true)
+		obs = obs.Engine(fin.PromptTokens, fin.CachedTokens, true).Prompt(fin.PromptTokens)
 	}
 	g.set.Model().Observe(w.ids[f.rep], obs)
 }

@@ -469,6 +469,7 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			ScoreUnit   string  `json:"score_unit"`
 			Bound       float64 `json:"bound"`
 			PrefixShare float64 `json:"prefix_share"`
+			Units       float64 `json:"units_per_token"`
 			TTFTTarget  float64 `json:"ttft_target_s"`
 			TargetMiss  float64 `json:"target_miss_charge_s"`
 			Replicas    []struct {
@@ -524,6 +525,11 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		// replica that would recompute what another holds is charged the
 		// duplicate prefill unless the prefix needs more than one).
 		fmt.Fprintf(out, "prefix share %.1f%% of this gateway's recent requests\n", 100*rep.Explanation.PrefixShare)
+	}
+	if e := rep.Explanation; e != nil && e.Units > 0 {
+		// cost: character keys, converted to engine tokens by the ratio
+		// learned from the engine's usage (4 until a stream reports it).
+		fmt.Fprintf(out, "keys are characters, %.2f a token (as the engines' usage shows; 4 until one reports it)\n", e.Units)
 	}
 	if e := rep.Explanation; e != nil && e.TTFTTarget > 0 {
 		// cost: a replica estimated past the TTFT target pays a charge,

@@ -149,6 +149,9 @@ func TestExplainAgainstAGateway(t *testing.T) {
 	require.NoError(t, explain(context.Background(), &out, n.HTTPAddr(), "M", prompt, "cost", "", tok, false))
 	assert.Contains(t, out.String(), "strategy cost")
 	assert.Contains(t, out.String(), "prefix share 100.0% of this gateway's recent requests")
+	// Character keys, and no usage from this engine to learn the ratio
+	// from: the rule of thumb.
+	assert.Contains(t, out.String(), "keys are characters, 4.00 a token (as the engines' usage shows; 4 until one reports it)")
 	// cost's own view per replica: the running-set size it assumed, the
 	// slot wait that puts on the request, its TTFT estimate.
 	assert.Regexp(t, `STEP-ENDS\s+SLOTS\s+SLOT-WAIT\s+TTFT\s+SCORE\(estimated_cost_seconds\)`, out.String())

@@ -220,7 +220,7 @@ func (s *Scratch) Route(in *Input) Routed {
 	matched := picked.Matched
 	uncached := in.Request.UncachedTokens(matched) - in.Request.offloadedTokens(picked)
 	units := 0
-	if u := in.Request.UnitsPerToken; u > 0 && u != 1 {
+	if in.Request.unitsKeyed() {
 		units = in.Request.PromptTokens
 	}
 	return Routed{

@@ -158,8 +158,8 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 	e.UnseenPeerRequests = 0
 	e.PrefixShare = 0
 	e.UnitsPerToken = 0
-	if u := req.UnitsPerToken; u > 0 && u != 1 {
-		e.UnitsPerToken = u
+	if req.unitsKeyed() {
+		e.UnitsPerToken = req.UnitsPerToken
 	}
 	if cap(e.Replicas) < len(cands) {
 		e.Replicas = make([]ExplainedReplica, len(cands))

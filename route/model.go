@@ -215,8 +215,8 @@ type Observation struct {
 	// are not engine tokens (characters: Request.UnitsPerToken ≠ 1), 0
 	// where they are (the routing core sets it); PromptTokens the
 	// engine's own count of the same prompt (usage.prompt_tokens: Prompt),
-	// 0 if unknown. Together they teach the
-	// model the prompts' units per token (Model.UnitsPerToken).
+	// 0 if unknown. Together they teach the model the prompts' units per
+	// token (Model.UnitsPerToken).
 	PromptUnits  int
 	PromptTokens int
 }
@@ -433,8 +433,7 @@ func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 				pool = 1 / m.cfg.PriorPrefillTokensPerSecond
 			}
 			if exact || s < pool {
-				w := max(a/poolAlphaDivisor, 1/float64(m.poolPrefillSamples+2))
-				m.poolPrefill = pool + w*(min(max(s, pool/4), pool*4)-pool)
+				m.poolPrefill = m.poolStep(pool, s, m.poolPrefillSamples)
 				m.poolPrefillSamples++
 			}
 			if exact || s < r.prefillSecPerToken {
@@ -459,18 +458,22 @@ func (m *Model) Observe(id index.ReplicaID, obs Observation) {
 	m.rates[id] = r
 }
 
+// poolStep is one step of a pool-wide EWMA at cur with samples samples
+// so far, towards sample s clamped to a quarter and four times cur: the
+// plain mean with the prior counted as one sample, until the weight
+// reaches Alpha/poolAlphaDivisor.
+func (m *Model) poolStep(cur, s float64, samples uint32) float64 {
+	w := max(m.cfg.Alpha/poolAlphaDivisor, 1/float64(samples+2))
+	return cur + w*(min(max(s, cur/4), cur*4)-cur)
+}
+
 // learnUnits folds one prompt's units-per-token ratio into the learned
-// one, as the pool's prefill rate learns (the prior counts as one sample
-// until there are poolAlphaDivisor/Alpha of them; a sample is clamped to
-// a quarter and four times the current figure). Called under mu.
+// one, as the pool's prefill rate learns (poolStep). Called under mu.
 func (m *Model) learnUnits(s float64) {
 	if !(s > 0) || math.IsInf(s, 0) {
 		return
 	}
-	cur := m.UnitsPerToken()
-	w := max(m.cfg.Alpha/poolAlphaDivisor, 1/float64(m.unitsSamples+2))
-	cur += w * (min(max(s, cur/4), cur*4) - cur)
-	m.unitsPerToken.Store(math.Float64bits(cur))
+	m.unitsPerToken.Store(math.Float64bits(m.poolStep(m.UnitsPerToken(), s, m.unitsSamples)))
 	m.unitsSamples++
 }
 

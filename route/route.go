@@ -134,9 +134,15 @@ type Request struct {
 // under cl100k).
 const CharsPerToken = 4.0
 
+// unitsKeyed reports whether the keys are in units other than engine
+// tokens (characters): UnitsPerToken is set and not 1.
+func (r *Request) unitsKeyed() bool {
+	return r.UnitsPerToken > 0 && r.UnitsPerToken != 1
+}
+
 // tokens converts n of the keys' units into engine tokens.
 func (r *Request) tokens(n int) float64 {
-	if r.UnitsPerToken > 0 && r.UnitsPerToken != 1 {
+	if r.unitsKeyed() {
 		return float64(n) / r.UnitsPerToken
 	}
 	return float64(n)

@@ -527,8 +527,9 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		fmt.Fprintf(out, "prefix share %.1f%% of this gateway's recent requests\n", 100*rep.Explanation.PrefixShare)
 	}
 	if e := rep.Explanation; e != nil && e.Units > 0 {
-		// cost: character keys, converted to engine tokens by the ratio
-		// learned from the engine's usage (4 until a stream reports it).
+		// Character keys, converted to engine tokens (cost's token counts)
+		// by the ratio learned from the engines' usage (4 until a stream
+		// reports it).
 		fmt.Fprintf(out, "keys are characters, %.2f a token (as the engines' usage shows; 4 until one reports it)\n", e.Units)
 	}
 	if e := rep.Explanation; e != nil && e.TTFTTarget > 0 {

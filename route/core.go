@@ -215,6 +215,12 @@ func (s *Scratch) Route(in *Input) Routed {
 		s.cands = append(s.cands, c)
 		in.Load.Candidate(i, &s.cands[i])
 	}
+	// The share of what is cached is read where the cache ends.
+	best := 0
+	for i := range s.cands {
+		best = max(best, s.cands[i].Matched)
+	}
+	in.Request.Prefixes.AddMatch(best, in.Keys)
 	d := in.Strategy.Pick(in.Request, s.cands, in.Rand, in.Explain)
 	picked := &s.cands[d.Index]
 	matched := picked.Matched

@@ -182,12 +182,31 @@ func TestPrefixes(t *testing.T) {
 	p = NewPrefixes(nil)
 	require.Zero(t, p.n)
 	require.Equal(t, -1, p.at(1))
+	// AddMatch inserts the best match's depth in order, once; a depth
+	// the prompt has, none or one beyond the prompt add nothing.
+	p = NewPrefixes(keys)
+	p.AddMatch(6, keys)
+	require.Equal(t, []int32{1, 2, 4, 6, 8, 11}, p.depth[:p.n])
+	require.Equal(t, []uint64{100, 101, 103, 105, 107, 110}, p.key[:p.n])
+	require.Equal(t, 3, p.at(5))
+	require.Equal(t, 4, p.at(7))
+	for _, d := range []int{6, 8, 11, 0, 12} {
+		p.AddMatch(d, keys)
+	}
+	require.Equal(t, []int32{1, 2, 4, 6, 8, 11}, p.depth[:p.n])
 	// The deepest power kept is 2^15; the last block still comes last.
 	long := make([]index.BlockKey, 1<<17)
 	p = NewPrefixes(long)
+	require.EqualValues(t, maxPrefixes-1, p.n)
+	require.EqualValues(t, 1<<15, p.depth[maxPrefixes-3])
+	require.EqualValues(t, 1<<17, p.depth[maxPrefixes-2])
+	// There is room for the match, and no more.
+	p.AddMatch(1<<16, long)
 	require.EqualValues(t, maxPrefixes, p.n)
-	require.EqualValues(t, 1<<15, p.depth[maxPrefixes-2])
-	require.EqualValues(t, 1<<17, p.depth[maxPrefixes-1])
+	require.EqualValues(t, 1<<16, p.depth[maxPrefixes-2])
+	p.AddMatch(3, long)
+	require.EqualValues(t, maxPrefixes, p.n)
+	require.Equal(t, 2, p.at(3))
 }
 
 // TestObservationStream: TPOT spreads the first-to-last span over the

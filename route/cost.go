@@ -92,7 +92,8 @@ import (
 //     (1 − s·K)⁺, K candidates and s the share of this gateway's recent
 //     requests (decayed over half a minute: shareTable) that share the
 //     prompt up to that block (read at the shallowest of
-//     Request.Prefixes at least that deep). For extra·p seconds the copy
+//     Request.Prefixes at least that deep, among them the longest match
+//     itself: see Prefixes.AddMatch). For extra·p seconds the copy
 //     shares every step with the R running sequences, which stall and
 //     hold their slots that much longer. A prefix whose own traffic
 //     needs more than one replica (s·K ≥ 1: a hot prefix, which one

@@ -109,8 +109,9 @@ type Request struct {
 	// the client gave one, else a hash of the first blocks' keys.
 	SessionKey uint64
 	// Prefixes are the prompt's prefixes at depths of 1, 2, 4, … blocks
-	// (NewPrefixes), whatever the session. Cost counts each prefix's share
-	// of the recent requests by them.
+	// (NewPrefixes), whatever the session, and at the longest match any
+	// candidate holds, which Scratch.Route adds (Prefixes.AddMatch). Cost
+	// counts each prefix's share of the recent requests by them.
 	Prefixes Prefixes
 	// Now is the routing time in nanoseconds (Unix or monotonic, as long as
 	// the caller is consistent). Strategies do not read the clock.

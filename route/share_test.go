@@ -311,6 +311,54 @@ func TestCostChargesDuplicatePrefillAfterPreamble(t *testing.T) {
 	require.InDelta(t, w*218/250*2*4000*p, ex.Replicas[1].Score-plain, 1e-9)
 }
 
+// TestCostReadsTheShareAtTheMatch: a document every other request
+// carries, each with its own question after it, is shared as far as a
+// replica holds it. Routed through the core, the share is read at the
+// holder's match (Prefixes.AddMatch): the document's 300 blocks run past
+// the last power of two (256), and read at the next depth, the whole
+// prompt's (its question included, this request's alone), its last 44
+// blocks were charged as a copy of a rare prompt.
+func TestCostReadsTheShareAtTheMatch(t *testing.T) {
+	const doc, total = 300, 320
+	_, _, c := eightSlotCost(t)
+	icfg := index.DefaultConfig()
+	icfg.BlockTokens = 16
+	ix, err := index.New(icfg)
+	require.NoError(t, err)
+	require.NoError(t, ix.Record(promptKeys(doc, doc, 0), 0, index.History, 1))
+	load := &arrayLoad{names: []string{"holder", "other"}, inflight: []int{12, 2}, queued: []int{0, 0}, publishes: []bool{false, false}}
+	ids := []index.ReplicaID{0, 1}
+	var s Scratch
+	rng := NewRand(1)
+	route := func(keys []index.BlockKey, explain *Explanation) Routed {
+		req := NewRequest(keys, 0, 16, total*16, 128, "")
+		req.Now = 2
+		return s.Route(&Input{Keys: keys, Replicas: ids, Index: ix, Mode: index.ModeHistory, Load: load,
+			Strategy: c, Rand: &rng, Explain: explain, Request: &req})
+	}
+	// Every other request carries the document: a share of ½ over 2
+	// replicas, traffic one replica alone cannot carry.
+	for i := range 40 {
+		id := uint64(1000 + i)
+		if i%2 == 0 {
+			route(promptKeys(doc, total, id), nil)
+		} else {
+			route(promptKeys(0, total, id), nil)
+		}
+	}
+	keys := promptKeys(doc, total, 7)
+	var ex Explanation
+	out := route(keys, &ex)
+	require.InDelta(t, 0.5, ex.PrefixShare, 0.05, "the document's share, not the prompt's")
+	req := NewRequest(keys, 0, 16, total*16, 128, "")
+	req.Now = 2
+	cands := s.Candidates()
+	require.InDelta(t, c.costFor(&req, &cands[1], nil), ex.Replicas[1].Score, 1e-9,
+		"a copy of a document half the traffic carries is not charged")
+	require.Equal(t, 1, out.Decision.Index, "the busy holder's queue sends it to the other")
+	require.Equal(t, SelectionCostSpread, out.Decision.Selection)
+}
+
 // eightSlotCost returns the default cost configuration with 8 slots a
 // replica, and a fresh model and strategy on it (test helper).
 func eightSlotCost(t *testing.T) (CostConfig, *Model, *Cost) {

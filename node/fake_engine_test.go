@@ -36,6 +36,7 @@ type fakeEngine struct {
 	usagePrompt, usageCached atomic.Int64
 
 	requests  atomic.Int64
+	scrapes   atomic.Int64 // GET /metrics served
 	cancelled atomic.Int64 // requests whose context ended before the stream did
 	started   chan struct{}
 
@@ -58,6 +59,7 @@ func newFakeEngine(t testing.TB, name string) *fakeEngine {
 		w.WriteHeader(http.StatusOK)
 	})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		e.scrapes.Add(1)
 		fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n")
 		fmt.Fprintf(w, "# TYPE vllm:num_requests_running gauge\n")
 		fmt.Fprintf(w, "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} %d\n", e.running.Load())

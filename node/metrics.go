@@ -46,6 +46,7 @@ type metrics struct {
 	ttft           *prometheus.HistogramVec // replica
 	ttftEstimate   *prometheus.HistogramVec // replica: observed TTFT / cost's estimate
 	healthy        *prometheus.GaugeVec     // replica
+	scrapeInterval *prometheus.GaugeVec     // replica
 	ejections      *prometheus.CounterVec   // replica
 	retries        prometheus.Counter
 	failOpen       *prometheus.CounterVec // model
@@ -116,6 +117,10 @@ func newMetrics() *metrics {
 		Name: "kvmesh_proxy_replica_healthy",
 		Help: "1 when the replica is in rotation (not ejected, /health passing), else 0. A model with none in rotation still routes to those failing /health alone (kvmesh_route_fail_open_total).",
 	}, []string{"replica"})
+	m.scrapeInterval = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kvmesh_proxy_scrape_interval_seconds",
+		Help: "How often the replica's /metrics is scraped now: shared_scrape_interval while the gateway's engines run requests of senders it cannot see (gateways outside its cluster, direct clients), scrape_interval otherwise.",
+	}, []string{"replica"})
 	m.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_proxy_ejections_total",
 		Help: "Passive ejections after consecutive failures.",
@@ -149,7 +154,7 @@ func newMetrics() *metrics {
 		Help: "1 while the applied cluster config changes hash seed, block size, tokenizer or index bounds, which take effect only when the gateway restarts.",
 	})
 	m.reg.MustRegister(m.decisions, m.matchFraction, m.decisionTime, m.inflight,
-		m.upstreamErrors, m.ttft, m.ttftEstimate, m.healthy, m.ejections, m.retries, m.failOpen, m.requests,
+		m.upstreamErrors, m.ttft, m.ttftEstimate, m.healthy, m.scrapeInterval, m.ejections, m.retries, m.failOpen, m.requests,
 		m.clientErrors, m.tokenizeCache, m.kvApplyErrors, m.restartRequired,
 		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(schedLatencies)),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -307,7 +312,7 @@ func (n *Node) forgetSeries(r *replica) {
 	l := prometheus.Labels{"replica": r.name}
 	for _, v := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
-	}{n.m.inflight, n.m.healthy, n.m.ttft, n.m.ttftEstimate, n.m.ejections, n.m.upstreamErrors,
+	}{n.m.inflight, n.m.healthy, n.m.scrapeInterval, n.m.ttft, n.m.ttftEstimate, n.m.ejections, n.m.upstreamErrors,
 		n.m.kvApplyErrors, n.m.replicaDecisions, n.m.pastTarget, n.m.suspect, n.m.predictionChecks, n.m.predictionError} {
 		v.DeletePartialMatch(l)
 	}

@@ -81,6 +81,14 @@ type Node struct {
 	handler   http.Handler
 	rngSeed   atomic.Uint64
 	peers     atomic.Pointer[peerHolder]
+	// othersSeenAt is when (Unix ns) a scrape last showed an engine
+	// running more requests than this gateway had open there, with no
+	// peer reporting load; 0: never (see sharesEngines).
+	othersSeenAt atomic.Int64
+	// shareWake is closed (and replaced) when the gateway starts sharing
+	// its engines, so every probe loop reschedules its next scrape at
+	// once (see sharedWake).
+	shareWake atomic.Pointer[chan struct{}]
 	recorder  atomic.Pointer[recordHolder]
 
 	mu       sync.Mutex

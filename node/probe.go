@@ -24,15 +24,20 @@ const (
 
 // probeLoop owns one replica's active health checks and load scrapes until
 // ctx ends (the Node stops or the replica leaves the routing table). The
-// two run on their own tickers in this one goroutine, so a replica never
+// two run on their own timers in this one goroutine, so a replica never
 // has two probes in flight.
 func (n *Node) probeLoop(ctx context.Context, r *replica) {
 	var scrapeC, healthC <-chan time.Time
+	var scrapeT *time.Timer
+	var wakeC <-chan struct{}
 	if n.cfg.ScrapeInterval > 0 {
-		t := time.NewTicker(n.cfg.ScrapeInterval)
-		defer t.Stop()
-		scrapeC = t.C
+		if s := n.cfg.SharedScrapeInterval; s > 0 && s < n.cfg.ScrapeInterval {
+			wakeC = n.sharedWake()
+		}
 		n.scrape(ctx, r)
+		scrapeT = time.NewTimer(n.scrapeAfter(r))
+		defer scrapeT.Stop()
+		scrapeC = scrapeT.C
 	}
 	var healthT *time.Timer
 	if n.cfg.HealthInterval > 0 {
@@ -60,6 +65,12 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 			return
 		case <-scrapeC:
 			n.scrape(ctx, r)
+			scrapeT.Reset(n.scrapeAfter(r))
+		case <-wakeC:
+			// The gateway started sharing its engines: the next scrape
+			// is a shared interval away, not the rest of a long one.
+			wakeC = n.sharedWake()
+			scrapeT.Reset(n.scrapeAfter(r))
 		case <-healthC:
 			n.checkHealth(ctx, r)
 			healthT.Reset(n.healthPollAfter(r))
@@ -71,6 +82,57 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 		}
 		agreement()
 	}
+}
+
+// scrapeAfter is how long after its last scrape the replica is scraped
+// again: Config.SharedScrapeInterval while this gateway shares its
+// engines with senders it cannot see (sharesEngines), ScrapeInterval
+// otherwise. It sets the replica's kvmesh_proxy_scrape_interval_seconds.
+// Only the replica's probe loop calls it.
+func (n *Node) scrapeAfter(r *replica) time.Duration {
+	d := n.cfg.ScrapeInterval
+	if s := n.cfg.SharedScrapeInterval; s > 0 && s < d && n.sharesEngines(nowNanos()) {
+		d = s
+	}
+	r.mScrape.Set(d.Seconds())
+	return d
+}
+
+// sharedMemory is how many shared scrape intervals a gateway keeps
+// scraping every replica at that interval after a scrape last showed
+// other senders (10 s at the default): an engine the others have not
+// sent to lately is one they may send to next, and a scrape that shows
+// it idle for half a second draws every gateway to it at once.
+const sharedMemory = 100
+
+// sharedWake is the channel closed when the gateway next starts sharing
+// its engines (wakeShared).
+func (n *Node) sharedWake() <-chan struct{} {
+	for {
+		if p := n.shareWake.Load(); p != nil {
+			return *p
+		}
+		ch := make(chan struct{})
+		n.shareWake.CompareAndSwap(nil, &ch)
+	}
+}
+
+// wakeShared wakes every probe loop waiting on sharedWake.
+func (n *Node) wakeShared() {
+	ch := make(chan struct{})
+	if old := n.shareWake.Swap(&ch); old != nil {
+		close(*old)
+	}
+}
+
+// sharesEngines reports whether, at now (Unix ns), this gateway shares
+// its engines with senders it cannot see: no peer reports its load, and
+// a scrape within the last sharedMemory shared intervals showed some
+// engine running or queueing more requests than this gateway had open
+// there.
+func (n *Node) sharesEngines(now int64) bool {
+	at := n.othersSeenAt.Load()
+	return at != 0 && n.peerLoad() == nil && now-at < sharedMemory*int64(n.cfg.SharedScrapeInterval)
 }
 
 // healthPollAfter is how long after its last /health poll the replica is
@@ -150,10 +212,23 @@ func (n *Node) scrape(ctx context.Context, r *replica) {
 	}
 	r.scrapeOK.Store(true)
 	// The engine's figures are as of its answer, which just came.
-	r.scrapedInFlight.Store(r.inflight.Load())
+	own := r.inflight.Load()
+	r.scrapedInFlight.Store(own)
 	r.running.Store(l.running)
 	r.waiting.Store(l.waiting)
 	r.kvUsage.Store(math.Float64bits(l.kvUsage))
+	// Requests beyond this gateway's own, where no peer reports its load,
+	// are senders it sees only here (route.Candidate.ScrapedInFlight).
+	if n.peerLoad() == nil && l.running >= 0 && l.waiting >= 0 && l.running+l.waiting > own {
+		now := nowNanos()
+		prev := n.othersSeenAt.Swap(now)
+		memory := sharedMemory * int64(n.cfg.SharedScrapeInterval)
+		if (prev == 0 || now-prev >= memory) && n.cfg.SharedScrapeInterval > 0 && n.cfg.SharedScrapeInterval < n.cfg.ScrapeInterval {
+			n.log.Info("engines run requests of senders outside this gateway, and no peer reports its load: scraping every replica at shared_scrape_interval (gateways that share engines route best as one cluster)",
+				"replica", r.name, "engine_requests", l.running+l.waiting, "own", own, "interval", n.cfg.SharedScrapeInterval)
+			n.wakeShared()
+		}
+	}
 }
 
 func (n *Node) fetchLoad(ctx context.Context, r *replica) (engineLoad, error) {

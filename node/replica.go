@@ -116,6 +116,7 @@ type replica struct {
 	mTTFT     prometheus.Observer
 	mTTFTEst  prometheus.Observer // kvmesh_route_ttft_estimate_ratio
 	mHealthy  prometheus.Gauge
+	mScrape   prometheus.Gauge   // kvmesh_proxy_scrape_interval_seconds
 	mPicked   prometheus.Counter // kvmesh_route_replica_decisions_total
 	mPast     prometheus.Counter // kvmesh_route_estimated_past_target_total
 }

@@ -208,6 +208,7 @@ func (n *Node) buildTable(spec routingSpec, prev *table) (*table, tableChange, e
 				r.mTTFT = n.m.ttft.WithLabelValues(r.name)
 				r.mTTFTEst = n.m.ttftEstimate.WithLabelValues(r.name)
 				r.mHealthy = n.m.healthy.WithLabelValues(r.name)
+				r.mScrape = n.m.scrapeInterval.WithLabelValues(r.name)
 				ch.added = append(ch.added, r)
 			}
 			p.replicas = append(p.replicas, r)
@@ -464,12 +465,17 @@ func (r *replica) stopBackground(log interface {
 
 // routeConfig is rc as this gateway runs it: outside a cluster no peer
 // reports load, other senders to the same engines show only in the scrapes,
-// so an unset PeerLoadDelaySeconds is the scrape interval (see
+// so an unset PeerLoadDelaySeconds is the interval the gateway scrapes at
+// while they show (Config.SharedScrapeInterval, else ScrapeInterval; see
 // route.Config.PeerLoadDelaySeconds; the DES does the same for isolated
 // gateways).
 func (n *Node) routeConfig(rc route.Config) route.Config {
 	if rc.PeerLoadDelaySeconds == 0 && n.cl == nil && n.cfg.ScrapeInterval > 0 {
 		rc.PeerLoadDelaySeconds = n.cfg.ScrapeInterval.Seconds()
+		if s := n.cfg.SharedScrapeInterval; s > 0 && s < n.cfg.ScrapeInterval {
+			// The replicas other senders share are scraped this often.
+			rc.PeerLoadDelaySeconds = s.Seconds()
+		}
 	}
 	return rc
 }

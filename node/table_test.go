@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -157,11 +158,18 @@ func TestReplicaIDsForeignNames(t *testing.T) {
 func TestStandaloneTakesScrapeIntervalAsPeerDelay(t *testing.T) {
 	cfg := testConfig()
 	cfg.ScrapeInterval = 250 * time.Millisecond
+	cfg.SharedScrapeInterval = 0
 	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{{Name: "r0", URL: "http://127.0.0.1:10000"}}}}
 	n, err := New(cfg, nil)
 	require.NoError(t, err)
 	var rc route.Config
 	require.Equal(t, 0.25, n.routeConfig(rc).PeerLoadDelaySeconds)
+	// The replicas other senders share are scraped at the shared
+	// interval: that is how stale their load is.
+	n.cfg.SharedScrapeInterval = 100 * time.Millisecond
+	require.Equal(t, 0.1, n.routeConfig(rc).PeerLoadDelaySeconds)
+	n.cfg.SharedScrapeInterval = time.Second
+	require.Equal(t, 0.25, n.routeConfig(rc).PeerLoadDelaySeconds, "a shared interval not below the scrape interval changes nothing")
 	rc.PeerLoadDelaySeconds = 0.05
 	require.Equal(t, 0.05, n.routeConfig(rc).PeerLoadDelaySeconds, "an operator's value stands")
 	n.cl = &clusterParts{}
@@ -210,7 +218,7 @@ func TestDroppedReplicaLeavesNoSeries(t *testing.T) {
 		}
 		return out
 	}
-	for _, want := range []string{"kvmesh_proxy_inflight", "kvmesh_proxy_replica_healthy", "kvmesh_proxy_ttft_seconds",
+	for _, want := range []string{"kvmesh_proxy_inflight", "kvmesh_proxy_replica_healthy", "kvmesh_proxy_scrape_interval_seconds", "kvmesh_proxy_ttft_seconds",
 		"kvmesh_route_replica_decisions_total", "kvmesh_route_estimated_past_target_total", "kvmesh_proxy_upstream_errors_total", "kvmesh_proxy_ejections_total",
 		"kvmesh_index_kv_apply_errors_total", "kvmesh_kvevents_batches_total", "kvmesh_kvevents_resets_total"} {
 		require.Contains(t, series("old"), want)
@@ -304,4 +312,58 @@ func TestReloadWithNewAddressForgetsHistory(t *testing.T) {
 	require.NoError(t, n.applySpec(spec))
 	assert.Positive(t, matchedOf(debugRoute(t, n, "prefix-cache", prompts["a"]), "a"), "a path change is the same engine")
 	assert.Zero(t, matchedOf(debugRoute(t, n, "prefix-cache", prompts["b"]), "b"), "b's old engine's history outlived the reload")
+}
+
+// TestSharedEnginesScrapedFaster: outside a cluster, once a scrape shows
+// an engine running requests this gateway did not send (another
+// gateway's, a client's going straight to the engine), every replica is
+// scraped at SharedScrapeInterval, and the gauge says so; sharedMemory
+// intervals after the last such scrape the gateway returns to
+// ScrapeInterval. A gateway whose engines run only its own requests, or
+// whose peers report their load (a cluster gateway), keeps
+// ScrapeInterval.
+func TestSharedEnginesScrapedFaster(t *testing.T) {
+	tune := func(c *Config) {
+		c.ScrapeInterval = time.Minute
+		c.SharedScrapeInterval = 10 * time.Millisecond // remembered for 1 s
+	}
+	interval := func(n *Node, replica string) float64 {
+		return gaugeOf(n.m.scrapeInterval.WithLabelValues(replica))
+	}
+	idle := newFakeEngine(t, "idle")
+	busy := newFakeEngine(t, "busy")
+	busy.running.Store(3) // requests of a sender this gateway cannot see
+	n := startNode(t, tune, rc("idle", idle.url()), rc("busy", busy.url()))
+	solo := newFakeEngine(t, "solo")
+	alone := startNode(t, tune, rc("solo", solo.url()))
+	// Peers that report their load cover the other senders.
+	other := newFakeEngine(t, "other")
+	other.running.Store(3)
+	cfg := testConfig()
+	cfg.Models = []ModelConfig{{Name: "m", Replicas: []ReplicaConfig{rc("other", other.url())}}}
+	tune(&cfg)
+	member, err := New(cfg, nil)
+	require.NoError(t, err)
+	member.SetPeerLoad(fixedPeers{})
+	require.NoError(t, member.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, member.Shutdown(ctx))
+	})
+
+	require.Eventually(t, func() bool { return idle.scrapes.Load() >= 10 && busy.scrapes.Load() >= 10 }, 10*time.Second, 5*time.Millisecond,
+		"every replica of a gateway that shares its engines is scraped at shared_scrape_interval")
+	require.Equal(t, 0.01, interval(n, "idle"))
+	require.Equal(t, 0.01, interval(n, "busy"))
+	require.EqualValues(t, 1, solo.scrapes.Load(), "a gateway alone on its engines: its first scrape only")
+	require.Equal(t, 60.0, interval(alone, "solo"))
+	require.Eventually(t, func() bool { return other.scrapes.Load() >= 1 }, 10*time.Second, 5*time.Millisecond)
+	require.EqualValues(t, 1, other.scrapes.Load(), "a gateway whose peers report load: its first scrape only")
+	require.Equal(t, 60.0, interval(member, "other"))
+
+	// The other sender leaves: a second later, scrape_interval again.
+	busy.running.Store(0)
+	require.Eventually(t, func() bool { return interval(n, "idle") == 60 && interval(n, "busy") == 60 }, 10*time.Second, 5*time.Millisecond,
+		"back at scrape_interval once no scrape showed other senders for 100 shared intervals")
 }

@@ -20,13 +20,15 @@ type Config struct {
 	// decisions and the peers' share of the traffic, and places them
 	// before choosing (see Cost.Pick). When no peer reports load (an
 	// isolated gateway), the same applies to the other senders the
-	// engines' scrapes show, and the value is best the scrape interval.
+	// engines' scrapes show, and the value is best the interval those
+	// scrapes come at.
 	// A gateway that is the replicas' only sender decides the same
 	// whatever its value. The default, 0, means
 	// DefaultPeerLoadDelaySeconds (0.025 s), so a Config built field by field
 	// (or a configuration document that does not carry the field) gets it;
 	// a gateway outside a cluster (kvmesh serve without --cluster) takes its
-	// scrape interval instead;
+	// shared scrape interval instead (the one it scrapes at once other
+	// senders show; its scrape interval when that is off);
 	// a negative value treats the peers' view as fresh (cost as before this
 	// field existed). Must be finite.
 	PeerLoadDelaySeconds float64 `json:"peer_load_delay_seconds" yaml:"peer_load_delay_seconds"`

@@ -3,6 +3,7 @@ package des
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/kvmesh/kvmesh/chaos/sim"
 	"github.com/kvmesh/kvmesh/chaos/study"
@@ -40,6 +41,13 @@ type gateway struct {
 	// This gateway's in-flight count to each replica at its last scrape
 	// (route.Candidate.ScrapedInFlight).
 	scrapedInflight []int
+	// scrapeDue is when each engine is due a scrape at ScrapeInterval,
+	// with shared scrapes (Options.sharedScrapes; nil without: every
+	// scrape reads all); othersSeenAt is when a scrape last showed an
+	// engine running more than this gateway's own, if othersSeen.
+	scrapeDue    []time.Duration
+	othersSeen   bool
+	othersSeenAt time.Duration
 
 	// selections[s][sel] counts decisions of strategy route.Names()[s]
 	// with Selection sel (kvmesh_route_decisions_total).
@@ -73,10 +81,11 @@ func newGateway(w *World, id int) (*gateway, error) {
 		// The gateways know how stale their peers' load is: the load
 		// interval an operator configures (route's default is sync's).
 		// Isolated gateways see each other only in the engines'
-		// scrapes, as stale as the scrape interval (see Cost.Pick).
+		// scrapes, as stale as the interval they scrape at (see
+		// Cost.Pick, node's routeConfig).
 		rcfg.PeerLoadDelaySeconds = o.LoadDelay.Seconds()
 		if o.NoSync {
-			rcfg.PeerLoadDelaySeconds = o.ScrapeInterval.Seconds()
+			rcfg.PeerLoadDelaySeconds = o.scrapeTick().Seconds()
 		} else if o.LoadDelay == 0 {
 			rcfg.PeerLoadDelaySeconds = -1
 		}
@@ -96,6 +105,9 @@ func newGateway(w *World, id int) (*gateway, error) {
 	}
 	if o.events() {
 		g.mode, _ = index.ParseMode(o.Mode)
+	}
+	if o.sharedScrapes() {
+		g.scrapeDue = make([]time.Duration, o.Replicas)
 	}
 	g.root = g.hasher.Root(o.Model, "", "")
 	members := make([]route.RingMember, 0, o.Replicas)
@@ -278,17 +290,37 @@ func (g *gateway) shareQueued(rep int) {
 	}
 }
 
-// scrape reads every engine's load, as node's scraper does each interval.
+// scrape reads the load of every engine that is due, as node's scraper
+// does each interval: every ScrapeInterval, and with shared scrapes
+// (Options.sharedScrapes) every SharedScrapeInterval while a scrape within
+// the last sharedMemory such intervals showed an engine running requests
+// beyond this gateway's own (node's scrapeAfter, sharesEngines).
 func (g *gateway) scrape() {
+	o, now := &g.w.opts, g.w.now
+	shares := g.scrapeDue != nil && g.othersSeen && now-g.othersSeenAt < sharedMemory*o.SharedScrapeInterval
 	for i, r := range g.w.reps {
-		if g.scraped[i] == r.ver && g.running[i] != route.Unknown {
-			continue // unchanged since the last scrape
+		if g.scrapeDue != nil && now < g.scrapeDue[i] && !shares {
+			continue
 		}
-		g.running[i], g.waiting[i], g.kvUsage[i] = r.eng.Load()
-		g.scraped[i] = r.ver
-		g.scrapedInflight[i] = g.inflight[i] // no peers' reports: see Candidate
+		// An engine unchanged since the last scrape shows the same.
+		if g.scraped[i] != r.ver || g.running[i] == route.Unknown {
+			g.running[i], g.waiting[i], g.kvUsage[i] = r.eng.Load()
+			g.scraped[i] = r.ver
+			g.scrapedInflight[i] = g.inflight[i] // no peers' reports: see Candidate
+		}
+		if g.scrapeDue != nil {
+			g.scrapeDue[i] = now + o.ScrapeInterval
+			if g.running[i] >= 0 && g.waiting[i] >= 0 && g.running[i]+g.waiting[i] > g.scrapedInflight[i] {
+				g.othersSeen, g.othersSeenAt = true, now
+			}
+		}
 	}
 }
+
+// sharedMemory is node's: how many shared scrape intervals a gateway
+// keeps scraping every engine that often after a scrape last showed
+// other senders.
+const sharedMemory = 100
 
 // applyKV applies one engine's normalized KV-event batch (node's
 // kvHandler, or a peer applying its owner's batch).

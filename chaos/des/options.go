@@ -76,6 +76,12 @@ type Options struct {
 	// running/waiting/KV usage. Default 500 ms, node's default. Gateway g
 	// scrapes at phase g·ScrapeInterval/Gateways.
 	ScrapeInterval time.Duration
+	// SharedScrapeInterval is node's Config.SharedScrapeInterval: isolated
+	// gateways (NoSync) scrape every engine this often while a scrape
+	// within the last 100 such intervals showed an engine running requests
+	// beyond their own (the other gateways'). Default 100 ms, node's
+	// default; 0, or not below ScrapeInterval, keeps ScrapeInterval.
+	SharedScrapeInterval time.Duration
 	// ExpireInterval is how often a gateway runs index.Expire (bounded to
 	// ExpireNodes blocks a call). Default 60 s and 16,384: expiry only
 	// bounds memory (Match ignores expired entries), and node's 1 s period
@@ -117,27 +123,28 @@ func DefaultOptions() Options {
 	rcfg := route.DefaultConfig()
 	rcfg.Cost.TTFTTargetSeconds = study.DefaultSLO().TTFT.Seconds()
 	return Options{
-		Replicas:            2,
-		Gateways:            1,
-		Mode:                "history",
-		Profile:             sim.ProfileL20Qwen27BFP8.Name,
-		Model:               "qwen38-27b-fp8",
-		EngineBlockSize:     16,
-		EngineTokens:        200_000,
-		MaxNumSeqs:          8,
-		MaxNumBatchedTokens: 2048,
-		MaxModelLen:         32768,
-		Tokenizer:           tokenizer.NameTiktoken,
-		SyncDelay:           5 * time.Millisecond,
-		LoadDelay:           25 * time.Millisecond,
-		KVDelay:             time.Millisecond,
-		ScrapeInterval:      500 * time.Millisecond,
-		ExpireInterval:      time.Minute,
-		ExpireNodes:         1 << 14,
-		HistoryTTL:          2 * time.Hour,
-		SpeculativeTTL:      10 * time.Second,
-		IndexCapacity:       1 << 20,
-		Route:               rcfg,
+		Replicas:             2,
+		Gateways:             1,
+		Mode:                 "history",
+		Profile:              sim.ProfileL20Qwen27BFP8.Name,
+		Model:                "qwen38-27b-fp8",
+		EngineBlockSize:      16,
+		EngineTokens:         200_000,
+		MaxNumSeqs:           8,
+		MaxNumBatchedTokens:  2048,
+		MaxModelLen:          32768,
+		Tokenizer:            tokenizer.NameTiktoken,
+		SyncDelay:            5 * time.Millisecond,
+		LoadDelay:            25 * time.Millisecond,
+		KVDelay:              time.Millisecond,
+		ScrapeInterval:       500 * time.Millisecond,
+		SharedScrapeInterval: 100 * time.Millisecond,
+		ExpireInterval:       time.Minute,
+		ExpireNodes:          1 << 14,
+		HistoryTTL:           2 * time.Hour,
+		SpeculativeTTL:       10 * time.Second,
+		IndexCapacity:        1 << 20,
+		Route:                rcfg,
 		// node releases queued prefill at the first body byte.
 		QueuedUntilFirstToken: true,
 		Seed:                  1,
@@ -171,8 +178,8 @@ func (o *Options) Validate() error {
 		return bad("tokenizer %q (want tiktoken or bytes)", o.Tokenizer)
 	case o.SyncDelay < 0 || o.LoadDelay < 0 || o.KVDelay < 0:
 		return bad("delays must be >= 0")
-	case o.ScrapeInterval <= 0:
-		return bad("scrape interval must be > 0")
+	case o.ScrapeInterval <= 0 || o.SharedScrapeInterval < 0:
+		return bad("scrape interval must be > 0, shared scrape interval >= 0")
 	case o.ExpireInterval <= 0 || o.ExpireNodes < 1:
 		return bad("expire interval and nodes must be > 0")
 	case o.HistoryTTL <= 0 || o.SpeculativeTTL <= 0 || o.IndexCapacity < 1:
@@ -212,3 +219,21 @@ func IndexBlockTokens(engineBlock int) int {
 // events reports whether the engines publish KV events and the gateways
 // consume them (every mode but history, as in the live engine).
 func (o *Options) events() bool { return o.Mode != "history" }
+
+// scrapeTick is how often a gateway's scrape event fires: the shared
+// scrape interval where it applies (isolated gateways, see
+// SharedScrapeInterval), else ScrapeInterval. Each firing scrapes the
+// engines that are due (gateway.scrape).
+func (o *Options) scrapeTick() time.Duration {
+	if o.sharedScrapes() {
+		return o.SharedScrapeInterval
+	}
+	return o.ScrapeInterval
+}
+
+// sharedScrapes reports whether gateways scrape the engines other senders
+// share at SharedScrapeInterval: isolated gateways (no peer reports
+// their load) with a shared interval below ScrapeInterval, as node does.
+func (o *Options) sharedScrapes() bool {
+	return o.NoSync && o.SharedScrapeInterval > 0 && o.SharedScrapeInterval < o.ScrapeInterval
+}

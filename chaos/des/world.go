@@ -146,7 +146,8 @@ func New(o Options) (*World, error) {
 	for _, g := range w.gws {
 		g.scrape()
 		phase := time.Duration(int64(o.ScrapeInterval) * int64(g.id) / int64(o.Gateways))
-		w.q.push(event{at: phase + o.ScrapeInterval, kind: kindScrape, a: int32(g.id)})
+		tick := o.scrapeTick()
+		w.q.push(event{at: time.Duration(int64(tick)*int64(g.id)/int64(o.Gateways)) + tick, kind: kindScrape, a: int32(g.id)})
 		w.q.push(event{at: o.ExpireInterval + phase, kind: kindExpire, a: int32(g.id)})
 	}
 	return w, nil
@@ -338,7 +339,7 @@ func (w *World) Run(ctx context.Context) error {
 		case kindScrape:
 			g := w.gws[ev.a]
 			g.scrape()
-			w.q.push(event{at: w.now + w.opts.ScrapeInterval, kind: kindScrape, a: ev.a})
+			w.q.push(event{at: w.now + w.opts.scrapeTick(), kind: kindScrape, a: ev.a})
 		case kindLoad:
 			setSeen(w.seen, w.seenSum, int(ev.a), int(ev.b), int(ev.c))
 		case kindQueued:

@@ -1,0 +1,64 @@
+package des
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/chaos/study"
+)
+
+// TestSharedScrapes: an isolated gateway whose scrape shows requests it
+// did not send (another gateway's) scrapes every engine every
+// SharedScrapeInterval from then on, as node does (scrapeAfter), so it
+// sees the next request the other gateway sends within one such
+// interval instead of the rest of a ScrapeInterval. Synced gateways,
+// whose peers report their load, and isolated ones with the shared
+// interval off scrape every ScrapeInterval.
+func TestSharedScrapes(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		noSync bool
+		shared time.Duration
+		sees   bool // gateway 0 sees the second request by 1.15 s
+	}{
+		{"isolated", true, 100 * time.Millisecond, true},
+		{"isolated, shared interval off", true, 0, false},
+		{"synced", false, 100 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := DefaultOptions()
+			o.Replicas, o.Gateways = 1, 2
+			o.NoSync, o.SharedScrapeInterval = tc.noSync, tc.shared
+			o.LoadDelay = time.Hour // synced peers' reports come too late to matter here
+			w, err := New(o)
+			require.NoError(t, err)
+			send := func() {
+				w.Send(study.Request{Prompt: strings.Repeat("a long answer please ", 20), MaxTokens: 4000,
+					Target: study.Target{Gateway: 1, Strategy: "least-request"}}, func(study.Outcome) {})
+			}
+			g := w.gws[0]
+			seen := func() int { return g.running[0] + g.waiting[0] }
+			var before, after int
+			var others bool
+			w.At(0, send)                     // scraped by gateway 0 at 0.1 s or 0.5 s
+			w.At(1020*time.Millisecond, send) // after gateway 0's scrape at 1.0 s
+			w.At(1010*time.Millisecond, func() { before = seen() })
+			w.At(1150*time.Millisecond, func() { after, others = seen(), g.othersSeen })
+			w.At(2*time.Second, func() { w.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_ = w.Run(ctx)
+			require.Equal(t, 1, before, "gateway 0 sees the first request by 1 s")
+			require.Equal(t, tc.noSync && tc.shared > 0, others)
+			if tc.sees {
+				require.Equal(t, 2, after, "scraped within a shared interval of the second request")
+			} else {
+				require.Equal(t, 1, after, "not scraped again before 1.5 s")
+			}
+		})
+	}
+}

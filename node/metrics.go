@@ -47,7 +47,8 @@ type metrics struct {
 	ttftEstimate   *prometheus.HistogramVec // replica: observed TTFT / cost's estimate
 	healthy        *prometheus.GaugeVec     // replica
 	scrapeInterval *prometheus.GaugeVec     // replica
-	ejections      *prometheus.CounterVec   // replica
+	enginesShared  prometheus.Gauge
+	ejections      *prometheus.CounterVec // replica
 	retries        prometheus.Counter
 	failOpen       *prometheus.CounterVec // model
 	requests       *prometheus.CounterVec // model, code
@@ -121,6 +122,10 @@ func newMetrics() *metrics {
 		Name: "kvmesh_proxy_scrape_interval_seconds",
 		Help: "How often the replica's /metrics is scraped now: shared_scrape_interval while the gateway's engines run requests of senders it cannot see (gateways outside its cluster, direct clients), scrape_interval otherwise.",
 	}, []string{"replica"})
+	m.enginesShared = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kvmesh_proxy_engines_shared",
+		Help: "1 while the gateway scrapes its replicas at shared_scrape_interval: outside a cluster, its engines ran requests it did not send within the last 100 such intervals (other gateways', direct clients'); it routes on their load only as fresh as those scrapes. Gateways that share engines route best as one cluster.",
+	})
 	m.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_proxy_ejections_total",
 		Help: "Passive ejections after consecutive failures.",
@@ -154,7 +159,7 @@ func newMetrics() *metrics {
 		Help: "1 while the applied cluster config changes hash seed, block size, tokenizer or index bounds, which take effect only when the gateway restarts.",
 	})
 	m.reg.MustRegister(m.decisions, m.matchFraction, m.decisionTime, m.inflight,
-		m.upstreamErrors, m.ttft, m.ttftEstimate, m.healthy, m.scrapeInterval, m.ejections, m.retries, m.failOpen, m.requests,
+		m.upstreamErrors, m.ttft, m.ttftEstimate, m.healthy, m.scrapeInterval, m.enginesShared, m.ejections, m.retries, m.failOpen, m.requests,
 		m.clientErrors, m.tokenizeCache, m.kvApplyErrors, m.restartRequired,
 		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(schedLatencies)),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -87,14 +87,16 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 // scrapeAfter is how long after its last scrape the replica is scraped
 // again: Config.SharedScrapeInterval while this gateway shares its
 // engines with senders it cannot see (sharesEngines), ScrapeInterval
-// otherwise. It sets the replica's kvmesh_proxy_scrape_interval_seconds.
-// Only the replica's probe loop calls it.
+// otherwise. It sets the replica's kvmesh_proxy_scrape_interval_seconds
+// and kvmesh_proxy_engines_shared. Only the replica's probe loop calls it.
 func (n *Node) scrapeAfter(r *replica) time.Duration {
 	d := n.cfg.ScrapeInterval
+	shared := 0.0
 	if s := n.cfg.SharedScrapeInterval; s > 0 && s < d && n.sharesEngines(nowNanos()) {
-		d = s
+		d, shared = s, 1
 	}
 	r.mScrape.Set(d.Seconds())
+	n.m.enginesShared.Set(shared)
 	return d
 }
 

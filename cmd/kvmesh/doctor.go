@@ -365,9 +365,10 @@ func refreshKVMetrics(ctx context.Context, c *doctorClient, gws []*gatewayView) 
 // kvmesh_sync_peer_load_reports, the peers whose load report is fresh) and
 // warns when reports from some live peer are missing: the gateway then
 // sees that peer's in-flight requests only in its engine scrapes, and its
-// routing herds with the others'. Gateways outside a cluster (no such
-// gauges) or alone in one are not checked. It reads the exposition
-// checkGateway took.
+// routing herds with the others'. A gateway outside a cluster (no such
+// gauges) is warned instead when its engines run requests it did not send
+// (kvmesh_proxy_engines_shared); one alone in a cluster is not checked.
+// It reads the exposition checkGateway took.
 func checkLoadSharing(v *verdicts, gws []*gatewayView) {
 	for _, g := range gws {
 		if g.ready == nil {
@@ -381,7 +382,13 @@ func checkLoadSharing(v *verdicts, gws []*gatewayView) {
 		}
 		members, ok := gaugeValue(data, "kvmesh_sync_members")
 		fresh, ok2 := gaugeValue(data, "kvmesh_sync_peer_load_reports")
-		if !ok || !ok2 || members < 2 {
+		if !ok || !ok2 {
+			if shared, _ := gaugeValue(data, "kvmesh_proxy_engines_shared"); shared == 1 {
+				v.warn(subject, "other senders: its engines run requests it did not send (other gateways outside a cluster, direct clients); it sees their load only in its scrapes, now every shared_scrape_interval, and routes on it that stale (run gateways that share engines as one cluster)")
+			}
+			continue
+		}
+		if members < 2 {
 			continue
 		}
 		peers, got := int(members)-1, int(fresh)

@@ -581,3 +581,54 @@ func TestCPUVerdict(t *testing.T) {
 	_, _, ok = cpuVerdict(nil, gosched.Histogram{math.Inf(1): 0})
 	assert.False(t, ok, "no wake-ups")
 }
+
+// TestDoctorWarnsOfOtherSenders: a gateway outside a cluster whose engine
+// runs a request it did not send (a client streaming straight from the
+// engine, here) scrapes at shared_scrape_interval, and the doctor warns
+// that it routes on the other senders' load only as fresh as its
+// scrapes; alone on its engine it says nothing of the kind.
+func TestDoctorWarnsOfOtherSenders(t *testing.T) {
+	e := startEngine(t, "bytes")
+	cfg := node.LocalConfig()
+	cfg.AdminToken = doctorToken
+	cfg.ScrapeInterval = 200 * time.Millisecond
+	cfg.SharedScrapeInterval = 20 * time.Millisecond
+	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{{Name: "a", URL: e.URL()}}}}
+	n, err := node.New(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, n.Start(context.Background()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = n.Shutdown(ctx)
+	})
+	warning := regexp.MustCompile(`WARN +gateway ` + regexp.QuoteMeta(n.HTTPAddr()) + ` +other senders: its engines run requests it did not send`)
+	lines := func() string {
+		var buf bytes.Buffer
+		_ = doctor(context.Background(), &buf, doctorOptions{addrs: []string{n.HTTPAddr()}, token: doctorToken, skipStreams: true})
+		return buf.String()
+	}
+	require.NotRegexp(t, warning, lines(), "alone on its engine")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil { // a stream of 2,000 tokens, again until the test ends
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.URL()+"/v1/completions",
+				strings.NewReader(`{"model":"M","prompt":"a direct client","max_tokens":2000,"stream":true}`))
+			req.Header.Set("Content-Type", "application/json")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}
+	}()
+	var out string
+	require.Eventually(t, func() bool { out = lines(); return warning.MatchString(out) }, 20*time.Second, 50*time.Millisecond,
+		"the doctor warns of the direct client")
+	t.Log(out)
+	cancel()
+	<-done
+}

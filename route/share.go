@@ -90,8 +90,10 @@ func NewPrefixes(keys []index.BlockKey) Prefixes {
 // cost trailed prefix-cache in every seed (−20 at one gateway, −13 at 8
 // synced), comes to a mean of 0 in both; the synced and single-gateway
 // cells otherwise move within their seeds' spread. Isolated gateways in
-// history mode, whose indexes do not see each other's copies, copy more
-// and lose: cold −429 → −541, hot50 +403 → +122, hot90 −20 → −35.
+// history mode, whose indexes do not see each other's copies, copied more
+// and lost (cold −429 → −541, hot50 +403 → +122, hot90 −20 → −35) until
+// they scraped the engines they share faster (node's
+// Config.SharedScrapeInterval: −291, +731, +10).
 func (p *Prefixes) AddMatch(d int, keys []index.BlockKey) {
 	if d <= 0 || d > len(keys) || int(p.n) >= maxPrefixes {
 		return

@@ -207,18 +207,15 @@ func (s *Scratch) Route(in *Input) Routed {
 		in.Index.Match(in.Keys, in.Replicas, in.Mode, in.Request.Now, s.matched)
 	}
 	s.cands = s.cands[:0]
+	best := 0 // the longest match: the share of what is cached is read where the cache ends
 	for i, id := range in.Replicas {
 		c := Candidate{ID: id, Matched: int(s.matched[i])}
 		if tiers {
 			c.OffloadCPU, c.OffloadDisk = int(s.cpu[i]), int(s.disk[i])
 		}
+		best = max(best, c.Matched)
 		s.cands = append(s.cands, c)
 		in.Load.Candidate(i, &s.cands[i])
-	}
-	// The share of what is cached is read where the cache ends.
-	best := 0
-	for i := range s.cands {
-		best = max(best, s.cands[i].Matched)
 	}
 	in.Request.Prefixes.AddMatch(best, in.Keys)
 	d := in.Strategy.Pick(in.Request, s.cands, in.Rand, in.Explain)

@@ -432,6 +432,15 @@ func DefaultConfig() Config {
 	}
 }
 
+// sharedScrape is SharedScrapeInterval where it applies: set and below a
+// ScrapeInterval that is on; 0 otherwise (shared scrapes off).
+func (c *Config) sharedScrape() time.Duration {
+	if s := c.SharedScrapeInterval; s > 0 && s < c.ScrapeInterval {
+		return s
+	}
+	return 0
+}
+
 // LocalConfig is the preset for tests and single-machine experiments:
 // loopback port 0 and short timeouts so failures surface in milliseconds.
 func LocalConfig() Config {

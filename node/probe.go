@@ -31,7 +31,7 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 	var scrapeT *time.Timer
 	var wakeC <-chan struct{}
 	if n.cfg.ScrapeInterval > 0 {
-		if s := n.cfg.SharedScrapeInterval; s > 0 && s < n.cfg.ScrapeInterval {
+		if n.cfg.sharedScrape() > 0 {
 			wakeC = n.sharedWake()
 		}
 		n.scrape(ctx, r)
@@ -92,7 +92,7 @@ func (n *Node) probeLoop(ctx context.Context, r *replica) {
 func (n *Node) scrapeAfter(r *replica) time.Duration {
 	d := n.cfg.ScrapeInterval
 	shared := 0.0
-	if s := n.cfg.SharedScrapeInterval; s > 0 && s < d && n.sharesEngines(nowNanos()) {
+	if s := n.cfg.sharedScrape(); s > 0 && n.sharesEngines(nowNanos()) {
 		d, shared = s, 1
 	}
 	r.mScrape.Set(d.Seconds())
@@ -131,10 +131,17 @@ func (n *Node) wakeShared() {
 // its engines with senders it cannot see: no peer reports its load, and
 // a scrape within the last sharedMemory shared intervals showed some
 // engine running or queueing more requests than this gateway had open
-// there.
+// there (othersRecent).
 func (n *Node) sharesEngines(now int64) bool {
-	at := n.othersSeenAt.Load()
-	return at != 0 && n.peerLoad() == nil && now-at < sharedMemory*int64(n.cfg.SharedScrapeInterval)
+	return n.peerLoad() == nil && n.othersRecent(n.othersSeenAt.Load(), now)
+}
+
+// othersRecent reports whether a scrape at at (Unix ns; 0: none) that
+// showed other senders lies within sharedMemory shared intervals of now,
+// with shared scrapes on (Config.sharedScrape).
+func (n *Node) othersRecent(at, now int64) bool {
+	s := n.cfg.sharedScrape()
+	return at != 0 && s > 0 && now-at < sharedMemory*int64(s)
 }
 
 // healthPollAfter is how long after its last /health poll the replica is
@@ -223,9 +230,7 @@ func (n *Node) scrape(ctx context.Context, r *replica) {
 	// are senders it sees only here (route.Candidate.ScrapedInFlight).
 	if n.peerLoad() == nil && l.running >= 0 && l.waiting >= 0 && l.running+l.waiting > own {
 		now := nowNanos()
-		prev := n.othersSeenAt.Swap(now)
-		memory := sharedMemory * int64(n.cfg.SharedScrapeInterval)
-		if (prev == 0 || now-prev >= memory) && n.cfg.SharedScrapeInterval > 0 && n.cfg.SharedScrapeInterval < n.cfg.ScrapeInterval {
+		if prev := n.othersSeenAt.Swap(now); n.cfg.sharedScrape() > 0 && !n.othersRecent(prev, now) {
 			n.log.Info("engines run requests of senders outside this gateway, and no peer reports its load: scraping every replica at shared_scrape_interval (gateways that share engines route best as one cluster)",
 				"replica", r.name, "engine_requests", l.running+l.waiting, "own", own, "interval", n.cfg.SharedScrapeInterval)
 			n.wakeShared()

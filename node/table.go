@@ -472,7 +472,7 @@ func (r *replica) stopBackground(log interface {
 func (n *Node) routeConfig(rc route.Config) route.Config {
 	if rc.PeerLoadDelaySeconds == 0 && n.cl == nil && n.cfg.ScrapeInterval > 0 {
 		rc.PeerLoadDelaySeconds = n.cfg.ScrapeInterval.Seconds()
-		if s := n.cfg.SharedScrapeInterval; s > 0 && s < n.cfg.ScrapeInterval {
+		if s := n.cfg.sharedScrape(); s > 0 {
 			// The replicas other senders share are scraped this often.
 			rc.PeerLoadDelaySeconds = s.Seconds()
 		}

@@ -64,6 +64,12 @@ func startDoctorGateway(t *testing.T, tokenizer string, reps ...node.ReplicaConf
 	cfg.Tokenizer = tokenizer
 	cfg.BlockSize = 16
 	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: reps}}
+	return startGateway(t, cfg)
+}
+
+// startGateway starts a gateway on cfg, shut down when the test ends.
+func startGateway(t *testing.T, cfg node.Config) *node.Node {
+	t.Helper()
 	n, err := node.New(cfg, nil)
 	require.NoError(t, err)
 	require.NoError(t, n.Start(context.Background()))
@@ -594,14 +600,7 @@ func TestDoctorWarnsOfOtherSenders(t *testing.T) {
 	cfg.ScrapeInterval = 200 * time.Millisecond
 	cfg.SharedScrapeInterval = 20 * time.Millisecond
 	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{{Name: "a", URL: e.URL()}}}}
-	n, err := node.New(cfg, nil)
-	require.NoError(t, err)
-	require.NoError(t, n.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = n.Shutdown(ctx)
-	})
+	n := startGateway(t, cfg)
 	warning := regexp.MustCompile(`WARN +gateway ` + regexp.QuoteMeta(n.HTTPAddr()) + ` +other senders: its engines run requests it did not send`)
 	lines := func() string {
 		var buf bytes.Buffer

@@ -453,18 +453,24 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
 // prefers the fewest prefill chunks left to compute (locality that saves
 // whole chunks keeps the cache hit rate), then the fewest outstanding
 // requests (near-equal replicas share the load, so none fills its running
-// set while another idles), then the smaller cost, then uniformly at
-// random. Where the streams time both replicas' steps (see step wait),
-// the smaller cost comes before the fewest outstanding: among replicas
-// that compute alike it is mostly the sooner end of the step in progress,
-// tens of milliseconds against the few one more sequence adds to a step,
-// and it changes from step to step, so it does not pile requests on one
-// replica as a persistent difference (a learned rate) would; a replica
-// about to fill its running set is still kept from it by the slot wait.
-// In the discrete-event seed grid (seeds 102, 7, 11, 23, 42: 10 warm
-// rounds, where both replicas hold every prompt) cost lost the TTFT P95
-// to least-request by 1–5 ms in 4 rounds without the step wait, in 2
-// with it but the fewest outstanding first, and in none with this order.
+// set while another idles), then the smaller cost (among replicas that
+// compute alike, mostly the sooner end of the step in progress: see step
+// wait), then uniformly at random. The step's end does not come before
+// the outstanding count. Taken first wherever the streams timed both
+// steps, it caught more requests at the sooner step (a lower median TTFT)
+// but left the replicas' batches uneven, and the tail paid: in the live
+// study, warm only (`kvbench --scenarios warm --strategies
+// least-request,cost --modes hybrid`), cost's TTFT P95 was behind
+// least-request's in 9 of 10 rounds at --speed 10 (mean +6.2 ms) and in
+// 6 of 6 at --speed 3 (+11.6 ms); with the fewest outstanding first, in 6
+// of 10 (−0.1 ms) and 4 of 6 (+0.1 ms). The discrete-event engine, which
+// relays no tokens and times every step exactly, favoured the step first
+// a little: one seed-grid row more misses without it (24 of 240, seeds
+// 1..30), and in the 64-replica table (seeds 1–3) warm with KV events at
+// one gateway fell from 0.0 to −7.3 passes and isolated hot90 with KV
+// events from −196 to −235, while isolated hot50 and hot90 in history
+// mode gained (+731 to +770, +10 to +17). The step wait itself stays in
+// the estimate: without it 40 warm rows more miss in that grid.
 //
 // With several gateways the load view misses the requests peers sent in
 // the last Config.PeerLoadDelaySeconds, and peers decide from the same
@@ -627,10 +633,10 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *
 		}
 	}
 	bound = minCost + tolerance
-	// Pass 2: among the near-ties, fewest chunks, then fewest outstanding
-	// and the smaller cost, in the order Pick describes.
+	// Pass 2: among the near-ties, fewest chunks, then fewest outstanding,
+	// then the smaller cost (see Pick).
 	best, ties, bestChunks, bestN := -1, 0, 0, 0
-	bestCost, bestTimed := 0.0, false
+	bestCost := 0.0
 	for i := range cands {
 		cand := &cands[i]
 		chunks := c.chunks(req, cand)
@@ -641,19 +647,12 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *
 		if !(cost <= bound) {
 			continue
 		}
-		timed := stepTimed(req.Now, cand)
-		before := chunks < bestChunks
-		if chunks == bestChunks {
-			if timed && bestTimed { // both steps timed: the cost first (see Pick)
-				before = cost < bestCost || (cost == bestCost && n < bestN)
-			} else {
-				before = n < bestN || (n == bestN && cost < bestCost)
-			}
-		}
+		before := chunks < bestChunks ||
+			chunks == bestChunks && (n < bestN || n == bestN && cost < bestCost)
 		switch {
 		case best < 0 || before:
 			best, ties = i, 1
-			bestChunks, bestN, bestCost, bestTimed = chunks, n, cost, timed
+			bestChunks, bestN, bestCost = chunks, n, cost
 		case chunks == bestChunks && n == bestN && cost == bestCost:
 			ties++
 			if rng.IntN(ties) == 0 {

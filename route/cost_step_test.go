@@ -46,10 +46,12 @@ func TestStepWait(t *testing.T) {
 	}
 }
 
-// TestCostPicksTheSoonerStep: two replicas hold the prompt alike; the one
-// whose engine step ends sooner gets the request, even with one request
-// more in flight (a step is tens of milliseconds, one more sequence in the
-// batch a few), and the choice follows the step phase, not the replica.
+// TestCostPicksTheSoonerStep: two replicas hold the prompt alike and run
+// as many requests; the one whose engine step ends sooner gets the
+// request, and the choice follows the step phase, not the replica. With
+// one request more in flight, a sooner step does not win: the step's end
+// as the relayed tokens time it is less certain than the request more in
+// the batch (see Pick).
 func TestCostPicksTheSoonerStep(t *testing.T) {
 	c, now := costAt(t)
 	req := Request{TotalBlocks: 32, BlockTokens: 128, PromptTokens: 4096, Now: now}
@@ -64,7 +66,8 @@ func TestCostPicksTheSoonerStep(t *testing.T) {
 	}{
 		{"equal load, b's step ends sooner", cand(0, 5, 5*ms), cand(1, 5, 45*ms), 1},
 		{"equal load, a's step ends sooner", cand(0, 5, 45*ms), cand(1, 5, 5*ms), 0},
-		{"b runs one more and its step ends 20 ms sooner", cand(0, 4, 20*ms), cand(1, 5, 40*ms), 1},
+		{"b runs one more and its step ends 20 ms sooner", cand(0, 4, 20*ms), cand(1, 5, 40*ms), 0},
+		{"a runs one more and its step ends 20 ms sooner", cand(0, 5, 40*ms), cand(1, 4, 20*ms), 1},
 	} {
 		rng := NewRand(7)
 		d := c.Pick(&req, []Candidate{tc.a, tc.b}, &rng, nil)

@@ -49,9 +49,9 @@ func TestStepWait(t *testing.T) {
 // TestCostPicksTheSoonerStep: two replicas hold the prompt alike and run
 // as many requests; the one whose engine step ends sooner gets the
 // request, and the choice follows the step phase, not the replica. With
-// one request more in flight, a sooner step does not win: the step's end
-// as the relayed tokens time it is less certain than the request more in
-// the batch (see Pick).
+// one request more in flight, a sooner step does not win: the outstanding
+// count comes first, which keeps the batches even and the TTFT tail with
+// them (see Pick).
 func TestCostPicksTheSoonerStep(t *testing.T) {
 	c, now := costAt(t)
 	req := Request{TotalBlocks: 32, BlockTokens: 128, PromptTokens: 4096, Now: now}

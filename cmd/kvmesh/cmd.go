@@ -129,7 +129,7 @@ is the explicit opt-out. SECURITY.md lists every port and what it trusts.`,
 	fl.DurationVar(&d.FirstByteTimeout, "first-byte-timeout", d.FirstByteTimeout, "upstream response-header timeout")
 	fl.DurationVar(&d.IdleTimeout, "idle-timeout", d.IdleTimeout, "longest silence between response chunks")
 	fl.DurationVar(&d.ScrapeInterval, "scrape-interval", d.ScrapeInterval, "replica /metrics scrape interval (0 disables)")
-	fl.DurationVar(&d.SharedScrapeInterval, "shared-scrape-interval", d.SharedScrapeInterval, "scrape interval for a replica whose last scrape showed requests of senders outside this gateway, when no peer reports load (0: --scrape-interval)")
+	fl.DurationVar(&d.SharedScrapeInterval, "shared-scrape-interval", d.SharedScrapeInterval, "scrape every replica this often while, with no peer reporting load, a scrape in the last 100 such intervals showed an engine running requests this gateway did not send (0, or not below --scrape-interval: --scrape-interval)")
 	fl.DurationVar(&d.HealthInterval, "health-interval", d.HealthInterval, "replica /health poll interval (0 disables)")
 	fl.DurationVar(&d.UnhealthyInterval, "unhealthy-interval", d.UnhealthyInterval, "/health poll interval for a replica whose last poll failed (0: --health-interval)")
 	fl.BoolVar(&d.HealthFailOpen, "health-fail-open", d.HealthFailOpen, "when every replica of a model fails its /health polls, route among them anyway (false: answer 503)")

@@ -217,7 +217,7 @@ func (d *DPServer) pick(req *http.Request) (int, string) {
 	best, load := 0, -1
 	for r, s := range d.ranks {
 		st := s.Stats()
-		if l := st.Running + st.Waiting; load < 0 || l < load {
+		if l := st.Running + st.Waiting + st.Queued; load < 0 || l < load {
 			best, load = r, l
 		}
 	}

@@ -144,7 +144,9 @@ func TestArrivalDuringLagJoinsNoEarlierStep(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // the driver is asleep in its late wake-up
 		_, ch2, err := s.submit("cmpl", testPrompt(2, 200), 8)
 		require.NoError(t, err)
-		require.Equal(t, 2, s.Stats().Waiting, "both requests wait for the late driver")
+		st := s.Stats()
+		require.Equal(t, 2, st.Queued, "both requests wait for the late driver")
+		require.Zero(t, st.Waiting, "no step has seen them: vLLM's gauge does not show them yet")
 		wg.Go(func() { r2 = collect(ch2) })
 		wg.Wait()
 		prof := ProfileL20Qwen27BFP8

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvmesh/kvmesh/kvevents"
@@ -164,7 +165,18 @@ func (r StepResult) End() time.Time { return r.Start.Add(r.Duration) }
 
 // Stats is a snapshot of the engine's gauges and counters.
 type Stats struct {
+	// Running and Waiting are vLLM's num_requests_running and
+	// num_requests_waiting. vLLM takes them from the scheduler's stats
+	// after each step (Scheduler.make_stats), so a request that arrived
+	// since the last step is in neither until a step has seen it: waiting
+	// counts only the requests a schedule left waiting (no slot, no KV
+	// blocks, no token budget).
 	Running, Waiting int
+	// Queued counts the requests held that no step has seen yet: added
+	// to the engine since its last step, and for a Server also submitted
+	// and not yet handed to it. They wait all the same, but vLLM's gauges
+	// do not show them yet.
+	Queued int
 	// KVUsage is the fraction of blocks referenced by a request (of a
 	// hybrid engine: in its fuller group).
 	KVUsage float64
@@ -253,6 +265,10 @@ type Engine struct {
 	wpool   *blockPool
 	waiting []*seq
 	running []*seq
+	// arrived is how many requests at the back of waiting were added
+	// since the last Step: no schedule has seen them yet, so the waiting
+	// gauge leaves them out (see Stats).
+	arrived int
 	byID    map[RequestID]*seq
 	stats   Stats
 
@@ -346,6 +362,7 @@ func (e *Engine) Add(r Request, now time.Time) error {
 	}
 	e.byID[r.ID] = s
 	e.waiting = append(e.waiting, s)
+	e.arrived++
 	return nil
 }
 
@@ -362,6 +379,9 @@ func (e *Engine) Abort(id RequestID) bool {
 	}
 	switch s.state {
 	case stateWaiting:
+		if i := slices.Index(e.waiting, s); i >= len(e.waiting)-e.arrived {
+			e.arrived--
+		}
 		e.waiting = removeSeq(e.waiting, s)
 	case stateRunning:
 		e.running = removeSeq(e.running, s)
@@ -403,7 +423,7 @@ func (e *Engine) Stats() Stats {
 	for k, v := range e.stats.Finished {
 		s.Finished[k] = v
 	}
-	s.Running, s.Waiting = len(e.running), len(e.waiting)
+	s.Running, s.Waiting, s.Queued = len(e.running), e.waitingGauge(), e.arrived
 	s.KVUsage = e.usage()
 	s.CachedBlocks = len(e.pool.cache)
 	return s
@@ -412,8 +432,12 @@ func (e *Engine) Stats() Stats {
 // Load returns the gauges a load scrape reads (Stats' Running, Waiting and
 // KVUsage) without copying the counters.
 func (e *Engine) Load() (running, waiting int, kvUsage float64) {
-	return len(e.running), len(e.waiting), e.usage()
+	return len(e.running), e.waitingGauge(), e.usage()
 }
+
+// waitingGauge is num_requests_waiting: the waiting requests a step has
+// seen (see Stats).
+func (e *Engine) waitingGauge() int { return len(e.waiting) - e.arrived }
 
 // usage is the fraction of blocks referenced by requests: of a hybrid
 // engine, in whichever group's pool is fuller (the one that limits
@@ -486,6 +510,7 @@ type schedEntry struct {
 // result with zero duration.
 func (e *Engine) Step(now time.Time) StepResult {
 	res := StepResult{Start: now}
+	e.arrived = 0 // this step's schedule sees every waiting request
 	budget := e.cfg.MaxNumBatchedTokens
 	bs := e.cfg.BlockSize
 	sched := e.sched[:0]

@@ -473,3 +473,45 @@ func TestCalibrationUnderLoad(t *testing.T) {
 		require.Less(t, warm.tpotP95, 90*time.Millisecond)
 	}
 }
+
+// TestWaitingGaugeIsTheLastSchedules: num_requests_waiting counts the
+// requests a step's schedule left waiting, as vLLM's scheduler stats do;
+// a request added since the last step is Queued until a step sees it,
+// and aborting it takes it off Queued, not off the gauge.
+func TestWaitingGaugeIsTheLastSchedules(t *testing.T) {
+	cfg := testEngineConfig()
+	cfg.MaxNumSeqs = 1
+	e, err := NewEngine(cfg)
+	require.NoError(t, err)
+	now := time.Unix(0, 0)
+	add := func(id string, tok uint32) {
+		t.Helper()
+		prompt := slices.Repeat([]uint32{tok}, 20)
+		require.NoError(t, e.Add(Request{ID: RequestID(id), Prompt: prompt, MaxTokens: 50}, now))
+	}
+	gauges := func() [3]int {
+		st := e.Stats()
+		running, waiting, _ := e.Load()
+		require.Equal(t, [2]int{st.Running, st.Waiting}, [2]int{running, waiting}, "Load reads Stats' gauges")
+		return [3]int{st.Running, st.Waiting, st.Queued}
+	}
+
+	add("a", 1)
+	add("b", 2)
+	require.Equal(t, [3]int{0, 0, 2}, gauges(), "no step has seen a or b")
+	res := e.Step(now)
+	require.False(t, res.Idle())
+	require.Equal(t, [3]int{1, 1, 0}, gauges(), "a runs; one slot, so the schedule left b waiting")
+
+	add("c", 3)
+	require.Equal(t, [3]int{1, 1, 1}, gauges(), "c arrived after the step")
+	require.True(t, e.Abort("c"))
+	require.Equal(t, [3]int{1, 1, 0}, gauges(), "aborting c takes it off Queued")
+	add("d", 4)
+	require.True(t, e.Abort("b"))
+	require.Equal(t, [3]int{1, 0, 1}, gauges(), "aborting b, which a step saw, takes it off the gauge; d stays Queued")
+
+	now = now.Add(res.Duration)
+	e.Step(now)
+	require.Equal(t, [3]int{1, 1, 0}, gauges(), "the next step sees d and leaves it waiting behind a")
+}

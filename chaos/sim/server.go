@@ -581,12 +581,12 @@ func (s *Server) abort(id RequestID) {
 }
 
 // Stats returns the engine's current gauges and counters and the driver's
-// lag. Waiting includes requests submitted but not yet handed to the engine.
+// lag. Queued includes requests submitted but not yet handed to the engine.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.eng.Stats()
-	st.Waiting += len(s.inbox)
+	st.Queued += len(s.inbox)
 	st.DriverSteps = s.lag.steps
 	st.DriverLag, st.DriverLagMax, st.DriverLagSum = s.lag.last, s.lag.max, s.lag.sum
 	return st

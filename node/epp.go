@@ -647,6 +647,7 @@ func (x *eppExchange) hold(rep *replica) {
 	}
 	x.served = rep
 	rep.inflight.Add(1)
+	rep.unshownSent.Add(1)
 	rep.mInflight.Inc()
 	rep.queuedPrefill.Add(x.queued)
 }

@@ -220,16 +220,23 @@ func (n *Node) scrape(ctx context.Context, r *replica) {
 		return
 	}
 	r.scrapeOK.Store(true)
-	// The engine's figures are as of its answer, which just came.
-	own := r.inflight.Load()
-	r.scrapedInFlight.Store(own)
+	// The engine's figures are as of its last step (vLLM's gauges come
+	// from the scheduler's stats after each step): they bring news when
+	// they changed or a token came since the last scrape (a step ended).
+	// Until then, requests sent count as unshown.
+	own, now := r.inflight.Load(), nowNanos()
+	if l.running != r.running.Load() || l.waiting != r.waiting.Load() ||
+		r.lastToken.Load() > r.scrapedAt.Load() || r.scrapedInFlight.Load() < 0 {
+		r.scrapedInFlight.Store(own)
+		r.unshownSent.Store(0)
+	}
+	r.scrapedAt.Store(now)
 	r.running.Store(l.running)
 	r.waiting.Store(l.waiting)
 	r.kvUsage.Store(math.Float64bits(l.kvUsage))
 	// Requests beyond this gateway's own, where no peer reports its load,
 	// are senders it sees only here (route.Candidate.ScrapedInFlight).
 	if n.peerLoad() == nil && l.running >= 0 && l.waiting >= 0 && l.running+l.waiting > own {
-		now := nowNanos()
 		if prev := n.othersSeenAt.Swap(now); n.cfg.sharedScrape() > 0 && !n.othersRecent(prev, now) {
 			n.log.Info("engines run requests of senders outside this gateway, and no peer reports its load: scraping every replica at shared_scrape_interval (gateways that share engines route best as one cluster)",
 				"replica", r.name, "engine_requests", l.running+l.waiting, "own", own, "interval", n.cfg.SharedScrapeInterval)

@@ -75,10 +75,14 @@ type replica struct {
 	// (unix nanos) and the gap before it in the same stream: the engine's
 	// step period (route.Candidate.LastTokenAt, StepNanos; see sawToken).
 	lastToken, stepNanos atomic.Int64
-	// inflight as it was at the last successful scrape (-1 before it):
-	// what the engine shows beyond it is other senders' load
-	// (route.Candidate.ScrapedInFlight).
+	// inflight as it was when a successful scrape last brought news of
+	// the engine (-1 before the first): what the engine shows beyond it
+	// is other senders' load; unshownSent counts the requests sent since,
+	// which no scrape shows yet; scrapedAt is when the last successful
+	// scrape came (unix nanos). See route.Candidate.ScrapedInFlight.
 	scrapedInFlight atomic.Int64
+	unshownSent     atomic.Int64
+	scrapedAt       atomic.Int64
 
 	// Engine-scraped load; -1 until the first successful scrape.
 	running  atomic.Int64

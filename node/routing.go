@@ -74,6 +74,7 @@ func (s *scratch) Candidate(i int, c *route.Candidate) {
 	// peers the scrape is not compared with InFlight (route.Candidate).
 	c.ScrapedInFlight = int(r.scrapedInFlight.Load())
 	c.ScrapedInFlightKnown = s.peers == nil && c.ScrapedInFlight >= 0
+	c.UnshownSent = int(r.unshownSent.Load())
 }
 
 // PublishesKVEvents reports whether reps[i] publishes KV events.

@@ -147,3 +147,47 @@ func TestScrapeRecordsInFlightBaseline(t *testing.T) {
 	assert.False(t, c.ScrapedInFlightKnown, "peers report their load")
 	assert.Equal(t, 3, c.InFlight)
 }
+
+// TestScrapeNewsResetsUnshownSends: vLLM's gauges are as of the engine's
+// last step, so a scrape that reads the same figures with no token from
+// the replica since the last one says nothing of the requests sent since:
+// they stay counted as unshown (route.Candidate.UnshownSent) beside the
+// in-flight count of the last news. Changed figures, or a token since the
+// last scrape (a step ended), are news and reset both.
+func TestScrapeNewsResetsUnshownSends(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.running.Store(2)
+	n := startNode(t, func(c *Config) { c.ScrapeInterval = 0 }, rc("a", e.url())) // scraped here only
+	r := n.tbl.Load().byName["a"]
+	view := func() route.Candidate {
+		var c route.Candidate
+		(&scratch{reps: []*replica{r}}).Candidate(0, &c)
+		require.True(t, c.ScrapedInFlightKnown)
+		return c
+	}
+	n.scrape(t.Context(), r)
+	require.Zero(t, view().UnshownSent)
+
+	send := func(body string) {
+		t.Helper()
+		resp := post(t, n, "/v1/completions", body, nil)
+		readAll(t, resp)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	send(`{"model":"m","prompt":"hello"}`) // no stream: no token timing
+	send(`{"model":"m","prompt":"hello"}`)
+	n.scrape(t.Context(), r)
+	c := view()
+	assert.Equal(t, 2, c.UnshownSent, "the same figures and no token: the sends are not shown yet")
+	assert.Zero(t, c.ScrapedInFlight)
+
+	e.running.Store(3)
+	n.scrape(t.Context(), r)
+	assert.Zero(t, view().UnshownSent, "changed figures are news")
+
+	send(`{"model":"m","prompt":"hello","stream":true}`)
+	require.NotZero(t, r.lastToken.Load())
+	assert.Equal(t, 1, view().UnshownSent)
+	n.scrape(t.Context(), r)
+	assert.Zero(t, view().UnshownSent, "a token since the last scrape: a step ended")
+}

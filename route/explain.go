@@ -118,6 +118,10 @@ type ExplainedReplica struct {
 	// the same figure its peers last reported (cost's queue input).
 	QueuedPrefill     int `json:"queued_prefill_tokens"`
 	PeerQueuedPrefill int `json:"peer_queued_prefill_tokens"`
+	// UnshownSent is Candidate.UnshownSent: the requests this gateway
+	// sent to the replica that no scrape shows yet (without peers'
+	// reports; cost adds the other senders' share of them).
+	UnshownSent int `json:"unshown_sent,omitempty"`
 	// StepEndsIn is how long, in seconds from the decision, the engine
 	// step in progress runs on as the tokens this gateway's streams
 	// received time it (Candidate.LastTokenAt, StepNanos; cost's step
@@ -177,6 +181,9 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 			InFlight: c.InFlight, LocalInFlight: c.LocalInFlight,
 			Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage,
 			QueuedPrefill: c.QueuedPrefillTokens, PeerQueuedPrefill: c.PeerQueuedPrefillTokens,
+		}
+		if c.ScrapedInFlightKnown {
+			e.Replicas[i].UnshownSent = c.UnshownSent
 		}
 		if stepTimed(req.Now, c) {
 			e.Replicas[i].StepEndsIn = stepLeft(req.Now, c)

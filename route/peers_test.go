@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/kvmesh/kvmesh/index"
 )
 
@@ -202,5 +204,62 @@ func TestCostIsolatedSeesOthersThroughScrape(t *testing.T) {
 				t.Fatalf("unseen peer requests %d, want > 0: %v", ex.UnseenPeerRequests, tc.unseen)
 			}
 		})
+	}
+}
+
+// TestCostCountsOthersUnshownSends: where other senders show only in the
+// engines' scrapes, a replica this gateway sent to since its scrape last
+// brought news (Candidate.UnshownSent) is taken to have had the others'
+// share of sends too: they route on the same stale figures. Two replicas
+// whose figures and in-flight counts come to the same outstanding count
+// then differ by those sends, and Pick leaves the one sent to since. With
+// peers' reports, or a scrape showing no one else, nothing is added.
+func TestCostCountsOthersUnshownSends(t *testing.T) {
+	cands := func() []Candidate {
+		return []Candidate{
+			// 3 own requests, 2 of them sent since the scrape that showed
+			// 1 of them and 4 of others.
+			{ID: 0, Name: "sent-to", InFlight: 3, LocalInFlight: 3, Running: 5, Waiting: 0, KVUsage: 0.3,
+				ScrapedInFlight: 1, ScrapedInFlightKnown: true, UnshownSent: 2},
+			{ID: 1, Name: "shown", InFlight: 3, LocalInFlight: 3, Running: 7, Waiting: 0, KVUsage: 0.3,
+				ScrapedInFlight: 3, ScrapedInFlightKnown: true},
+		}
+	}
+	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
+	cfg := DefaultCostConfig()
+	cfg.MaxRunning = 8
+	_, ex := explainedPick(t, cfg, &req, cands())
+	require.Greater(t, ex.Replicas[0].SlotWait, ex.Replicas[1].SlotWait)
+	require.Equal(t, []int{2, 0}, []int{ex.Replicas[0].UnshownSent, ex.Replicas[1].UnshownSent})
+	for seed := range uint64(20) {
+		m, err := NewModel(cfg)
+		require.NoError(t, err)
+		rng := NewRand(seed)
+		d := NewCost(m).Pick(&req, cands(), &rng, nil)
+		require.Equal(t, 1, d.Index, "seed %d: the replica sent to since its scrape had others' sends too", seed)
+	}
+
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	c := NewCost(m)
+	r := m.rate(0)
+	for _, tc := range []struct {
+		name  string
+		share float64
+		edit  func(*Candidate)
+		wantN int
+	}{
+		{"others' share 1.5 of 2 sends", 1.5, nil, 3 + 4 + 3},
+		{"no one else in the scrapes", 0, nil, 3 + 4},
+		{"peers report their load", 1.5, func(c *Candidate) { c.ScrapedInFlightKnown = false }, 5},
+		{"nothing sent since", 1.5, func(c *Candidate) { c.UnshownSent = 0 }, 3 + 4},
+	} {
+		cand := cands()[0]
+		if tc.edit != nil {
+			tc.edit(&cand)
+		}
+		dup := duplication{scrapeShare: tc.share}
+		_, _, _, n := c.estimate(&req, &cand, r, nil, placement{}, &dup, nil)
+		require.Equal(t, tc.wantN, n, tc.name)
 	}
 }

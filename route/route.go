@@ -61,18 +61,28 @@ type Candidate struct {
 	// request at its next step, so a request sent now waits about
 	// LastTokenAt+StepNanos−Now before its prefill starts (see Cost).
 	LastTokenAt, StepNanos int64
-	// ScrapedInFlight is InFlight as it was when Running and Waiting were
-	// scraped, when ScrapedInFlightKnown: the view sets it only without
-	// peers' load reports (one gateway, or gateways that do not share
-	// load). What the engine showed beyond it is load from senders this
-	// gateway cannot see (see Cost).
+	// ScrapedInFlight is InFlight as it was when the scrape last brought
+	// news of the engine, when ScrapedInFlightKnown: the view sets it only
+	// without peers' load reports (one gateway, or gateways that do not
+	// share load). What the engine showed beyond it is load from senders
+	// this gateway cannot see (see Cost). A scrape brings news when
+	// Running or Waiting changed, or when a token came from the replica
+	// since the scrape before (a step ended): vLLM's gauges are as of the
+	// engine's last step, so a scrape during a long prefill step reads
+	// the step's start again, and requests sent since are in neither.
 	ScrapedInFlight      int
 	ScrapedInFlightKnown bool
+	// UnshownSent is how many requests this gateway sent to the replica
+	// since that news (with ScrapedInFlightKnown): no scrape shows them
+	// yet, nor the requests other senders sent meanwhile, which Cost
+	// estimates from it where it sees other senders only in the scrapes.
+	UnshownSent int
 }
 
 // unseen is what the engine's last scrape showed outstanding beyond this
-// gateway's view: beyond ScrapedInFlight (its own in-flight count at the
-// scrape) where known, else beyond InFlight now; 0 without a scrape.
+// gateway's view: beyond ScrapedInFlight (its own in-flight count when
+// the scrape last brought news) where known, else beyond InFlight now; 0
+// without a scrape.
 // Where peers report load, InFlight includes theirs, and requests a peer
 // sent that its report does not carry yet show here.
 func (c *Candidate) unseen() int {

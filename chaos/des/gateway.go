@@ -38,9 +38,13 @@ type gateway struct {
 	// When this gateway's streams last carried a token from each replica,
 	// and the step period then (route.Candidate.LastTokenAt, StepNanos).
 	lastToken, stepNanos []int64
-	// This gateway's in-flight count to each replica at its last scrape
-	// (route.Candidate.ScrapedInFlight).
+	// This gateway's in-flight count to each replica when a scrape last
+	// brought news of the engine, the requests sent there since, and
+	// when the last scrape came (route.Candidate.ScrapedInFlight,
+	// UnshownSent; node's scrape).
 	scrapedInflight []int
+	unshownSent     []int
+	scrapedAt       []int64
 	// scrapeDue is when each engine is due a scrape at ScrapeInterval,
 	// with shared scrapes (Options.sharedScrapes; nil without: every
 	// scrape reads all); othersSeenAt is when a scrape last showed an
@@ -102,6 +106,7 @@ func newGateway(w *World, id int) (*gateway, error) {
 		scraped:   make([]uint64, o.Replicas),
 		lastToken: make([]int64, o.Replicas), stepNanos: make([]int64, o.Replicas),
 		scrapedInflight: make([]int, o.Replicas),
+		unshownSent:     make([]int, o.Replicas), scrapedAt: make([]int64, o.Replicas),
 	}
 	if o.events() {
 		g.mode, _ = index.ParseMode(o.Mode)
@@ -168,6 +173,7 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	f.obs = out.Observation
 	// proxy: count the request in flight, send it, record on success.
 	g.addInflight(rep, 1)
+	g.unshownSent[rep]++
 	g.queued[rep] += f.uncached
 	g.shareQueued(rep)
 	f.queued = true
@@ -199,6 +205,7 @@ func (g *gateway) Candidate(i int, c *route.Candidate) {
 	// (see route.Candidate.ScrapedInFlight).
 	c.ScrapedInFlight = g.scrapedInflight[i]
 	c.ScrapedInFlightKnown = !w.shareLoad && c.ScrapedInFlight >= 0
+	c.UnshownSent = g.unshownSent[i]
 }
 
 // sawToken notes a token streamed from replica rep at now (Unix ns); a
@@ -304,10 +311,15 @@ func (g *gateway) scrape() {
 		}
 		// An engine unchanged since the last scrape shows the same.
 		if g.scraped[i] != r.ver || g.running[i] == route.Unknown {
+			run, wait := g.running[i], g.waiting[i]
 			g.running[i], g.waiting[i], g.kvUsage[i] = r.eng.Load()
 			g.scraped[i] = r.ver
-			g.scrapedInflight[i] = g.inflight[i] // no peers' reports: see Candidate
+			// News, as node's scrape: no peers' reports, see Candidate.
+			if run != g.running[i] || wait != g.waiting[i] || g.lastToken[i] > g.scrapedAt[i] || g.scrapedInflight[i] < 0 {
+				g.scrapedInflight[i], g.unshownSent[i] = g.inflight[i], 0
+			}
 		}
+		g.scrapedAt[i] = g.w.nowNs()
 		if g.scrapeDue != nil {
 			g.scrapeDue[i] = now + o.ScrapeInterval
 			if g.running[i] >= 0 && g.waiting[i] >= 0 && g.running[i]+g.waiting[i] > g.scrapedInflight[i] {

@@ -129,8 +129,9 @@ import (
 // And only where this gateway sees every request on the candidates
 // (othersSeen): gateways that see each other's requests late would move
 // the same requests at once. Charged there too, on 64 replicas behind 8
-// isolated gateways (discrete-event table, hybrid mode), cost lost 209 of
-// 3,072 passes on cold and 162 on hot90.
+// isolated gateways (discrete-event table, hybrid mode, default seed),
+// cost lost 64 of 3,072 passes on cold, 16 on hot90 and 8 on warm, and
+// gained 39 on hot50.
 //
 // Everything in TTFT but own prefill and overhead is returned as
 // Decision.EstimatedQueue, which the caller passes back in
@@ -465,12 +466,14 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
 // 6 of 6 at --speed 3 (+11.6 ms); with the fewest outstanding first, in 6
 // of 10 (−0.1 ms) and 4 of 6 (+0.1 ms). The discrete-event engine, which
 // relays no tokens and times every step exactly, favoured the step first
-// a little: one seed-grid row more misses without it (24 of 240, seeds
-// 1..30), and in the 64-replica table (seeds 1–3) warm with KV events at
-// one gateway fell from 0.0 to −7.3 passes and isolated hot90 with KV
-// events from −196 to −235, while isolated hot50 and hot90 in history
-// mode gained (+731 to +770, +10 to +17). The step wait itself stays in
-// the estimate: without it 40 warm rows more miss in that grid.
+// a little (measured while its engines still counted requests no step
+// had seen as waiting; see chaos/sim's Stats): one seed-grid row more
+// misses without it (24 of 240, seeds 1..30), and in the 64-replica table
+// (seeds 1–3) warm with KV events at one gateway fell from 0.0 to −7.3
+// passes and isolated hot90 with KV events from −196 to −235, while
+// isolated hot50 and hot90 in history mode gained (+731 to +770, +10 to
+// +17). The step wait itself stays in the estimate: without it 40 warm
+// rows more miss in that grid.
 //
 // With several gateways the load view misses the requests peers sent in
 // the last Config.PeerLoadDelaySeconds, and peers decide from the same

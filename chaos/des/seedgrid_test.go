@@ -32,7 +32,7 @@ import (
 // baseline's, and how many seeds miss the row and on which rule. The
 // misses alone hide how far ahead cost is where it meets and how far
 // behind where it misses, and the spread over seeds shows which misses a
-// seed decides. Over seeds 1..30, 24 of 240 rows miss, 18 of them cold
+// seed decides. Over seeds 1..30, 23 of 240 rows miss, 17 of them cold
 // (with cost's near-ties ordered by outstanding count first: see
 // route.Cost.Pick), while cost's summed margin is positive in every row
 // but warm's, which tie; on cold the margin's spread over seeds (13–17

@@ -511,7 +511,7 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
 // the other senders' share of requests there too (unshownOthers): they
 // route on the same figures, so they send where this gateway sends. Over
 // seeds 1–3 this moved cost against the best baseline on isolated hot90
-// with KV events from −674 to −410 passes of 3,072, on isolated hot90 in
+// with KV events from −674 to −405 passes of 3,072, on isolated hot90 in
 // history mode from −27 to +10, and no isolated cell lost. Synced
 // gateways (peers report their load) decide as before, and so does one
 // gateway while its engines run only its requests: in that table the

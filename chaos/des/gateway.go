@@ -322,7 +322,7 @@ func (g *gateway) scrape() {
 		g.scrapedAt[i] = g.w.nowNs()
 		if g.scrapeDue != nil {
 			g.scrapeDue[i] = now + o.ScrapeInterval
-			if g.running[i] >= 0 && g.waiting[i] >= 0 && g.running[i]+g.waiting[i] > g.scrapedInflight[i] {
+			if g.running[i] >= 0 && g.waiting[i] >= 0 && g.running[i]+g.waiting[i] > g.inflight[i] {
 				g.othersSeen, g.othersSeenAt = true, now
 			}
 		}

@@ -288,9 +288,11 @@ func arrivalDelay(n int, compute, hold float64) float64 {
 //     The model learns that figure as the replica's running-set size, so
 //     it applies before the next scrape shows the replica full again.
 //
-// Waiting alone does not mean full: a request that arrived since the last
-// engine step, or one held back by another's prefill, waits too, and
-// taking Running as the capacity then (as a replica running 1 with 1
+// Waiting alone does not mean full: a request held back by another's
+// prefill (the step's token budget) waits too, and so, in an engine whose
+// gauge counts it, does one that arrived since the last step (vLLM's
+// does not: its gauges come from the scheduler's stats after each step).
+// Taking Running as the capacity then (as a replica running 1 with 1
 // waiting) would put a slot wait of whole streams on a replica that is
 // about to admit it.
 func (c *Cost) capacity(cand *Candidate, queued float64, sv *slotView) int {

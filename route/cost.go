@@ -525,19 +525,17 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		explain.ScoreUnit = "estimated_cost_seconds"
 	}
 	m := c.model
-	share, scraped := 0.0, false
+	var dup duplication
+	share := 0.0
 	if c.peerDelay > 0 {
 		share = peerShare(cands)
 		if share == 0 {
-			share, scraped = scrapeShare(cands), true
+			share = scrapeShare(cands)
+			dup.scrapeShare = share
 		}
 	}
 	// An explained decision is not routed: it does not count.
-	var dup duplication
 	c.duplication(req, cands, explain == nil, &dup)
-	if scraped {
-		dup.scrapeShare = share
-	}
 	if miss := m.cfg.targetMiss(); miss > 0 && !othersSeen(cands) {
 		dup.targetMiss = miss
 	}

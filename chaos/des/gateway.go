@@ -312,7 +312,7 @@ func (g *gateway) scrape() {
 		// An engine unchanged since the last scrape shows the same.
 		if g.scraped[i] != r.ver || g.running[i] == route.Unknown {
 			run, wait := g.running[i], g.waiting[i]
-			g.running[i], g.waiting[i], g.kvUsage[i] = r.eng.Load()
+			g.running[i], g.waiting[i], g.kvUsage[i] = r.shown.Running, r.shown.Waiting, r.shown.KVUsage
 			g.scraped[i] = r.ver
 			// News, as node's scrape: no peers' reports, see Candidate.
 			if run != g.running[i] || wait != g.waiting[i] || g.lastToken[i] > g.scrapedAt[i] || g.scrapedInflight[i] < 0 {

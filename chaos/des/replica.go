@@ -22,6 +22,10 @@ type replica struct {
 	// is stepped again when a request arrives.
 	busy bool
 	cur  sim.StepResult
+	// shown are the gauges a scrape reads: the engine's as of the last
+	// step that ended (sim.Server's rule, vLLM's: the running step's
+	// figures show when it ends); coming are the running step's.
+	shown, coming sim.Gauges
 
 	// ver counts changes of the engine's state; memo is its Stats at
 	// memoVer (Stats copies a map, so scrapes reuse it while unchanged).
@@ -54,7 +58,9 @@ func (r *replica) step(w *World) {
 	if len(res.Events) > 0 {
 		w.publish(r, res.Events)
 	}
+	r.coming = r.eng.Gauges()
 	if res.Idle() {
+		r.shown = r.coming
 		r.busy = false
 		return
 	}
@@ -67,6 +73,7 @@ func (r *replica) step(w *World) {
 func (r *replica) stepEnd(w *World) {
 	res := r.cur
 	r.cur = sim.StepResult{}
+	r.shown = r.coming
 	now := w.nowNs()
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
@@ -96,11 +103,12 @@ func (r *replica) stepEnd(w *World) {
 	r.step(w)
 }
 
-// stats returns the engine's gauges and counters, recomputed only when the
-// engine changed since the last call.
+// stats returns the engine's counters and shown gauges, recomputed only
+// when the engine changed since the last call.
 func (r *replica) stats() sim.Stats {
 	if !r.memoOK || r.memoVer != r.ver {
 		r.memo = r.eng.Stats()
+		r.memo.Running, r.memo.Waiting, r.memo.KVUsage = r.shown.Running, r.shown.Waiting, r.shown.KVUsage
 		r.memoVer, r.memoOK = r.ver, true
 	}
 	return r.memo

@@ -62,3 +62,41 @@ func TestSharedScrapes(t *testing.T) {
 		})
 	}
 }
+
+// TestScrapeShowsTheLastStepThatEnded: an engine's gauges show a step's
+// requests once the step has ended, as vLLM's and sim.Server's do, not
+// while it runs: a request in its first prefill step is not yet running
+// to a scrape (the gateway's or the study's).
+func TestScrapeShowsTheLastStepThatEnded(t *testing.T) {
+	o := DefaultOptions()
+	o.Replicas, o.Gateways = 1, 1
+	w, err := New(o)
+	require.NoError(t, err)
+	r := w.reps[0]
+	var step time.Duration
+	type seen struct{ shown, engine, gateway, study int }
+	var during, after seen
+	look := func(s *seen) func() {
+		return func() {
+			w.gws[0].scrape()
+			w.Observe(func(ob study.Observation) { s.study = ob.Running[0] })
+			s.shown, s.engine, s.gateway = w.EngineStats()[0].Running, r.eng.Gauges().Running, w.gws[0].running[0]
+		}
+	}
+	w.At(0, func() {
+		w.Send(study.Request{Prompt: strings.Repeat("a long prompt to prefill ", 400), MaxTokens: 8,
+			Target: study.Target{Gateway: 0, Strategy: "least-request"}}, func(study.Outcome) {})
+	})
+	w.At(time.Millisecond, func() {
+		step = r.cur.Duration
+		require.Greater(t, step, 10*time.Millisecond, "the first prefill step")
+		w.At(step/2, look(&during))
+		w.At(step+time.Millisecond, look(&after))
+		w.At(step+2*time.Millisecond, func() { w.Close() })
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_ = w.Run(ctx)
+	require.Equal(t, seen{shown: 0, engine: 1, gateway: 0, study: 0}, during, "during the first step")
+	require.Equal(t, seen{shown: 1, engine: 1, gateway: 1, study: 1}, after, "after it")
+}

@@ -298,9 +298,8 @@ func (w *World) answer(n int) string {
 func (w *World) Observe(done func(study.Observation)) {
 	o := study.Observation{At: w.now}
 	for _, r := range w.reps {
-		running, waiting, _ := r.eng.Load()
-		o.Running = append(o.Running, running)
-		o.Waiting = append(o.Waiting, waiting)
+		o.Running = append(o.Running, r.shown.Running)
+		o.Waiting = append(o.Waiting, r.shown.Waiting)
 	}
 	w.pending++
 	w.q.push(event{at: w.now, fn: func() { done(o) }, work: true})

@@ -173,3 +173,54 @@ func scrapeRegistry(t *testing.T, s *Server) string {
 	}
 	return string(sb)
 }
+
+// TestGaugesShowWhenTheStepEnds checks that a scrape during a step reads
+// the gauges of the step before, as vLLM's do (it takes them from the
+// scheduler when a step ends): a request in its first prefill step shows
+// as queued, not running, until that step's time has passed.
+func TestGaugesShowWhenTheStepEnds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newDriverOnly(t, nil)
+		prof := ProfileL20Qwen27BFP8
+		// 4,000 tokens take two prefill steps of the 2,048-token budget.
+		_, ch, err := s.submit("cmpl", testPrompt(1, 4000), 4)
+		require.NoError(t, err)
+		done := make(chan tokenTimes, 2)
+		go func() { done <- collect(ch) }()
+		synctest.Wait() // the driver computed the first step and sleeps through it
+		wall := func(d time.Duration) time.Duration { return d / 10 }
+		first := wall(prof.StepTime(2048, 0))
+
+		st := s.Stats()
+		require.Equal(t, [3]int{0, 0, 1}, [3]int{st.Running, st.Waiting, st.Queued},
+			"running, waiting, queued during the first step: no step has ended")
+		require.Zero(t, st.KVUsage)
+
+		time.Sleep(first - time.Millisecond)
+		synctest.Wait()
+		st = s.Stats()
+		require.Zero(t, st.Running, "a millisecond before the first step ends")
+		require.Equal(t, 1, st.Queued)
+
+		time.Sleep(2 * time.Millisecond)
+		synctest.Wait()
+		st = s.Stats()
+		require.Equal(t, [3]int{1, 0, 0}, [3]int{st.Running, st.Waiting, st.Queued},
+			"after the first step: running its second prefill chunk")
+		require.Positive(t, st.KVUsage)
+
+		// A request arriving now waits in the inbox for the next step.
+		_, ch2, err := s.submit("cmpl", testPrompt(2, 100), 2)
+		require.NoError(t, err)
+		go func() { done <- collect(ch2) }()
+		st = s.Stats()
+		require.Equal(t, [3]int{1, 0, 1}, [3]int{st.Running, st.Waiting, st.Queued})
+
+		<-done
+		<-done
+		synctest.Wait()
+		st = s.Stats()
+		require.Equal(t, [3]int{0, 0, 0}, [3]int{st.Running, st.Waiting, st.Queued}, "idle again")
+		require.Zero(t, st.KVUsage)
+	})
+}

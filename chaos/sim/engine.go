@@ -170,7 +170,9 @@ type Stats struct {
 	// after each step (Scheduler.make_stats), so a request that arrived
 	// since the last step is in neither until a step has seen it: waiting
 	// counts only the requests a schedule left waiting (no slot, no KV
-	// blocks, no token budget).
+	// blocks, no token budget). Engine.Stats gives them after the last
+	// Step, which computes a step whole; Server.Stats once that step's
+	// time has passed, as vLLM shows them while the next step runs.
 	Running, Waiting int
 	// Queued counts the requests held that no step has seen yet: added
 	// to the engine since its last step, and for a Server also submitted
@@ -416,7 +418,7 @@ func (e *Engine) ResetPrefixCache() (bool, []kvevents.Event) {
 	return ok, e.pool.takeEvents()
 }
 
-// Stats returns the current gauges and counters.
+// Stats returns the gauges and counters after the last step.
 func (e *Engine) Stats() Stats {
 	s := e.stats
 	s.Finished = make(map[FinishReason]uint64, len(e.stats.Finished))
@@ -429,10 +431,18 @@ func (e *Engine) Stats() Stats {
 	return s
 }
 
-// Load returns the gauges a load scrape reads (Stats' Running, Waiting and
-// KVUsage) without copying the counters.
-func (e *Engine) Load() (running, waiting int, kvUsage float64) {
-	return len(e.running), e.waitingGauge(), e.usage()
+// Gauges are the load gauges a scrape reads: Stats' Running, Waiting and
+// KVUsage.
+type Gauges struct {
+	Running, Waiting int
+	KVUsage          float64
+}
+
+// Gauges returns the engine's load gauges after its last step, without
+// copying the counters. A driver that models the step's duration shows
+// them once the step has ended (see Server.Stats).
+func (e *Engine) Gauges() Gauges {
+	return Gauges{Running: len(e.running), Waiting: e.waitingGauge(), KVUsage: e.usage()}
 }
 
 // waitingGauge is num_requests_waiting: the waiting requests a step has

@@ -491,8 +491,8 @@ func TestWaitingGaugeIsTheLastSchedules(t *testing.T) {
 	}
 	gauges := func() [3]int {
 		st := e.Stats()
-		running, waiting, _ := e.Load()
-		require.Equal(t, [2]int{st.Running, st.Waiting}, [2]int{running, waiting}, "Load reads Stats' gauges")
+		g := e.Gauges()
+		require.Equal(t, [2]int{st.Running, st.Waiting}, [2]int{g.Running, g.Waiting}, "Gauges reads Stats' gauges")
 		return [3]int{st.Running, st.Waiting, st.Queued}
 	}
 

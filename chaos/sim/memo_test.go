@@ -68,8 +68,7 @@ func TestLookupShortcutsChangeNothing(t *testing.T) {
 		require.Equal(t, b, a, "step %d", steps)
 		st := fast.Stats()
 		require.Equal(t, ref.Stats(), st, "step %d", steps)
-		running, waiting, usage := fast.Load()
-		require.Equal(t, [3]any{st.Running, st.Waiting, st.KVUsage}, [3]any{running, waiting, usage}, "Load at step %d", steps)
+		require.Equal(t, Gauges{Running: st.Running, Waiting: st.Waiting, KVUsage: st.KVUsage}, fast.Gauges(), "Gauges at step %d", steps)
 		steps++
 		if a.Idle() {
 			if next >= 200 {

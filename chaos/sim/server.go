@@ -54,11 +54,18 @@ type Server struct {
 	hf      *tokenizer.HF // tok when it is an hf:<dir> tokenizer, else nil
 	metrics *metrics
 
-	mu      sync.Mutex // guards eng, pending, inbox, lag, pub publishing order
+	mu      sync.Mutex // guards eng, pending, inbox, lag, shown, unshown, pub publishing order
 	eng     *Engine
 	pending map[RequestID]*pending
 	inbox   []arrival // in arrival order (model time never goes back)
 	lag     driverLag
+	// shown are the gauges as of the last step that ended: vLLM takes
+	// them from the scheduler when a step ends (Scheduler.make_stats),
+	// so while a step runs a scrape reads the one before. unshown counts
+	// the requests handed to the engine for the step running, which they
+	// do not show yet.
+	shown   Gauges
+	unshown int
 	nextID  uint64
 	pub     EventPublisher
 	zmq     *kvevents.Publisher // the publisher Start built, if any
@@ -372,9 +379,13 @@ func (s *Server) drive() {
 	clock := s.epoch // model time from which the engine is free
 	for {
 		s.mu.Lock()
-		s.admitLocked(clock)
+		s.unshown = s.admitLocked(clock)
 		res := s.eng.Step(clock)
 		s.publishLocked(res.Events)
+		next := s.eng.Gauges() // shown when the step ends
+		if res.Idle() {
+			s.shown, s.unshown = next, 0
+		}
 		if res.Idle() && len(s.inbox) > 0 {
 			// Idle until the next arrival: jump to it (admitLocked left
 			// only arrivals after clock).
@@ -413,7 +424,7 @@ func (s *Server) drive() {
 			default:
 			}
 		}
-		s.deliver(res, max(time.Since(due), 0))
+		s.deliver(res, next, max(time.Since(due), 0))
 	}
 }
 
@@ -424,9 +435,9 @@ func (s *Server) woke() {
 }
 
 // admitLocked hands the engine every submitted request that has arrived by
-// model time now.
-func (s *Server) admitLocked(now time.Time) {
-	n := 0
+// model time now and returns how many.
+func (s *Server) admitLocked(now time.Time) int {
+	n, added := 0, 0
 	for ; n < len(s.inbox) && !s.inbox[n].at.After(now); n++ {
 		a := s.inbox[n]
 		if err := s.eng.Add(a.req, a.at); err != nil {
@@ -436,16 +447,20 @@ func (s *Server) admitLocked(now time.Time) {
 				close(p.ch)
 				delete(s.pending, a.req.ID)
 			}
+			continue
 		}
+		added++
 	}
 	if n > 0 {
 		s.inbox = append(s.inbox[:0], s.inbox[n:]...)
 	}
+	return added
 }
 
-// deliver hands a finished step's outputs to the waiting handlers; lag is
-// how late (wall time) that is against the step's model end.
-func (s *Server) deliver(res StepResult, lag time.Duration) {
+// deliver shows a finished step's gauges and hands its outputs to the
+// waiting handlers; lag is how late (wall time) that is against the
+// step's model end.
+func (s *Server) deliver(res StepResult, gauges Gauges, lag time.Duration) {
 	s.metrics.driverLag.Observe(lag.Seconds())
 	for _, o := range res.Outputs {
 		if o.Index == 0 {
@@ -461,6 +476,7 @@ func (s *Server) deliver(res StepResult, lag time.Duration) {
 	end := res.End()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.shown, s.unshown = gauges, 0
 	s.lag.steps++
 	s.lag.last = lag
 	s.lag.sum += lag
@@ -580,13 +596,17 @@ func (s *Server) abort(id RequestID) {
 	}
 }
 
-// Stats returns the engine's current gauges and counters and the driver's
-// lag. Queued includes requests submitted but not yet handed to the engine.
+// Stats returns the engine's counters, its gauges as of the last step
+// that ended (as vLLM's: a running step's requests show once it ends) and
+// the driver's lag. Queued includes the requests the gauges do not show
+// yet: submitted and not yet handed to the engine, or handed to it for
+// the step running.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.eng.Stats()
-	st.Queued += len(s.inbox)
+	st.Running, st.Waiting, st.KVUsage = s.shown.Running, s.shown.Waiting, s.shown.KVUsage
+	st.Queued += len(s.inbox) + s.unshown
 	st.DriverSteps = s.lag.steps
 	st.DriverLag, st.DriverLagMax, st.DriverLagSum = s.lag.last, s.lag.max, s.lag.sum
 	return st

@@ -647,7 +647,7 @@ func (x *eppExchange) hold(rep *replica) {
 	}
 	x.served = rep
 	rep.inflight.Add(1)
-	rep.unshownSent.Add(1)
+	rep.sent(nowNanos())
 	rep.mInflight.Inc()
 	rep.queuedPrefill.Add(x.queued)
 }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvmesh/kvmesh/route"
 )
 
 // Engine metric names the load view scrapes.
@@ -223,12 +225,17 @@ func (n *Node) scrape(ctx context.Context, r *replica) {
 	// The engine's figures are as of its last step (vLLM's gauges come
 	// from the scheduler's stats after each step): they bring news when
 	// they changed or a token came since the last scrape (a step ended).
-	// Until then, requests sent count as unshown.
+	// Until then, requests sent count as unshown, and so do those the
+	// news may not show (route.UnshownAfter).
 	own, now := r.inflight.Load(), nowNanos()
 	if l.running != r.running.Load() || l.waiting != r.waiting.Load() ||
 		r.lastToken.Load() > r.scrapedAt.Load() || r.scrapedInFlight.Load() < 0 {
+		var unshown int64
+		if after, ok := route.UnshownAfter(r.lastToken.Load(), r.stepNanos.Load()); ok {
+			unshown = r.sentAfter(after, own)
+		}
 		r.scrapedInFlight.Store(own)
-		r.unshownSent.Store(0)
+		r.unshownSent.Store(unshown)
 	}
 	r.scrapedAt.Store(now)
 	r.running.Store(l.running)

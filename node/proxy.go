@@ -271,7 +271,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	confirmed := n.confirmedPrediction(dec, keys)
 
 	rep.inflight.Add(1)
-	rep.unshownSent.Add(1)
+	rep.sent(nowNanos())
 	rep.mInflight.Inc()
 	queued := int64(dec.Uncached)
 	rep.queuedPrefill.Add(queued)

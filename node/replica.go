@@ -77,12 +77,18 @@ type replica struct {
 	lastToken, stepNanos atomic.Int64
 	// inflight as it was when a successful scrape last brought news of
 	// the engine (-1 before the first): what the engine shows beyond it
-	// is other senders' load; unshownSent counts the requests sent since,
-	// which no scrape shows yet; scrapedAt is when the last successful
-	// scrape came (unix nanos). See route.Candidate.ScrapedInFlight.
+	// is other senders' load; unshownSent counts the requests in flight
+	// that a scrape may not show yet; scrapedAt is when the last
+	// successful scrape came (unix nanos). See
+	// route.Candidate.ScrapedInFlight, UnshownSent.
 	scrapedInFlight atomic.Int64
 	unshownSent     atomic.Int64
 	scrapedAt       atomic.Int64
+	// sendTimes holds when (unix nanos) the last len(sendTimes) requests
+	// were sent to the replica, the n-th at n modulo the length, n
+	// counted by sends (see sent, sentAfter).
+	sendTimes [32]atomic.Int64
+	sends     atomic.Uint64
 
 	// Engine-scraped load; -1 until the first successful scrape.
 	running  atomic.Int64
@@ -277,6 +283,26 @@ func (r *replica) load() (running, waiting int, kv float64) {
 		kv = -1
 	}
 	return int(r.running.Load()), int(r.waiting.Load()), kv
+}
+
+// sent notes a request sent to the replica at now (unix nanos): no scrape
+// shows it yet.
+func (r *replica) sent(now int64) {
+	r.unshownSent.Add(1)
+	n := r.sends.Add(1) - 1
+	r.sendTimes[n%uint64(len(r.sendTimes))].Store(now)
+}
+
+// sentAfter counts the requests sent to the replica after t (unix nanos),
+// at most own (the requests in flight) and at most the send times kept.
+func (r *replica) sentAfter(t, own int64) int64 {
+	var n int64
+	for i := range r.sendTimes {
+		if r.sendTimes[i].Load() > t {
+			n++
+		}
+	}
+	return min(n, max(own, 0))
 }
 
 // sawToken notes a token relayed from the replica at now (unix nanos)

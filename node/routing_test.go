@@ -190,4 +190,27 @@ func TestScrapeNewsResetsUnshownSends(t *testing.T) {
 	assert.Equal(t, 1, view().UnshownSent)
 	n.scrape(t.Context(), r)
 	assert.Zero(t, view().UnshownSent, "a token since the last scrape: a step ended")
+
+	// A step of 100 ms ended now. Requests sent before it began show in
+	// the news; those sent since may not (route.UnshownAfter).
+	ms := int64(time.Millisecond)
+	for i := range r.sendTimes {
+		r.sendTimes[i].Store(0) // forget the sends above, all within the last few ms
+	}
+	now := nowNanos()
+	r.inflight.Add(3) // three requests in flight, sent at these times:
+	t.Cleanup(func() { r.inflight.Add(-3) })
+	r.sent(now - 300*ms)
+	r.sent(now - 50*ms)
+	r.sent(now - 10*ms)
+	r.sawToken(now, now-100*ms)
+	n.scrape(t.Context(), r)
+	c = view()
+	assert.Equal(t, 2, c.UnshownSent, "sent during the step that ended with the last token")
+	assert.Equal(t, 3, c.ScrapedInFlight, "all three count as this gateway's")
+	r.inflight.Add(-2)
+	r.sawToken(nowNanos(), now-100*ms)
+	n.scrape(t.Context(), r)
+	assert.Equal(t, 1, view().UnshownSent, "no more than are in flight")
+	r.inflight.Add(2)
 }

@@ -508,17 +508,25 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
 // discrete-event hot90 phase with KV events (64 replicas, 8 isolated
 // gateways) a replica that showed 1 request running took 15 during two
 // 0.66 s prefill steps, and 8 of them waited a whole stream for a slot.
-// So for each request this gateway sent to a replica since the scrape
-// last brought news of it (Candidate.UnshownSent), the estimate counts
+// So for each request of this gateway's in flight to a replica that a
+// scrape may not show yet (Candidate.UnshownSent), the estimate counts
 // the other senders' share of requests there too (unshownOthers): they
-// route on the same figures, so they send where this gateway sends. Over
-// seeds 1–3 this moved cost against the best baseline on isolated hot90
-// with KV events from −674 to −405 passes of 3,072, on isolated hot90 in
-// history mode from −27 to +10, and no isolated cell lost. Synced
-// gateways (peers report their load) decide as before, and so does one
-// gateway while its engines run only its requests: in that table the
-// synced cells did not move, and of the one-gateway cells one moved, by
-// 4 passes in one seed.
+// route on the same figures, so they send where this gateway sends.
+// Synced gateways (peers report their load) decide as before, and so does
+// one gateway while its engines run only its requests. Against the best
+// baseline, passes of 3,072:
+//
+//   - counting the requests sent since the scrape last brought news
+//     (seeds 1–3, with the DES still showing a step's gauges from its
+//     start): isolated hot90 with KV events −674 → −405, hot90 in history
+//     mode −27 → +10, no isolated cell lost; the synced cells did not
+//     move, and of the one-gateway cells one did, by 4 passes in one seed;
+//   - counting at the news, too, those sent since the step that ended
+//     with this gateway's last token from the replica began
+//     (UnshownAfter; seeds 1–6, the DES showing a step's gauges from its
+//     end as vLLM does): hot90 with KV events −938 → −425, hot50 with KV
+//     events +988 → +1,259, hot90 in history mode −7 → +43; cold with KV
+//     events lost 140 (+520 → +380), the other cells moved by 16 or less.
 func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explanation) Decision {
 	if explain != nil {
 		explain.begin(NameCost, req, cands)
@@ -700,12 +708,12 @@ func (c *Cost) explainEstimate(req *Request, cand *Candidate, extra placement, d
 	}
 }
 
-// unshownOthers is how many requests other senders sent to cand since
-// its scrape last brought news, where they show only in the scrapes
-// (d.scrapeShare > 0): their share of the traffic for each request this
-// gateway sent there meanwhile (Candidate.UnshownSent), rounded. They
-// route on the same scrapes as this gateway, so they send where it sends
-// (see Pick). 0 for a nil d.
+// unshownOthers is how many requests other senders sent to cand that no
+// scrape shows yet, where they show only in the scrapes (d.scrapeShare >
+// 0): their share of the traffic for each request of this gateway's there
+// that a scrape may not show (Candidate.UnshownSent), rounded. They route
+// on the same scrapes as this gateway, so they send where it sends (see
+// Pick). 0 for a nil d.
 func (d *duplication) unshownOthers(cand *Candidate) int {
 	if d == nil || !(d.scrapeShare > 0) || !cand.ScrapedInFlightKnown || cand.UnshownSent <= 0 {
 		return 0

@@ -39,12 +39,17 @@ type gateway struct {
 	// and the step period then (route.Candidate.LastTokenAt, StepNanos).
 	lastToken, stepNanos []int64
 	// This gateway's in-flight count to each replica when a scrape last
-	// brought news of the engine, the requests sent there since, and
-	// when the last scrape came (route.Candidate.ScrapedInFlight,
-	// UnshownSent; node's scrape).
+	// brought news of the engine, the requests in flight there a scrape
+	// may not show, and when the last scrape came
+	// (route.Candidate.ScrapedInFlight, UnshownSent; node's scrape).
 	scrapedInflight []int
 	unshownSent     []int
 	scrapedAt       []int64
+	// sendTimes holds when the last len(sendTimes[i]) requests were sent
+	// to replica i, the n-th at n modulo the length, n counted in
+	// sends[i] (node's replica.sent).
+	sendTimes [][32]int64
+	sends     []int
 	// scrapeDue is when each engine is due a scrape at ScrapeInterval,
 	// with shared scrapes (Options.sharedScrapes; nil without: every
 	// scrape reads all); othersSeenAt is when a scrape last showed an
@@ -107,6 +112,7 @@ func newGateway(w *World, id int) (*gateway, error) {
 		lastToken: make([]int64, o.Replicas), stepNanos: make([]int64, o.Replicas),
 		scrapedInflight: make([]int, o.Replicas),
 		unshownSent:     make([]int, o.Replicas), scrapedAt: make([]int64, o.Replicas),
+		sendTimes: make([][32]int64, o.Replicas), sends: make([]int, o.Replicas),
 	}
 	if o.events() {
 		g.mode, _ = index.ParseMode(o.Mode)
@@ -173,7 +179,7 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	f.obs = out.Observation
 	// proxy: count the request in flight, send it, record on success.
 	g.addInflight(rep, 1)
-	g.unshownSent[rep]++
+	g.sent(rep)
 	g.queued[rep] += f.uncached
 	g.shareQueued(rep)
 	f.queued = true
@@ -206,6 +212,26 @@ func (g *gateway) Candidate(i int, c *route.Candidate) {
 	c.ScrapedInFlight = g.scrapedInflight[i]
 	c.ScrapedInFlightKnown = !w.shareLoad && c.ScrapedInFlight >= 0
 	c.UnshownSent = g.unshownSent[i]
+}
+
+// sent notes a request sent to replica rep now: no scrape shows it yet.
+func (g *gateway) sent(rep int) {
+	g.unshownSent[rep]++
+	t := &g.sendTimes[rep]
+	t[g.sends[rep]%len(t)] = g.w.nowNs()
+	g.sends[rep]++
+}
+
+// sentAfter counts the requests sent to replica rep after t (Unix ns), at
+// most the requests in flight there and the send times kept.
+func (g *gateway) sentAfter(rep int, t int64) int {
+	n := 0
+	for _, at := range g.sendTimes[rep] {
+		if at > t {
+			n++
+		}
+	}
+	return min(n, g.inflight[rep])
 }
 
 // sawToken notes a token streamed from replica rep at now (Unix ns); a
@@ -316,7 +342,11 @@ func (g *gateway) scrape() {
 			g.scraped[i] = r.ver
 			// News, as node's scrape: no peers' reports, see Candidate.
 			if run != g.running[i] || wait != g.waiting[i] || g.lastToken[i] > g.scrapedAt[i] || g.scrapedInflight[i] < 0 {
-				g.scrapedInflight[i], g.unshownSent[i] = g.inflight[i], 0
+				unshown := 0
+				if after, ok := route.UnshownAfter(g.lastToken[i], g.stepNanos[i]); ok {
+					unshown = g.sentAfter(i, after)
+				}
+				g.scrapedInflight[i], g.unshownSent[i] = g.inflight[i], unshown
 			}
 		}
 		g.scrapedAt[i] = g.w.nowNs()

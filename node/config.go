@@ -184,12 +184,12 @@ type Config struct {
 	//
 	// Discrete-event study, 64 replicas behind 8 gateways outside a
 	// cluster, default seed: with every replica scraped at 500 / 200 /
-	// 100 / 50 ms, cost passed 1,280 / 1,619 / 1,943 / 2,121 of 3,072 on
-	// hot50 in history mode (prefix-cache 1,185) and 2,514 / 2,535 /
-	// 2,520 / 2,688 on hot90 with KV events (least-request, which reads
-	// no scrape, 2,979): there the engines' gauges, updated after each
-	// step, lag by a prefill step more than by the scrape. Gateways in a
-	// cluster, which share their load every 25 ms, moved within ±20 in
+	// 100 / 50 ms, cost passed 1,045 / 1,467 / 1,503 / 1,624 of 3,072 on
+	// hot50 in history mode (prefix-cache 1,185) and 2,615 / 2,545 /
+	// 2,566 / 2,489 on hot90 with KV events (least-request, which reads
+	// no scrape, 2,979): there the engines' gauges, updated when a step
+	// ends, lag by a prefill step more than by the scrape. Gateways in a
+	// cluster, which share their load every 25 ms, moved within ±16 in
 	// every cell between 500 and 50 ms.
 	//
 	// Default 100ms: each such gateway scrapes every replica ten times a

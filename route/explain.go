@@ -118,9 +118,9 @@ type ExplainedReplica struct {
 	// the same figure its peers last reported (cost's queue input).
 	QueuedPrefill     int `json:"queued_prefill_tokens"`
 	PeerQueuedPrefill int `json:"peer_queued_prefill_tokens"`
-	// UnshownSent is Candidate.UnshownSent: the requests this gateway
-	// sent to the replica that no scrape shows yet (without peers'
-	// reports; cost adds the other senders' share of them).
+	// UnshownSent is Candidate.UnshownSent: this gateway's requests in
+	// flight to the replica that a scrape may not show yet (without
+	// peers' reports; cost adds the other senders' share of them).
 	UnshownSent int `json:"unshown_sent,omitempty"`
 	// StepEndsIn is how long, in seconds from the decision, the engine
 	// step in progress runs on as the tokens this gateway's streams

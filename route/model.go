@@ -89,11 +89,15 @@ type CostConfig struct {
 // DefaultTargetMissCharge is CostConfig.TargetMissCharge's default: an
 // eighth of the target (0.25 s at 2 s). Measured on the discrete-event
 // seed grid, seeds 1..30, one gateway, target 2 s: of 240 beat-it rows 27
-// miss without a target (9 of them hot rows); a charge of 0.05 of the
-// target leaves 25 (7), 1/8 and 1/4 leave 21 (3), 1/2 leaves 31 (9) and 1
-// leaves 45 (21). A charge much above the delays cost already weighs
-// sends every predicted miss to a recompute elsewhere, and the recomputes
-// delay the requests behind them.
+// missed without a target (9 of them hot rows); a charge of 0.05 of the
+// target left 25 (7), 1/8 and 1/4 left 21 (3), 1/2 left 31 (9) and 1 left
+// 45 (21). Measured again with the engines' gauges shown from a step's
+// end, as vLLM's (chaos/sim), the grid no longer tells the small charges
+// apart: 25 rows miss (5 hot) without a target and with 0.05 or 1/8, 25
+// (6) with 1/4, 31 (10) with 1/2 and 48 (21) with 1. A charge much above
+// the delays cost already weighs sends every predicted miss to a
+// recompute elsewhere, and the recomputes delay the requests behind
+// them.
 const DefaultTargetMissCharge = 0.125
 
 // targetMiss resolves the charge for a predicted miss of the TTFT target,

@@ -100,3 +100,52 @@ func TestScrapeShowsTheLastStepThatEnded(t *testing.T) {
 	require.Equal(t, seen{shown: 0, engine: 1, gateway: 0, study: 0}, during, "during the first step")
 	require.Equal(t, seen{shown: 1, engine: 1, gateway: 1, study: 1}, after, "after it")
 }
+
+// TestNewsKeepsSendsTheStepMayNotShow mirrors node's
+// TestScrapeNewsResetsUnshownSends: a scrape that brings news keeps
+// counting as unshown the requests in flight that were sent after the
+// step that ended with the last token began (route.UnshownAfter), and
+// none before any token.
+func TestNewsKeepsSendsTheStepMayNotShow(t *testing.T) {
+	o := DefaultOptions()
+	o.Replicas, o.Gateways, o.NoSync = 1, 1, true
+	w, err := New(o)
+	require.NoError(t, err)
+	g := w.gws[0]
+	ms := int64(time.Millisecond)
+	scrape := func() int { // a due scrape of a changed engine
+		if g.scrapeDue != nil {
+			g.scrapeDue[0] = 0
+		}
+		g.scraped[0]--
+		g.scrape()
+		return g.unshownSent[0]
+	}
+	var got [4]int
+	w.At(time.Second, func() {
+		now := w.nowNs()
+		g.inflight[0] = 3 // three requests in flight, sent 300, 50 and 10 ms ago
+		for _, ago := range []int64{300, 50, 10} {
+			w.now -= time.Duration(ago * ms)
+			g.sent(0)
+			w.now += time.Duration(ago * ms)
+		}
+		got[0] = scrape() // the same figures, no token: no news
+		g.scrapedInflight[0] = -1
+		got[1] = scrape() // news (as a first scrape), no token yet: none kept
+		// A step of 100 ms ended, its token 1 ms after the last scrape
+		// (the scrapes here all come at one virtual instant).
+		g.sawToken(0, now+ms, 100*ms, false)
+		got[2] = scrape()
+		g.inflight[0] = 1
+		g.sawToken(0, now+2*ms, 100*ms, false)
+		got[3] = scrape()
+		g.inflight[0] = 0
+		w.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_ = w.Run(ctx)
+	require.Equal(t, [4]int{3, 0, 2, 1}, got,
+		"no news; news before any token; sent during the step that ended with the last token; no more than in flight")
+}

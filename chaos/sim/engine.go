@@ -176,8 +176,9 @@ type Stats struct {
 	Running, Waiting int
 	// Queued counts the requests held that no step has seen yet: added
 	// to the engine since its last step, and for a Server also submitted
-	// and not yet handed to it. They wait all the same, but vLLM's gauges
-	// do not show them yet.
+	// and not yet handed to it, or handed to it for the step still
+	// running. They wait all the same, but vLLM's gauges do not show them
+	// yet.
 	Queued int
 	// KVUsage is the fraction of blocks referenced by a request (of a
 	// hybrid engine: in its fuller group).

@@ -270,8 +270,9 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	// that the request's own KV events cannot be part of it.
 	confirmed := n.confirmedPrediction(dec, keys)
 
+	start := time.Now()
 	rep.inflight.Add(1)
-	rep.sent(nowNanos())
+	rep.sent(start.UnixNano())
 	rep.mInflight.Inc()
 	queued := int64(dec.Uncached)
 	rep.queuedPrefill.Add(queued)
@@ -287,7 +288,6 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		rep.mInflight.Dec()
 	}()
 
-	start := time.Now()
 	if !req.arrived.IsZero() {
 		n.m.addedLatency.Observe(start.Sub(req.arrived).Seconds())
 	}

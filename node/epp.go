@@ -350,6 +350,7 @@ type eppExchange struct {
 	confirmed int        // the self-check's prediction (confirmedPrediction)
 	picks     []*replica // primary first, then fallbacks
 	served    *replica   // the one holding the in-flight count
+	sentAt    int64      // when it was sent to served (unix nanos; replica.sent)
 	keys      []index.BlockKey
 	queued    int64
 	start     time.Time
@@ -642,12 +643,13 @@ func (x *eppExchange) hold(rep *replica) {
 	}
 	if x.served != nil {
 		x.served.inflight.Add(-1)
+		x.served.ended(x.sentAt)
 		x.served.mInflight.Dec()
 		x.served.queuedPrefill.Add(-x.queued)
 	}
-	x.served = rep
+	x.served, x.sentAt = rep, nowNanos()
 	rep.inflight.Add(1)
-	rep.sent(nowNanos())
+	rep.sent(x.sentAt)
 	rep.mInflight.Inc()
 	rep.queuedPrefill.Add(x.queued)
 }
@@ -778,6 +780,7 @@ func (x *eppExchange) finish() {
 	if x.served != nil {
 		x.releaseQueued()
 		x.served.inflight.Add(-1)
+		x.served.ended(x.sentAt)
 		x.served.mInflight.Dec()
 	}
 	if x.limited {

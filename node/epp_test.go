@@ -124,7 +124,7 @@ func TestEPPStreamsThroughThePickAndLearnsThePrefix(t *testing.T) {
 	// Every stream's accounting was released.
 	require.Eventually(t, func() bool {
 		for _, r := range n.tbl.Load().replicas {
-			if r.inflight.Load() != 0 || r.queuedPrefill.Load() != 0 {
+			if r.inflight.Load() != 0 || r.queuedPrefill.Load() != 0 || r.sends.Len() != 0 {
 				return false
 			}
 		}
@@ -237,12 +237,12 @@ func TestEPPFallbackServedIsConfirmed(t *testing.T) {
 	assert.Equal(t, float64(d.Served(1)), counterValue(t, n, "kvmesh_epp_served_total", map[string]string{"by": "fallback"}))
 	require.Eventually(t, func() bool {
 		for _, r := range n.tbl.Load().replicas {
-			if r.inflight.Load() != 0 {
+			if r.inflight.Load() != 0 || r.sends.Len() != 0 {
 				return false
 			}
 		}
 		return true
-	}, 5*time.Second, time.Millisecond, "in-flight counts moved to the served replica and released")
+	}, 5*time.Second, time.Millisecond, "in-flight counts and sends moved to the served replica and released")
 }
 
 func TestEPPHealthServices(t *testing.T) {

@@ -232,7 +232,7 @@ func (n *Node) scrape(ctx context.Context, r *replica) {
 		r.lastToken.Load() > r.scrapedAt.Load() || r.scrapedInFlight.Load() < 0 {
 		var unshown int64
 		if after, ok := route.UnshownAfter(r.lastToken.Load(), r.stepNanos.Load()); ok {
-			unshown = r.sentAfter(after, own)
+			unshown = int64(r.sends.After(after))
 		}
 		r.scrapedInFlight.Store(own)
 		r.unshownSent.Store(unshown)

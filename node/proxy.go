@@ -271,8 +271,9 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	confirmed := n.confirmedPrediction(dec, keys)
 
 	start := time.Now()
+	sentAt := start.UnixNano()
 	rep.inflight.Add(1)
-	rep.sent(start.UnixNano())
+	rep.sent(sentAt)
 	rep.mInflight.Inc()
 	queued := int64(dec.Uncached)
 	rep.queuedPrefill.Add(queued)
@@ -285,6 +286,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	defer func() {
 		releaseQueued()
 		rep.inflight.Add(-1)
+		rep.ended(sentAt)
 		rep.mInflight.Dec()
 	}()
 

@@ -84,11 +84,9 @@ type replica struct {
 	scrapedInFlight atomic.Int64
 	unshownSent     atomic.Int64
 	scrapedAt       atomic.Int64
-	// sendTimes holds when (unix nanos) the last len(sendTimes) requests
-	// were sent to the replica, the n-th at n modulo the length, n
-	// counted by sends (see sent, sentAfter).
-	sendTimes [32]atomic.Int64
-	sends     atomic.Uint64
+	// sends holds when (unix nanos) this gateway sent its requests in
+	// flight there (route.Candidate.Sends; see sent, ended).
+	sends route.SendLog
 
 	// Engine-scraped load; -1 until the first successful scrape.
 	running  atomic.Int64
@@ -286,24 +284,15 @@ func (r *replica) load() (running, waiting int, kv float64) {
 }
 
 // sent notes a request sent to the replica at now (unix nanos): no scrape
-// shows it yet.
+// shows it yet. Its stream's end calls ended(now).
 func (r *replica) sent(now int64) {
 	r.unshownSent.Add(1)
-	n := r.sends.Add(1) - 1
-	r.sendTimes[n%uint64(len(r.sendTimes))].Store(now)
+	r.sends.Add(now)
 }
 
-// sentAfter counts the requests sent to the replica after t (unix nanos),
-// at most own (the requests in flight) and at most the send times kept.
-func (r *replica) sentAfter(t, own int64) int64 {
-	var n int64
-	for i := range r.sendTimes {
-		if r.sendTimes[i].Load() > t {
-			n++
-		}
-	}
-	return min(n, max(own, 0))
-}
+// ended notes the end of the stream of the request sent at sentAt: it
+// holds no slot there any more.
+func (r *replica) ended(sentAt int64) { r.sends.Remove(sentAt) }
 
 // sawToken notes a token relayed from the replica at now (unix nanos)
 // whose stream's previous token came at prev (0 for its first). Engines

@@ -75,6 +75,7 @@ func (s *scratch) Candidate(i int, c *route.Candidate) {
 	c.ScrapedInFlight = int(r.scrapedInFlight.Load())
 	c.ScrapedInFlightKnown = s.peers == nil && c.ScrapedInFlight >= 0
 	c.UnshownSent = int(r.unshownSent.Load())
+	c.Sends = &r.sends
 }
 
 // PublishesKVEvents reports whether reps[i] publishes KV events.

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -194,23 +196,78 @@ func TestScrapeNewsResetsUnshownSends(t *testing.T) {
 	// A step of 100 ms ended now. Requests sent before it began show in
 	// the news; those sent since may not (route.UnshownAfter).
 	ms := int64(time.Millisecond)
-	for i := range r.sendTimes {
-		r.sendTimes[i].Store(0) // forget the sends above, all within the last few ms
-	}
+	require.Zero(t, r.sends.Len(), "the requests above ended")
 	now := nowNanos()
-	r.inflight.Add(3) // three requests in flight, sent at these times:
-	t.Cleanup(func() { r.inflight.Add(-3) })
-	r.sent(now - 300*ms)
-	r.sent(now - 50*ms)
-	r.sent(now - 10*ms)
+	sent := []int64{now - 300*ms, now - 50*ms, now - 10*ms}
+	for _, at := range sent { // three requests in flight, sent at these times
+		r.inflight.Add(1)
+		r.sent(at)
+	}
 	r.sawToken(now, now-100*ms)
 	n.scrape(t.Context(), r)
 	c = view()
 	assert.Equal(t, 2, c.UnshownSent, "sent during the step that ended with the last token")
 	assert.Equal(t, 3, c.ScrapedInFlight, "all three count as this gateway's")
-	r.inflight.Add(-2)
+	for _, at := range sent[1:] {
+		r.inflight.Add(-1)
+		r.ended(at)
+	}
 	r.sawToken(nowNanos(), now-100*ms)
 	n.scrape(t.Context(), r)
-	assert.Equal(t, 1, view().UnshownSent, "no more than are in flight")
-	r.inflight.Add(2)
+	assert.Equal(t, 0, view().UnshownSent, "only those still in flight")
+	r.inflight.Add(-1)
+	r.ended(sent[0])
+}
+
+// TestProxyLogsSendsInFlight: the candidate carries when this gateway
+// sent the requests it has in flight to the replica (route.Candidate.
+// Sends, which cost reads for a full running set's slot wait): each
+// proxied request from its send until its stream ends, whether the
+// stream completes or the client goes away.
+func TestProxyLogsSendsInFlight(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.firstDelay.Store(int64(time.Hour)) // streams stay open until cancelled
+	n := startNode(t, nil, rc("a", e.url()))
+	r := n.tbl.Load().byName["a"]
+	sends := func() *route.SendLog {
+		var c route.Candidate
+		(&scratch{reps: []*replica{r}}).Candidate(0, &c)
+		return c.Sends
+	}
+	before := nowNanos()
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", strings.NewReader(streamReq))
+			if !assert.NoError(t, err) {
+				return
+			}
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	<-e.started
+	<-e.started
+	l := sends()
+	require.NotNil(t, l)
+	require.Equal(t, 2, l.Len(), "both requests in flight")
+	for j := 1; j <= 2; j++ {
+		at, ok := l.Recent(j)
+		require.True(t, ok)
+		require.GreaterOrEqual(t, at, before)
+		require.LessOrEqual(t, at, nowNanos())
+	}
+	cancel()
+	wg.Wait()
+	require.Eventually(t, func() bool { return l.Len() == 0 && r.inflight.Load() == 0 }, 10*time.Second, time.Millisecond,
+		"the streams ended: nothing in flight")
+
+	e.firstDelay.Store(0)
+	resp := post(t, n, "/v1/completions", streamReq, nil)
+	readAll(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Eventually(t, func() bool { return l.Len() == 0 }, 10*time.Second, time.Millisecond, "a completed stream leaves too")
 }

@@ -80,6 +80,12 @@ type Candidate struct {
 	// scrapes. ScrapedInFlight counts the latter sends as shown, so that a
 	// gateway alone never takes its own requests for another sender's.
 	UnshownSent int
+	// Sends holds when this gateway sent the requests of LocalInFlight
+	// (nil: not known). Cost reads from it how soon a full running set
+	// frees a slot: not before this gateway's recent requests there can
+	// have produced their output (see Cost). The view owns it; a strategy
+	// only reads it, during Pick.
+	Sends *SendLog
 }
 
 // UnshownAfter returns the time (Unix ns) after which a gateway's sends

@@ -45,11 +45,9 @@ type gateway struct {
 	scrapedInflight []int
 	unshownSent     []int
 	scrapedAt       []int64
-	// sendTimes holds when the last len(sendTimes[i]) requests were sent
-	// to replica i, the n-th at n modulo the length, n counted in
-	// sends[i] (node's replica.sent).
-	sendTimes [][32]int64
-	sends     []int
+	// sends[i] holds when this gateway sent its requests in flight to
+	// replica i (route.Candidate.Sends; node's replica.sends).
+	sends []route.SendLog
 	// scrapeDue is when each engine is due a scrape at ScrapeInterval,
 	// with shared scrapes (Options.sharedScrapes; nil without: every
 	// scrape reads all); othersSeenAt is when a scrape last showed an
@@ -112,7 +110,7 @@ func newGateway(w *World, id int) (*gateway, error) {
 		lastToken: make([]int64, o.Replicas), stepNanos: make([]int64, o.Replicas),
 		scrapedInflight: make([]int, o.Replicas),
 		unshownSent:     make([]int, o.Replicas), scrapedAt: make([]int64, o.Replicas),
-		sendTimes: make([][32]int64, o.Replicas), sends: make([]int, o.Replicas),
+		sends: make([]route.SendLog, o.Replicas),
 	}
 	if o.events() {
 		g.mode, _ = index.ParseMode(o.Mode)
@@ -179,7 +177,8 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	f.obs = out.Observation
 	// proxy: count the request in flight, send it, record on success.
 	g.addInflight(rep, 1)
-	g.sent(rep)
+	f.sentAt = now
+	g.sent(rep, now)
 	g.queued[rep] += f.uncached
 	g.shareQueued(rep)
 	f.queued = true
@@ -212,26 +211,14 @@ func (g *gateway) Candidate(i int, c *route.Candidate) {
 	c.ScrapedInFlight = g.scrapedInflight[i]
 	c.ScrapedInFlightKnown = !w.shareLoad && c.ScrapedInFlight >= 0
 	c.UnshownSent = g.unshownSent[i]
+	c.Sends = &g.sends[i]
 }
 
-// sent notes a request sent to replica rep now: no scrape shows it yet.
-func (g *gateway) sent(rep int) {
+// sent notes a request sent to replica rep at now (Unix ns): no scrape
+// shows it yet.
+func (g *gateway) sent(rep int, now int64) {
 	g.unshownSent[rep]++
-	t := &g.sendTimes[rep]
-	t[g.sends[rep]%len(t)] = g.w.nowNs()
-	g.sends[rep]++
-}
-
-// sentAfter counts the requests sent to replica rep after t (Unix ns), at
-// most the requests in flight there and the send times kept.
-func (g *gateway) sentAfter(rep int, t int64) int {
-	n := 0
-	for _, at := range g.sendTimes[rep] {
-		if at > t {
-			n++
-		}
-	}
-	return min(n, g.inflight[rep])
+	g.sends[rep].Add(now)
 }
 
 // sawToken notes a token streamed from replica rep at now (Unix ns); a
@@ -289,6 +276,7 @@ func (g *gateway) release(f *flight, ok bool, fin *sim.Finished) {
 		return
 	}
 	g.addInflight(f.rep, -1)
+	g.sends[f.rep].Remove(f.sentAt)
 	g.releaseQueued(f)
 	if !ok || !f.hasFirst {
 		return
@@ -344,7 +332,7 @@ func (g *gateway) scrape() {
 			if run != g.running[i] || wait != g.waiting[i] || g.lastToken[i] > g.scrapedAt[i] || g.scrapedInflight[i] < 0 {
 				unshown := 0
 				if after, ok := route.UnshownAfter(g.lastToken[i], g.stepNanos[i]); ok {
-					unshown = g.sentAfter(i, after)
+					unshown = g.sends[i].After(after)
 				}
 				g.scrapedInflight[i], g.unshownSent[i] = g.inflight[i], unshown
 			}

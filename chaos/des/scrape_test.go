@@ -126,9 +126,7 @@ func TestNewsKeepsSendsTheStepMayNotShow(t *testing.T) {
 		now := w.nowNs()
 		g.inflight[0] = 3 // three requests in flight, sent 300, 50 and 10 ms ago
 		for _, ago := range []int64{300, 50, 10} {
-			w.now -= time.Duration(ago * ms)
-			g.sent(0)
-			w.now += time.Duration(ago * ms)
+			g.sent(0, now-ago*ms)
 		}
 		got[0] = scrape() // the same figures, no token: no news
 		g.scrapedInflight[0] = -1
@@ -137,15 +135,18 @@ func TestNewsKeepsSendsTheStepMayNotShow(t *testing.T) {
 		// (the scrapes here all come at one virtual instant).
 		g.sawToken(0, now+ms, 100*ms, false)
 		got[2] = scrape()
-		g.inflight[0] = 1
+		g.inflight[0] = 1 // the oldest and the newest ended
+		g.sends[0].Remove(now - 300*ms)
+		g.sends[0].Remove(now - 10*ms)
 		g.sawToken(0, now+2*ms, 100*ms, false)
 		got[3] = scrape()
 		g.inflight[0] = 0
+		g.sends[0].Remove(now - 50*ms)
 		w.Close()
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_ = w.Run(ctx)
 	require.Equal(t, [4]int{3, 0, 2, 1}, got,
-		"no news; news before any token; sent during the step that ended with the last token; no more than in flight")
+		"no news; news before any token; sent during the step that ended with the last token; only those still in flight")
 }

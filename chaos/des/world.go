@@ -191,6 +191,7 @@ type flight struct {
 	done      func(study.Outcome)
 	// Gateway bookkeeping (gw nil for a direct request).
 	gw       *gateway
+	sentAt   int64 // when gw sent it (Unix ns)
 	uncached int
 	queued   bool // uncached is counted in gw's queued prefill
 	// obs is the routing core's observation, completed when the stream

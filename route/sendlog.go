@@ -1,0 +1,74 @@
+package route
+
+import (
+	"slices"
+	"sync"
+)
+
+// SendLog holds when a gateway sent the requests it has in flight to one
+// replica: the load view adds a request as it is sent and removes it when
+// its stream ends. The cost model reads from it how soon a full running
+// set frees a slot (Candidate.Sends), and the load view how many requests
+// a scrape may not show yet (After, UnshownAfter). It is safe for
+// concurrent use; the zero value is empty.
+type SendLog struct {
+	mu sync.Mutex
+	at []int64 // Unix ns, oldest first
+}
+
+// Add notes a request sent at t (Unix ns).
+func (l *SendLog) Add(t int64) {
+	l.mu.Lock()
+	l.at = append(l.at, t)
+	// Concurrent senders may add out of order, by little: move t back
+	// to its place.
+	for i := len(l.at) - 1; i > 0 && l.at[i-1] > t; i-- {
+		l.at[i-1], l.at[i] = t, l.at[i-1]
+	}
+	l.mu.Unlock()
+}
+
+// Remove forgets one request sent at t, the time Add was given, when its
+// stream ends; it does nothing when no request was sent at t.
+func (l *SendLog) Remove(t int64) {
+	l.mu.Lock()
+	// Requests tend to end in the order they were sent: search from the
+	// oldest.
+	if i := slices.Index(l.at, t); i >= 0 {
+		l.at = slices.Delete(l.at, i, i+1)
+	}
+	l.mu.Unlock()
+}
+
+// Len returns the number of requests in flight.
+func (l *SendLog) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.at)
+}
+
+// After counts the requests in flight that were sent after t (Unix ns).
+func (l *SendLog) After(t int64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i, found := slices.BinarySearch(l.at, t)
+	for found && i < len(l.at) && l.at[i] == t {
+		i++
+	}
+	return len(l.at) - i
+}
+
+// Recent returns when the j-th most recently sent request in flight was
+// sent (j = 1: the newest); ok is false when fewer than j are in flight,
+// when j < 1 and for a nil l.
+func (l *SendLog) Recent(j int) (at int64, ok bool) {
+	if l == nil || j < 1 {
+		return 0, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if j > len(l.at) {
+		return 0, false
+	}
+	return l.at[len(l.at)-j], true
+}

@@ -1,0 +1,82 @@
+package route
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestSendLog: the log keeps the requests in flight in the order they
+// were sent, whatever order they were added in, forgets one per end, and
+// answers the two questions the cost model and the load view ask.
+func TestSendLog(t *testing.T) {
+	var l SendLog
+	for _, at := range []int64{10, 30, 20, 40, 20} { // out of order, 20 twice
+		l.Add(at)
+	}
+	require.Equal(t, 5, l.Len())
+	for j, want := range []int64{40, 30, 20, 20, 10} {
+		at, ok := l.Recent(j + 1)
+		require.True(t, ok, "j=%d", j+1)
+		require.Equal(t, want, at, "j=%d", j+1)
+	}
+	_, ok := l.Recent(6)
+	require.False(t, ok, "fewer than 6 in flight")
+	_, ok = l.Recent(0)
+	require.False(t, ok)
+	require.Equal(t, 4, l.After(19))
+	require.Equal(t, 2, l.After(20), "sent at t is not after t")
+	require.Equal(t, 0, l.After(40))
+
+	l.Remove(20)
+	l.Remove(99) // never sent: nothing to forget
+	require.Equal(t, 4, l.Len())
+	require.Equal(t, 2, l.After(20))
+	require.Equal(t, 3, l.After(10))
+	at, _ := l.Recent(3)
+	require.Equal(t, int64(20), at, "one of the two sent at 20 remains")
+
+	var none *SendLog
+	_, ok = none.Recent(1)
+	require.False(t, ok, "no log: nothing known")
+}
+
+// TestSendLogConcurrent: senders add and end their requests at once (the
+// proxy's goroutines); every request added and removed leaves the log
+// empty, and it stays ordered meanwhile.
+func TestSendLogConcurrent(t *testing.T) {
+	var l SendLog
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 200 {
+				at := int64(i*8 + g)
+				l.Add(at)
+				newest, ok := l.Recent(1)
+				assert.True(t, ok)
+				assert.GreaterOrEqual(t, newest, at, "at is in flight")
+				l.Remove(at)
+			}
+		})
+	}
+	wg.Wait()
+	require.Zero(t, l.Len())
+
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 100 {
+				l.Add(int64(i*4 + g))
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, 400, l.Len())
+	require.Equal(t, l.Len(), l.After(-1))
+	for j := 1; j < 400; j++ {
+		newer, _ := l.Recent(j)
+		older, _ := l.Recent(j + 1)
+		require.LessOrEqual(t, older, newer, "ordered, oldest first")
+	}
+}

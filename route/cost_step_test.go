@@ -132,6 +132,55 @@ func TestExplainShowsSlotWait(t *testing.T) {
 	require.Equal(t, d.EstimatedTTFT, ex.Replicas[d.Index].EstimatedTTFT, "the decision's TTFT is the picked replica's")
 }
 
+// TestSlotWaitCountsRecentSends: a replica whose running set is full
+// frees a slot no sooner than the C−1-th most recent request there can
+// have produced its output. Spacing the frees evenly over a request's
+// decode time understates the wait where this gateway sent the running
+// requests just now; where it sent them long ago, or did not send them
+// all (another sender's may be older), the even spacing stands. Of two
+// full holders alike but for their requests' ages, the one whose
+// requests are older gets the request.
+func TestSlotWaitCountsRecentSends(t *testing.T) {
+	now := 1_000_000 * ms
+	req := Request{TotalBlocks: 4, BlockTokens: 128, PromptTokens: 512, MaxTokens: 100, Now: now}
+	cfg := DefaultCostConfig()
+	cfg.MaxRunning = 4
+	decode := float64(req.MaxTokens) * cfg.PriorDecodeStepSeconds // a request's L·d
+	log := func(ago ...int64) *SendLog {
+		var l SendLog
+		for _, a := range ago {
+			l.Add(now - a*ms)
+		}
+		return &l
+	}
+	full := func(name string, local int, sends *SendLog) Candidate {
+		return Candidate{ID: 0, Name: name, Matched: 4, InFlight: 3, LocalInFlight: local, Running: 3, Waiting: 0, Sends: sends}
+	}
+	old := int64(decode*1000) + 500 // ms: every request there could have ended
+	for _, tc := range []struct {
+		name string
+		cand Candidate
+		want float64
+	}{
+		{"no log", full("none", 3, nil), decode / 4},
+		{"sent long ago", full("old", 3, log(old, old, old)), decode / 4},
+		{"sent just now", full("new", 3, log(300, 200, 100)), decode - 0.3},
+		{"the third most recent is old", full("mixed", 3, log(old, 200, 100)), decode / 4},
+		{"one of another sender", full("other", 2, log(200, 100)), decode / 4},
+	} {
+		_, ex := explainedPick(t, cfg, &req, []Candidate{tc.cand})
+		require.InDelta(t, tc.want, ex.Replicas[0].SlotWait, 1e-9, tc.name)
+	}
+
+	young, aged := full("young", 3, log(300, 200, 100)), full("aged", 3, log(old, old, old))
+	aged.ID = 1
+	d, _ := explainedPick(t, cfg, &req, []Candidate{young, aged})
+	require.Equal(t, 1, d.Index, "the holder whose requests are older")
+	aged.ID, young.ID = 0, 1
+	d, _ = explainedPick(t, cfg, &req, []Candidate{aged, young})
+	require.Equal(t, 0, d.Index, "the holder whose requests are older, in either place")
+}
+
 // TestOutstandingCountsUnseenSendersOnce: without peers' reports the
 // engine's count beyond this gateway's in-flight at the scrape is other
 // senders' load, added to the fresh in-flight count, so requests that

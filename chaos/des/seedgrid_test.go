@@ -32,9 +32,10 @@ import (
 // baseline's, and how many seeds miss the row and on which rule. The
 // misses alone hide how far ahead cost is where it meets and how far
 // behind where it misses, and the spread over seeds shows which misses a
-// seed decides. Over seeds 1..30, 25 of 240 rows miss, 19 of them cold
+// seed decides. Over seeds 1..30, 23 of 240 rows miss, 19 of them cold
 // (with cost's near-ties ordered by outstanding count first, see
-// route.Cost.Pick, and the engines' gauges shown from a step's end),
+// route.Cost.Pick, the engines' gauges shown from a step's end, and a
+// full running set's slot wait read from this gateway's recent sends),
 // while cost's summed margin is positive in every row but warm's, which
 // tie; on cold the margin's spread over seeds (13–17 passes of 96) is
 // larger than its mean (+7 to +14), so a third of the

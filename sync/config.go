@@ -245,10 +245,12 @@ type Config struct {
 	// LoadInterval is how often this gateway publishes its per-replica
 	// in-flight counts. Default 25ms. Between reports every gateway ranks
 	// replicas on the same stale counts and they herd onto the cheapest:
-	// in the discrete-event 64-replica table (chaos/des TestTable64), cost
-	// behind 8 synced gateways passed 1,519 more SLOs over its 8 cells
-	// (of 24,576 requests) with 25ms than with 100ms, and on hot90 every
-	// strategy gained 200 or more of 3,072.
+	// in the discrete-event 64-replica table (chaos/des TestTable64,
+	// default seed, engines' gauges shown from a step's end as vLLM's),
+	// cost behind 8 synced gateways passed 1,533 more SLOs over its 8
+	// cells (of 24,576 requests) with 25ms than with 100ms, and on hot90
+	// every strategy gained 221 or more of 3,072 (1,519 and 200 when the
+	// gauges showed a step's result from its start).
 	LoadInterval time.Duration
 
 	// LoadTTL expires a peer's load report not refreshed within it (a

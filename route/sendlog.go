@@ -32,9 +32,7 @@ func (l *SendLog) Add(t int64) {
 // stream ends; it does nothing when no request was sent at t.
 func (l *SendLog) Remove(t int64) {
 	l.mu.Lock()
-	// Requests tend to end in the order they were sent: search from the
-	// oldest.
-	if i := slices.Index(l.at, t); i >= 0 {
+	if i, found := slices.BinarySearch(l.at, t); found {
 		l.at = slices.Delete(l.at, i, i+1)
 	}
 	l.mu.Unlock()

@@ -47,21 +47,23 @@ import (
 //     change of workload by a stream's lifetime). Spacing the frees
 //     evenly assumes the running requests' ages are spread evenly, but a
 //     running set fills up because requests came close together: where
-//     this gateway sent the C−1 most recent requests in flight there
-//     (Candidate.Sends; the others are taken for older), the slot frees
-//     no sooner than the C−1-th most recent can have produced its L
-//     tokens, L·d after it was sent, and the wait is the later of the
-//     two. On 64 replicas behind one gateway (discrete-event table,
+//     this gateway sees every request on the candidates (othersSeen) and
+//     sent the C−1 most recent in flight there (Candidate.Sends), the
+//     slot frees no sooner than the C−1-th most recent can have produced
+//     its L tokens, L·d after it was sent, and the wait is the later of
+//     the two. On 64 replicas behind one gateway (discrete-event table,
 //     warm with KV events, seed 2), the even spacing had estimated a
 //     full holder's TTFT at 1.6–2.0 s, under the 2 s target, for
 //     requests that took 2.3–4 s. Against the best baseline (passes of
 //     3,072, seeds 1–3 and 4–6), one gateway gained in every cell, up
 //     to 41 passes (warm with KV events −8.7 → +10.3 and −10.7 → −5.7),
-//     synced gateways moved by 12 or less, and isolated ones, which
-//     seldom send a full set's recent requests alone, moved both ways,
-//     by up to 58 (hot90 with KV events −460 → −471 and −391 → −448;
-//     hot50 in history mode +304 → +259 and +206 → +216); in the seed
-//     grid (seeds 1..30) 25 → 23 of 240 rows miss;
+//     and in the seed grid (seeds 1..30) 25 → 23 of 240 rows miss.
+//     Where other senders show (peers' reports, or scrapes beyond this
+//     gateway's own requests), requests of unknown age fill the set, and
+//     its size is learned from scrapes as stale as those requests are
+//     unseen: there the bound moved isolated gateways' cells both ways,
+//     by up to 58 passes (hot90 with KV events −460 → −471 and −391 →
+//     −448), so it applies only where this gateway is alone;
 //   - every token count is in engine tokens: the keys' units divided by
 //     Request.UnitsPerToken (with character keys, the characters-per-token
 //     ratio the model learned from the engine's usage: Model.UnitsPerToken),
@@ -220,7 +222,7 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 		hold = max(hold, float64(req.MaxTokens))
 	}
 	slotWait := full * hold * r.decodeStep / float64(capacity)
-	if full > 0 {
+	if full > 0 && dup != nil && dup.alone {
 		// The slot frees once at most C−2 of the requests there remain:
 		// not before the C−1-th most recent can have finished.
 		if at, ok := cand.Sends.Recent(capacity - 1); ok {
@@ -569,7 +571,8 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	}
 	// An explained decision is not routed: it does not count.
 	c.duplication(req, cands, explain == nil, &dup)
-	if miss := m.cfg.targetMiss(); miss > 0 && !othersSeen(cands) {
+	dup.alone = !othersSeen(cands)
+	if miss := m.cfg.targetMiss(); miss > 0 && dup.alone {
 		dup.targetMiss = miss
 	}
 	if explain != nil {

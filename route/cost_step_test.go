@@ -136,10 +136,10 @@ func TestExplainShowsSlotWait(t *testing.T) {
 // frees a slot no sooner than the C−1-th most recent request there can
 // have produced its output. Spacing the frees evenly over a request's
 // decode time understates the wait where this gateway sent the running
-// requests just now; where it sent them long ago, or did not send them
-// all (another sender's may be older), the even spacing stands. Of two
-// full holders alike but for their requests' ages, the one whose
-// requests are older gets the request.
+// requests just now; where it sent them long ago, or where other senders
+// show (a peer's request, or a scrape beyond this gateway's own), the
+// even spacing stands. Of two full holders alike but for their requests'
+// ages, the one whose requests are older gets the request.
 func TestSlotWaitCountsRecentSends(t *testing.T) {
 	now := 1_000_000 * ms
 	req := Request{TotalBlocks: 4, BlockTokens: 128, PromptTokens: 512, MaxTokens: 100, Now: now}
@@ -166,7 +166,9 @@ func TestSlotWaitCountsRecentSends(t *testing.T) {
 		{"sent long ago", full("old", 3, log(old, old, old)), decode / 4},
 		{"sent just now", full("new", 3, log(300, 200, 100)), decode - 0.3},
 		{"the third most recent is old", full("mixed", 3, log(old, 200, 100)), decode / 4},
-		{"one of another sender", full("other", 2, log(200, 100)), decode / 4},
+		{"one of a peer", full("peer", 2, log(200, 100)), decode / 4},
+		{"another sender in the scrape", Candidate{Name: "scraped", Matched: 4, InFlight: 3, LocalInFlight: 3,
+			Running: 4, ScrapedInFlight: 3, ScrapedInFlightKnown: true, Sends: log(300, 200, 100)}, decode / 2},
 	} {
 		_, ex := explainedPick(t, cfg, &req, []Candidate{tc.cand})
 		require.InDelta(t, tc.want, ex.Replicas[0].SlotWait, 1e-9, tc.name)

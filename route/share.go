@@ -226,6 +226,10 @@ type duplication struct {
 	// targetMiss is what a candidate estimated past the TTFT target is
 	// charged in this Pick (0: no charge; see Cost).
 	targetMiss float64
+	// alone: this gateway sees every request on the candidates
+	// (othersSeen is false), so its sends time a full running set's
+	// slot wait (see Cost).
+	alone bool
 	// scrapeShare is the other senders' share of the traffic relative to
 	// this gateway's where it sees them only in the engines' scrapes (see
 	// scrapeShare), 0 otherwise: the multiplier of unshownOthers.

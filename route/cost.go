@@ -47,8 +47,8 @@ import (
 //     change of workload by a stream's lifetime). Spacing the frees
 //     evenly assumes the running requests' ages are spread evenly, but a
 //     running set fills up because requests came close together: where
-//     this gateway sees every request on the candidates (othersSeen) and
-//     sent the C−1 most recent in flight there (Candidate.Sends), the
+//     this gateway sees every request on the candidates (no othersSeen)
+//     and sent the C−1 most recent in flight there (Candidate.Sends), the
 //     slot frees no sooner than the C−1-th most recent can have produced
 //     its L tokens, L·d after it was sent, and the wait is the later of
 //     the two. On 64 replicas behind one gateway (discrete-event table,

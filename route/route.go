@@ -81,10 +81,11 @@ type Candidate struct {
 	// gateway alone never takes its own requests for another sender's.
 	UnshownSent int
 	// Sends holds when this gateway sent the requests of LocalInFlight
-	// (nil: not known). Cost reads from it how soon a full running set
-	// frees a slot: not before this gateway's recent requests there can
-	// have produced their output (see Cost). The view owns it; a strategy
-	// only reads it, during Pick.
+	// (nil: not known). Where no other sender shows, Cost reads from it
+	// how soon a full running set frees a slot: not before this
+	// gateway's recent requests there can have produced their output
+	// (see Cost). The view owns it; a strategy only reads it, during
+	// Pick.
 	Sends *SendLog
 }
 

@@ -11,8 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/kvmesh/kvmesh/route"
 )
 
 // Engine metric names the load view scrapes.
@@ -226,16 +224,12 @@ func (n *Node) scrape(ctx context.Context, r *replica) {
 	// from the scheduler's stats after each step): they bring news when
 	// they changed or a token came since the last scrape (a step ended).
 	// Until then, requests sent count as unshown, and so do those the
-	// news may not show (route.UnshownAfter).
+	// news may not show (route.SendLog.Unshown).
 	own, now := r.inflight.Load(), nowNanos()
 	if l.running != r.running.Load() || l.waiting != r.waiting.Load() ||
 		r.lastToken.Load() > r.scrapedAt.Load() || r.scrapedInFlight.Load() < 0 {
-		var unshown int64
-		if after, ok := route.UnshownAfter(r.lastToken.Load(), r.stepNanos.Load()); ok {
-			unshown = int64(r.sends.After(after))
-		}
 		r.scrapedInFlight.Store(own)
-		r.unshownSent.Store(unshown)
+		r.unshownSent.Store(int64(r.sends.Unshown(r.lastToken.Load(), r.stepNanos.Load())))
 	}
 	r.scrapedAt.Store(now)
 	r.running.Store(l.running)

@@ -194,7 +194,7 @@ func TestScrapeNewsResetsUnshownSends(t *testing.T) {
 	assert.Zero(t, view().UnshownSent, "a token since the last scrape: a step ended")
 
 	// A step of 100 ms ended now. Requests sent before it began show in
-	// the news; those sent since may not (route.UnshownAfter).
+	// the news; those sent since may not (route.SendLog.Unshown).
 	ms := int64(time.Millisecond)
 	require.Zero(t, r.sends.Len(), "the requests above ended")
 	now := nowNanos()

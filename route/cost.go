@@ -550,7 +550,7 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
 //     move, and of the one-gateway cells one did, by 4 passes in one seed;
 //   - counting at the news, too, those sent since the step that ended
 //     with this gateway's last token from the replica began
-//     (UnshownAfter; seeds 1–6, the DES showing a step's gauges from its
+//     (SendLog.Unshown; seeds 1–6, the DES showing a step's gauges from its
 //     end as vLLM does): hot90 with KV events −938 → −425, hot50 with KV
 //     events +988 → +1,259, hot90 in history mode −7 → +43; cold with KV
 //     events lost 140 (+520 → +380), the other cells moved by 16 or less.

@@ -74,7 +74,7 @@ type Candidate struct {
 	ScrapedInFlightKnown bool
 	// UnshownSent is how many of this gateway's requests in flight to the
 	// replica a scrape may not show yet (with ScrapedInFlightKnown): those
-	// sent since that news, and at the news those sent after UnshownAfter.
+	// sent since that news, and at the news those SendLog.Unshown counts.
 	// Nor does it show the requests other senders sent meanwhile, which
 	// Cost estimates from it where it sees other senders only in the
 	// scrapes. ScrapedInFlight counts the latter sends as shown, so that a
@@ -87,26 +87,6 @@ type Candidate struct {
 	// (see Cost). The view owns it; a strategy only reads it, during
 	// Pick.
 	Sends *SendLog
-}
-
-// UnshownAfter returns the time (Unix ns) after which a gateway's sends
-// to a replica may be missing from a scrape that brings news of it: the
-// start of the step that ended with the last token the gateway received
-// from the replica, lastToken−stepNanos. The scrape is at least as new as
-// that step's end, whose figures show every request that arrived before
-// the step began; a request sent later shows only once a step has ended
-// after it arrived, which the gateway cannot tell without another token.
-// ok is false before any token (lastToken ≤ 0): the gateway then counts
-// none of its sends as missing at the news. Counting all of them instead
-// held its first requests off the replicas it had not used yet: on 64
-// replicas behind 8 isolated gateways (discrete-event table, seeds 1–6,
-// hot90 alone with KV events) cost passed 364 fewer than least-request
-// instead of 308.
-func UnshownAfter(lastToken, stepNanos int64) (after int64, ok bool) {
-	if lastToken <= 0 {
-		return 0, false
-	}
-	return lastToken - max(stepNanos, 0), true
 }
 
 // unseen is what the engine's last scrape showed outstanding beyond this

@@ -43,6 +43,21 @@ func TestSendLog(t *testing.T) {
 	require.False(t, ok, "no log: nothing known")
 }
 
+// TestSendLogUnshown: at a scrape's news, the requests sent after the
+// step that ended with the last token began may not show; before any
+// token none count, and a step of unknown length counts from the token.
+func TestSendLogUnshown(t *testing.T) {
+	var l SendLog
+	for _, at := range []int64{100, 250, 290} {
+		l.Add(at)
+	}
+	require.Equal(t, 0, l.Unshown(0, 50), "no token yet")
+	require.Equal(t, 2, l.Unshown(300, 100), "sent after 200, when the step began")
+	require.Equal(t, 1, l.Unshown(300, 25), "sent after 275")
+	require.Equal(t, 1, l.Unshown(289, -5), "no step length: after the token itself")
+	require.Equal(t, 3, l.Unshown(300, 250))
+}
+
 // TestSendLogConcurrent: senders add and end their requests at once (the
 // proxy's goroutines); every request added and removed leaves the log
 // empty, and it stays ordered meanwhile.

@@ -330,11 +330,7 @@ func (g *gateway) scrape() {
 			g.scraped[i] = r.ver
 			// News, as node's scrape: no peers' reports, see Candidate.
 			if run != g.running[i] || wait != g.waiting[i] || g.lastToken[i] > g.scrapedAt[i] || g.scrapedInflight[i] < 0 {
-				unshown := 0
-				if after, ok := route.UnshownAfter(g.lastToken[i], g.stepNanos[i]); ok {
-					unshown = g.sends[i].After(after)
-				}
-				g.scrapedInflight[i], g.unshownSent[i] = g.inflight[i], unshown
+				g.scrapedInflight[i], g.unshownSent[i] = g.inflight[i], g.sends[i].Unshown(g.lastToken[i], g.stepNanos[i])
 			}
 		}
 		g.scrapedAt[i] = g.w.nowNs()

@@ -104,7 +104,7 @@ func TestScrapeShowsTheLastStepThatEnded(t *testing.T) {
 // TestNewsKeepsSendsTheStepMayNotShow mirrors node's
 // TestScrapeNewsResetsUnshownSends: a scrape that brings news keeps
 // counting as unshown the requests in flight that were sent after the
-// step that ended with the last token began (route.UnshownAfter), and
+// step that ended with the last token began (route.SendLog.Unshown), and
 // none before any token.
 func TestNewsKeepsSendsTheStepMayNotShow(t *testing.T) {
 	o := DefaultOptions()

@@ -153,6 +153,11 @@ import (
 // gained 26 on hot90 (with the engines' gauges shown from a step's end,
 // as vLLM's; before that, it lost 64 on cold).
 //
+// Where other senders show only in the engines' scrapes (an isolated
+// gateway), a recompute estimated past the target gives way to the
+// prefix's holders instead, unless the prefix is hot ("cost_held"; see
+// hold).
+//
 // Everything in TTFT but own prefill and overhead is returned as
 // Decision.EstimatedQueue, which the caller passes back in
 // Observation.QueueSeconds; Decision.EstimatedTTFT is the TTFT alone.
@@ -605,6 +610,10 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	if best < 0 { // every cost NaN: cannot happen with validated rates
 		best = 0
 	}
+	held := false
+	if h := c.hold(req, cands, best, &placed, &dup, rng); h >= 0 {
+		best, placed, held = h, placements{}, true
+	}
 	cand := &cands[best]
 	bestTTFT, bestQueue, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placed.of(best), &dup, nil)
 	m.mu.RUnlock()
@@ -613,6 +622,8 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	switch {
 	case dup.best == 0:
 		d.Selection = SelectionCostCold
+	case held:
+		d.Selection = SelectionCostHeld
 	case matchedBlocks(req, cand) < dup.best:
 		d.Selection = SelectionCostSpread
 	}
@@ -626,6 +637,64 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		explain.finish(cands, d)
 	}
 	return d
+}
+
+// hotPrefixReplicas is the number of replicas' fair share of the traffic
+// (share·candidates) above which a prefix is hot: its own traffic needs
+// copies, so hold leaves its recomputes alone. Measured on the
+// discrete-event table (64 replicas, 8 isolated gateways, seeds 1–3): 4,
+// 8 and 16 gave cold in history mode +26, +25 and +6 passes against the
+// best baseline and hot90 with KV events −472, −498 and −495; without it
+// (every prefix held) hot90 fell to −161 in history mode and −640 with KV
+// events.
+const hotPrefixReplicas = 8
+
+// hold returns the candidate Pick keeps req with instead of best, or −1
+// when best stands. Where this gateway sees the other senders only in the
+// engines' scrapes (no peer reports its load: an isolated gateway), its
+// estimates of the other replicas are as stale as the scrape, and every
+// such gateway moves requests on the same figures. A recompute (best
+// holds less of the prompt than another candidate) that its own estimate
+// puts past the TTFT target passes no SLO for the prefill it spends, and
+// where every replica queues, prefill is the capacity. So there such a
+// request stays with the replicas that leave the fewest prefill chunks
+// to compute (Pick's locality class: the holders; the cheapest of them by
+// the usual rules), unless its
+// prefix is hot (share·candidates above hotPrefixReplicas), whose
+// traffic the copies carry. It needs a target (CostConfig.
+// TTFTTargetSeconds). On 64 replicas behind 8 isolated gateways
+// (discrete-event table, passes of 3,072 against the best baseline, mean
+// of seeds 1–3 and of 4–6), cold in history mode went from −683 and −656
+// to +25 and −17, cold with KV events from +348 and +411 to +770 and
+// +938, hot50 in history mode from +304 and +206 to +856 and +746; hot50
+// with KV events lost 63 and 99 (to +1,194 and +1,163), hot90 with KV
+// events 38 and 29 (to −498 and −420), warm moved by −54 to +33. Synced
+// gateways (peers report) gained in history mode but lost up to 21 passes
+// a seed on warm with KV events, and one gateway (which sees every
+// request) lost up to 12 on cold: neither holds. The caller holds the
+// model's read lock.
+func (c *Cost) hold(req *Request, cands []Candidate, best int, placed *placements, dup *duplication, rng *Rand) int {
+	m := c.model
+	target := m.cfg.TTFTTargetSeconds
+	if target <= 0 || dup.alone || dup.best == 0 || peersReport(cands) ||
+		matchedBlocks(req, &cands[best]) >= dup.best ||
+		dup.share*float64(len(cands)) > hotPrefixReplicas {
+		return -1
+	}
+	cand := &cands[best]
+	if ttft, _, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placed.of(best), dup, nil); !(ttft > target) {
+		return -1
+	}
+	class := c.chunks(req, cand)
+	for i := range cands {
+		class = min(class, c.chunks(req, &cands[i]))
+	}
+	if class == c.chunks(req, cand) {
+		return -1 // the recompute computes no more chunks than the holders
+	}
+	var none placements
+	h, _ := c.choose(req, cands, &none, dup, class, nil, rng, nil)
+	return h
 }
 
 // chunks is the number of prefill chunks req leaves to compute on cand
@@ -758,6 +827,17 @@ func othersSeen(cands []Candidate) bool {
 	for i := range cands {
 		c := &cands[i]
 		if c.InFlight > max(c.LocalInFlight, 0) || c.unseen() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// peersReport reports whether a peer's load report shows requests on a
+// candidate (InFlight beyond this gateway's own).
+func peersReport(cands []Candidate) bool {
+	for i := range cands {
+		if cands[i].InFlight > max(cands[i].LocalInFlight, 0) {
 			return true
 		}
 	}

@@ -1,9 +1,12 @@
 package route
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvmesh/kvmesh/index"
 )
 
 // TestTTFTTargetCharge: with a TTFT target, a replica estimated past it
@@ -70,4 +73,84 @@ func TestTTFTTargetCharge(t *testing.T) {
 		require.Zero(t, ex.TargetMissCharge, name)
 		require.Equal(t, 0, d.Index, name)
 	}
+}
+
+// TestHoldKeepsARecomputePastTheTarget: where other senders show only in
+// the engines' scrapes (an isolated gateway), a recompute elsewhere that
+// cost estimates past the TTFT target gives way to the prefix's holder
+// ("cost_held"). A recompute within the target, no target, a peer's load
+// report, a gateway that sees every request, and a hot prefix (share ·
+// candidates above hotPrefixReplicas) keep the recompute.
+func TestHoldKeepsARecomputePastTheTarget(t *testing.T) {
+	// Four prefill chunks to recompute, one on the holder.
+	req := Request{TotalBlocks: 64, BlockTokens: 128, PromptTokens: 8192, MaxTokens: 128, Now: 1_000 * sec}
+	// holder: holds the prompt, its 8 slots full and, in the scrape, 12
+	// requests of other senders waiting. The others: idle but for two
+	// requests of this gateway each; they must recompute the prompt.
+	cands := func(n int) []Candidate {
+		cs := []Candidate{{ID: 0, Name: "holder", Matched: 64, InFlight: 8, LocalInFlight: 8, Running: 8, Waiting: 12,
+			ScrapedInFlight: 8, ScrapedInFlightKnown: true}}
+		for i := 1; i < n; i++ {
+			cs = append(cs, Candidate{ID: index.ReplicaID(i), Name: fmt.Sprintf("other-%d", i), InFlight: 2, LocalInFlight: 2,
+				Running: 2, ScrapedInFlight: 2, ScrapedInFlightKnown: true})
+		}
+		return cs
+	}
+	cfg := DefaultCostConfig()
+	cfg.MaxRunning = 8
+	d, ex := explainedPick(t, cfg, &req, cands(3))
+	require.Equal(t, SelectionCostSpread, d.Selection, "no target: the recompute")
+	recompute := ex.Replicas[d.Index].EstimatedTTFT
+	holder := ex.Replicas[0].EstimatedTTFT
+	require.Greater(t, holder, recompute)
+
+	cfg.TTFTTargetSeconds = recompute * 1.1
+	d, _ = explainedPick(t, cfg, &req, cands(3))
+	require.Equal(t, SelectionCostSpread, d.Selection, "the recompute meets the target")
+
+	cfg.TTFTTargetSeconds = recompute * 0.9
+	d, _ = explainedPick(t, cfg, &req, cands(3))
+	require.Equal(t, 0, d.Index, "the recompute misses the target: held")
+	require.Equal(t, SelectionCostHeld, d.Selection)
+	require.InDelta(t, holder, d.EstimatedTTFT, 1e-9, "the holder's estimate")
+
+	for name, mod := range map[string]func([]Candidate){
+		// A peer reports a request on one of the others.
+		"peer": func(cs []Candidate) { cs[2].InFlight++ },
+		// The holder's waiting requests are this gateway's own: it sees
+		// every request.
+		"alone": func(cs []Candidate) { cs[0].InFlight, cs[0].LocalInFlight, cs[0].ScrapedInFlight = 20, 20, 20 },
+	} {
+		cs := cands(3)
+		mod(cs)
+		d, _ = explainedPick(t, cfg, &req, cs)
+		require.Equal(t, SelectionCostSpread, d.Selection, name)
+	}
+
+	// A prompt of one chunk: recomputing it computes as many chunks as
+	// the holder, and Pick's near-tie ranking already weighed that.
+	small := req
+	small.TotalBlocks, small.PromptTokens = 8, 1024
+	cs := cands(3)
+	cs[0].Matched = 8
+	tight := cfg
+	tight.TTFTTargetSeconds = 0.001 // every candidate misses it
+	d, _ = explainedPick(t, tight, &small, cs)
+	require.Equal(t, SelectionCostSpread, d.Selection, "one chunk either way")
+
+	// A prefix every recent request shares: hot over more than
+	// hotPrefixReplicas candidates, not over that many.
+	req.Prefixes = NewPrefixes(promptKeys(0, 64, 42))
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	c := NewCost(m)
+	for range 20 {
+		rng := NewRand(1)
+		c.Pick(&req, cands(3), &rng, nil)
+	}
+	rng := NewRand(1)
+	d = c.Pick(&req, cands(hotPrefixReplicas+2), &rng, nil)
+	require.Equal(t, SelectionCostSpread, d.Selection, "hot: the recompute")
+	d = c.Pick(&req, cands(hotPrefixReplicas), &rng, nil)
+	require.Equal(t, SelectionCostHeld, d.Selection, "a share of one over as many candidates as the bound: held")
 }

@@ -77,8 +77,12 @@ type CostConfig struct {
 	// much. The charge applies where the gateway sees every request on
 	// the candidates (no peer's load reported, none unexplained in the
 	// scrapes: one gateway); with several, their stale views would move
-	// the same requests at once. Set it to your SLO's TTFT; the study
-	// harnesses set the study's (2 s). Must be ≥ 0 and finite.
+	// the same requests at once. A gateway that sees other senders only
+	// in the scrapes (no peer's load reported) instead keeps a request on
+	// the replicas holding its prefix where recomputing it elsewhere is
+	// estimated past the target too ("cost_held", see Cost). Set it to
+	// your SLO's TTFT; the study harnesses set the study's (2 s). Must be
+	// ≥ 0 and finite.
 	TTFTTargetSeconds float64 `json:"ttft_target_seconds" yaml:"ttft_target_seconds"`
 	// TargetMissCharge is what a predicted miss of TTFTTargetSeconds
 	// costs, as a fraction of the target. 0 means

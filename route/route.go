@@ -282,6 +282,11 @@ const (
 	// SelectionCostCold: no candidate held any of the prompt; cost picked
 	// the fastest estimated start.
 	SelectionCostCold
+	// SelectionCostHeld: cost would have recomputed the prompt elsewhere,
+	// but estimated that recompute past the TTFT target where other
+	// senders show only in the engines' scrapes, and kept the request
+	// with the replicas holding the prefix (see Cost).
+	SelectionCostHeld
 	numSelections
 )
 
@@ -297,6 +302,7 @@ var selectionNames = [numSelections]string{
 	SelectionCostLocality:         "cost_locality",
 	SelectionCostSpread:           "cost_spread",
 	SelectionCostCold:             "cost_cold",
+	SelectionCostHeld:             "cost_held",
 }
 
 // String returns the label value, e.g. "prefix_match".

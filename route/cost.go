@@ -642,11 +642,11 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 // hotPrefixReplicas is the number of replicas' fair share of the traffic
 // (share·candidates) above which a prefix is hot: its own traffic needs
 // copies, so hold leaves its recomputes alone. Measured on the
-// discrete-event table (64 replicas, 8 isolated gateways, seeds 1–3): 4,
-// 8 and 16 gave cold in history mode +26, +25 and +6 passes against the
-// best baseline and hot90 with KV events −472, −498 and −495; without it
-// (every prefix held) hot90 fell to −161 in history mode and −640 with KV
-// events.
+// discrete-event table (64 replicas, 8 isolated gateways, seeds 1–3,
+// passes against the best baseline): 4, 8 and 16 gave hot90 in history
+// mode +19, +19 and +17 and cold in history mode +26, +25 and +6; with
+// every prefix held, hot90 fell to −161 in history mode and hot50 with KV
+// events passed 114 fewer than at 8.
 const hotPrefixReplicas = 8
 
 // hold returns the candidate Pick keeps req with instead of best, or −1
@@ -654,23 +654,32 @@ const hotPrefixReplicas = 8
 // engines' scrapes (no peer reports its load: an isolated gateway), its
 // estimates of the other replicas are as stale as the scrape, and every
 // such gateway moves requests on the same figures. A recompute (best
-// holds less of the prompt than another candidate) that its own estimate
-// puts past the TTFT target passes no SLO for the prefill it spends, and
-// where every replica queues, prefill is the capacity. So there such a
-// request stays with the replicas that leave the fewest prefill chunks
-// to compute (Pick's locality class: the holders; the cheapest of them by
-// the usual rules), unless its
-// prefix is hot (share·candidates above hotPrefixReplicas), whose
-// traffic the copies carry. It needs a target (CostConfig.
-// TTFTTargetSeconds). On 64 replicas behind 8 isolated gateways
-// (discrete-event table, passes of 3,072 against the best baseline, mean
-// of seeds 1–3 and of 4–6), cold in history mode went from −683 and −656
-// to +25 and −17, cold with KV events from +348 and +411 to +770 and
-// +938, hot50 in history mode from +304 and +206 to +856 and +746; hot50
-// with KV events lost 63 and 99 (to +1,194 and +1,163), hot90 with KV
-// events 38 and 29 (to −498 and −420), warm moved by −54 to +33. Synced
-// gateways (peers report) gained in history mode but lost up to 21 passes
-// a seed on warm with KV events, and one gateway (which sees every
+// leaves more prefill chunks to compute than another candidate) that its
+// own estimate puts past the TTFT target passes no SLO for the prefill it
+// spends, and where every replica queues, prefill is the capacity. So
+// there such a request stays with the replicas leaving the fewest chunks
+// (Pick's locality class: the holders; the cheapest of them by the usual
+// rules), unless its prefix is hot (share·candidates above
+// hotPrefixReplicas), whose traffic the copies carry. It needs a target
+// (CostConfig.TTFTTargetSeconds).
+//
+// On 64 replicas behind 8 isolated gateways (discrete-event table, passes
+// of 3,072 against the best baseline, mean of seeds 1–3, then of 4–6):
+//
+//   - cold in history mode went from −683 to +25 and from −656 to −17
+//     (the hit rate from 0.72 to 0.78: where every replica queues, the
+//     cache is the throughput);
+//   - cold with KV events from +348 to +770 and from +411 to +939, hot50
+//     in history mode from +304 to +856 and from +206 to +746;
+//   - hot50 with KV events lost 70 and 85 (to +1,187 and +1,177), warm
+//     moved by −54 to +33, hot90 in history mode by +1 and +6;
+//   - hot90 with KV events went from −460 to −562 and from −391 to −463.
+//     That cell is chaotic: in seed 2 the 9 decisions held moved it by 259
+//     passes, and seed 1 gives −277 run alone against −493 after the other
+//     scenarios.
+//
+// Synced gateways (peers report) gained in history mode but lost up to 21
+// passes a seed on warm with KV events, and one gateway (which sees every
 // request) lost up to 12 on cold: neither holds. The caller holds the
 // model's read lock.
 func (c *Cost) hold(req *Request, cands []Candidate, best int, placed *placements, dup *duplication, rng *Rand) int {

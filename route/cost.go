@@ -612,6 +612,9 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	}
 	held := false
 	if h := c.hold(req, cands, best, &placed, &dup, rng); h >= 0 {
+		if explain != nil {
+			explain.HeldFrom = cands[best].Name
+		}
 		best, placed, held = h, placements{}, true
 	}
 	cand := &cands[best]

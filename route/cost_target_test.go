@@ -105,13 +105,17 @@ func TestHoldKeepsARecomputePastTheTarget(t *testing.T) {
 	require.Greater(t, holder, recompute)
 
 	cfg.TTFTTargetSeconds = recompute * 1.1
-	d, _ = explainedPick(t, cfg, &req, cands(3))
+	d, ex = explainedPick(t, cfg, &req, cands(3))
 	require.Equal(t, SelectionCostSpread, d.Selection, "the recompute meets the target")
+	require.Empty(t, ex.HeldFrom)
 
+	spreadTo := ex.Replicas[d.Index].Name
 	cfg.TTFTTargetSeconds = recompute * 0.9
-	d, _ = explainedPick(t, cfg, &req, cands(3))
+	d, ex = explainedPick(t, cfg, &req, cands(3))
 	require.Equal(t, 0, d.Index, "the recompute misses the target: held")
 	require.Equal(t, SelectionCostHeld, d.Selection)
+	require.Equal(t, spreadTo, ex.HeldFrom, "the explanation names the replica the scores ranked first")
+	require.Equal(t, SelectionCostHeld, ex.Selection)
 	require.InDelta(t, holder, d.EstimatedTTFT, 1e-9, "the holder's estimate")
 
 	for name, mod := range map[string]func([]Candidate){

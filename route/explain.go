@@ -77,6 +77,11 @@ type Explanation struct {
 	// plus one placed on the scores' view (see Cost.Pick). 0 with one
 	// gateway.
 	UnseenPeerRequests int `json:"unseen_peer_requests,omitempty"`
+	// HeldFrom names the replica cost's scores ranked first when it kept
+	// the request with the prefix's holders instead (selection
+	// "cost_held": that replica would have recomputed the prompt, and
+	// was estimated past the TTFT target); "" otherwise.
+	HeldFrom string `json:"held_from,omitempty"`
 	// PrefixShare is cost's estimate of the share of this gateway's
 	// recent requests that share the prompt as far as the best-matching
 	// replica holds it (0 when none holds any). A replica that would
@@ -160,6 +165,7 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 	e.Bound = 0
 	e.ScoreUnit = ""
 	e.UnseenPeerRequests = 0
+	e.HeldFrom = ""
 	e.PrefixShare = 0
 	e.UnitsPerToken = 0
 	if req.unitsKeyed() {

@@ -474,6 +474,7 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			Units       float64 `json:"units_per_token"`
 			TTFTTarget  float64 `json:"ttft_target_s"`
 			TargetMiss  float64 `json:"target_miss_charge_s"`
+			HeldFrom    string  `json:"held_from"`
 			Replicas    []struct {
 				Name          string  `json:"name"`
 				Matched       int     `json:"matched_blocks"`
@@ -542,6 +543,11 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		} else {
 			fmt.Fprintf(out, "TTFT target %.3gs: not charged (other senders' requests are on these replicas)\n", e.TTFTTarget)
 		}
+	}
+	if e := rep.Explanation; e != nil && e.HeldFrom != "" {
+		// cost, isolated: the cheapest score was a recompute estimated
+		// past the target, which spends a prefill for no SLO.
+		fmt.Fprintf(out, "held: %s scored cheapest but would recompute the prompt and misses the TTFT target too; other senders show only in the engines' metrics, so the request stays with the replicas holding its prefix\n", e.HeldFrom)
 	}
 	if rep.Explanation != nil {
 		// The tiers come from the report (every strategy): MATCHED is

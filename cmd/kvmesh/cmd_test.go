@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/sync/config"
 	"github.com/kvmesh/kvmesh/sync/trust"
 )
@@ -455,4 +457,44 @@ models:
 	require.NoError(t, os.WriteFile(path, []byte("route:\n  cost:\n    alpha: 0.4\nmodels: [{name: M, replicas: [{name: a, url: \"http://127.0.0.1:8001\"}]}]\n"), 0o600))
 	_, err = parseServe(t, "--config", path)
 	assert.ErrorContains(t, err, "the route: section is gone")
+}
+
+// TestExplainShowsAHeldRequest: a decision cost held with the prefix's
+// holders names the replica its scores ranked first. The gateway here is
+// an httptest server answering /debug/route with the report of a real
+// cost decision: a node shows it only where other senders fill the
+// engines and the prompt spans several prefill chunks, which a test
+// engine cannot arrange on cue.
+func TestExplainShowsAHeldRequest(t *testing.T) {
+	cfg := route.DefaultCostConfig()
+	cfg.MaxRunning = 8
+	cfg.TTFTTargetSeconds = 1
+	m, err := route.NewModel(cfg)
+	require.NoError(t, err)
+	req := route.Request{TotalBlocks: 64, BlockTokens: 128, PromptTokens: 8192, MaxTokens: 128, Now: 1e12}
+	// The holder is full, with other senders' requests waiting in its
+	// scrape; b must recompute four chunks, estimated past 1 s.
+	cands := []route.Candidate{
+		{ID: 0, Name: "a", Matched: 64, InFlight: 8, LocalInFlight: 8, Running: 8, Waiting: 12, ScrapedInFlight: 8, ScrapedInFlightKnown: true},
+		{ID: 1, Name: "b", InFlight: 2, LocalInFlight: 2, Running: 2, ScrapedInFlight: 2, ScrapedInFlightKnown: true},
+	}
+	var ex route.Explanation
+	rng := route.NewRand(1)
+	d := route.NewCost(m).Pick(&req, cands, &rng, &ex)
+	require.Equal(t, route.SelectionCostHeld, d.Selection)
+	report, err := json.Marshal(node.RouteReport{Model: "M", Strategy: "cost", Pick: "a", Selection: d.Selection.String(), Explanation: &ex})
+	require.NoError(t, err)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/debug/route" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write(report)
+	}))
+	defer gw.Close()
+
+	var out bytes.Buffer
+	require.NoError(t, explain(context.Background(), &out, gw.URL, "M", "p", "cost", "", "", false))
+	assert.Contains(t, out.String(), "pick a (cost_held)")
+	assert.Contains(t, out.String(), "held: b scored cheapest but would recompute the prompt and misses the TTFT target too")
 }

@@ -65,6 +65,7 @@ $KVMESH_ADMIN_TOKEN, else --token-file.`,
 	fl.StringVar(&o.tokenFile, "token-file", "", "file holding the admin token")
 	fl.DurationVar(&o.probeTimeout, "probe-timeout", 10*time.Second, "how long a probe prompt may take to come back confirmed")
 	fl.BoolVar(&o.skipStreams, "skip-stream-probe", false, "do not send probe prompts (no KV-stream identity check)")
+	fl.DurationVar(&o.healthGrace, "health-grace", defaultHealthGrace, "how long an unavailable replica may take to come back (a gateway polls one every unhealthy_interval) before it fails")
 	return cmd
 }
 
@@ -75,7 +76,18 @@ type doctorOptions struct {
 	tokenFile    string
 	probeTimeout time.Duration
 	skipStreams  bool
+	// healthGrace is how long checkReplica waits for an unavailable
+	// replica to come back before failing it (0: defaultHealthGrace).
+	healthGrace time.Duration
 }
+
+// defaultHealthGrace is doctorOptions.healthGrace's default: four of a
+// gateway's default polls of a failing replica (unhealthy_interval,
+// 250 ms). An engine started with the gateway may answer /health just
+// after the gateway's last poll found it down; the doctor run at once
+// then saw it unavailable until the next poll (README's "Run a gateway",
+// on a busy machine).
+const defaultHealthGrace = time.Second
 
 // verdicts collects and prints check results.
 type verdicts struct {
@@ -164,6 +176,9 @@ func doctor(ctx context.Context, out io.Writer, o doctorOptions) error {
 	}
 	if o.probeTimeout <= 0 {
 		o.probeTimeout = 10 * time.Second
+	}
+	if o.healthGrace <= 0 {
+		o.healthGrace = defaultHealthGrace
 	}
 	c := &doctorClient{http: &http.Client{Timeout: 30 * time.Second}, token: o.token}
 	v := &verdicts{out: out}
@@ -449,15 +464,13 @@ func checkConvergence(v *verdicts, gws []*gatewayView) {
 func checkReplica(ctx context.Context, c *doctorClient, v *verdicts, o doctorOptions, gws []*gatewayView, first *gatewayView, r node.ReplicaReport) {
 	subject := "replica " + r.Name
 	// Reachability, as the gateways' health checks see it.
-	down := []string{}
-	for _, g := range gws {
-		if rr := findReplica(g, r.Name); rr != nil && !rr.Available {
-			down = append(down, g.addr)
-		}
-	}
-	if len(down) > 0 {
-		v.fail(subject, "unavailable (health check failing or ejected) on %s", strings.Join(down, ", "))
-	} else {
+	down, waited := unavailableOn(ctx, c, gws, r.Name, o.healthGrace)
+	switch {
+	case len(down) > 0:
+		v.fail(subject, "unavailable (health check failing or ejected) on %s, still after %v", strings.Join(down, ", "), o.healthGrace)
+	case waited > 0:
+		v.pass(subject, "available on every gateway (model %s) after %v: a gateway's health check had not seen it up yet", r.Model, waited.Round(time.Millisecond))
+	default:
 		v.pass(subject, "available on every gateway (model %s)", r.Model)
 	}
 
@@ -547,6 +560,39 @@ func tokenCounts(gateway, engine int) string {
 		return fmt.Sprintf("%d tokens on both sides, different ids", gateway)
 	}
 	return fmt.Sprintf("gateway %d tokens, engine %d", gateway, engine)
+}
+
+// unavailableOn returns the gateways on which replica name is out of
+// rotation. While it is on any, it reads those gateways' views again,
+// every 50 ms for up to grace, and returns how long that took when the
+// replica came back (0: it was available at once).
+func unavailableOn(ctx context.Context, c *doctorClient, gws []*gatewayView, name string, grace time.Duration) (down []string, waited time.Duration) {
+	start := time.Now()
+	for again := false; ; again = true {
+		down = down[:0]
+		for _, g := range gws {
+			if rr := findReplica(g, name); rr != nil && !rr.Available {
+				down = append(down, g.addr)
+			}
+		}
+		switch {
+		case len(down) == 0 && again:
+			return nil, time.Since(start)
+		case len(down) == 0:
+			return nil, 0
+		case time.Since(start) >= grace || ctx.Err() != nil:
+			return down, 0
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+		for _, g := range gws {
+			if rr := findReplica(g, name); rr != nil && !rr.Available {
+				refreshReplicas(ctx, c, g)
+			}
+		}
+	}
 }
 
 func findReplica(g *gatewayView, name string) *node.ReplicaReport {

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -630,4 +631,81 @@ func TestDoctorWarnsOfOtherSenders(t *testing.T) {
 	t.Log(out)
 	cancel()
 	<-done
+}
+
+// TestDoctorWaitsForAReplicaComingUp: an engine that answers /health
+// only after the gateway's last poll found it down (an engine started
+// with the gateway, README's "Run a gateway" on a busy machine) is
+// unavailable when the doctor first reads the gateway. The doctor reads
+// again until the gateway's next poll brings it back, within
+// --health-grace, and passes it; a replica still down after the grace
+// fails.
+func TestDoctorWaitsForAReplicaComingUp(t *testing.T) {
+	engine := startEngine(t, "tiktoken")
+	// The engine's /health answers 503 until up is set.
+	var up atomic.Bool
+	target, err := url.Parse(engine.URL())
+	require.NoError(t, err)
+	engineProxy := httputil.NewSingleHostReverseProxy(target)
+	gate := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && !up.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		engineProxy.ServeHTTP(w, r)
+	}))
+	defer gate.Close()
+	rep := engineReplica("a", engine)
+	rep.URL = gate.URL
+	cfg := node.LocalConfig()
+	cfg.DebugPublic = false
+	cfg.AdminToken = doctorToken
+	cfg.IndexMode = "kv-events"
+	cfg.BlockSize = 16
+	cfg.HealthFailOpen = true // the gateway stays ready with its one replica down
+	cfg.Models = []node.ModelConfig{{Name: "M", Replicas: []node.ReplicaConfig{rep}}}
+	n := startGateway(t, cfg)
+	replicaAvailable := func() bool {
+		req, err := http.NewRequest(http.MethodGet, "http://"+n.HTTPAddr()+"/debug/replicas", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+doctorToken)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var rr node.ReplicasReport
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&rr))
+		return len(rr.Replicas) == 1 && rr.Replicas[0].Available
+	}
+	require.Eventually(t, func() bool { return !replicaAvailable() }, 10*time.Second, 5*time.Millisecond, "the gateway never took the replica out")
+
+	// The doctor reads the gateway through a proxy that lets the engine
+	// come up once the doctor has read /debug/replicas: the gateway's
+	// next poll (50 ms) finds it up.
+	gwURL, err := url.Parse("http://" + n.HTTPAddr())
+	require.NoError(t, err)
+	gwProxy := httputil.NewSingleHostReverseProxy(gwURL)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gwProxy.ServeHTTP(w, r)
+		if r.URL.Path == "/debug/replicas" {
+			up.Store(true)
+		}
+	}))
+	defer front.Close()
+	var out bytes.Buffer
+	_ = doctor(context.Background(), &out, doctorOptions{addrs: []string{front.URL}, token: doctorToken,
+		probeTimeout: 3 * time.Second, skipStreams: true, healthGrace: 10 * time.Second})
+	t.Log("\n" + out.String())
+	assert.Regexp(t, `PASS +replica a +available on every gateway \(model M\) after \S+: a gateway's health check had not seen it up yet`, out.String())
+	assert.NotContains(t, out.String(), "unavailable")
+
+	// Down for good: failed after the grace.
+	up.Store(false)
+	require.Eventually(t, func() bool { return !replicaAvailable() }, 10*time.Second, 5*time.Millisecond)
+	out.Reset()
+	start := time.Now()
+	err = doctor(context.Background(), &out, doctorOptions{addrs: []string{n.HTTPAddr()}, token: doctorToken,
+		probeTimeout: 3 * time.Second, skipStreams: true, healthGrace: 300 * time.Millisecond})
+	require.ErrorIs(t, err, errDoctorFailed)
+	assert.Regexp(t, `FAIL +replica a +unavailable \(health check failing or ejected\) on \S+, still after 300ms`, out.String())
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
 }

@@ -610,15 +610,16 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	if best < 0 { // every cost NaN: cannot happen with validated rates
 		best = 0
 	}
-	held := false
-	if h := c.hold(req, cands, best, &placed, &dup, rng); h >= 0 {
-		if explain != nil {
-			explain.HeldFrom = cands[best].Name
-		}
-		best, placed, held = h, placements{}, true
-	}
 	cand := &cands[best]
 	bestTTFT, bestQueue, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placed.of(best), &dup, nil)
+	held := false
+	if h := c.hold(req, cands, best, bestTTFT, &dup, rng); h >= 0 {
+		if explain != nil {
+			explain.HeldFrom = cand.Name
+		}
+		best, cand, held = h, &cands[h], true
+		bestTTFT, bestQueue, _, _ = c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placement{}, &dup, nil)
+	}
 	m.mu.RUnlock()
 
 	d := Decision{Index: best, Selection: SelectionCostLocality, EstimatedTTFT: bestTTFT, EstimatedQueue: bestQueue}
@@ -652,8 +653,8 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 // events passed 114 fewer than at 8.
 const hotPrefixReplicas = 8
 
-// hold returns the candidate Pick keeps req with instead of best, or −1
-// when best stands. Where this gateway sees the other senders only in the
+// hold returns the candidate Pick keeps req with instead of best (whose
+// estimated TTFT is ttft), or −1 when best stands. Where this gateway sees the other senders only in the
 // engines' scrapes (no peer reports its load: an isolated gateway), its
 // estimates of the other replicas are as stale as the scrape, and every
 // such gateway moves requests on the same figures. A recompute (best
@@ -685,23 +686,19 @@ const hotPrefixReplicas = 8
 // passes a seed on warm with KV events, and one gateway (which sees every
 // request) lost up to 12 on cold: neither holds. The caller holds the
 // model's read lock.
-func (c *Cost) hold(req *Request, cands []Candidate, best int, placed *placements, dup *duplication, rng *Rand) int {
-	m := c.model
-	target := m.cfg.TTFTTargetSeconds
-	if target <= 0 || dup.alone || dup.best == 0 || peersReport(cands) ||
+func (c *Cost) hold(req *Request, cands []Candidate, best int, ttft float64, dup *duplication, rng *Rand) int {
+	target := c.model.cfg.TTFTTargetSeconds
+	if target <= 0 || !(ttft > target) || dup.alone || dup.best == 0 ||
 		matchedBlocks(req, &cands[best]) >= dup.best ||
-		dup.share*float64(len(cands)) > hotPrefixReplicas {
+		dup.share*float64(len(cands)) > hotPrefixReplicas || peerShare(cands) > 0 {
 		return -1
 	}
-	cand := &cands[best]
-	if ttft, _, _, _ := c.estimate(req, cand, m.rate(cand.ID), m.slot(cand.ID), placed.of(best), dup, nil); !(ttft > target) {
-		return -1
-	}
-	class := c.chunks(req, cand)
+	own := c.chunks(req, &cands[best])
+	class := own
 	for i := range cands {
 		class = min(class, c.chunks(req, &cands[i]))
 	}
-	if class == c.chunks(req, cand) {
+	if class == own {
 		return -1 // the recompute computes no more chunks than the holders
 	}
 	var none placements
@@ -839,17 +836,6 @@ func othersSeen(cands []Candidate) bool {
 	for i := range cands {
 		c := &cands[i]
 		if c.InFlight > max(c.LocalInFlight, 0) || c.unseen() > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// peersReport reports whether a peer's load report shows requests on a
-// candidate (InFlight beyond this gateway's own).
-func peersReport(cands []Candidate) bool {
-	for i := range cands {
-		if cands[i].InFlight > max(cands[i].LocalInFlight, 0) {
 			return true
 		}
 	}

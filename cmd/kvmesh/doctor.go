@@ -568,30 +568,30 @@ func tokenCounts(gateway, engine int) string {
 // replica came back (0: it was available at once).
 func unavailableOn(ctx context.Context, c *doctorClient, gws []*gatewayView, name string, grace time.Duration) (down []string, waited time.Duration) {
 	start := time.Now()
-	for again := false; ; again = true {
-		down = down[:0]
+	for {
+		var out []*gatewayView
 		for _, g := range gws {
 			if rr := findReplica(g, name); rr != nil && !rr.Available {
-				down = append(down, g.addr)
+				out = append(out, g)
 			}
 		}
-		switch {
-		case len(down) == 0 && again:
-			return nil, time.Since(start)
-		case len(down) == 0:
-			return nil, 0
-		case time.Since(start) >= grace || ctx.Err() != nil:
+		if len(out) == 0 {
+			return nil, waited
+		}
+		if waited >= grace || ctx.Err() != nil {
+			for _, g := range out {
+				down = append(down, g.addr)
+			}
 			return down, 0
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(50 * time.Millisecond):
 		}
-		for _, g := range gws {
-			if rr := findReplica(g, name); rr != nil && !rr.Available {
-				refreshReplicas(ctx, c, g)
-			}
+		for _, g := range out {
+			refreshReplicas(ctx, c, g)
 		}
+		waited = time.Since(start)
 	}
 }
 

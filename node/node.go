@@ -264,6 +264,15 @@ func (n *Node) peerLoad() PeerLoad {
 	return nil
 }
 
+// peerQueuedPrefill is the peers' reported queued prefill to the replica
+// named replica: 0 without peers' reports or where they carry none.
+func (n *Node) peerQueuedPrefill(replica string) int {
+	if q, ok := n.peerLoad().(PeerQueuedPrefill); ok {
+		return q.QueuedPrefill(replica)
+	}
+	return 0
+}
+
 // SetRecordListener installs the listener told about every decision the
 // Node records in its index. Safe to call at any time; nil removes it.
 func (n *Node) SetRecordListener(l RecordListener) {

@@ -232,6 +232,7 @@ func (n *Node) scrape(ctx context.Context, r *replica) {
 		r.unshownSent.Store(int64(r.sends.Unshown(r.lastToken.Load(), r.stepNanos.Load())))
 	}
 	r.scrapedAt.Store(now)
+	r.scrapedQueued.Store(max(r.queuedPrefill.Load(), 0) + int64(n.peerQueuedPrefill(r.name)))
 	r.running.Store(l.running)
 	r.waiting.Store(l.waiting)
 	r.kvUsage.Store(math.Float64bits(l.kvUsage))

@@ -84,6 +84,10 @@ type replica struct {
 	scrapedInFlight atomic.Int64
 	unshownSent     atomic.Int64
 	scrapedAt       atomic.Int64
+	// scrapedQueued is the queued prefill (this gateway's and the peers'
+	// reported) when the last successful scrape was read
+	// (route.Candidate.ScrapedQueuedPrefillTokens).
+	scrapedQueued atomic.Int64
 	// sends holds when (unix nanos) this gateway sent its requests in
 	// flight there (route.Candidate.Sends; see sent, ended).
 	sends route.SendLog

@@ -69,6 +69,7 @@ func (s *scratch) Candidate(i int, c *route.Candidate) {
 	c.Running, c.Waiting, c.KVUsage = r.load()
 	c.QueuedPrefillTokens = int(r.queuedPrefill.Load())
 	c.PeerQueuedPrefillTokens = queued
+	c.ScrapedQueuedPrefillTokens = int(r.scrapedQueued.Load())
 	c.LastTokenAt, c.StepNanos = r.lastToken.Load(), r.stepNanos.Load()
 	// Peers' reports and the scrape are stale by different amounts: with
 	// peers the scrape is not compared with InFlight (route.Candidate).

@@ -150,6 +150,43 @@ func TestScrapeRecordsInFlightBaseline(t *testing.T) {
 	assert.Equal(t, 3, c.InFlight)
 }
 
+// TestScrapeRecordsQueuedPrefill: a scrape records the prefill queued when
+// it was read, this gateway's and the peers' reported, and the load view
+// passes it on as it was then (route.Candidate.ScrapedQueuedPrefillTokens),
+// while QueuedPrefillTokens follows the prefill queued now.
+func TestScrapeRecordsQueuedPrefill(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.running.Store(2)
+	e.waiting.Store(1)
+	n := startNode(t, func(c *Config) { c.ScrapeInterval = 0 }, rc("a", e.url())) // scraped here only
+	r := n.tbl.Load().byName["a"]
+	view := func() route.Candidate {
+		var c route.Candidate
+		s := &scratch{reps: []*replica{r}, peers: n.peerLoad()}
+		s.peerQueued, _ = s.peers.(PeerQueuedPrefill)
+		s.Candidate(0, &c)
+		return c
+	}
+
+	r.queuedPrefill.Store(5000)
+	n.scrape(t.Context(), r)
+	r.queuedPrefill.Store(0) // the prompt's first token came
+	c := view()
+	assert.Zero(t, c.QueuedPrefillTokens)
+	assert.Equal(t, 5000, c.ScrapedQueuedPrefillTokens, "queued when the scrape was read")
+	assert.Equal(t, 1, c.Waiting)
+
+	n.scrape(t.Context(), r)
+	assert.Zero(t, view().ScrapedQueuedPrefillTokens, "the next scrape finds none queued")
+
+	n.SetPeerLoad(queuedPeers{inflight: map[string]int{"a": 1}, queued: map[string]int{"a": 700}})
+	r.queuedPrefill.Store(300)
+	n.scrape(t.Context(), r)
+	c = view()
+	assert.Equal(t, 1000, c.ScrapedQueuedPrefillTokens, "this gateway's and the peers'")
+	assert.Equal(t, 700, c.PeerQueuedPrefillTokens)
+}
+
 // TestScrapeNewsResetsUnshownSends: vLLM's gauges are as of the engine's
 // last step, so a scrape that reads the same figures with no token from
 // the replica since the last one says nothing of the requests sent since:

@@ -123,6 +123,10 @@ type ExplainedReplica struct {
 	// the same figure its peers last reported (cost's queue input).
 	QueuedPrefill     int `json:"queued_prefill_tokens"`
 	PeerQueuedPrefill int `json:"peer_queued_prefill_tokens"`
+	// ScrapedQueuedPrefill is both as they were when the last scrape was
+	// read: the prefill that explains requests the scrape showed waiting
+	// (Candidate.ScrapedQueuedPrefillTokens; see Cost's capacity).
+	ScrapedQueuedPrefill int `json:"scraped_queued_prefill_tokens,omitempty"`
 	// UnshownSent is Candidate.UnshownSent: this gateway's requests in
 	// flight to the replica that a scrape may not show yet (without
 	// peers' reports; cost adds the other senders' share of them).
@@ -187,6 +191,7 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 			InFlight: c.InFlight, LocalInFlight: c.LocalInFlight,
 			Running: c.Running, Waiting: c.Waiting, KVUsage: c.KVUsage,
 			QueuedPrefill: c.QueuedPrefillTokens, PeerQueuedPrefill: c.PeerQueuedPrefillTokens,
+			ScrapedQueuedPrefill: c.ScrapedQueuedPrefillTokens,
 		}
 		if c.ScrapedInFlightKnown {
 			e.Replicas[i].UnshownSent = c.UnshownSent

@@ -216,8 +216,10 @@ func TestModelConcurrent(t *testing.T) {
 
 // TestCostLearnsRunningSet: a scrape showing requests waiting that prefill
 // does not explain teaches the replica's running-set size, which then
-// applies to a stale scrape; waiting behind queued prefill teaches nothing;
-// Forget drops the replica's figure (the pool's stays as the assumption).
+// applies to a stale scrape; waiting behind queued prefill teaches nothing,
+// nor does waiting behind prefill queued when the scrape was read and done
+// since; Forget drops the replica's figure (the pool's stays as the
+// assumption).
 func TestCostLearnsRunningSet(t *testing.T) {
 	m, err := NewModel(DefaultCostConfig())
 	require.NoError(t, err)
@@ -245,6 +247,18 @@ func TestCostLearnsRunningSet(t *testing.T) {
 	require.EqualValues(t, 2, peak)
 	require.Zero(t, full)
 	require.Zero(t, m.poolFull.Load())
+
+	// The prompt has produced its first token since the scrape: no
+	// prefill is queued now, but the scrape shows what it held back then.
+	cands[0].QueuedPrefillTokens, cands[0].ScrapedQueuedPrefillTokens = 0, 5000
+	var held Explanation
+	c.Pick(&req, cands, &rng, &held)
+	peak, full = slotOf(0)
+	require.EqualValues(t, 2, peak)
+	require.Zero(t, full, "the scrape's waiting request waited for the prefill queued then")
+	require.Zero(t, held.Replicas[0].Capacity, "no running-set size assumed")
+	require.Equal(t, 5000, held.Replicas[0].ScrapedQueuedPrefill)
+	cands[0].ScrapedQueuedPrefillTokens = 0
 
 	// Waiting at the peak with no prefill queued: full at 8.
 	cands[0].Running, cands[0].Waiting, cands[0].InFlight, cands[0].QueuedPrefillTokens = 8, 2, 10, 0

@@ -54,6 +54,14 @@ type Candidate struct {
 	// prefill, and a recompute sent where a peer's prefill is running
 	// waits for it unforeseen.
 	PeerQueuedPrefillTokens int
+	// ScrapedQueuedPrefillTokens is QueuedPrefillTokens plus
+	// PeerQueuedPrefillTokens as they were when the last scrape was read:
+	// the prefill that can explain the requests that scrape showed
+	// Waiting. The scrape is as old as its interval, the queued figures
+	// are live: a prefill that has produced its first token since no
+	// longer counts in them, yet the scrape still shows what it held
+	// back (see Cost's capacity). 0 when unknown.
+	ScrapedQueuedPrefillTokens int
 	// LastTokenAt is when this gateway last received a streamed token
 	// from the replica (Request.Now's clock; 0 when none), and StepNanos
 	// the gap between that token and the one before it in the same

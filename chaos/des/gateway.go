@@ -45,6 +45,10 @@ type gateway struct {
 	scrapedInflight []int
 	unshownSent     []int
 	scrapedAt       []int64
+	// The queued prefill, this gateway's and the peers' as seen, when
+	// each engine's last scrape was read
+	// (route.Candidate.ScrapedQueuedPrefillTokens).
+	scrapedQueued []int
 	// sends[i] holds when this gateway sent its requests in flight to
 	// replica i (route.Candidate.Sends; node's replica.sends).
 	sends []route.SendLog
@@ -110,7 +114,8 @@ func newGateway(w *World, id int) (*gateway, error) {
 		lastToken: make([]int64, o.Replicas), stepNanos: make([]int64, o.Replicas),
 		scrapedInflight: make([]int, o.Replicas),
 		unshownSent:     make([]int, o.Replicas), scrapedAt: make([]int64, o.Replicas),
-		sends: make([]route.SendLog, o.Replicas),
+		scrapedQueued: make([]int, o.Replicas),
+		sends:         make([]route.SendLog, o.Replicas),
 	}
 	if o.events() {
 		g.mode, _ = index.ParseMode(o.Mode)
@@ -198,13 +203,14 @@ func (g *gateway) Candidate(i int, c *route.Candidate) {
 	inflight, peerQueued := local, 0
 	if w.shareLoad {
 		inflight += w.seenSum[i] - w.seen[g.id][i]
-		peerQueued = w.queuedSum[i] - w.queuedSeen[g.id][i]
+		peerQueued = g.peerQueued(i)
 	}
 	c.Name = w.names[i]
 	c.InFlight, c.LocalInFlight = inflight, local
 	c.Running, c.Waiting, c.KVUsage = g.running[i], g.waiting[i], g.kvUsage[i]
 	c.QueuedPrefillTokens = g.queued[i]
 	c.PeerQueuedPrefillTokens = peerQueued
+	c.ScrapedQueuedPrefillTokens = g.scrapedQueued[i]
 	c.LastTokenAt, c.StepNanos = g.lastToken[i], g.stepNanos[i]
 	// Peers share their load: the scrape is not compared with InFlight
 	// (see route.Candidate.ScrapedInFlight).
@@ -212,6 +218,12 @@ func (g *gateway) Candidate(i int, c *route.Candidate) {
 	c.ScrapedInFlightKnown = !w.shareLoad && c.ScrapedInFlight >= 0
 	c.UnshownSent = g.unshownSent[i]
 	c.Sends = &g.sends[i]
+}
+
+// peerQueued is the peers' queued prefill to replica i as this gateway
+// sees it (their reports, LoadDelay stale).
+func (g *gateway) peerQueued(i int) int {
+	return g.w.queuedSum[i] - g.w.queuedSeen[g.id][i]
 }
 
 // sent notes a request sent to replica rep at now (Unix ns): no scrape
@@ -334,6 +346,10 @@ func (g *gateway) scrape() {
 			}
 		}
 		g.scrapedAt[i] = g.w.nowNs()
+		g.scrapedQueued[i] = g.queued[i]
+		if g.w.shareLoad {
+			g.scrapedQueued[i] += g.peerQueued(i)
+		}
 		if g.scrapeDue != nil {
 			g.scrapeDue[i] = now + o.ScrapeInterval
 			if g.running[i] >= 0 && g.waiting[i] >= 0 && g.running[i]+g.waiting[i] > g.inflight[i] {

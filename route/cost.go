@@ -338,18 +338,18 @@ func arrivalDelay(n int, compute, hold float64) float64 {
 // discrete-event study (64 replicas behind one gateway, cold with KV
 // events, seed 1) cost assumed 1–7 sequences, against the engines' 8, for
 // 9.5 % of the candidates it scored, and 7.5 % with the scrape's figure.
-// Against the best baseline (passes of 3,072, seeds 1–3 and 4–6), one
-// gateway's warm with KV events went from +1 to +10 and from −4 to +1 a
-// seed, synced gateways' from +16 to +6 and from −3 to +0, and isolated
-// hot90 with KV events from −562 to −553 and from −463 to −416. The
-// other cells moved by less than 52 passes (the largest losses: isolated
-// cold with KV events, −18 and −28), and 13 of the 144 cell-seeds missed,
-// against 16 before. In the seed grid (seeds 102, 1..30) 22 of 248 rows
-// miss, against 24. The rest of the 7.5 % went when the most prefill
-// queued since the scrape before counted as well (the gauges are as of a
-// step in between, and a prompt whose prefill ended in it still held
-// requests back), but that lost passes: one gateway's warm in history
-// mode 72, isolated hot50 in history mode 97 (seeds 1–3).
+// In the seed grid (seeds 102, 1..30) 22 of 248 rows miss, against 24.
+// In the 64-replica table (passes of 3,072 against the best baseline,
+// seeds 1–3, then 4–6) 15 of 144 cell-seeds miss, as before (5 → 6 and
+// 10 → 9). Synced gateways gained most: cold in history mode +32 and −12,
+// warm in history mode +52 and −0, cold with KV events +22 and +25.
+// Isolated hot90 with KV events went from −562 to −553 and from −463 to
+// −416, one gateway's warm with KV events from +10.3 to −2.0 (seed 3: +19
+// to −16) and from −5.7 to −2.0; no other cell moved by more than 28. The
+// rest of the 7.5 % went when the most prefill queued since the scrape
+// before counted as well (the gauges are as of a step in between, and a
+// prompt whose prefill ended in it still held requests back), but that
+// lost passes: isolated hot50 in history mode 97 (seeds 1–3).
 func (c *Cost) capacity(req *Request, cand *Candidate, queued float64, sv *slotView) int {
 	cfg := &c.model.cfg
 	capacity := math.MaxInt

@@ -63,7 +63,20 @@ import (
 //     its size is learned from scrapes as stale as those requests are
 //     unseen: there the bound moved isolated gateways' cells both ways,
 //     by up to 58 passes (hot90 with KV events −460 → −471 and −391 →
-//     −448), so it applies only where this gateway is alone;
+//     −448), so it applies only where this gateway is alone. And only
+//     where no slot is free (N ≥ C): a request that takes the last free
+//     slot starts at once, and the one wait charged for it (the hedge
+//     above) is the next arrival's, which the even spacing prices.
+//     Bounded as well, a holder with one slot free was estimated at the
+//     rest of its oldest stream (4 s in the table's warm phase with KV
+//     events, one gateway, seed 3), and cost recomputed the prompt
+//     elsewhere (estimated at 1.7 s) instead of taking a free slot where
+//     cache hits took about 0.1 s. Bounded only where no slot is free,
+//     one gateway's warm with KV events went from −2.0 to +12.3 (seeds
+//     1–3) and from −2.0 to +3.0 (seeds 4–6), its seeds missing from 3
+//     to 1; hot50 with KV events lost 9.7 and 20.3; no other cell moved
+//     by more than 9.3, the synced and isolated ones not at all; the
+//     seed grid stayed at 22 of 248 rows missing;
 //   - every token count is in engine tokens: the keys' units divided by
 //     Request.UnitsPerToken (with character keys, the characters-per-token
 //     ratio the model learned from the engine's usage: Model.UnitsPerToken),
@@ -227,9 +240,10 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 		hold = max(hold, float64(req.MaxTokens))
 	}
 	slotWait := full * hold * r.decodeStep / float64(capacity)
-	if full > 0 && dup != nil && dup.alone {
-		// The slot frees once at most C−2 of the requests there remain:
-		// not before the C−1-th most recent can have finished.
+	if n >= capacity && dup != nil && dup.alone {
+		// No slot is free. The slot frees once at most C−2 of the
+		// requests there remain: not before the C−1-th most recent can
+		// have finished.
 		if at, ok := cand.Sends.Recent(capacity - 1); ok {
 			slotWait = max(slotWait, float64(at-req.Now)/1e9+hold*r.decodeStep)
 		}

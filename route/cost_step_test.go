@@ -138,8 +138,9 @@ func TestExplainShowsSlotWait(t *testing.T) {
 // decode time understates the wait where this gateway sent the running
 // requests just now; where it sent them long ago, or where other senders
 // show (a peer's request, or a scrape beyond this gateway's own), the
-// even spacing stands. Of two full holders alike but for their requests'
-// ages, the one whose requests are older gets the request.
+// even spacing stands, and so it does where this request takes the last
+// free slot. Of two full holders alike but for their requests' ages, the
+// one whose requests are older gets the request.
 func TestSlotWaitCountsRecentSends(t *testing.T) {
 	now := 1_000_000 * ms
 	req := Request{TotalBlocks: 4, BlockTokens: 128, PromptTokens: 512, MaxTokens: 100, Now: now}
@@ -154,27 +155,32 @@ func TestSlotWaitCountsRecentSends(t *testing.T) {
 		return &l
 	}
 	full := func(name string, local int, sends *SendLog) Candidate {
-		return Candidate{ID: 0, Name: name, Matched: 4, InFlight: 3, LocalInFlight: local, Running: 3, Waiting: 0, Sends: sends}
+		return Candidate{ID: 0, Name: name, Matched: 4, InFlight: 4, LocalInFlight: local, Running: 4, Waiting: 0, Sends: sends}
 	}
 	old := int64(decode*1000) + 500 // ms: every request there could have ended
+	lastSlot := full("last slot", 3, log(300, 200, 100))
+	lastSlot.InFlight, lastSlot.Running = 3, 3
 	for _, tc := range []struct {
 		name string
 		cand Candidate
 		want float64
 	}{
-		{"no log", full("none", 3, nil), decode / 4},
-		{"sent long ago", full("old", 3, log(old, old, old)), decode / 4},
-		{"sent just now", full("new", 3, log(300, 200, 100)), decode - 0.3},
-		{"the third most recent is old", full("mixed", 3, log(old, 200, 100)), decode / 4},
-		{"one of a peer", full("peer", 2, log(200, 100)), decode / 4},
-		{"another sender in the scrape", Candidate{Name: "scraped", Matched: 4, InFlight: 3, LocalInFlight: 3,
-			Running: 4, ScrapedInFlight: 3, ScrapedInFlightKnown: true, Sends: log(300, 200, 100)}, decode / 2},
+		{"no log", full("none", 4, nil), decode / 2},
+		{"sent long ago", full("old", 4, log(old, old, old, old)), decode / 2},
+		{"sent just now", full("new", 4, log(400, 300, 200, 100)), decode - 0.3},
+		{"the third most recent is old", full("mixed", 4, log(old, old, 200, 100)), decode / 2},
+		{"one of a peer", full("peer", 3, log(300, 200, 100)), decode / 2},
+		{"another sender in the scrape", Candidate{Name: "scraped", Matched: 4, InFlight: 4, LocalInFlight: 4,
+			Running: 5, ScrapedInFlight: 4, ScrapedInFlightKnown: true, Sends: log(400, 300, 200, 100)}, 3 * decode / 4},
+		// This request takes the last free slot and starts at once; the
+		// one wait charged for the next arrival stays evenly spaced.
+		{"the last free slot", lastSlot, decode / 4},
 	} {
 		_, ex := explainedPick(t, cfg, &req, []Candidate{tc.cand})
 		require.InDelta(t, tc.want, ex.Replicas[0].SlotWait, 1e-9, tc.name)
 	}
 
-	young, aged := full("young", 3, log(300, 200, 100)), full("aged", 3, log(old, old, old))
+	young, aged := full("young", 4, log(400, 300, 200, 100)), full("aged", 4, log(old, old, old, old))
 	aged.ID = 1
 	d, _ := explainedPick(t, cfg, &req, []Candidate{young, aged})
 	require.Equal(t, 1, d.Index, "the holder whose requests are older")

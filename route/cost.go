@@ -359,7 +359,9 @@ func arrivalDelay(n int, compute, hold float64) float64 {
 // warm in history mode +52 and −0, cold with KV events +22 and +25.
 // Isolated hot90 with KV events went from −562 to −553 and from −463 to
 // −416, one gateway's warm with KV events from +10.3 to −2.0 (seed 3: +19
-// to −16) and from −5.7 to −2.0; no other cell moved by more than 28. The
+// to −16) and from −5.7 to −2.0 (bounding the slot wait only where no
+// slot is free then took it to +12.3 and +3.0: see Cost's slot wait); no
+// other cell moved by more than 28. The
 // rest of the 7.5 % went when the most prefill queued since the scrape
 // before counted as well (the gauges are as of a step in between, and a
 // prompt whose prefill ended in it still held requests back), but that

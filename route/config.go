@@ -21,7 +21,10 @@ type Config struct {
 	// before choosing (see Cost.Pick). When no peer reports load (an
 	// isolated gateway), the same applies to the other senders the
 	// engines' scrapes show, and the value is best the interval those
-	// scrapes come at.
+	// scrapes come at (cost counts three of them where the replica it
+	// ranks first holds the prompt by its KV events: the engines' gauges
+	// lag the scrape by the step in progress, and every gateway reads the
+	// same holders).
 	// A gateway that is the replicas' only sender decides the same
 	// whatever its value. The default, 0, means
 	// DefaultPeerLoadDelaySeconds (0.025 s), so a Config built field by field

@@ -104,11 +104,11 @@ type LoadView interface {
 	// Candidate fills c's Name and load fields (InFlight, LocalInFlight,
 	// Running, Waiting, KVUsage, QueuedPrefillTokens,
 	// PeerQueuedPrefillTokens) for the replica at position i; Route sets
-	// ID and Matched.
+	// ID, Matched and EventsFed.
 	Candidate(i int, c *Candidate)
 	// PublishesKVEvents reports whether the replica at position i
 	// publishes KV events (the ledger a decision is recorded in depends on
-	// it in hybrid mode).
+	// it in hybrid mode, and so does Candidate.EventsFed).
 	PublishesKVEvents(i int) bool
 }
 
@@ -209,7 +209,8 @@ func (s *Scratch) Route(in *Input) Routed {
 	s.cands = s.cands[:0]
 	best := 0 // the longest match: the share of what is cached is read where the cache ends
 	for i, id := range in.Replicas {
-		c := Candidate{ID: id, Matched: int(s.matched[i])}
+		c := Candidate{ID: id, Matched: int(s.matched[i]),
+			EventsFed: LedgerFor(in.Mode, in.Load.PublishesKVEvents(i)) == index.Speculative}
 		if tiers {
 			c.OffloadCPU, c.OffloadDisk = int(s.cpu[i]), int(s.disk[i])
 		}

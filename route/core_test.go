@@ -60,7 +60,8 @@ func coreFixture(t testing.TB, n int) (*index.Index, []index.ReplicaID, *arrayLo
 }
 
 // TestRouteBuildsCandidatesAndOutcome: Route matches every replica in the
-// index, takes the load from the view by position, and returns the pick
+// index, takes the load from the view by position, marks the replicas
+// whose holdings the index learns from KV events, and returns the pick
 // with its uncached work, the ledger for its mode and the observation to
 // complete later.
 func TestRouteBuildsCandidatesAndOutcome(t *testing.T) {
@@ -109,6 +110,9 @@ func TestRouteBuildsCandidatesAndOutcome(t *testing.T) {
 			if i == 2 {
 				want.Matched = len(keys)
 			}
+			// In hybrid mode what a publishing replica holds comes from its
+			// KV events.
+			want.EventsFed = tc.mode == index.ModeHybrid && load.publishes[i]
 			if c != want {
 				t.Fatalf("%v: candidate %d = %+v, want %+v", tc.mode, i, c, want)
 			}

@@ -503,14 +503,42 @@ func peerShare(cands []Candidate) float64 {
 // too noisy to rank them.
 const unseenCompeting = 0.3
 
+// isolatedEventsWindow is how many Config.PeerLoadDelaySeconds an
+// isolated gateway (one that sees the other senders only in the engines'
+// scrapes) counts its own decisions over when it estimates the others'
+// unseen requests, where the replica it ranks first is known to hold the
+// prompt from its KV events (Candidate.EventsFed). The scrape interval
+// understates how stale that view is: vLLM's gauges are as of the
+// engine's last step, and a step with a prefill chunk lasts several
+// 100 ms scrape intervals. In history mode each isolated gateway's index
+// holds only its own sends, so the gateways disagree on the holders and
+// fewer of the others' requests compete for the replicas this one ranks
+// first; with KV events every gateway reads the same holders and the same
+// gauges, and herds. In the discrete-event study (64 replicas, 8 isolated
+// gateways; passes of 3,072 against the best baseline, mean of seeds 1–3,
+// then 4–6) a window of 3 took hot90 with KV events from −553 to −377 and
+// from −416 to −271, cold with KV events from +752 to +786 and from +911
+// to +996, and moved warm and hot50 with KV events by −0 to +19; 2 gained
+// less on hot90 (−425, −383), 4.5 lost cold (+662, +874). Three times the
+// decisions of one delay is not the same: it counts bursts three times
+// over, and lost hot50 with KV events about 100 passes a seed. In history
+// mode the longer window lost every cell at seeds 1–3 (warm −98, hot50
+// −83, cold −38, hot90 −17), so there it stays one delay.
+const isolatedEventsWindow = 3
+
 // unseenPeerRequests estimates how many requests competing with this one
-// peers sent within the last Config.PeerLoadDelaySeconds, which no
-// in-flight count this gateway sees includes yet: this gateway's own
-// decisions in that time (counted with exponential decay), times share
-// (see peerShare), times unseenCompeting. A fractional estimate rounds up
-// with probability equal to its fraction, so it is right on average.
-func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
-	x := c.model.recent.value(now, c.peerDelay, false) * share * unseenCompeting
+// peers sent within the last Config.PeerLoadDelaySeconds (isolatedEventsWindow
+// times that when long), which no in-flight count this gateway sees
+// includes yet: this gateway's own decisions in that time (counted with
+// exponential decay), times share (see peerShare), times unseenCompeting.
+// A fractional estimate rounds up with probability equal to its fraction,
+// so it is right on average.
+func (c *Cost) unseenPeerRequests(now int64, share float64, long bool, rng *Rand) int {
+	v, vLong := c.model.recent.value(now, c.peerDelay, false)
+	if long {
+		v = vLong
+	}
+	x := v * share * unseenCompeting
 	x = min(x, maxUnseen)
 	if !(x > 0) {
 		return 0
@@ -571,8 +599,11 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, rng *Rand) int {
 // load, as stale as the scrape (scrapeShare), and it stands in for the
 // peers' share above. With Config.PeerLoadDelaySeconds set to the scrape
 // interval, isolated gateways spread over the replicas a stale scrape
-// ranks best as synced ones do over a stale peer report; a scrape that
-// shows only this gateway's requests (one gateway) changes nothing.
+// ranks best as synced ones do over a stale peer report (over
+// isolatedEventsWindow intervals where the replica ranked first holds the
+// prompt by its KV events: the gauges are staler than the scrape, and
+// every gateway reads the same holders); a scrape that shows only this
+// gateway's requests (one gateway) changes nothing.
 //
 // A scrape is staler than its interval. vLLM's gauges come from the
 // scheduler's stats after each step, so while an engine computes a long
@@ -633,7 +664,8 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	best, bound := c.choose(req, cands, &placed, &dup, 0, nil, rng, explain)
 	unseen := 0
 	if share > 0 && best >= 0 {
-		unseen = c.unseenPeerRequests(req.Now, share, rng)
+		long := dup.scrapeShare > 0 && cands[best].EventsFed
+		unseen = c.unseenPeerRequests(req.Now, share, long, rng)
 	}
 	if unseen > 0 {
 		// Only the candidate a placement lands on changes its estimate:

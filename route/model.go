@@ -263,7 +263,8 @@ type Model struct {
 	// pool usually run one engine configuration).
 	poolFull atomic.Int32
 	// recent counts the cost strategy's own decisions, decayed with time
-	// constant Config.PeerLoadDelaySeconds (see Cost.Pick).
+	// constant Config.PeerLoadDelaySeconds and isolatedEventsWindow times
+	// that (see Cost.Pick).
 	recent decayed
 	// poolPrefill is the prefill time per uncached token learned from
 	// every replica's samples (an EWMA like a replica's own), and
@@ -283,28 +284,32 @@ type Model struct {
 	shares shareTable
 }
 
-// decayed is a count of events that decays exponentially with time
-// constant tau: an event t seconds ago counts e^(−t/tau). Its expected
-// value under a steady rate λ is λ·tau, the number of events in the last
-// tau seconds. Safe for concurrent use.
+// decayed is a count of events that decays exponentially, kept with two
+// time constants at once: tau and isolatedEventsWindow·tau (see
+// Cost.unseenPeerRequests). With time constant T an event t seconds ago
+// counts e^(−t/T), and the expected count under a steady rate λ is λ·T,
+// the number of events in the last T seconds. Safe for concurrent use.
 type decayed struct {
-	mu  sync.Mutex
-	at  int64 // time of the last update, ns
-	val float64
+	mu        sync.Mutex
+	at        int64 // time of the last update, ns
+	val, long float64
 }
 
-// value returns the count at now (ns) and, when add, counts one more
-// event at now. A now before the last update counts as the same time.
-func (d *decayed) value(now int64, tau float64, add bool) float64 {
+// value returns the counts at now (ns), with time constant tau and
+// isolatedEventsWindow·tau, and, when add, counts one more event at now.
+// A now before the last update counts as the same time.
+func (d *decayed) value(now int64, tau float64, add bool) (v, long float64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.val = decay(d.val, d.at, now, tau)
+	d.long = decay(d.long, d.at, now, isolatedEventsWindow*tau)
 	d.at = max(d.at, now)
-	v := d.val
+	v, long = d.val, d.long
 	if add {
 		d.val++
+		d.long++
 	}
-	return v
+	return v, long
 }
 
 // decay returns a count v last updated at (ns) as seen at now (ns),

@@ -263,3 +263,57 @@ func TestCostCountsOthersUnshownSends(t *testing.T) {
 		require.Equal(t, tc.wantN, n, tc.name)
 	}
 }
+
+// TestCostIsolatedEventsLongerWindow: an isolated gateway (other senders
+// only in the scrapes) estimates the others' unseen requests over
+// isolatedEventsWindow delays where the replica it ranks first holds the
+// prompt by its KV events (Candidate.EventsFed): every gateway reads the
+// same holders, and the engines' gauges are staler than the scrape. Where
+// the holders are its own history, or peers report their load (synced),
+// the window stays one delay.
+func TestCostIsolatedEventsLongerWindow(t *testing.T) {
+	meanUnseen := func(t *testing.T, eventsFed, synced bool) float64 {
+		t.Helper()
+		cfg := DefaultConfig()
+		cfg.PeerLoadDelaySeconds = 0.1
+		s, err := NewSet(cfg)
+		require.NoError(t, err)
+		rng := NewRand(5)
+		req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
+		cands := make([]Candidate, 4)
+		for i := range cands {
+			c := Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), LocalInFlight: 1, InFlight: 1,
+				Running: 7, Waiting: 0, KVUsage: 0.3, EventsFed: eventsFed}
+			if synced {
+				c.InFlight = 7 // peers report the six the scrape shows
+			}
+			cands[i] = c
+		}
+		// This gateway's own decisions, 50 ms apart: about 1.5 of them
+		// within one delay, 5.5 within three.
+		for k := range 40 {
+			req.Now = int64(k) * 5e7
+			s.Cost.Pick(&req, cands, &rng, nil)
+		}
+		req.Now += 5e7
+		sum := 0
+		const picks = 400
+		for range picks {
+			var ex Explanation
+			s.Cost.Pick(&req, cands, &rng, &ex)
+			sum += ex.UnseenPeerRequests
+		}
+		return float64(sum) / picks
+	}
+	history := meanUnseen(t, false, false)
+	events := meanUnseen(t, true, false)
+	t.Logf("isolated: %.2f unseen requests with history holders, %.2f with KV-event holders", history, events)
+	require.Greater(t, history, 1.0, "isolated with history holders must still estimate the others' requests")
+	require.Greater(t, events, 2.5*history, "KV-event holders: the window must be isolatedEventsWindow delays")
+
+	syncedHistory := meanUnseen(t, false, true)
+	syncedEvents := meanUnseen(t, true, true)
+	t.Logf("synced: %.2f with history holders, %.2f with KV-event holders", syncedHistory, syncedEvents)
+	require.Greater(t, syncedHistory, 0.5)
+	require.Equal(t, syncedHistory, syncedEvents, "peers report their load: one delay whatever the holders")
+}

@@ -31,6 +31,12 @@ type Candidate struct {
 	// (TierPricer); the others see 0. prefix-cache never reads them: its
 	// match is GPU-only (AIBrix's semantics).
 	OffloadCPU, OffloadDisk int
+	// EventsFed reports that the index learns what the replica holds from
+	// its KV events (LedgerFor gives the speculative ledger: kv-events
+	// mode, or hybrid mode and a replica that publishes them); Route sets
+	// it. Every gateway reads the same events, so every gateway takes the
+	// replica for a holder alike (see Cost's unseen peer requests).
+	EventsFed bool
 
 	// InFlight is the cluster-wide count of requests in flight to the
 	// replica as this gateway knows it: its own exact count plus the counts

@@ -664,7 +664,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	best, bound := c.choose(req, cands, &placed, &dup, 0, nil, rng, explain)
 	unseen := 0
 	if share > 0 && best >= 0 {
-		long := dup.scrapeShare > 0 && cands[best].EventsFed
+		long := dup.scrapeShare > 0 && !dup.alone && cands[best].EventsFed
 		unseen = c.unseenPeerRequests(req.Now, share, long, rng)
 	}
 	if unseen > 0 {

@@ -270,9 +270,10 @@ func TestCostCountsOthersUnshownSends(t *testing.T) {
 // prompt by its KV events (Candidate.EventsFed): every gateway reads the
 // same holders, and the engines' gauges are staler than the scrape. Where
 // the holders are its own history, or peers report their load (synced),
-// the window stays one delay.
+// the window stays one delay, as it does for a gateway that sees no other
+// sender at all.
 func TestCostIsolatedEventsLongerWindow(t *testing.T) {
-	meanUnseen := func(t *testing.T, eventsFed, synced bool) float64 {
+	meanUnseen := func(t *testing.T, eventsFed, synced bool, alone ...bool) float64 {
 		t.Helper()
 		cfg := DefaultConfig()
 		cfg.PeerLoadDelaySeconds = 0.1
@@ -286,6 +287,11 @@ func TestCostIsolatedEventsLongerWindow(t *testing.T) {
 				Running: 7, Waiting: 0, KVUsage: 0.3, EventsFed: eventsFed}
 			if synced {
 				c.InFlight = 7 // peers report the six the scrape shows
+			}
+			if len(alone) > 0 {
+				// The scrape shows this gateway's own requests as they
+				// were when it was read: no other sender.
+				c.ScrapedInFlight, c.ScrapedInFlightKnown = 7, true
 			}
 			cands[i] = c
 		}
@@ -316,4 +322,11 @@ func TestCostIsolatedEventsLongerWindow(t *testing.T) {
 	t.Logf("synced: %.2f with history holders, %.2f with KV-event holders", syncedHistory, syncedEvents)
 	require.Greater(t, syncedHistory, 0.5)
 	require.Equal(t, syncedHistory, syncedEvents, "peers report their load: one delay whatever the holders")
+
+	// One gateway whose scrape lags its own streams' ends sees no other
+	// sender (Candidate.unseen): its estimate stays one delay.
+	aloneHistory := meanUnseen(t, false, false, true)
+	aloneEvents := meanUnseen(t, true, false, true)
+	t.Logf("alone: %.2f with history holders, %.2f with KV-event holders", aloneHistory, aloneEvents)
+	require.Equal(t, aloneHistory, aloneEvents, "no other sender seen: one delay whatever the holders")
 }

@@ -527,9 +527,10 @@ const unseenCompeting = 0.3
 // unseenCompeting's 0.3, gained hot90 143 or 170 passes over seeds 1–3
 // but lost more on cold, warm and hot50 (152 or 313). In the multiturn
 // grid (16 replicas, 8 isolated gateways, KV events) the SLO pass went
-// from 98.8 % to 99.1 %. In history mode the longer window lost every
-// cell at seeds 1–3 (warm −98, hot50 −83, cold −38, hot90 −17), so there
-// it stays one delay.
+// from 98.8 % to 99.1 %. In history mode the longer window lost, in the
+// four cells' means, 185 passes at seeds 1–3 (warm −108, cold −38, hot90
+// −21, hot50 −18) and gained 21 at seeds 4–6 (cold +100, warm −45, hot50
+// −22, hot90 −12), so there it stays one delay.
 const isolatedEventsWindow = 3
 
 // unseenPeerRequests estimates how many requests competing with this one

@@ -475,6 +475,7 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			TTFTTarget  float64 `json:"ttft_target_s"`
 			TargetMiss  float64 `json:"target_miss_charge_s"`
 			HeldFrom    string  `json:"held_from"`
+			Unseen      int     `json:"unseen_peer_requests"`
 			Replicas    []struct {
 				Name          string  `json:"name"`
 				Matched       int     `json:"matched_blocks"`
@@ -543,6 +544,11 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		} else {
 			fmt.Fprintf(out, "TTFT target %.3gs: not charged (other senders' requests are on these replicas)\n", e.TTFTTarget)
 		}
+	}
+	if e := rep.Explanation; e != nil && e.Unseen > 0 {
+		// cost, with other senders: requests they sent that no load
+		// figure here shows yet, which decide on the same stale view.
+		fmt.Fprintf(out, "spread: %d requests of other senders estimated unseen (their load shows here late); this one took a random place of %d placed alike\n", e.Unseen, e.Unseen+1)
 	}
 	if e := rep.Explanation; e != nil && e.HeldFrom != "" {
 		// cost, isolated: the cheapest score was a recompute estimated

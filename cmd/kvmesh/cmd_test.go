@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvmesh/kvmesh/index"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/route"
 	"github.com/kvmesh/kvmesh/sync/config"
@@ -497,4 +498,42 @@ func TestExplainShowsAHeldRequest(t *testing.T) {
 	require.NoError(t, explain(context.Background(), &out, gw.URL, "M", "p", "cost", "", "", false))
 	assert.Contains(t, out.String(), "pick a (cost_held)")
 	assert.Contains(t, out.String(), "held: b scored cheapest but would recompute the prompt and misses the TTFT target too")
+}
+
+// TestExplainShowsUnseenRequests: where other senders show only in the
+// engines' scrapes, cost estimates the requests they sent that no figure
+// shows yet and spreads over as many placements; kvmesh explain says how
+// many. As in TestExplainShowsAHeldRequest the gateway is an httptest
+// server answering with a real cost decision's report: the estimate
+// needs a stream of this gateway's own decisions and other senders in
+// the scrapes, which a node test cannot time.
+func TestExplainShowsUnseenRequests(t *testing.T) {
+	m, err := route.NewModel(route.DefaultCostConfig())
+	require.NoError(t, err)
+	c := route.NewCost(m)
+	req := route.Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
+	cands := make([]route.Candidate, 4)
+	for i := range cands {
+		cands[i] = route.Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), LocalInFlight: 1, InFlight: 1,
+			Running: 7, KVUsage: 0.3, ScrapedInFlight: 1, ScrapedInFlightKnown: true, EventsFed: true}
+	}
+	rng := route.NewRand(2)
+	for k := range 40 { // this gateway's own decisions, 5 ms apart
+		req.Now = int64(k) * 5e6
+		c.Pick(&req, cands, &rng, nil)
+	}
+	var ex route.Explanation
+	d := c.Pick(&req, cands, &rng, &ex)
+	require.Positive(t, ex.UnseenPeerRequests)
+	report, err := json.Marshal(node.RouteReport{Model: "M", Strategy: "cost", Pick: ex.PickedName, Selection: d.Selection.String(), Explanation: &ex})
+	require.NoError(t, err)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(report)
+	}))
+	defer gw.Close()
+
+	var out bytes.Buffer
+	require.NoError(t, explain(context.Background(), &out, gw.URL, "M", "p", "cost", "", "", false))
+	assert.Contains(t, out.String(), fmt.Sprintf("spread: %d requests of other senders estimated unseen (their load shows here late); this one took a random place of %d placed alike",
+		ex.UnseenPeerRequests, ex.UnseenPeerRequests+1))
 }

@@ -505,9 +505,10 @@ const unseenCompeting = 0.3
 
 // isolatedEventsWindow is how many Config.PeerLoadDelaySeconds an
 // isolated gateway (one that sees the other senders only in the engines'
-// scrapes) counts its own decisions over when it estimates the others'
-// unseen requests, where the replica it ranks first is known to hold the
-// prompt from its KV events (Candidate.EventsFed). The scrape interval
+// scrapes, and sees some: not Pick's alone) counts its own decisions over
+// when it estimates the others' unseen requests, where the replica it
+// ranks first is known to hold the prompt from its KV events
+// (Candidate.EventsFed). The scrape interval
 // understates how stale that view is: vLLM's gauges are as of the
 // engine's last step, and a step with a prefill chunk lasts several
 // 100 ms scrape intervals. In history mode each isolated gateway's index
@@ -610,7 +611,12 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, long bool, rng *Rand
 // isolatedEventsWindow intervals where the replica ranked first holds the
 // prompt by its KV events: the gauges are staler than the scrape, and
 // every gateway reads the same holders); a scrape that shows only this
-// gateway's requests (one gateway) changes nothing.
+// gateway's requests (one gateway) changes nothing, but for the streams
+// that have ended here and that the engine's gauges, as of its last step,
+// still count: scrapeShare takes them for another sender's. Not taking
+// the share where Pick finds this gateway alone left the seed grid as it
+// was and moved one gateway's cells of the 64-replica table by −20 to
+// +26 passes (summed over seeds 1–6), so it stays.
 //
 // A scrape is staler than its interval. vLLM's gauges come from the
 // scheduler's stats after each step, so while an engine computes a long

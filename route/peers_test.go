@@ -273,7 +273,15 @@ func TestCostCountsOthersUnshownSends(t *testing.T) {
 // the window stays one delay, as it does for a gateway that sees no other
 // sender at all.
 func TestCostIsolatedEventsLongerWindow(t *testing.T) {
-	meanUnseen := func(t *testing.T, eventsFed, synced bool, alone ...bool) float64 {
+	// How this gateway sees the other senders' six requests a replica
+	// runs.
+	type view int
+	const (
+		isolated view = iota // only in the scrapes
+		synced               // in the peers' reports too
+		alone                // not at all: the scrape counts its own
+	)
+	meanUnseen := func(t *testing.T, eventsFed bool, v view) float64 {
 		t.Helper()
 		cfg := DefaultConfig()
 		cfg.PeerLoadDelaySeconds = 0.1
@@ -285,10 +293,10 @@ func TestCostIsolatedEventsLongerWindow(t *testing.T) {
 		for i := range cands {
 			c := Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), LocalInFlight: 1, InFlight: 1,
 				Running: 7, Waiting: 0, KVUsage: 0.3, EventsFed: eventsFed}
-			if synced {
+			switch v {
+			case synced:
 				c.InFlight = 7 // peers report the six the scrape shows
-			}
-			if len(alone) > 0 {
+			case alone:
 				// The scrape shows this gateway's own requests as they
 				// were when it was read: no other sender.
 				c.ScrapedInFlight, c.ScrapedInFlightKnown = 7, true
@@ -311,22 +319,22 @@ func TestCostIsolatedEventsLongerWindow(t *testing.T) {
 		}
 		return float64(sum) / picks
 	}
-	history := meanUnseen(t, false, false)
-	events := meanUnseen(t, true, false)
+	history := meanUnseen(t, false, isolated)
+	events := meanUnseen(t, true, isolated)
 	t.Logf("isolated: %.2f unseen requests with history holders, %.2f with KV-event holders", history, events)
 	require.Greater(t, history, 1.0, "isolated with history holders must still estimate the others' requests")
 	require.Greater(t, events, 2.5*history, "KV-event holders: the window must be isolatedEventsWindow delays")
 
-	syncedHistory := meanUnseen(t, false, true)
-	syncedEvents := meanUnseen(t, true, true)
+	syncedHistory := meanUnseen(t, false, synced)
+	syncedEvents := meanUnseen(t, true, synced)
 	t.Logf("synced: %.2f with history holders, %.2f with KV-event holders", syncedHistory, syncedEvents)
 	require.Greater(t, syncedHistory, 0.5)
 	require.Equal(t, syncedHistory, syncedEvents, "peers report their load: one delay whatever the holders")
 
 	// One gateway whose scrape lags its own streams' ends sees no other
 	// sender (Candidate.unseen): its estimate stays one delay.
-	aloneHistory := meanUnseen(t, false, false, true)
-	aloneEvents := meanUnseen(t, true, false, true)
+	aloneHistory := meanUnseen(t, false, alone)
+	aloneEvents := meanUnseen(t, true, alone)
 	t.Logf("alone: %.2f with history holders, %.2f with KV-event holders", aloneHistory, aloneEvents)
 	require.Equal(t, aloneHistory, aloneEvents, "no other sender seen: one delay whatever the holders")
 }

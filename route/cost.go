@@ -618,6 +618,28 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, long bool, rng *Rand
 // was and moved one gateway's cells of the 64-replica table by −20 to
 // +26 passes (summed over seeds 1–6), so it stays.
 //
+// Those isolated gateways with KV events all spread over the same
+// holders, and for a hot prefix (whose own traffic needs copies: see
+// hotPrefixReplicas) the holders are what fills: there the placements
+// may leave the first decision's locality class, so once the placed
+// requests fill the holders the rest, and this request with them when
+// the draw falls there, start copies on the replicas that are free. In
+// the discrete-event hot90 phase with KV events (64 replicas, 8
+// isolated gateways, seed 1) cost made about 5 copies a second for the
+// phase's first 11 seconds where least-request made 32 in its first
+// second; 258 of its 321 failed requests of the hot prefix had gone to
+// holders in the first 18 seconds, and 7 of its 55 copies failed. With
+// the placements free to leave the holders, against the best baseline
+// (passes of 3,072, mean of seeds 1–3, then 4–6): hot90 with KV events
+// went from −377.3 to −287.7 and from −271.0 to −226.7, hot50 with KV
+// events from +1,214.0 to +1,256.3 and from +1,195.7 to +1,261.3, cold
+// with KV events from +786.3 to +793.7 and from +996.0 to +935.7 (seed 4
+// lost 164), warm with KV events moved by −1.3 and +1.0; no other cell
+// moved. Letting every gateway's placements leave the holders of a hot
+// prefix, history mode's isolated ones too, lost isolated warm, hot50
+// and hot90 in history mode 27, 20 and 10 passes (seeds 1–3; synced
+// gateways did not move).
+//
 // A scrape is staler than its interval. vLLM's gauges come from the
 // scheduler's stats after each step, so while an engine computes a long
 // prefill step every scrape reads the step's start again, and gateways
@@ -676,15 +698,22 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	var placed placements
 	best, bound := c.choose(req, cands, &placed, &dup, 0, nil, rng, explain)
 	unseen := 0
+	// herd: an isolated gateway ranks first a replica that its KV events
+	// name a holder, as every other gateway does (see
+	// isolatedEventsWindow).
+	herd := false
 	if share > 0 && best >= 0 {
-		long := dup.scrapeShare > 0 && !dup.alone && cands[best].EventsFed
-		unseen = c.unseenPeerRequests(req.Now, share, long, rng)
+		herd = dup.scrapeShare > 0 && !dup.alone && cands[best].EventsFed
+		unseen = c.unseenPeerRequests(req.Now, share, herd, rng)
 	}
 	if unseen > 0 {
 		// Only the candidate a placement lands on changes its estimate:
 		// the others' are kept in cache between placements.
 		var cache estimates
 		class := c.chunks(req, &cands[best])
+		if herd && dup.hot(len(cands)) {
+			class = 0 // the copies carry a hot prefix: see Pick
+		}
 		for k := rng.IntN(unseen + 1); k > 0; k-- {
 			placed.add(best, c.computedUnits(req, &cands[best]))
 			cache.drop(best)
@@ -776,7 +805,7 @@ func (c *Cost) hold(req *Request, cands []Candidate, best int, ttft float64, dup
 	target := c.model.cfg.TTFTTargetSeconds
 	if target <= 0 || !(ttft > target) || dup.alone || dup.best == 0 ||
 		matchedBlocks(req, &cands[best]) >= dup.best ||
-		dup.share*float64(len(cands)) > hotPrefixReplicas || peerShare(cands) > 0 {
+		dup.hot(len(cands)) || peerShare(cands) > 0 {
 		return -1
 	}
 	own := c.chunks(req, &cands[best])

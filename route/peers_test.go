@@ -338,3 +338,76 @@ func TestCostIsolatedEventsLongerWindow(t *testing.T) {
 	t.Logf("alone: %.2f with history holders, %.2f with KV-event holders", aloneHistory, aloneEvents)
 	require.Equal(t, aloneHistory, aloneEvents, "no other sender seen: one delay whatever the holders")
 }
+
+// TestCostIsolatedEventsHotSpreadCopies: where an isolated gateway ranks
+// first a replica its KV events name a holder, every gateway ranks it
+// first, and the others' unseen requests pile onto the holders. For a
+// hot prefix (its own traffic needs copies) the placements of those
+// requests may leave the holders once they fill, so some of the
+// gateway's requests start copies on idle replicas; a prefix that is not
+// hot, holders known from this gateway's own history, or peers that
+// report their load keep every placement with the holder.
+func TestCostIsolatedEventsHotSpreadCopies(t *testing.T) {
+	type view struct {
+		eventsFed, hot, synced bool
+	}
+	copies := func(t *testing.T, v view) int {
+		t.Helper()
+		cfg := DefaultConfig()
+		cfg.PeerLoadDelaySeconds = 0.1
+		cfg.Cost.MaxRunning = 8
+		s, err := NewSet(cfg)
+		require.NoError(t, err)
+		rng := NewRand(9)
+		// One holder running this gateway's request and five of other
+		// senders; eleven idle replicas.
+		cands := make([]Candidate, 12)
+		for i := range cands {
+			cands[i] = Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), Running: 0, Waiting: 0, KVUsage: 0.1,
+				EventsFed: v.eventsFed}
+		}
+		holder := &cands[0]
+		holder.Matched, holder.InFlight, holder.LocalInFlight, holder.Running = 40, 1, 1, 6
+		if v.synced {
+			holder.InFlight = 6 // peers report the five the scrape shows
+		}
+		req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
+		// This gateway's own decisions, 10 ms apart (enough unseen
+		// requests to fill the holder over one delay, too), for this
+		// prompt (hot: all its traffic) or each for a prompt of its own.
+		for k := range 40 {
+			id := uint64(42)
+			if !v.hot {
+				id = uint64(100 + k)
+			}
+			req.Prefixes = NewPrefixes(promptKeys(0, 40, id))
+			req.Now = int64(k) * 1e7
+			s.Cost.Pick(&req, cands, &rng, nil)
+		}
+		req.Prefixes = NewPrefixes(promptKeys(0, 40, 42))
+		req.Now += 1e7
+		n := 0
+		for range 400 {
+			var ex Explanation
+			if s.Cost.Pick(&req, cands, &rng, &ex).Index != 0 {
+				n++
+			}
+		}
+		return n
+	}
+	hot := copies(t, view{eventsFed: true, hot: true})
+	t.Logf("copies of 400: %d of a hot prefix held by KV events", hot)
+	require.Greater(t, hot, 40, "a hot prefix: the unseen requests' placements leave the full holder")
+	for _, tc := range []struct {
+		name string
+		view
+	}{
+		{"not hot", view{eventsFed: true}},
+		{"history holders", view{hot: true}},
+		{"synced", view{eventsFed: true, hot: true, synced: true}},
+	} {
+		n := copies(t, tc.view)
+		t.Logf("copies of 400: %d, %s", n, tc.name)
+		require.Zero(t, n, tc.name)
+	}
+}

@@ -236,6 +236,13 @@ type duplication struct {
 	scrapeShare float64
 }
 
+// hot reports whether the prefix as far as the best match is hot over
+// candidates replicas: its share of the traffic is more than
+// hotPrefixReplicas replicas' fair share, so its own traffic needs copies.
+func (d *duplication) hot(candidates int) bool {
+	return d.share*float64(candidates) > hotPrefixReplicas
+}
+
 // duplication fills d with the duplicate-prefill pricing of req over
 // cands, counting req in the prefix shares when add.
 func (c *Cost) duplication(req *Request, cands []Candidate, add bool, d *duplication) {

@@ -224,7 +224,7 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 	cfg := &c.model.cfg
 	n = max(cand.InFlight, 0) + cand.unseen() + dup.unshownOthers(cand) + extra.requests
 	// Work in engine tokens: the keys' units converted (Request.UnitsPerToken).
-	queued := req.tokens(cand.queuedPrefill() + extra.tokens)
+	queued := req.tokens(cand.queuedPrefill() + extra.tokens + dup.inProgress(req, cand))
 	capacity := c.capacity(req, cand, queued, sv)
 	// full > 0: this request would take the last free slot (full = 1) or
 	// wait for full−1 slots to free.
@@ -640,6 +640,43 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, long bool, rng *Rand
 // and hot90 in history mode 27, 20 and 10 passes (seeds 1–3; synced
 // gateways did not move).
 //
+// Still those gateways made copies slowly: what the others' copies
+// compute reaches them as KV events, not as load. Two rules apply where
+// the other senders show only in the scrapes and the prefix is hot:
+//
+//   - a replica whose events show the start of the prompt, less of it than
+//     another candidate holds, is taken to be computing the rest for
+//     another sender, and the rest counts as prefill queued there
+//     (duplication.inProgress). Events report a prefill chunk by chunk:
+//     in the hot90 phase above, 2 to 6 replicas at a time held part of
+//     the hot prompt's 309 blocks (mostly 128 or 256), and in most of
+//     the decisions sampled cost ranked one of them first for the head
+//     start;
+//   - where the holders (the candidates leaving the fewest chunks) number
+//     H, fewer than the prefix's share of the candidates s·K (the
+//     replicas its traffic needs), the request goes, with probability
+//     1 − H/(s·K), to the cheapest candidate outside them (copyByNeed).
+//     The holders' load shows too late to tell which one is full, but
+//     their number tells that they are too few; the gateways together
+//     then make about the copies missing.
+//
+// In a driver that runs that phase alone (seed 1), isolated hot90 with KV
+// events went from −137 passes against least-request to −57 with the
+// first rule alone, −144 with the second alone (first versions of each)
+// and +57 with both; copies in the phase's first 5 seconds went from 25
+// to 60, failed requests of the hot prefix from 192 to 32. In the
+// 64-replica table (mean of seeds 1–3,
+// then 4–6) isolated hot90 with KV events went from −287.7 to +41.7 and
+// from −226.7 to +110.0 (no seed missing), hot50 with KV events from
+// +1,256.3 to +1,472.7 and from +1,261.3 to +1,456.7, warm with KV events
+// from +242.0 to +259.3 and from +214.0 to +233.7, cold with KV events
+// from +793.7 to +724.3 and from +935.7 to +823.0 (its eight groups are
+// each an eighth of the traffic, at the threshold of hot on 64
+// replicas); synced gateways' cells with KV events moved by −8.0 to +3.7
+// (where peers have nothing in flight to the candidates, a synced
+// gateway reads the scrapes too), history mode's and one gateway's not at
+// all.
+//
 // A scrape is staler than its interval. vLLM's gauges come from the
 // scheduler's stats after each step, so while an engine computes a long
 // prefill step every scrape reads the step's start again, and gateways
@@ -684,6 +721,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	// An explained decision is not routed: it does not count.
 	c.duplication(req, cands, explain == nil, &dup)
 	dup.alone = !othersSeen(cands)
+	dup.isolatedHot = dup.scrapeShare > 0 && !dup.alone && dup.hot(len(cands))
 	if miss := m.cfg.targetMiss(); miss > 0 && dup.alone {
 		dup.targetMiss = miss
 	}
@@ -696,7 +734,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		c.learn(req, &cands[i], m.slot(cands[i].ID))
 	}
 	var placed placements
-	best, bound := c.choose(req, cands, &placed, &dup, 0, nil, rng, explain)
+	best, bound := c.choose(req, cands, &placed, &dup, chunkClass{}, nil, rng, explain)
 	unseen := 0
 	// herd: an isolated gateway ranks first a replica that its KV events
 	// name a holder, as every other gateway does (see
@@ -706,13 +744,19 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		herd = dup.scrapeShare > 0 && !dup.alone && cands[best].EventsFed
 		unseen = c.unseenPeerRequests(req.Now, share, herd, rng)
 	}
+	copied := false
+	if herd && dup.hot(len(cands)) {
+		if b := c.copyByNeed(req, cands, best, &dup, rng); b >= 0 {
+			best, copied = b, true
+		}
+	}
 	if unseen > 0 {
 		// Only the candidate a placement lands on changes its estimate:
 		// the others' are kept in cache between placements.
 		var cache estimates
-		class := c.chunks(req, &cands[best])
-		if herd && dup.hot(len(cands)) {
-			class = 0 // the copies carry a hot prefix: see Pick
+		class := chunkClass{n: c.chunks(req, &cands[best])}
+		if herd && dup.hot(len(cands)) && !copied {
+			class = chunkClass{} // the copies carry a hot prefix: see Pick
 		}
 		for k := rng.IntN(unseen + 1); k > 0; k-- {
 			placed.add(best, c.computedUnits(req, &cands[best]))
@@ -817,7 +861,7 @@ func (c *Cost) hold(req *Request, cands []Candidate, best int, ttft float64, dup
 		return -1 // the recompute computes no more chunks than the holders
 	}
 	var none placements
-	h, _ := c.choose(req, cands, &none, dup, class, nil, rng, nil)
+	h, _ := c.choose(req, cands, &none, dup, chunkClass{n: class}, nil, rng, nil)
 	return h
 }
 
@@ -827,6 +871,50 @@ func (c *Cost) hold(req *Request, cands []Candidate, best int, ttft float64, dup
 func (c *Cost) chunks(req *Request, cand *Candidate) int {
 	chunk := float64(c.model.cfg.ChunkTokens)
 	return max(1, int(math.Ceil(req.tokens(c.computedUnits(req, cand))/chunk)))
+}
+
+// chunkClass selects candidates by the prefill chunks they leave to
+// compute (Cost.chunks): all (the zero value), exactly n, or, with
+// beyond, more than n.
+type chunkClass struct {
+	n      int
+	beyond bool
+}
+
+// admits reports whether a candidate leaving chunks to compute is in k.
+func (k chunkClass) admits(chunks int) bool {
+	switch {
+	case k.n == 0:
+		return true
+	case k.beyond:
+		return chunks > k.n
+	}
+	return chunks == k.n
+}
+
+// copyByNeed returns the candidate Pick starts a copy of req's hot prefix
+// on instead of best, or −1 to keep best (see Pick). Where best is among
+// the holders (the candidates leaving the fewest chunks) and they number
+// H, fewer than the prefix's share of the candidates s·K, it moves req,
+// with probability 1 − H/(s·K), to the cheapest candidate outside them.
+func (c *Cost) copyByNeed(req *Request, cands []Candidate, best int, dup *duplication, rng *Rand) int {
+	class := c.chunks(req, &cands[best])
+	holders := 0
+	for i := range cands {
+		switch k := c.chunks(req, &cands[i]); {
+		case k < class:
+			return -1 // best is no holder already
+		case k == class:
+			holders++
+		}
+	}
+	need := dup.share * float64(len(cands))
+	if float64(holders) >= need || rng.Float64() >= 1-float64(holders)/need {
+		return -1
+	}
+	var none placements
+	b, _ := c.choose(req, cands, &none, dup, chunkClass{n: class, beyond: true}, nil, rng, nil)
+	return b
 }
 
 // cachedEstimates is how many candidates' estimates an estimates holds;
@@ -866,16 +954,17 @@ func (c *Cost) score(req *Request, cands []Candidate, i int, placed *placements,
 }
 
 // choose is one decision of Pick over cands with the requests in placed
-// added, among the candidates leaving class prefill chunks to compute (all
-// when class is 0): it returns the chosen position (−1 if every cost is
-// NaN) and the near-tie bound. The caller holds the model's read lock. cache, when non-nil, keeps the
-// estimates between calls. explain, when non-nil, receives the scores.
-func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *duplication, class int, cache *estimates, rng *Rand, explain *Explanation) (best int, bound float64) {
+// added, among the candidates whose prefill chunks to compute class
+// admits: it returns the chosen position (−1 if every cost is NaN, or
+// class admits none) and the near-tie bound. The caller holds the model's
+// read lock. cache, when non-nil, keeps the estimates between calls.
+// explain, when non-nil, receives the scores.
+func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *duplication, class chunkClass, cache *estimates, rng *Rand, explain *Explanation) (best int, bound float64) {
 	// Pass 1: the smallest cost and the near-tie bound above it.
 	minCost, tolerance := math.Inf(1), 0.0
 	for i := range cands {
 		cand := &cands[i]
-		if class > 0 && c.chunks(req, cand) != class {
+		if !class.admits(c.chunks(req, cand)) {
 			continue
 		}
 		cost, step, _ := c.score(req, cands, i, placed, dup, cache)
@@ -894,7 +983,7 @@ func (c *Cost) choose(req *Request, cands []Candidate, placed *placements, dup *
 	for i := range cands {
 		cand := &cands[i]
 		chunks := c.chunks(req, cand)
-		if class > 0 && chunks != class {
+		if !class.admits(chunks) {
 			continue
 		}
 		cost, _, n := c.score(req, cands, i, placed, dup, cache)

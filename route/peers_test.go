@@ -411,3 +411,165 @@ func TestCostIsolatedEventsHotSpreadCopies(t *testing.T) {
 		require.Zero(t, n, tc.name)
 	}
 }
+
+// TestCostInProgressCopy: KV events report a prefill chunk by chunk, so
+// a replica computing a prompt for another sender shows the prompt's
+// start while a scrape still shows it idle. Where the other senders show
+// only in the scrapes and the prefix is hot (duplication.isolatedHot),
+// the rest of the prompt that another candidate holds further counts as
+// prefill queued there, less what this gateway queued itself; a head
+// start then no longer makes that replica cheaper than a free one.
+func TestCostInProgressCopy(t *testing.T) {
+	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5120, MaxTokens: 128}
+	m, err := NewModel(DefaultCostConfig())
+	require.NoError(t, err)
+	c := NewCost(m)
+	r := m.rate(0)
+	ttft := func(cand Candidate, dup duplication) float64 {
+		t.Helper()
+		est, _, _, _ := c.estimate(&req, &cand, r, nil, placement{}, &dup, nil)
+		return est
+	}
+	// Eight of the prompt's 40 blocks so far, by its KV events.
+	started := Candidate{ID: 1, Name: "started", Matched: 8, EventsFed: true, Running: 0, Waiting: 0, KVUsage: 0.1}
+	free := Candidate{ID: 2, Name: "free", EventsFed: true, Running: 0, Waiting: 0, KVUsage: 0.1}
+	isolatedHot := duplication{best: 40, isolatedHot: true}
+	require.Equal(t, 32*128, isolatedHot.inProgress(&req, &started))
+	require.Greater(t, ttft(started, isolatedHot), ttft(free, isolatedHot),
+		"the rest of another sender's prefill is ahead of this one's")
+
+	for name, tc := range map[string]struct {
+		cand Candidate
+		dup  duplication
+		want int
+	}{
+		"not isolated or not hot": {started, duplication{best: 40}, 0},
+		"holdings from history":   {func() Candidate { c := started; c.EventsFed = false; return c }(), isolatedHot, 0},
+		"the longest holder":      {func() Candidate { c := started; c.Matched = 40; return c }(), isolatedHot, 0},
+		"nothing held":            {free, isolatedHot, 0},
+		"own prefill queued there, part of it": {func() Candidate { c := started; c.QueuedPrefillTokens = 10 * 128; return c }(),
+			isolatedHot, 22 * 128},
+		"own prefill queued there, all of it": {func() Candidate { c := started; c.QueuedPrefillTokens = 40 * 128; return c }(),
+			isolatedHot, 0},
+	} {
+		require.Equal(t, tc.want, tc.dup.inProgress(&req, &tc.cand), name)
+	}
+	plain := duplication{best: 40}
+	require.Less(t, ttft(started, plain), ttft(free, plain), "elsewhere a head start is a head start")
+
+	// Pick sees it so: an isolated gateway (other senders' requests in
+	// the scrapes) whose recent requests all share the prompt, a holder
+	// of all of it, and one replica started on it. Hot over 12
+	// candidates, not over 4 (hotPrefixReplicas); and not where the
+	// scrapes show this gateway's requests alone.
+	for _, tc := range []struct {
+		k            int
+		alone, ahead bool
+	}{{12, false, true}, {4, false, false}, {12, true, false}} {
+		cands := []Candidate{{ID: 0, Name: "holder", Matched: 40, EventsFed: true, Running: 6, KVUsage: 0.3}, started}
+		for i := 2; i < tc.k; i++ {
+			cands = append(cands, Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("free-", i), EventsFed: true,
+				Running: 1, KVUsage: 0.1})
+		}
+		if tc.alone {
+			for i := range cands {
+				cands[i].InFlight, cands[i].LocalInFlight = cands[i].Running, cands[i].Running
+			}
+		}
+		hot := req
+		hot.Prefixes = NewPrefixes(promptKeys(0, 40, 42))
+		m, err := NewModel(DefaultCostConfig())
+		require.NoError(t, err)
+		c := NewCost(m)
+		for n := range 20 {
+			hot.Now = int64(n) * 5e7
+			rng := NewRand(uint64(n))
+			c.Pick(&hot, cands, &rng, nil)
+		}
+		var ex Explanation
+		rng := NewRand(1)
+		c.Pick(&hot, cands, &rng, &ex)
+		startedTTFT, freeTTFT := ex.Replicas[1].EstimatedTTFT, ex.Replicas[2].EstimatedTTFT
+		if tc.ahead {
+			require.Greater(t, startedTTFT, freeTTFT, "%+v", tc)
+		} else {
+			require.Less(t, startedTTFT, freeTTFT, "%+v", tc)
+		}
+	}
+}
+
+// TestCostCopyByNeed: an isolated gateway whose KV events name H holders
+// of a hot prefix, fewer than its share of the candidates needs (s·K),
+// sends a request to the cheapest replica outside them with probability
+// 1 − H/(s·K), however cheap the holders look: every gateway reads the
+// same holders and the same stale scrapes, so the holders' load shows too
+// late to spread the prefix. History holders, a prefix that is not hot
+// and a gateway that sees every request keep the holder.
+func TestCostCopyByNeed(t *testing.T) {
+	const k = 16
+	type view struct {
+		holders        int
+		eventsFed, hot bool
+		alone          bool
+	}
+	copies := func(t *testing.T, v view) float64 {
+		t.Helper()
+		cfg := DefaultConfig()
+		cfg.PeerLoadDelaySeconds = 0.1
+		s, err := NewSet(cfg)
+		require.NoError(t, err)
+		rng := NewRand(13)
+		cands := make([]Candidate, k)
+		for i := range cands {
+			// Each runs one request of another sender, in the scrape.
+			cands[i] = Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), Running: 1, Waiting: 0, KVUsage: 0.1,
+				EventsFed: v.eventsFed}
+			if v.alone {
+				cands[i].InFlight, cands[i].LocalInFlight = 1, 1
+			}
+			if i < v.holders {
+				cands[i].Matched = 40
+			}
+		}
+		req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5120, MaxTokens: 128}
+		// This gateway's own decisions, 50 ms apart, for this prompt
+		// (hot: all of them; else one in four, a share of 1/4 that
+		// needs 4 of the 16 replicas, fewer than hotPrefixReplicas).
+		for n := range 40 {
+			id := uint64(42)
+			if !v.hot && n%4 != 0 {
+				id = uint64(100 + n)
+			}
+			req.Prefixes = NewPrefixes(promptKeys(0, 40, id))
+			req.Now = int64(n) * 5e7
+			s.Cost.Pick(&req, cands, &rng, nil)
+		}
+		req.Prefixes = NewPrefixes(promptKeys(0, 40, 42))
+		req.Now += 5e7
+		const picks = 800
+		moved := 0
+		for range picks {
+			var ex Explanation
+			if s.Cost.Pick(&req, cands, &rng, &ex).Index >= v.holders {
+				moved++
+			}
+		}
+		return float64(moved) / picks
+	}
+	for _, h := range []int{1, 4, 12} {
+		got := copies(t, view{holders: h, eventsFed: true, hot: true})
+		want := 1 - float64(h)/k
+		t.Logf("%d holders of %d: %.3f of the requests started copies, want about %.3f", h, k, got, want)
+		require.InDelta(t, want, got, 0.07, "%d holders", h)
+	}
+	for _, tc := range []struct {
+		name string
+		view
+	}{
+		{"history holders", view{holders: 1, hot: true}},
+		{"not hot", view{holders: 1, eventsFed: true}},
+		{"alone", view{holders: 1, eventsFed: true, hot: true, alone: true}},
+	} {
+		require.Zero(t, copies(t, tc.view), tc.name)
+	}
+}

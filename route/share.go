@@ -234,6 +234,31 @@ type duplication struct {
 	// this gateway's where it sees them only in the engines' scrapes (see
 	// scrapeShare), 0 otherwise: the multiplier of unshownOthers.
 	scrapeShare float64
+	// isolatedHot: other senders show only in the scrapes (scrapeShare
+	// above 0, not alone) and the prefix is hot (see hot), so what their
+	// copies of it compute shows only in the KV events (see inProgress).
+	isolatedHot bool
+}
+
+// inProgress is the part of req's prompt that cand is likely computing
+// for another sender, in the keys' units, where d.isolatedHot: cand's KV
+// events show it holding the start of the prompt, less of it than another
+// candidate holds (d.best), less the prefill this gateway queued there.
+// KV events report a prefill chunk by chunk, so a replica that another
+// gateway sent the prompt to shows its match growing while that prefill
+// runs, yet a scrape that does not show the request yet shows the
+// replica idle: with a head start of a chunk or two it ranked cheapest,
+// and every gateway that reads the same events sent there. 0 for a nil
+// d.
+func (d *duplication) inProgress(req *Request, cand *Candidate) int {
+	if d == nil || !d.isolatedHot || !cand.EventsFed {
+		return 0
+	}
+	if matchedBlocks(req, cand) <= 0 {
+		return 0
+	}
+	rest := req.UncachedTokens(cand.Matched) - req.UncachedTokens(d.best)
+	return max(rest-max(cand.QueuedPrefillTokens, 0), 0)
 }
 
 // hot reports whether the prefix as far as the best match is hot over

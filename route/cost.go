@@ -746,7 +746,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	}
 	copied := false
 	if herd && dup.hot(len(cands)) {
-		if b := c.copyByNeed(req, cands, best, &dup, rng); b >= 0 {
+		if b := c.copyByNeed(req, cands, best, &dup, rng, explain); b >= 0 {
 			best, copied = b, true
 		}
 	}
@@ -897,7 +897,8 @@ func (k chunkClass) admits(chunks int) bool {
 // the holders (the candidates leaving the fewest chunks) and they number
 // H, fewer than the prefix's share of the candidates s·K, it moves req,
 // with probability 1 − H/(s·K), to the cheapest candidate outside them.
-func (c *Cost) copyByNeed(req *Request, cands []Candidate, best int, dup *duplication, rng *Rand) int {
+// explain, when non-nil, receives H, s·K and the holder left.
+func (c *Cost) copyByNeed(req *Request, cands []Candidate, best int, dup *duplication, rng *Rand, explain *Explanation) int {
 	class := c.chunks(req, &cands[best])
 	holders := 0
 	for i := range cands {
@@ -909,11 +910,20 @@ func (c *Cost) copyByNeed(req *Request, cands []Candidate, best int, dup *duplic
 		}
 	}
 	need := dup.share * float64(len(cands))
-	if float64(holders) >= need || rng.Float64() >= 1-float64(holders)/need {
+	if float64(holders) >= need {
+		return -1
+	}
+	if explain != nil {
+		explain.HotHolders, explain.HotHoldersNeeded = holders, need
+	}
+	if rng.Float64() >= 1-float64(holders)/need {
 		return -1
 	}
 	var none placements
 	b, _ := c.choose(req, cands, &none, dup, chunkClass{n: class, beyond: true}, nil, rng, nil)
+	if b >= 0 && explain != nil {
+		explain.CopiedFrom = cands[best].Name
+	}
 	return b
 }
 

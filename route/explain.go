@@ -82,6 +82,16 @@ type Explanation struct {
 	// "cost_held": that replica would have recomputed the prompt, and
 	// was estimated past the TTFT target); "" otherwise.
 	HeldFrom string `json:"held_from,omitempty"`
+	// HotHolders and HotHoldersNeeded: where cost, on a gateway that
+	// sees other senders only in the engines' scrapes, found a hot
+	// prefix held by fewer replicas than its share of the traffic needs
+	// (share·candidates), the holders it found and that need; the
+	// request then started a copy with probability 1 − holders/need
+	// (see Cost.Pick). CopiedFrom names the holder the scores ranked
+	// first when it did; "" otherwise.
+	HotHolders       int     `json:"hot_holders,omitempty"`
+	HotHoldersNeeded float64 `json:"hot_holders_needed,omitempty"`
+	CopiedFrom       string  `json:"copied_from,omitempty"`
 	// PrefixShare is cost's estimate of the share of this gateway's
 	// recent requests that share the prompt as far as the best-matching
 	// replica holds it (0 when none holds any). A replica that would
@@ -170,6 +180,7 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 	e.ScoreUnit = ""
 	e.UnseenPeerRequests = 0
 	e.HeldFrom = ""
+	e.HotHolders, e.HotHoldersNeeded, e.CopiedFrom = 0, 0, ""
 	e.PrefixShare = 0
 	e.UnitsPerToken = 0
 	if req.unitsKeyed() {

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -550,8 +551,23 @@ func TestCostCopyByNeed(t *testing.T) {
 		moved := 0
 		for range picks {
 			var ex Explanation
-			if s.Cost.Pick(&req, cands, &rng, &ex).Index >= v.holders {
+			d := s.Cost.Pick(&req, cands, &rng, &ex)
+			if d.Index >= v.holders {
 				moved++
+			}
+			if !v.eventsFed || !v.hot || v.alone {
+				require.Zero(t, ex.HotHolders)
+				continue
+			}
+			// The explanation says what the rule saw and which holder
+			// the request left.
+			require.Equal(t, v.holders, ex.HotHolders)
+			require.InDelta(t, k, ex.HotHoldersNeeded, 0.5, "a share of about 1 over %d candidates", k)
+			if d.Index >= v.holders {
+				left := slices.IndexFunc(cands[:v.holders], func(c Candidate) bool { return c.Name == ex.CopiedFrom })
+				require.GreaterOrEqual(t, left, 0, "the replica left, %q, is a holder", ex.CopiedFrom)
+			} else {
+				require.Empty(t, ex.CopiedFrom)
 			}
 		}
 		return float64(moved) / picks

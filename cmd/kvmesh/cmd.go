@@ -475,6 +475,9 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			TTFTTarget  float64 `json:"ttft_target_s"`
 			TargetMiss  float64 `json:"target_miss_charge_s"`
 			HeldFrom    string  `json:"held_from"`
+			HotHolders  int     `json:"hot_holders"`
+			HotNeeded   float64 `json:"hot_holders_needed"`
+			CopiedFrom  string  `json:"copied_from"`
 			Unseen      int     `json:"unseen_peer_requests"`
 			Replicas    []struct {
 				Name          string  `json:"name"`
@@ -549,6 +552,18 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		// cost, with other senders: requests they sent that no load
 		// figure here shows yet, which decide on the same stale view.
 		fmt.Fprintf(out, "spread: %d requests of other senders estimated unseen (their load shows here late); this one took a random place of %d placed alike\n", e.Unseen, e.Unseen+1)
+	}
+	if e := rep.Explanation; e != nil && e.HotHolders > 0 {
+		// cost, isolated: a hot prefix on fewer replicas than its
+		// traffic needs, which the stale metrics cannot show full.
+		p := 1 - float64(e.HotHolders)/e.HotNeeded
+		if e.CopiedFrom != "" {
+			fmt.Fprintf(out, "copy: the hot prefix has %d holders, fewer than the %.1f its share of the traffic needs; this request started a copy instead of joining %s (chance %.0f%%)\n",
+				e.HotHolders, e.HotNeeded, e.CopiedFrom, 100*p)
+		} else {
+			fmt.Fprintf(out, "copy: the hot prefix has %d holders, fewer than the %.1f its share of the traffic needs; this request stayed with them (a copy had a %.0f%% chance)\n",
+				e.HotHolders, e.HotNeeded, 100*p)
+		}
 	}
 	if e := rep.Explanation; e != nil && e.HeldFrom != "" {
 		// cost, isolated: the cheapest score was a recompute estimated

@@ -537,3 +537,55 @@ func TestExplainShowsUnseenRequests(t *testing.T) {
 	assert.Contains(t, out.String(), fmt.Sprintf("spread: %d requests of other senders estimated unseen (their load shows here late); this one took a random place of %d placed alike",
 		ex.UnseenPeerRequests, ex.UnseenPeerRequests+1))
 }
+
+// TestExplainShowsACopyByNeed: where cost, on a gateway that sees other
+// senders only in the engines' scrapes, finds a hot prefix on fewer
+// replicas than its traffic needs, the text view says so, and whether the
+// request started a copy or stayed with the holders.
+func TestExplainShowsACopyByNeed(t *testing.T) {
+	m, err := route.NewModel(route.DefaultCostConfig())
+	require.NoError(t, err)
+	c := route.NewCost(m)
+	req := route.Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5120, MaxTokens: 128}
+	keys := make([]index.BlockKey, 40)
+	for i := range keys {
+		keys[i] = index.BlockKey(1 + i)
+	}
+	req.Prefixes = route.NewPrefixes(keys)
+	// One holder of 16 replicas, each running one request of another
+	// sender; every recent request of this gateway shares the prompt.
+	cands := make([]route.Candidate, 16)
+	for i := range cands {
+		cands[i] = route.Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), Running: 1, KVUsage: 0.1, EventsFed: true}
+	}
+	cands[0].Matched = 40
+	rng := route.NewRand(4)
+	for k := range 20 {
+		req.Now = int64(k) * 5e7
+		c.Pick(&req, cands, &rng, nil)
+	}
+	seen := map[bool]bool{} // by whether the request started a copy
+	for range 200 {
+		var ex route.Explanation
+		d := c.Pick(&req, cands, &rng, &ex)
+		copied := d.Index != 0
+		if seen[copied] {
+			continue
+		}
+		seen[copied] = true
+		report, err := json.Marshal(node.RouteReport{Model: "M", Strategy: "cost", Pick: ex.PickedName, Selection: d.Selection.String(), Explanation: &ex})
+		require.NoError(t, err)
+		gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write(report)
+		}))
+		var out bytes.Buffer
+		require.NoError(t, explain(context.Background(), &out, gw.URL, "M", "p", "cost", "", "", false))
+		gw.Close()
+		want := "copy: the hot prefix has 1 holders, fewer than the 16.0 its share of the traffic needs; this request stayed with them (a copy had a 94% chance)"
+		if copied {
+			want = "copy: the hot prefix has 1 holders, fewer than the 16.0 its share of the traffic needs; this request started a copy instead of joining r0 (chance 94%)"
+		}
+		assert.Contains(t, out.String(), want)
+	}
+	require.True(t, seen[true] && seen[false], "200 requests: some started copies, some stayed")
+}

@@ -284,10 +284,7 @@ func TestCostIsolatedEventsLongerWindow(t *testing.T) {
 	)
 	meanUnseen := func(t *testing.T, eventsFed bool, v view) float64 {
 		t.Helper()
-		cfg := DefaultConfig()
-		cfg.PeerLoadDelaySeconds = 0.1
-		s, err := NewSet(cfg)
-		require.NoError(t, err)
+		s := staleViewSet(t, 0)
 		rng := NewRand(5)
 		req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
 		cands := make([]Candidate, 4)
@@ -354,51 +351,43 @@ func TestCostIsolatedEventsHotSpreadCopies(t *testing.T) {
 	}
 	copies := func(t *testing.T, v view) int {
 		t.Helper()
-		cfg := DefaultConfig()
-		cfg.PeerLoadDelaySeconds = 0.1
-		cfg.Cost.MaxRunning = 8
-		s, err := NewSet(cfg)
-		require.NoError(t, err)
+		s := staleViewSet(t, 8)
 		rng := NewRand(9)
-		// One holder running this gateway's request and five of other
-		// senders; eleven idle replicas.
-		cands := make([]Candidate, 12)
+		// Ten holders, each running one request of this gateway's and
+		// six of other senders; six idle replicas.
+		const holders = 10
+		cands := make([]Candidate, 16)
 		for i := range cands {
 			cands[i] = Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), Running: 0, Waiting: 0, KVUsage: 0.1,
 				EventsFed: v.eventsFed}
-		}
-		holder := &cands[0]
-		holder.Matched, holder.InFlight, holder.LocalInFlight, holder.Running = 40, 1, 1, 6
-		if v.synced {
-			holder.InFlight = 6 // peers report the five the scrape shows
+			if i < holders {
+				c := &cands[i]
+				c.Matched, c.InFlight, c.LocalInFlight, c.Running = 40, 1, 1, 7
+				if v.synced {
+					c.InFlight = 7 // peers report the six the scrape shows
+				}
+			}
 		}
 		req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
-		// This gateway's own decisions, 10 ms apart (enough unseen
-		// requests to fill the holder over one delay, too), for this
-		// prompt (hot: all its traffic) or each for a prompt of its own.
-		for k := range 40 {
-			id := uint64(42)
-			if !v.hot {
-				id = uint64(100 + k)
-			}
-			req.Prefixes = NewPrefixes(promptKeys(0, 40, id))
-			req.Now = int64(k) * 1e7
-			s.Cost.Pick(&req, cands, &rng, nil)
-		}
-		req.Prefixes = NewPrefixes(promptKeys(0, 40, 42))
-		req.Now += 1e7
+		// This gateway's own decisions, 3 ms apart (enough unseen
+		// requests to fill the holders over one delay, too), three in
+		// five for this prompt (hot: a share of 0.6 needs 9.6 of the 16
+		// replicas, so the ten holders are not too few: see
+		// TestCostCopyByNeed), else one in five.
+		pickHistory(s.Cost, &req, cands, &rng, 3e6, func(k int) bool { return k%5 == 0 || v.hot && k%5 < 3 })
 		n := 0
 		for range 400 {
 			var ex Explanation
-			if s.Cost.Pick(&req, cands, &rng, &ex).Index != 0 {
+			if s.Cost.Pick(&req, cands, &rng, &ex).Index >= holders {
 				n++
 			}
+			require.Zero(t, ex.HotHolders, "the holders are as many as the prefix needs")
 		}
 		return n
 	}
 	hot := copies(t, view{eventsFed: true, hot: true})
 	t.Logf("copies of 400: %d of a hot prefix held by KV events", hot)
-	require.Greater(t, hot, 40, "a hot prefix: the unseen requests' placements leave the full holder")
+	require.Greater(t, hot, 20, "a hot prefix: the unseen requests' placements leave the full holders")
 	for _, tc := range []struct {
 		name string
 		view
@@ -515,10 +504,7 @@ func TestCostCopyByNeed(t *testing.T) {
 	}
 	copies := func(t *testing.T, v view) float64 {
 		t.Helper()
-		cfg := DefaultConfig()
-		cfg.PeerLoadDelaySeconds = 0.1
-		s, err := NewSet(cfg)
-		require.NoError(t, err)
+		s := staleViewSet(t, 0)
 		rng := NewRand(13)
 		cands := make([]Candidate, k)
 		for i := range cands {
@@ -536,17 +522,7 @@ func TestCostCopyByNeed(t *testing.T) {
 		// This gateway's own decisions, 50 ms apart, for this prompt
 		// (hot: all of them; else one in four, a share of 1/4 that
 		// needs 4 of the 16 replicas, fewer than hotPrefixReplicas).
-		for n := range 40 {
-			id := uint64(42)
-			if !v.hot && n%4 != 0 {
-				id = uint64(100 + n)
-			}
-			req.Prefixes = NewPrefixes(promptKeys(0, 40, id))
-			req.Now = int64(n) * 5e7
-			s.Cost.Pick(&req, cands, &rng, nil)
-		}
-		req.Prefixes = NewPrefixes(promptKeys(0, 40, 42))
-		req.Now += 5e7
+		pickHistory(s.Cost, &req, cands, &rng, 5e7, func(k int) bool { return v.hot || k%4 == 0 })
 		const picks = 800
 		moved := 0
 		for range picks {
@@ -588,4 +564,35 @@ func TestCostCopyByNeed(t *testing.T) {
 	} {
 		require.Zero(t, copies(t, tc.view), tc.name)
 	}
+}
+
+// pickHistory has c make 40 decisions of its own over cands, gap
+// nanoseconds apart, the k-th for the prompt promptKeys(0, 40, 42) where
+// same(k) and for a prompt of its own otherwise, then sets req to that
+// prompt one gap after the last.
+func pickHistory(c *Cost, req *Request, cands []Candidate, rng *Rand, gap int64, same func(k int) bool) {
+	for k := range 40 {
+		id := uint64(100 + k)
+		if same(k) {
+			id = 42
+		}
+		req.Prefixes = NewPrefixes(promptKeys(0, 40, id))
+		req.Now = int64(k) * gap
+		c.Pick(req, cands, rng, nil)
+	}
+	req.Prefixes = NewPrefixes(promptKeys(0, 40, 42))
+	req.Now += gap
+}
+
+// staleViewSet returns a strategy set told that the load view is 100 ms
+// stale (Config.PeerLoadDelaySeconds), its cost assuming maxRunning slots
+// a replica (0: as learned).
+func staleViewSet(t *testing.T, maxRunning int) *Set {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.PeerLoadDelaySeconds = 0.1
+	cfg.Cost.MaxRunning = maxRunning
+	s, err := NewSet(cfg)
+	require.NoError(t, err)
+	return s
 }

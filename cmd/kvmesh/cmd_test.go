@@ -508,15 +508,8 @@ func TestExplainShowsAHeldRequest(t *testing.T) {
 // needs a stream of this gateway's own decisions and other senders in
 // the scrapes, which a node test cannot time.
 func TestExplainShowsUnseenRequests(t *testing.T) {
-	m, err := route.NewModel(route.DefaultCostConfig())
-	require.NoError(t, err)
-	c := route.NewCost(m)
-	req := route.Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}
-	cands := make([]route.Candidate, 4)
-	for i := range cands {
-		cands[i] = route.Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), LocalInFlight: 1, InFlight: 1,
-			Running: 7, KVUsage: 0.3, ScrapedInFlight: 1, ScrapedInFlightKnown: true, EventsFed: true}
-	}
+	c, req, cands := explainedCost(t, 4, route.Candidate{LocalInFlight: 1, InFlight: 1,
+		Running: 7, KVUsage: 0.3, ScrapedInFlight: 1, ScrapedInFlightKnown: true, EventsFed: true})
 	rng := route.NewRand(2)
 	for k := range 40 { // this gateway's own decisions, 5 ms apart
 		req.Now = int64(k) * 5e6
@@ -543,22 +536,15 @@ func TestExplainShowsUnseenRequests(t *testing.T) {
 // replicas than its traffic needs, the text view says so, and whether the
 // request started a copy or stayed with the holders.
 func TestExplainShowsACopyByNeed(t *testing.T) {
-	m, err := route.NewModel(route.DefaultCostConfig())
-	require.NoError(t, err)
-	c := route.NewCost(m)
-	req := route.Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5120, MaxTokens: 128}
-	keys := make([]index.BlockKey, 40)
+	// One holder of 16 replicas, each running one request of another
+	// sender; every recent request of this gateway shares the prompt.
+	c, req, cands := explainedCost(t, 16, route.Candidate{Running: 1, KVUsage: 0.1, EventsFed: true})
+	cands[0].Matched = 40
+	keys := make([]index.BlockKey, req.TotalBlocks)
 	for i := range keys {
 		keys[i] = index.BlockKey(1 + i)
 	}
 	req.Prefixes = route.NewPrefixes(keys)
-	// One holder of 16 replicas, each running one request of another
-	// sender; every recent request of this gateway shares the prompt.
-	cands := make([]route.Candidate, 16)
-	for i := range cands {
-		cands[i] = route.Candidate{ID: index.ReplicaID(i), Name: fmt.Sprint("r", i), Running: 1, KVUsage: 0.1, EventsFed: true}
-	}
-	cands[0].Matched = 40
 	rng := route.NewRand(4)
 	for k := range 20 {
 		req.Now = int64(k) * 5e7
@@ -588,4 +574,20 @@ func TestExplainShowsACopyByNeed(t *testing.T) {
 		assert.Contains(t, out.String(), want)
 	}
 	require.True(t, seen[true] && seen[false], "200 requests: some started copies, some stayed")
+}
+
+// explainedCost returns a cost strategy on a fresh default model, a
+// request of 40 blocks of 128 tokens, and n candidates like cand named
+// r0, r1, … with their positions as IDs: the set-up of the tests above
+// that serve a real cost decision's report.
+func explainedCost(t *testing.T, n int, cand route.Candidate) (*route.Cost, route.Request, []route.Candidate) {
+	t.Helper()
+	m, err := route.NewModel(route.DefaultCostConfig())
+	require.NoError(t, err)
+	cands := make([]route.Candidate, n)
+	for i := range cands {
+		cands[i] = cand
+		cands[i].ID, cands[i].Name = index.ReplicaID(i), fmt.Sprint("r", i)
+	}
+	return route.NewCost(m), route.Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}, cands
 }

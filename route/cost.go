@@ -744,8 +744,10 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		herd = dup.scrapeShare > 0 && !dup.alone && cands[best].EventsFed
 		unseen = c.unseenPeerRequests(req.Now, share, herd, rng)
 	}
+	// hotHerd: the herd forms over a hot prefix's holders (see Pick).
+	hotHerd := herd && dup.isolatedHot
 	copied := false
-	if herd && dup.hot(len(cands)) {
+	if hotHerd {
 		if b := c.copyByNeed(req, cands, best, &dup, rng, explain); b >= 0 {
 			best, copied = b, true
 		}
@@ -755,7 +757,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		// the others' are kept in cache between placements.
 		var cache estimates
 		class := chunkClass{n: c.chunks(req, &cands[best])}
-		if herd && dup.hot(len(cands)) && !copied {
+		if hotHerd && !copied {
 			class = chunkClass{} // the copies carry a hot prefix: see Pick
 		}
 		for k := rng.IntN(unseen + 1); k > 0; k-- {

@@ -557,12 +557,14 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		// cost, isolated: a hot prefix on fewer replicas than its
 		// traffic needs, which the stale metrics cannot show full.
 		p := 1 - float64(e.HotHolders)/e.HotNeeded
+		held := fmt.Sprintf("copy: the hot prefix is held by %d replicas, fewer than the %.1f its share of the traffic needs", e.HotHolders, e.HotNeeded)
+		if e.HotHolders == 1 {
+			held = fmt.Sprintf("copy: the hot prefix is held by 1 replica, fewer than the %.1f its share of the traffic needs", e.HotNeeded)
+		}
 		if e.CopiedFrom != "" {
-			fmt.Fprintf(out, "copy: the hot prefix has %d holders, fewer than the %.1f its share of the traffic needs; this request started a copy instead of joining %s (chance %.0f%%)\n",
-				e.HotHolders, e.HotNeeded, e.CopiedFrom, 100*p)
+			fmt.Fprintf(out, "%s; this request started a copy instead of joining %s (chance %.0f%%)\n", held, e.CopiedFrom, 100*p)
 		} else {
-			fmt.Fprintf(out, "copy: the hot prefix has %d holders, fewer than the %.1f its share of the traffic needs; this request stayed with them (a copy had a %.0f%% chance)\n",
-				e.HotHolders, e.HotNeeded, 100*p)
+			fmt.Fprintf(out, "%s; this request stayed with them (a copy had a %.0f%% chance)\n", held, 100*p)
 		}
 	}
 	if e := rep.Explanation; e != nil && e.HeldFrom != "" {

@@ -567,9 +567,9 @@ func TestExplainShowsACopyByNeed(t *testing.T) {
 		var out bytes.Buffer
 		require.NoError(t, explain(context.Background(), &out, gw.URL, "M", "p", "cost", "", "", false))
 		gw.Close()
-		want := "copy: the hot prefix has 1 holders, fewer than the 16.0 its share of the traffic needs; this request stayed with them (a copy had a 94% chance)"
+		want := "copy: the hot prefix is held by 1 replica, fewer than the 16.0 its share of the traffic needs; this request stayed with them (a copy had a 94% chance)"
 		if copied {
-			want = "copy: the hot prefix has 1 holders, fewer than the 16.0 its share of the traffic needs; this request started a copy instead of joining r0 (chance 94%)"
+			want = "copy: the hot prefix is held by 1 replica, fewer than the 16.0 its share of the traffic needs; this request started a copy instead of joining r0 (chance 94%)"
 		}
 		assert.Contains(t, out.String(), want)
 	}

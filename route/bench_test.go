@@ -88,6 +88,42 @@ func BenchmarkCostPeers(b *testing.B) {
 	}
 }
 
+// isolatedHotCandidates is a gateway of several that see each other only
+// in the engines' scrapes, routing a hot prefix (every request shares it)
+// whose KV events name 8 holders of 64 replicas, 8 more part way through
+// computing it: the path of Cost.Pick's hot-herd rules (copyByNeed,
+// inProgress, the placements that may leave the holders).
+func isolatedHotCandidates() (Request, []Candidate) {
+	keys := make([]index.BlockKey, 40)
+	for i := range keys {
+		keys[i] = index.BlockKey(1 + i)
+	}
+	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128, Prefixes: NewPrefixes(keys)}
+	cands := make([]Candidate, 64)
+	for i := range cands {
+		cands[i] = Candidate{ID: index.ReplicaID(i), Name: fmt.Sprintf("replica-%02d", i), EventsFed: true,
+			Matched: []int{40, 8, 0, 0, 0, 0, 0, 0}[i%8], LocalInFlight: i % 2, InFlight: i % 2,
+			Running: 1 + i%5, KVUsage: 0.3}
+	}
+	return req, cands
+}
+
+// BenchmarkCostIsolatedHot measures cost's decision on the path of
+// isolatedHotCandidates, its own recent decisions 20 ms apart.
+func BenchmarkCostIsolatedHot(b *testing.B) {
+	req, cands := isolatedHotCandidates()
+	set, err := NewSet(DefaultConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := NewRand(1)
+	b.ReportAllocs()
+	for b.Loop() {
+		req.Now += 20e6
+		_ = set.Cost.Pick(&req, cands, &rng, nil)
+	}
+}
+
 // BenchmarkPickExplain measures the /debug/route path (explanation reused).
 func BenchmarkPickExplain(b *testing.B) {
 	req, cands := benchCandidates()
@@ -129,6 +165,23 @@ func TestPickDoesNotAllocate(t *testing.T) {
 			_ = s.Pick(&req, cands, &rng, &ex)
 		}); got != 0 {
 			t.Errorf("%s: %.1f allocs per Pick with explanation, want 0", s.Name(), got)
+		}
+	}
+	// Cost's hot-herd path (an isolated gateway, a hot prefix).
+	set, err := NewSet(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hot, hotCands := isolatedHotCandidates()
+	rng := NewRand(7)
+	var ex Explanation
+	_ = set.Cost.Pick(&hot, hotCands, &rng, &ex)
+	for _, explain := range []*Explanation{nil, &ex} {
+		if got := testing.AllocsPerRun(200, func() {
+			hot.Now += 20e6
+			_ = set.Cost.Pick(&hot, hotCands, &rng, explain)
+		}); got != 0 {
+			t.Errorf("cost, isolated with a hot prefix (explained: %v): %.1f allocs per Pick, want 0", explain != nil, got)
 		}
 	}
 }

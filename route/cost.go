@@ -595,11 +595,13 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, long bool, rng *Rand
 // this one, each on the cheapest replica (by the rules above) given the
 // ones placed before it, among the replicas that leave as many prefill
 // chunks to compute as the first decision (so spreading the herd never
-// turns a cache hit into a recompute or back), and takes one of the h+1
-// placements uniformly at random: this request is any of the h+1 decided
-// on this view, so gateways with one stale view spread over the replicas
-// it ranks best instead of all choosing the first. The estimate then
-// counts the placements before this one as outstanding there.
+// turns a cache hit into a recompute or back; isolated gateways with KV
+// events spreading a hot prefix are the exception, below), and takes one
+// of the h+1 placements uniformly at random: this request is any of the
+// h+1 decided on this view, so gateways with one stale view spread over
+// the replicas it ranks best instead of all choosing the first. The
+// estimate then counts the placements before this one as outstanding
+// there.
 //
 // A gateway that no peer reports load to (isolated, or peers with nothing
 // in flight to these replicas) still sees other senders in the engines'

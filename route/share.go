@@ -246,10 +246,9 @@ type duplication struct {
 // candidate holds (d.best), less the prefill this gateway queued there.
 // KV events report a prefill chunk by chunk, so a replica that another
 // gateway sent the prompt to shows its match growing while that prefill
-// runs, yet a scrape that does not show the request yet shows the
-// replica idle: with a head start of a chunk or two it ranked cheapest,
-// and every gateway that reads the same events sent there. 0 for a nil
-// d.
+// runs, and a scrape may not show the request yet: with a head start of
+// a chunk or two such a replica ranked cheapest (see Cost.Pick), for
+// every gateway that reads the same events. 0 for a nil d.
 func (d *duplication) inProgress(req *Request, cand *Candidate) int {
 	if d == nil || !d.isolatedHot || !cand.EventsFed {
 		return 0

@@ -736,7 +736,14 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		c.learn(req, &cands[i], m.slot(cands[i].ID))
 	}
 	var placed placements
-	best, bound := c.choose(req, cands, &placed, &dup, chunkClass{}, nil, rng, explain)
+	// With other senders (share above 0) the steps after the first
+	// decision rank the candidates again, starting with no request
+	// placed: the first decision's estimates are theirs to reuse.
+	var cache *estimates
+	if share > 0 {
+		cache = new(estimates)
+	}
+	best, bound := c.choose(req, cands, &placed, &dup, chunkClass{}, cache, rng, explain)
 	unseen := 0
 	// herd: an isolated gateway ranks first a replica that its KV events
 	// name a holder, as every other gateway does (see
@@ -750,14 +757,13 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 	hotHerd := herd && dup.isolatedHot
 	copied := false
 	if hotHerd {
-		if b := c.copyByNeed(req, cands, best, &dup, rng, explain); b >= 0 {
+		if b := c.copyByNeed(req, cands, best, &dup, cache, rng, explain); b >= 0 {
 			best, copied = b, true
 		}
 	}
 	if unseen > 0 {
 		// Only the candidate a placement lands on changes its estimate:
 		// the others' are kept in cache between placements.
-		var cache estimates
 		class := chunkClass{n: c.chunks(req, &cands[best])}
 		if hotHerd && !copied {
 			class = chunkClass{} // the copies carry a hot prefix: see Pick
@@ -765,7 +771,7 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 		for k := rng.IntN(unseen + 1); k > 0; k-- {
 			placed.add(best, c.computedUnits(req, &cands[best]))
 			cache.drop(best)
-			if next, _ := c.choose(req, cands, &placed, &dup, class, &cache, rng, nil); next >= 0 {
+			if next, _ := c.choose(req, cands, &placed, &dup, class, cache, rng, nil); next >= 0 {
 				best = next
 			}
 		}
@@ -901,8 +907,9 @@ func (k chunkClass) admits(chunks int) bool {
 // the holders (the candidates leaving the fewest chunks) and they number
 // H, fewer than the prefix's share of the candidates s·K, it moves req,
 // with probability 1 − H/(s·K), to the cheapest candidate outside them.
+// cache, when non-nil, holds estimates made with no request placed.
 // explain, when non-nil, receives H, s·K and the holder left.
-func (c *Cost) copyByNeed(req *Request, cands []Candidate, best int, dup *duplication, rng *Rand, explain *Explanation) int {
+func (c *Cost) copyByNeed(req *Request, cands []Candidate, best int, dup *duplication, cache *estimates, rng *Rand, explain *Explanation) int {
 	class := c.chunks(req, &cands[best])
 	holders := 0
 	for i := range cands {
@@ -924,7 +931,7 @@ func (c *Cost) copyByNeed(req *Request, cands []Candidate, best int, dup *duplic
 		return -1
 	}
 	var none placements
-	b, _ := c.choose(req, cands, &none, dup, chunkClass{n: class, beyond: true}, nil, rng, nil)
+	b, _ := c.choose(req, cands, &none, dup, chunkClass{n: class, beyond: true}, cache, rng, nil)
 	if b >= 0 && explain != nil {
 		explain.CopiedFrom = cands[best].Name
 	}

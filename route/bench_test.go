@@ -76,6 +76,12 @@ func BenchmarkCostPeers(b *testing.B) {
 			Matched: []int{0, 0, 0, 40}[i%4], LocalInFlight: local, InFlight: 8 * local,
 			Running: min(8*local, 8), Waiting: max(8*local-8, 0), KVUsage: 0.4, QueuedPrefillTokens: (i % 5) * 1000}
 	}
+	benchCostEvery20ms(b, req, cands)
+}
+
+// benchCostEvery20ms measures the default cost strategy's Pick over
+// cands, one decision every 20 ms of req's clock.
+func benchCostEvery20ms(b *testing.B, req Request, cands []Candidate) {
 	set, err := NewSet(DefaultConfig())
 	if err != nil {
 		b.Fatal(err)
@@ -112,16 +118,7 @@ func isolatedHotCandidates() (Request, []Candidate) {
 // isolatedHotCandidates, its own recent decisions 20 ms apart.
 func BenchmarkCostIsolatedHot(b *testing.B) {
 	req, cands := isolatedHotCandidates()
-	set, err := NewSet(DefaultConfig())
-	if err != nil {
-		b.Fatal(err)
-	}
-	rng := NewRand(1)
-	b.ReportAllocs()
-	for b.Loop() {
-		req.Now += 20e6
-		_ = set.Cost.Pick(&req, cands, &rng, nil)
-	}
+	benchCostEvery20ms(b, req, cands)
 }
 
 // BenchmarkPickExplain measures the /debug/route path (explanation reused).

@@ -100,11 +100,8 @@ func benchCostEvery20ms(b *testing.B, req Request, cands []Candidate) {
 // computing it: the path of Cost.Pick's hot-herd rules (copyByNeed,
 // inProgress, the placements that may leave the holders).
 func isolatedHotCandidates() (Request, []Candidate) {
-	keys := make([]index.BlockKey, 40)
-	for i := range keys {
-		keys[i] = index.BlockKey(1 + i)
-	}
-	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128, Prefixes: NewPrefixes(keys)}
+	req := Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128,
+		Prefixes: NewPrefixes(promptKeys(40, 40, 0))}
 	cands := make([]Candidate, 64)
 	for i := range cands {
 		cands[i] = Candidate{ID: index.ReplicaID(i), Name: fmt.Sprintf("replica-%02d", i), EventsFed: true,

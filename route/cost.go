@@ -552,7 +552,7 @@ func (c *Cost) unseenPeerRequests(now int64, share float64, long bool, rng *Rand
 		return 0
 	}
 	h := int(x)
-	if frac := x - float64(h); frac > 0 && float64(rng.Uint64()>>11) < frac*(1<<53) {
+	if frac := x - float64(h); frac > 0 && rng.Float64() < frac {
 		h++
 	}
 	return min(h, maxUnseen)

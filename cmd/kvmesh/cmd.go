@@ -557,10 +557,11 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 		// cost, isolated: a hot prefix on fewer replicas than its
 		// traffic needs, which the stale metrics cannot show full.
 		p := 1 - float64(e.HotHolders)/e.HotNeeded
-		held := fmt.Sprintf("copy: the hot prefix is held by %d replicas, fewer than the %.1f its share of the traffic needs", e.HotHolders, e.HotNeeded)
+		replicas := "replicas"
 		if e.HotHolders == 1 {
-			held = fmt.Sprintf("copy: the hot prefix is held by 1 replica, fewer than the %.1f its share of the traffic needs", e.HotNeeded)
+			replicas = "replica"
 		}
+		held := fmt.Sprintf("copy: the hot prefix is held by %d %s, fewer than the %.1f its share of the traffic needs", e.HotHolders, replicas, e.HotNeeded)
 		if e.CopiedFrom != "" {
 			fmt.Fprintf(out, "%s; this request started a copy instead of joining %s (chance %.0f%%)\n", held, e.CopiedFrom, 100*p)
 		} else {

@@ -483,21 +483,10 @@ func TestExplainShowsAHeldRequest(t *testing.T) {
 	rng := route.NewRand(1)
 	d := route.NewCost(m).Pick(&req, cands, &rng, &ex)
 	require.Equal(t, route.SelectionCostHeld, d.Selection)
-	report, err := json.Marshal(node.RouteReport{Model: "M", Strategy: "cost", Pick: "a", Selection: d.Selection.String(), Explanation: &ex})
-	require.NoError(t, err)
-	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/debug/route" {
-			http.NotFound(w, r)
-			return
-		}
-		_, _ = w.Write(report)
-	}))
-	defer gw.Close()
-
-	var out bytes.Buffer
-	require.NoError(t, explain(context.Background(), &out, gw.URL, "M", "p", "cost", "", "", false))
-	assert.Contains(t, out.String(), "pick a (cost_held)")
-	assert.Contains(t, out.String(), "held: b scored cheapest but would recompute the prompt and misses the TTFT target too")
+	require.Equal(t, "a", ex.PickedName)
+	out := explainOutput(t, d, &ex)
+	assert.Contains(t, out, "pick a (cost_held)")
+	assert.Contains(t, out, "held: b scored cheapest but would recompute the prompt and misses the TTFT target too")
 }
 
 // TestExplainShowsUnseenRequests: where other senders show only in the
@@ -518,16 +507,7 @@ func TestExplainShowsUnseenRequests(t *testing.T) {
 	var ex route.Explanation
 	d := c.Pick(&req, cands, &rng, &ex)
 	require.Positive(t, ex.UnseenPeerRequests)
-	report, err := json.Marshal(node.RouteReport{Model: "M", Strategy: "cost", Pick: ex.PickedName, Selection: d.Selection.String(), Explanation: &ex})
-	require.NoError(t, err)
-	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write(report)
-	}))
-	defer gw.Close()
-
-	var out bytes.Buffer
-	require.NoError(t, explain(context.Background(), &out, gw.URL, "M", "p", "cost", "", "", false))
-	assert.Contains(t, out.String(), fmt.Sprintf("spread: %d requests of other senders estimated unseen (their load shows here late); this one took a random place of %d placed alike",
+	assert.Contains(t, explainOutput(t, d, &ex), fmt.Sprintf("spread: %d requests of other senders estimated unseen (their load shows here late); this one took a random place of %d placed alike",
 		ex.UnseenPeerRequests, ex.UnseenPeerRequests+1))
 }
 
@@ -559,19 +539,12 @@ func TestExplainShowsACopyByNeed(t *testing.T) {
 			continue
 		}
 		seen[copied] = true
-		report, err := json.Marshal(node.RouteReport{Model: "M", Strategy: "cost", Pick: ex.PickedName, Selection: d.Selection.String(), Explanation: &ex})
-		require.NoError(t, err)
-		gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = w.Write(report)
-		}))
-		var out bytes.Buffer
-		require.NoError(t, explain(context.Background(), &out, gw.URL, "M", "p", "cost", "", "", false))
-		gw.Close()
+		out := explainOutput(t, d, &ex)
 		want := "copy: the hot prefix is held by 1 replica, fewer than the 16.0 its share of the traffic needs; this request stayed with them (a copy had a 94% chance)"
 		if copied {
 			want = "copy: the hot prefix is held by 1 replica, fewer than the 16.0 its share of the traffic needs; this request started a copy instead of joining r0 (chance 94%)"
 		}
-		assert.Contains(t, out.String(), want)
+		assert.Contains(t, out, want)
 	}
 	require.True(t, seen[true] && seen[false], "200 requests: some started copies, some stayed")
 }
@@ -590,4 +563,25 @@ func explainedCost(t *testing.T, n int, cand route.Candidate) (*route.Cost, rout
 		cands[i].ID, cands[i].Name = index.ReplicaID(i), fmt.Sprint("r", i)
 	}
 	return route.NewCost(m), route.Request{TotalBlocks: 40, BlockTokens: 128, PromptTokens: 5200, MaxTokens: 128}, cands
+}
+
+// explainOutput serves the report of cost's decision d, explained in ex,
+// from an httptest gateway's /debug/route and returns what kvmesh explain
+// prints of it: the tests above build real decisions that a node test
+// cannot time.
+func explainOutput(t *testing.T, d route.Decision, ex *route.Explanation) string {
+	t.Helper()
+	report, err := json.Marshal(node.RouteReport{Model: "M", Strategy: "cost", Pick: ex.PickedName, Selection: d.Selection.String(), Explanation: ex})
+	require.NoError(t, err)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/debug/route" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write(report)
+	}))
+	defer gw.Close()
+	var out bytes.Buffer
+	require.NoError(t, explain(context.Background(), &out, gw.URL, "M", "p", "cost", "", "", false))
+	return out.String()
 }

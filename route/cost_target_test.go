@@ -84,18 +84,7 @@ func TestTTFTTargetCharge(t *testing.T) {
 func TestHoldKeepsARecomputePastTheTarget(t *testing.T) {
 	// Four prefill chunks to recompute, one on the holder.
 	req := Request{TotalBlocks: 64, BlockTokens: 128, PromptTokens: 8192, MaxTokens: 128, Now: 1_000 * sec}
-	// holder: holds the prompt, its 8 slots full and, in the scrape, 12
-	// requests of other senders waiting. The others: idle but for two
-	// requests of this gateway each; they must recompute the prompt.
-	cands := func(n int) []Candidate {
-		cs := []Candidate{{ID: 0, Name: "holder", Matched: 64, InFlight: 8, LocalInFlight: 8, Running: 8, Waiting: 12,
-			ScrapedInFlight: 8, ScrapedInFlightKnown: true}}
-		for i := 1; i < n; i++ {
-			cs = append(cs, Candidate{ID: index.ReplicaID(i), Name: fmt.Sprintf("other-%d", i), InFlight: 2, LocalInFlight: 2,
-				Running: 2, ScrapedInFlight: 2, ScrapedInFlightKnown: true})
-		}
-		return cs
-	}
+	cands := holdCandidates
 	cfg := DefaultCostConfig()
 	cfg.MaxRunning = 8
 	d, ex := explainedPick(t, cfg, &req, cands(3))
@@ -157,4 +146,88 @@ func TestHoldKeepsARecomputePastTheTarget(t *testing.T) {
 	require.Equal(t, SelectionCostSpread, d.Selection, "hot: the recompute")
 	d = c.Pick(&req, cands(hotPrefixReplicas), &rng, nil)
 	require.Equal(t, SelectionCostHeld, d.Selection, "a share of one over as many candidates as the bound: held")
+}
+
+// holdCandidates returns n candidates for a 64-block prompt: holder
+// holds it, its 8 slots full and, in the scrape, 12 requests of other
+// senders waiting; the others are idle but for two requests of this
+// gateway each and must recompute it.
+func holdCandidates(n int) []Candidate {
+	cs := []Candidate{{ID: 0, Name: "holder", Matched: 64, InFlight: 8, LocalInFlight: 8, Running: 8, Waiting: 12,
+		ScrapedInFlight: 8, ScrapedInFlightKnown: true}}
+	for i := 1; i < n; i++ {
+		cs = append(cs, Candidate{ID: index.ReplicaID(i), Name: fmt.Sprintf("other-%d", i), InFlight: 2, LocalInFlight: 2,
+			Running: 2, ScrapedInFlight: 2, ScrapedInFlightKnown: true})
+	}
+	return cs
+}
+
+// TestHoldWhereMostReplicasQueue: an isolated gateway holds a recompute
+// its estimate puts within the TTFT target as well, where at least half
+// the candidates' scrapes show requests waiting (their estimates do not
+// count the prefill other gateways are about to send there); the
+// explanation says how many. Fewer waiting, no target, a peer's report
+// or a gateway that sees every request keep the recompute.
+func TestHoldWhereMostReplicasQueue(t *testing.T) {
+	req := Request{TotalBlocks: 64, BlockTokens: 128, PromptTokens: 8192, MaxTokens: 128, Now: 1_000 * sec}
+	cfg := DefaultCostConfig()
+	cfg.MaxRunning = 8
+	d, ex := explainedPick(t, cfg, &req, holdCandidates(4))
+	require.Equal(t, SelectionCostSpread, d.Selection)
+	recompute := ex.Replicas[d.Index].EstimatedTTFT
+	cfg.TTFTTargetSeconds = recompute * 1.1
+
+	// waiting marks others (never the recompute's replica, whose
+	// estimate would change) as showing a request waiting in the scrape,
+	// besides the holder.
+	spreadTo := d.Index
+	waiting := func(others int) []Candidate {
+		cs := holdCandidates(4)
+		for i := 1; i < len(cs) && others > 0; i++ {
+			if i != spreadTo {
+				cs[i].Waiting = 1
+				others--
+			}
+		}
+		return cs
+	}
+	d, ex = explainedPick(t, cfg, &req, waiting(0))
+	require.Equal(t, SelectionCostSpread, d.Selection, "1 of 4 waiting: the recompute")
+	require.Equal(t, spreadTo, d.Index)
+	require.Empty(t, ex.HeldFrom)
+	require.Zero(t, ex.HeldWaiting)
+	require.LessOrEqual(t, d.EstimatedTTFT, cfg.TTFTTargetSeconds, "within the target")
+
+	d, ex = explainedPick(t, cfg, &req, waiting(1))
+	require.Equal(t, 0, d.Index, "2 of 4 waiting, half: held")
+	require.Equal(t, SelectionCostHeld, d.Selection)
+	require.Equal(t, ex.Replicas[spreadTo].Name, ex.HeldFrom)
+	require.Equal(t, 2, ex.HeldWaiting)
+
+	// Past the target the hold is the target's: no waiting count.
+	past := cfg
+	past.TTFTTargetSeconds = recompute * 0.9
+	d, ex = explainedPick(t, past, &req, waiting(1))
+	require.Equal(t, SelectionCostHeld, d.Selection)
+	require.Zero(t, ex.HeldWaiting)
+
+	noTarget := cfg
+	noTarget.TTFTTargetSeconds = 0
+	d, _ = explainedPick(t, noTarget, &req, waiting(1))
+	require.Equal(t, SelectionCostSpread, d.Selection, "no target")
+	for name, mod := range map[string]func([]Candidate){
+		"peer": func(cs []Candidate) { cs[spreadTo].InFlight++ },
+		// Every request the scrapes show is this gateway's own.
+		"alone": func(cs []Candidate) {
+			for i := range cs {
+				n := cs[i].Running + cs[i].Waiting
+				cs[i].InFlight, cs[i].LocalInFlight, cs[i].ScrapedInFlight = n, n, n
+			}
+		},
+	} {
+		cs := waiting(1)
+		mod(cs)
+		d, _ = explainedPick(t, cfg, &req, cs)
+		require.Equal(t, SelectionCostSpread, d.Selection, name)
+	}
 }

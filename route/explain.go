@@ -82,6 +82,10 @@ type Explanation struct {
 	// "cost_held": that replica would have recomputed the prompt, and
 	// was estimated past the TTFT target); "" otherwise.
 	HeldFrom string `json:"held_from,omitempty"`
+	// HeldWaiting is, where cost held a recompute its estimate put within
+	// the target because at least half the candidates' scrapes showed
+	// requests waiting, how many did; 0 otherwise.
+	HeldWaiting int `json:"held_waiting_replicas,omitempty"`
 	// HotHolders and HotHoldersNeeded: where cost, on a gateway that
 	// sees other senders only in the engines' scrapes, found a hot
 	// prefix held by fewer replicas than its share of the traffic needs
@@ -179,7 +183,7 @@ func (e *Explanation) begin(strategy string, req *Request, cands []Candidate) {
 	e.Bound = 0
 	e.ScoreUnit = ""
 	e.UnseenPeerRequests = 0
-	e.HeldFrom = ""
+	e.HeldFrom, e.HeldWaiting = "", 0
 	e.HotHolders, e.HotHoldersNeeded, e.CopiedFrom = 0, 0, ""
 	e.PrefixShare = 0
 	e.UnitsPerToken = 0

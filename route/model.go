@@ -80,7 +80,8 @@ type CostConfig struct {
 	// the same requests at once. A gateway that sees other senders only
 	// in the scrapes (no peer's load reported) instead keeps a request on
 	// the replicas holding its prefix where recomputing it elsewhere is
-	// estimated past the target too ("cost_held", see Cost). Set it to
+	// estimated past the target too, or where half the replicas' scrapes
+	// show requests waiting ("cost_held", see Cost). Set it to
 	// your SLO's TTFT; the study harnesses set the study's (2 s). Must be
 	// ≥ 0 and finite.
 	TTFTTargetSeconds float64 `json:"ttft_target_seconds" yaml:"ttft_target_seconds"`

@@ -475,6 +475,7 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 			TTFTTarget  float64 `json:"ttft_target_s"`
 			TargetMiss  float64 `json:"target_miss_charge_s"`
 			HeldFrom    string  `json:"held_from"`
+			HeldWaiting int     `json:"held_waiting_replicas"`
 			HotHolders  int     `json:"hot_holders"`
 			HotNeeded   float64 `json:"hot_holders_needed"`
 			CopiedFrom  string  `json:"copied_from"`
@@ -570,8 +571,14 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 	}
 	if e := rep.Explanation; e != nil && e.HeldFrom != "" {
 		// cost, isolated: the cheapest score was a recompute estimated
-		// past the target, which spends a prefill for no SLO.
-		fmt.Fprintf(out, "held: %s scored cheapest but would recompute the prompt and misses the TTFT target too; other senders show only in the engines' metrics, so the request stays with the replicas holding its prefix\n", e.HeldFrom)
+		// past the target, which spends a prefill for no SLO, or one
+		// where most replicas queue, whose estimate other gateways'
+		// prompts overtake.
+		why := "misses the TTFT target too"
+		if e.HeldWaiting > 0 {
+			why = fmt.Sprintf("requests wait at %d of %d replicas, so prefill is what they lack", e.HeldWaiting, len(e.Replicas))
+		}
+		fmt.Fprintf(out, "held: %s scored cheapest but would recompute the prompt and %s; other senders show only in the engines' metrics, so the request stays with the replicas holding its prefix\n", e.HeldFrom, why)
 	}
 	if rep.Explanation != nil {
 		// The tiers come from the report (every strategy): MATCHED is

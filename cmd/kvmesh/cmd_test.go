@@ -461,7 +461,9 @@ models:
 }
 
 // TestExplainShowsAHeldRequest: a decision cost held with the prefix's
-// holders names the replica its scores ranked first. The gateway here is
+// holders names the replica its scores ranked first, and why: the
+// recompute's estimate past the target, or, within it, the replicas
+// with requests waiting. The gateway here is
 // an httptest server answering /debug/route with the report of a real
 // cost decision: a node shows it only where other senders fill the
 // engines and the prompt spans several prefill chunks, which a test
@@ -487,6 +489,17 @@ func TestExplainShowsAHeldRequest(t *testing.T) {
 	out := explainOutput(t, d, &ex)
 	assert.Contains(t, out, "pick a (cost_held)")
 	assert.Contains(t, out, "held: b scored cheapest but would recompute the prompt and misses the TTFT target too")
+
+	// A target b meets: held because half the replicas (a) queue.
+	cfg.TTFTTargetSeconds = 30
+	m, err = route.NewModel(cfg)
+	require.NoError(t, err)
+	rng = route.NewRand(1)
+	d = route.NewCost(m).Pick(&req, cands, &rng, &ex)
+	require.Equal(t, route.SelectionCostHeld, d.Selection)
+	out = explainOutput(t, d, &ex)
+	assert.Contains(t, out, "held: b scored cheapest but would recompute the prompt and requests wait at 1 of 2 replicas, so prefill is what they lack;")
+	assert.NotContains(t, out, "misses the TTFT target")
 }
 
 // TestExplainShowsUnseenRequests: where other senders show only in the

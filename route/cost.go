@@ -824,12 +824,14 @@ func (c *Cost) Pick(req *Request, cands []Candidate, rng *Rand, explain *Explana
 const hotPrefixReplicas = 8
 
 // hold returns the candidate Pick keeps req with instead of best (whose
-// estimated TTFT is ttft), or −1 when best stands, and, when it held
-// because the candidates queue widely (below) rather than for the target,
-// how many of them show requests waiting (0 otherwise). Where this gateway sees the other senders only in the
-// engines' scrapes (no peer reports its load: an isolated gateway), its
-// estimates of the other replicas are as stale as the scrape, and every
-// such gateway moves requests on the same figures. A recompute (best
+// estimated TTFT is ttft), or −1 when best stands; and, where it held
+// because the candidates queue widely (below) rather than for the
+// target, how many of them show requests waiting (else 0).
+//
+// Where this gateway sees the other senders only in the engines' scrapes
+// (no peer reports its load: an isolated gateway), its estimates of the
+// other replicas are as stale as the scrape, and every such gateway
+// moves requests on the same figures. A recompute (best
 // leaves more prefill chunks to compute than another candidate) that its
 // own estimate puts past the TTFT target passes no SLO for the prefill it
 // spends, and where every replica queues, prefill is the capacity. So
@@ -878,9 +880,9 @@ const hotPrefixReplicas = 8
 // isolated cells moved by less than 11. A quarter of the candidates
 // waiting gained more on cold in history mode (+360.9) but lost 84 on
 // cold with KV events and 79 on warm in history mode; holding every
-// recompute that is not hot lost 195 on warm in history mode and up to
-// 606 a seed on cold with KV events. The caller holds the model's read
-// lock.
+// recompute of a prefix that is not hot lost 339 on warm in history mode
+// (seeds 1–3) and up to 606 a seed on cold with KV events. The caller
+// holds the model's read lock.
 func (c *Cost) hold(req *Request, cands []Candidate, best int, ttft float64, dup *duplication, rng *Rand) (h, waiting int) {
 	target := c.model.cfg.TTFTTargetSeconds
 	if target <= 0 || dup.alone || dup.best == 0 ||

@@ -80,7 +80,8 @@ type Explanation struct {
 	// HeldFrom names the replica cost's scores ranked first when it kept
 	// the request with the prefix's holders instead (selection
 	// "cost_held": that replica would have recomputed the prompt, and
-	// was estimated past the TTFT target); "" otherwise.
+	// was estimated past the TTFT target, or HeldWaiting is set); ""
+	// otherwise.
 	HeldFrom string `json:"held_from,omitempty"`
 	// HeldWaiting is, where cost held a recompute its estimate put within
 	// the target because at least half the candidates' scrapes showed

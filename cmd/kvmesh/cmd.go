@@ -572,8 +572,8 @@ func explainRequest(ctx context.Context, out io.Writer, addr, query string, body
 	if e := rep.Explanation; e != nil && e.HeldFrom != "" {
 		// cost, isolated: the cheapest score was a recompute estimated
 		// past the target, which spends a prefill for no SLO, or one
-		// where most replicas queue, whose estimate other gateways'
-		// prompts overtake.
+		// where at least half the replicas queue, whose estimate other
+		// gateways' prompts overtake.
 		why := "misses the TTFT target too"
 		if e.HeldWaiting > 0 {
 			why = fmt.Sprintf("requests wait at %d of %d replicas, so prefill is what they lack", e.HeldWaiting, len(e.Replicas))

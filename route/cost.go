@@ -869,9 +869,9 @@ const hotPrefixReplicas = 8
 // gateways) the replicas a recompute looks cheap on are being sent the
 // same cold prompts by the others. Of the requests the eight gateways
 // estimated within the target (history mode, seed 1, the target alone),
-// 243 of 329 missed it among those that finished in the cold phase's
-// first 25 seconds, and 51 of 2,053 in the warm phase. Where half the
-// replicas queue, prefill is the capacity, as above. The table (seeds
+// 253 of the 335 sent in the cold phase's first 20 seconds missed it, and
+// 51 of 2,053 in the warm phase. Where half the replicas queue, prefill
+// is the capacity, as above. The table (seeds
 // 1–9, passes against the best baseline, mean of the seeds): cold in
 // history mode went from −18.2 (5 seeds missing) to +249.8 (none), hot50
 // in history mode from +806.0 to +885.2, cold with KV events from +707.9

@@ -831,9 +831,9 @@ const hotPrefixReplicas = 8
 // Where this gateway sees the other senders only in the engines' scrapes
 // (no peer reports its load: an isolated gateway), its estimates of the
 // other replicas are as stale as the scrape, and every such gateway
-// moves requests on the same figures. A recompute (best
-// leaves more prefill chunks to compute than another candidate) that its
-// own estimate puts past the TTFT target passes no SLO for the prefill it
+// moves requests on the same figures. A recompute (best leaves more
+// prefill chunks to compute than another candidate) that its own
+// estimate puts past the TTFT target passes no SLO for the prefill it
 // spends, and where every replica queues, prefill is the capacity. So
 // there such a request stays with the replicas leaving the fewest chunks
 // (Pick's locality class: the holders; the cheapest of them by the usual
@@ -869,20 +869,20 @@ const hotPrefixReplicas = 8
 // gateways) the replicas a recompute looks cheap on are being sent the
 // same cold prompts by the others. Of the requests the eight gateways
 // estimated within the target (history mode, seed 1, the target alone),
-// 253 of the 335 sent in the cold phase's first 20 seconds missed it, and
-// 51 of 2,053 in the warm phase. Where half the replicas queue, prefill
-// is the capacity, as above. The table (seeds
-// 1–9, passes against the best baseline, mean of the seeds): cold in
-// history mode went from −18.2 (5 seeds missing) to +249.8 (none), hot50
-// in history mode from +806.0 to +885.2, cold with KV events from +707.9
-// to +741.8; warm in history mode fell from +538.0 to +511.8 and hot90 in
-// history mode from +36.4 to +23.1 (seeds missing 2 → 3); the other
-// isolated cells moved by less than 11. A quarter of the candidates
-// waiting gained more on cold in history mode (+360.9) but lost 84 on
-// cold with KV events and 79 on warm in history mode; holding every
-// recompute of a prefix that is not hot lost 339 on warm in history mode
-// (seeds 1–3) and up to 606 a seed on cold with KV events. The caller
-// holds the model's read lock.
+// 253 of the 335 sent in the cold phase's first 20 seconds missed it,
+// and 51 of 2,053 in the warm phase. Where half the replicas queue,
+// prefill is the capacity, as above. The table (seeds 1–9, passes
+// against the best baseline, mean of the seeds): cold in history mode
+// went from −18.2 (5 seeds missing) to +249.8 (none), hot50 in history
+// mode from +806.0 to +885.2, cold with KV events from +707.9 to +741.8;
+// warm in history mode fell from +538.0 to +511.8 and hot90 in history
+// mode from +36.4 to +23.1 (seeds missing 2 → 3); the other isolated
+// cells moved by less than 11. A quarter of the candidates waiting
+// gained more on cold in history mode (+360.9) but lost 84 on cold with
+// KV events and 79 on warm in history mode; holding every recompute of a
+// prefix that is not hot lost 339 on warm in history mode (seeds 1–3)
+// and up to 606 a seed on cold with KV events. The caller holds the
+// model's read lock.
 func (c *Cost) hold(req *Request, cands []Candidate, best int, ttft float64, dup *duplication, rng *Rand) (h, waiting int) {
 	target := c.model.cfg.TTFTTargetSeconds
 	if target <= 0 || dup.alone || dup.best == 0 ||

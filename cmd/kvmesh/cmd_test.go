@@ -463,17 +463,12 @@ models:
 // TestExplainShowsAHeldRequest: a decision cost held with the prefix's
 // holders names the replica its scores ranked first, and why: the
 // recompute's estimate past the target, or, within it, the replicas
-// with requests waiting. The gateway here is
-// an httptest server answering /debug/route with the report of a real
-// cost decision: a node shows it only where other senders fill the
-// engines and the prompt spans several prefill chunks, which a test
-// engine cannot arrange on cue.
+// with requests waiting. The gateway here is an httptest server
+// answering /debug/route with the report of a real cost decision: a node
+// shows it only where other senders fill the engines and the prompt
+// spans several prefill chunks, which a test engine cannot arrange on
+// cue.
 func TestExplainShowsAHeldRequest(t *testing.T) {
-	cfg := route.DefaultCostConfig()
-	cfg.MaxRunning = 8
-	cfg.TTFTTargetSeconds = 1
-	m, err := route.NewModel(cfg)
-	require.NoError(t, err)
 	req := route.Request{TotalBlocks: 64, BlockTokens: 128, PromptTokens: 8192, MaxTokens: 128, Now: 1e12}
 	// The holder is full, with other senders' requests waiting in its
 	// scrape; b must recompute four chunks, estimated past 1 s.
@@ -481,23 +476,28 @@ func TestExplainShowsAHeldRequest(t *testing.T) {
 		{ID: 0, Name: "a", Matched: 64, InFlight: 8, LocalInFlight: 8, Running: 8, Waiting: 12, ScrapedInFlight: 8, ScrapedInFlightKnown: true},
 		{ID: 1, Name: "b", InFlight: 2, LocalInFlight: 2, Running: 2, ScrapedInFlight: 2, ScrapedInFlightKnown: true},
 	}
-	var ex route.Explanation
-	rng := route.NewRand(1)
-	d := route.NewCost(m).Pick(&req, cands, &rng, &ex)
-	require.Equal(t, route.SelectionCostHeld, d.Selection)
-	require.Equal(t, "a", ex.PickedName)
-	out := explainOutput(t, d, &ex)
+	// held is what kvmesh explain prints of cost's decision with a TTFT
+	// target of target seconds, which must hold the request on a.
+	held := func(target float64) string {
+		t.Helper()
+		cfg := route.DefaultCostConfig()
+		cfg.MaxRunning = 8
+		cfg.TTFTTargetSeconds = target
+		m, err := route.NewModel(cfg)
+		require.NoError(t, err)
+		var ex route.Explanation
+		rng := route.NewRand(1)
+		d := route.NewCost(m).Pick(&req, cands, &rng, &ex)
+		require.Equal(t, route.SelectionCostHeld, d.Selection)
+		require.Equal(t, "a", ex.PickedName)
+		return explainOutput(t, d, &ex)
+	}
+	out := held(1)
 	assert.Contains(t, out, "pick a (cost_held)")
 	assert.Contains(t, out, "held: b scored cheapest but would recompute the prompt and misses the TTFT target too")
 
 	// A target b meets: held because half the replicas (a) queue.
-	cfg.TTFTTargetSeconds = 30
-	m, err = route.NewModel(cfg)
-	require.NoError(t, err)
-	rng = route.NewRand(1)
-	d = route.NewCost(m).Pick(&req, cands, &rng, &ex)
-	require.Equal(t, route.SelectionCostHeld, d.Selection)
-	out = explainOutput(t, d, &ex)
+	out = held(30)
 	assert.Contains(t, out, "held: b scored cheapest but would recompute the prompt and requests wait at 1 of 2 replicas, so prefill is what they lack;")
 	assert.NotContains(t, out, "misses the TTFT target")
 }

@@ -643,13 +643,13 @@ func (x *eppExchange) hold(rep *replica) {
 	}
 	if x.served != nil {
 		x.served.inflight.Add(-1)
-		x.served.ended(x.sentAt)
+		x.served.ended(x.sentAt, x.dec.Uncached)
 		x.served.mInflight.Dec()
 		x.served.queuedPrefill.Add(-x.queued)
 	}
 	x.served, x.sentAt = rep, nowNanos()
 	rep.inflight.Add(1)
-	rep.sent(x.sentAt)
+	rep.sent(x.sentAt, x.dec.Uncached)
 	rep.mInflight.Inc()
 	rep.queuedPrefill.Add(x.queued)
 }
@@ -780,7 +780,7 @@ func (x *eppExchange) finish() {
 	if x.served != nil {
 		x.releaseQueued()
 		x.served.inflight.Add(-1)
-		x.served.ended(x.sentAt)
+		x.served.ended(x.sentAt, x.dec.Uncached)
 		x.served.mInflight.Dec()
 	}
 	if x.limited {

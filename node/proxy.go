@@ -273,7 +273,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	start := time.Now()
 	sentAt := start.UnixNano()
 	rep.inflight.Add(1)
-	rep.sent(sentAt)
+	rep.sent(sentAt, dec.Uncached)
 	rep.mInflight.Inc()
 	queued := int64(dec.Uncached)
 	rep.queuedPrefill.Add(queued)
@@ -286,7 +286,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	defer func() {
 		releaseQueued()
 		rep.inflight.Add(-1)
-		rep.ended(sentAt)
+		rep.ended(sentAt, dec.Uncached)
 		rep.mInflight.Dec()
 	}()
 

@@ -287,16 +287,17 @@ func (r *replica) load() (running, waiting int, kv float64) {
 	return int(r.running.Load()), int(r.waiting.Load()), kv
 }
 
-// sent notes a request sent to the replica at now (unix nanos): no scrape
-// shows it yet. Its stream's end calls ended(now).
-func (r *replica) sent(now int64) {
+// sent notes a request sent to the replica at now (unix nanos) with
+// uncached prompt units to compute there (the decision's Uncached): no
+// scrape shows it yet. Its stream's end calls ended(now, uncached).
+func (r *replica) sent(now int64, uncached int) {
 	r.unshownSent.Add(1)
-	r.sends.Add(now)
+	r.sends.Add(now, uncached)
 }
 
-// ended notes the end of the stream of the request sent at sentAt: it
-// holds no slot there any more.
-func (r *replica) ended(sentAt int64) { r.sends.Remove(sentAt) }
+// ended notes the end of the stream of the request sent at sentAt with
+// uncached units: it holds no slot there any more.
+func (r *replica) ended(sentAt int64, uncached int) { r.sends.Remove(sentAt, uncached) }
 
 // sawToken notes a token relayed from the replica at now (unix nanos)
 // whose stream's previous token came at prev (0 for its first). Engines

@@ -238,7 +238,7 @@ func TestScrapeNewsResetsUnshownSends(t *testing.T) {
 	sent := []int64{now - 300*ms, now - 50*ms, now - 10*ms}
 	for _, at := range sent { // three requests in flight, sent at these times
 		r.inflight.Add(1)
-		r.sent(at)
+		r.sent(at, 0)
 	}
 	r.sawToken(now, now-100*ms)
 	n.scrape(t.Context(), r)
@@ -247,20 +247,21 @@ func TestScrapeNewsResetsUnshownSends(t *testing.T) {
 	assert.Equal(t, 3, c.ScrapedInFlight, "all three count as this gateway's")
 	for _, at := range sent[1:] {
 		r.inflight.Add(-1)
-		r.ended(at)
+		r.ended(at, 0)
 	}
 	r.sawToken(nowNanos(), now-100*ms)
 	n.scrape(t.Context(), r)
 	assert.Equal(t, 0, view().UnshownSent, "only those still in flight")
 	r.inflight.Add(-1)
-	r.ended(sent[0])
+	r.ended(sent[0], 0)
 }
 
 // TestProxyLogsSendsInFlight: the candidate carries when this gateway
-// sent the requests it has in flight to the replica (route.Candidate.
-// Sends, which cost reads for a full running set's slot wait): each
-// proxied request from its send until its stream ends, whether the
-// stream completes or the client goes away.
+// sent the requests it has in flight to the replica and the prompt each
+// left to compute there (route.Candidate.Sends, which cost reads for a
+// full running set's slot wait): each proxied request from its send
+// until its stream ends, whether the stream completes or the client goes
+// away.
 func TestProxyLogsSendsInFlight(t *testing.T) {
 	e := newFakeEngine(t, "a")
 	e.firstDelay.Store(int64(time.Hour)) // streams stay open until cancelled
@@ -291,6 +292,11 @@ func TestProxyLogsSendsInFlight(t *testing.T) {
 	l := sends()
 	require.NotNil(t, l)
 	require.Equal(t, 2, l.Len(), "both requests in flight")
+	// No first token yet: the prompts the two decisions left to compute
+	// are what the log carries, and all that is queued there.
+	queued := int(r.queuedPrefill.Load())
+	require.Positive(t, queued)
+	require.Equal(t, queued, l.UncachedSince(before), "the log carries each decision's uncached prompt")
 	for j := 1; j <= 2; j++ {
 		at, ok := l.Recent(j)
 		require.True(t, ok)

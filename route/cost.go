@@ -50,8 +50,10 @@ import (
 //     this gateway sees every request on the candidates (no othersSeen)
 //     and sent the C−1 most recent in flight there (Candidate.Sends), the
 //     slot frees no sooner than the C−1-th most recent can have produced
-//     its L tokens, L·d after it was sent, and the wait is the later of
-//     the two. On 64 replicas behind one gateway (discrete-event table,
+//     its L tokens, L·d after it was sent plus the prefill sent there
+//     since, its own included (SendLog.UncachedSince, times p: a step
+//     that computes a chunk of it holds the decode back), and the wait is
+//     the later of the two. On 64 replicas behind one gateway (discrete-event table,
 //     warm with KV events, seed 2), the even spacing had estimated a
 //     full holder's TTFT at 1.6–2.0 s, under the 2 s target, for
 //     requests that took 2.3–4 s. Against the best baseline (passes of
@@ -244,9 +246,11 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 	if n >= capacity && dup != nil && dup.alone {
 		// No slot is free. The slot frees once at most C−2 of the
 		// requests there remain: not before the C−1-th most recent can
-		// have finished.
+		// have finished, its output decoded in the steps that the
+		// prefill sent there since (its own included) leaves it.
 		if at, ok := cand.Sends.Recent(capacity - 1); ok {
-			slotWait = max(slotWait, float64(at-req.Now)/1e9+hold*r.decodeStep)
+			stall := req.tokens(cand.Sends.UncachedSince(at)) * r.prefillSecPerToken
+			slotWait = max(slotWait, float64(at-req.Now)/1e9+hold*r.decodeStep+stall)
 		}
 	}
 	// own: the uncached prompt recomputed, or loaded where cand holds it

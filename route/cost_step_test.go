@@ -150,7 +150,7 @@ func TestSlotWaitCountsRecentSends(t *testing.T) {
 	log := func(ago ...int64) *SendLog {
 		var l SendLog
 		for _, a := range ago {
-			l.Add(now - a*ms)
+			l.Add(now-a*ms, 0)
 		}
 		return &l
 	}
@@ -187,6 +187,53 @@ func TestSlotWaitCountsRecentSends(t *testing.T) {
 	aged.ID, young.ID = 0, 1
 	d, _ = explainedPick(t, cfg, &req, []Candidate{aged, young})
 	require.Equal(t, 0, d.Index, "the holder whose requests are older, in either place")
+}
+
+// TestSlotWaitCountsPrefillSentSince: the C−1-th most recent request on
+// a full replica decodes only in the steps the prefill sent there since
+// leaves it, its own prompt's included; prefill sent before it does not
+// hold it back. Each uncached token sent since delays the free slot by
+// the prefill time of a token (a cold phase's full holder, seed grid,
+// was estimated at 1.85 s for a request that took 5.66 s without it).
+func TestSlotWaitCountsPrefillSentSince(t *testing.T) {
+	now := 1_000_000 * ms
+	req := Request{TotalBlocks: 4, BlockTokens: 128, PromptTokens: 512, MaxTokens: 100, Now: now}
+	cfg := DefaultCostConfig()
+	cfg.MaxRunning = 4
+	decode := float64(req.MaxTokens) * cfg.PriorDecodeStepSeconds
+	p := 1 / cfg.PriorPrefillTokensPerSecond
+	// Four requests in flight, sent 400, 300, 200 and 100 ms ago; the
+	// slot frees once the third most recent (300 ms ago) has finished.
+	holder := func(uncached ...int) Candidate {
+		var l SendLog
+		for i, u := range uncached {
+			l.Add(now-int64(400-100*i)*ms, u)
+		}
+		return Candidate{Name: "full", Matched: 4, InFlight: 4, LocalInFlight: 4, Running: 4, Sends: &l}
+	}
+	for _, tc := range []struct {
+		name     string
+		uncached []int
+		stall    int // tokens of prefill that hold the slot's request back
+	}{
+		{"all cached", []int{0, 0, 0, 0}, 0},
+		{"before it: no delay", []int{3000, 0, 0, 0}, 0},
+		{"its own prompt", []int{0, 3000, 0, 0}, 3000},
+		{"sent since", []int{0, 0, 1500, 600}, 2100},
+		{"every one since", []int{3000, 3000, 1500, 600}, 5100},
+	} {
+		_, ex := explainedPick(t, cfg, &req, []Candidate{holder(tc.uncached...)})
+		require.InDelta(t, decode-0.3+float64(tc.stall)*p, ex.Replicas[0].SlotWait, 1e-9, tc.name)
+	}
+	// A slot that the even spacing expects later than the bound stands.
+	old := holder(0, 0, 0, 0)
+	var l SendLog
+	for range 4 {
+		l.Add(now-int64(decode*1000+500)*ms, 0)
+	}
+	old.Sends = &l
+	_, ex := explainedPick(t, cfg, &req, []Candidate{old})
+	require.InDelta(t, decode/2, ex.Replicas[0].SlotWait, 1e-9, "sent long ago: the even spacing")
 }
 
 // TestOutstandingCountsUnseenSendersOnce: without peers' reports the

@@ -1,59 +1,84 @@
 package route
 
 import (
+	"cmp"
 	"slices"
 	"sync"
 )
 
 // SendLog holds when a gateway sent the requests it has in flight to one
-// replica: the load view adds a request as it is sent and removes it when
-// its stream ends. The cost model reads from it how soon a full running
-// set frees a slot (Candidate.Sends), and the load view how many requests
-// a scrape may not show yet (Unshown). It is safe for
-// concurrent use; the zero value is empty.
+// replica, and the prompt each left to compute there: the load view adds
+// a request as it is sent and removes it when its stream ends. The cost
+// model reads from it how soon a full running set frees a slot
+// (Candidate.Sends), and the load view how many requests a scrape may not
+// show yet (Unshown). It is safe for concurrent use; the zero value is
+// empty.
 type SendLog struct {
-	mu sync.Mutex
-	at []int64 // Unix ns, oldest first
+	mu    sync.Mutex
+	sends []send // oldest first
 }
 
-// Add notes a request sent at t (Unix ns).
-func (l *SendLog) Add(t int64) {
+// send is one request in a SendLog: when it was sent (Unix ns) and the
+// uncached prompt it sent (Route's Output.Uncached, in the keys' units).
+type send struct {
+	at       int64
+	uncached int
+}
+
+// Add notes a request sent at t (Unix ns) that leaves uncached prompt
+// units to compute on the replica.
+func (l *SendLog) Add(t int64, uncached int) {
 	l.mu.Lock()
-	l.at = append(l.at, t)
+	l.sends = append(l.sends, send{at: t, uncached: uncached})
 	// Concurrent senders may add out of order, by little: move t back
 	// to its place.
-	for i := len(l.at) - 1; i > 0 && l.at[i-1] > t; i-- {
-		l.at[i-1], l.at[i] = t, l.at[i-1]
+	for i := len(l.sends) - 1; i > 0 && l.sends[i-1].at > t; i-- {
+		l.sends[i-1], l.sends[i] = l.sends[i], l.sends[i-1]
 	}
 	l.mu.Unlock()
 }
 
-// Remove forgets one request sent at t, the time Add was given, when its
-// stream ends; it does nothing when no request was sent at t.
-func (l *SendLog) Remove(t int64) {
+// Remove forgets one request sent at t with uncached units, as Add was
+// given them, when its stream ends; of several sent at t it prefers one
+// with those units. It does nothing when no request was sent at t.
+func (l *SendLog) Remove(t int64, uncached int) {
 	l.mu.Lock()
-	if i, found := slices.BinarySearch(l.at, t); found {
-		l.at = slices.Delete(l.at, i, i+1)
+	defer l.mu.Unlock()
+	i, found := l.search(t)
+	if !found {
+		return
 	}
-	l.mu.Unlock()
+	for j := i; j < len(l.sends) && l.sends[j].at == t; j++ {
+		if l.sends[j].uncached == uncached {
+			i = j
+			break
+		}
+	}
+	l.sends = slices.Delete(l.sends, i, i+1)
+}
+
+// search finds the first send at t or later, and whether one is at t;
+// l.mu is held.
+func (l *SendLog) search(t int64) (int, bool) {
+	return slices.BinarySearchFunc(l.sends, t, func(s send, t int64) int { return cmp.Compare(s.at, t) })
 }
 
 // Len returns the number of requests in flight.
 func (l *SendLog) Len() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.at)
+	return len(l.sends)
 }
 
 // After counts the requests in flight that were sent after t (Unix ns).
 func (l *SendLog) After(t int64) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	i, found := slices.BinarySearch(l.at, t)
-	for found && i < len(l.at) && l.at[i] == t {
+	i, found := l.search(t)
+	for found && i < len(l.sends) && l.sends[i].at == t {
 		i++
 	}
-	return len(l.at) - i
+	return len(l.sends) - i
 }
 
 // Recent returns when the j-th most recently sent request in flight was
@@ -65,10 +90,29 @@ func (l *SendLog) Recent(j int) (at int64, ok bool) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if j > len(l.at) {
+	if j > len(l.sends) {
 		return 0, false
 	}
-	return l.at[len(l.at)-j], true
+	return l.sends[len(l.sends)-j].at, true
+}
+
+// UncachedSince sums the uncached prompt units of the requests in flight
+// sent at t (Unix ns) or later: the prefill the replica has computed, or
+// has still to compute, since the request sent at t arrived. Every
+// engine step that computes a chunk of it delays the decode of the
+// requests running there, that one's included (see Cost's slot wait).
+// It is 0 for a nil l.
+func (l *SendLog) UncachedSince(t int64) int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sum := 0
+	for i := len(l.sends) - 1; i >= 0 && l.sends[i].at >= t; i-- {
+		sum += max(l.sends[i].uncached, 0)
+	}
+	return sum
 }
 
 // Unshown counts the requests in flight that a scrape bringing news of

@@ -183,7 +183,7 @@ func (g *gateway) serve(f *flight, prefix string, req study.Request) {
 	// proxy: count the request in flight, send it, record on success.
 	g.addInflight(rep, 1)
 	f.sentAt = now
-	g.sent(rep, now)
+	g.sent(rep, now, f.uncached)
 	g.queued[rep] += f.uncached
 	g.shareQueued(rep)
 	f.queued = true
@@ -226,11 +226,11 @@ func (g *gateway) peerQueued(i int) int {
 	return g.w.queuedSum[i] - g.w.queuedSeen[g.id][i]
 }
 
-// sent notes a request sent to replica rep at now (Unix ns): no scrape
-// shows it yet.
-func (g *gateway) sent(rep int, now int64) {
+// sent notes a request sent to replica rep at now (Unix ns) with
+// uncached prompt units to compute there: no scrape shows it yet.
+func (g *gateway) sent(rep int, now int64, uncached int) {
 	g.unshownSent[rep]++
-	g.sends[rep].Add(now)
+	g.sends[rep].Add(now, uncached)
 }
 
 // sawToken notes a token streamed from replica rep at now (Unix ns); a
@@ -288,7 +288,7 @@ func (g *gateway) release(f *flight, ok bool, fin *sim.Finished) {
 		return
 	}
 	g.addInflight(f.rep, -1)
-	g.sends[f.rep].Remove(f.sentAt)
+	g.sends[f.rep].Remove(f.sentAt, f.uncached)
 	g.releaseQueued(f)
 	if !ok || !f.hasFirst {
 		return

@@ -126,7 +126,7 @@ func TestNewsKeepsSendsTheStepMayNotShow(t *testing.T) {
 		now := w.nowNs()
 		g.inflight[0] = 3 // three requests in flight, sent 300, 50 and 10 ms ago
 		for _, ago := range []int64{300, 50, 10} {
-			g.sent(0, now-ago*ms)
+			g.sent(0, now-ago*ms, 0)
 		}
 		got[0] = scrape() // the same figures, no token: no news
 		g.scrapedInflight[0] = -1
@@ -136,12 +136,12 @@ func TestNewsKeepsSendsTheStepMayNotShow(t *testing.T) {
 		g.sawToken(0, now+ms, 100*ms, false)
 		got[2] = scrape()
 		g.inflight[0] = 1 // the oldest and the newest ended
-		g.sends[0].Remove(now - 300*ms)
-		g.sends[0].Remove(now - 10*ms)
+		g.sends[0].Remove(now-300*ms, 0)
+		g.sends[0].Remove(now-10*ms, 0)
 		g.sawToken(0, now+2*ms, 100*ms, false)
 		got[3] = scrape()
 		g.inflight[0] = 0
-		g.sends[0].Remove(now - 50*ms)
+		g.sends[0].Remove(now-50*ms, 0)
 		w.Close()
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

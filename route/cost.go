@@ -50,16 +50,27 @@ import (
 //     this gateway sees every request on the candidates (no othersSeen)
 //     and sent the C−1 most recent in flight there (Candidate.Sends), the
 //     slot frees no sooner than the C−1-th most recent can have produced
-//     its L tokens, L·d after it was sent plus the prefill sent there
-//     since, its own included (SendLog.UncachedSince, times p: a step
-//     that computes a chunk of it holds the decode back), and the wait is
-//     the later of the two. On 64 replicas behind one gateway (discrete-event table,
+//     its L tokens, L·d after it was sent, and the wait is the later of
+//     the two. On 64 replicas behind one gateway (discrete-event table,
 //     warm with KV events, seed 2), the even spacing had estimated a
 //     full holder's TTFT at 1.6–2.0 s, under the 2 s target, for
 //     requests that took 2.3–4 s. Against the best baseline (passes of
 //     3,072, seeds 1–3 and 4–6), one gateway gained in every cell, up
 //     to 41 passes (warm with KV events −8.7 → +10.3 and −10.7 → −5.7),
 //     and in the seed grid (seeds 1..30) 25 → 23 of 240 rows miss.
+//     That request decodes only in the steps that prefill leaves it, so
+//     the bound adds the prefill sent there since it was sent, its own
+//     included: SendLog.UncachedSince·p (requests that have ended since
+//     no longer count, so it errs short). A full holder in the seed
+//     grid's cold phase (seed 102, round 2) that had taken three cold
+//     prompts since was estimated at 1.85 s for a request that took
+//     5.66 s, and at 5.26 s with the prefill. On the table (seeds 1–9)
+//     one gateway's cells moved by −0.8 to +9.0 passes a seed on
+//     average (of their 24 means over three seeds, 16 rose and 4 fell,
+//     by at most 14.7), and warm with KV events, which had missed in
+//     seeds 6 and 7 (−5, −11), meets in every seed (+3, +9). The synced
+//     and isolated cells, where the bound does not apply, did not move,
+//     nor did the seed grid.
 //     Where other senders show (peers' reports, or scrapes beyond this
 //     gateway's own requests), requests of unknown age fill the set, and
 //     its size is learned from scrapes as stale as those requests are

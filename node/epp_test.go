@@ -208,6 +208,11 @@ func TestEPPShedsAtTheInFlightLimit(t *testing.T) {
 	_, base := dataPlane(t, extproc.Config{Pickers: []string{n.EPPAddr()}, TLS: true})
 	first := postTo(t, base, "/v1/completions", `{"model":"m","prompt":"held","stream":true}`, nil)
 	require.Equal(t, http.StatusOK, first.StatusCode)
+	// No body byte yet: the prompt the pick left to compute is queued,
+	// and the send log carries it for cost's slot wait.
+	a := n.tbl.Load().byName["a"]
+	require.Positive(t, a.queuedPrefill.Load())
+	require.Equal(t, int(a.queuedPrefill.Load()), a.sends.UncachedSince(0))
 	resp := postTo(t, base, "/v1/completions", `{"model":"m","prompt":"second"}`, nil)
 	got := readAll(t, resp)
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, got)

@@ -1,10 +1,6 @@
 package route
 
-import (
-	"cmp"
-	"slices"
-	"sync"
-)
+import "sync"
 
 // SendLog holds when a gateway sent the requests it has in flight to one
 // replica, and the prompt each left to compute there: the load view adds
@@ -54,13 +50,25 @@ func (l *SendLog) Remove(t int64, uncached int) {
 			break
 		}
 	}
-	l.sends = slices.Delete(l.sends, i, i+1)
+	copy(l.sends[i:], l.sends[i+1:])
+	l.sends = l.sends[:len(l.sends)-1]
 }
 
 // search finds the first send at t or later, and whether one is at t;
-// l.mu is held.
+// l.mu is held. It is written out: slices.BinarySearchFunc's call per
+// step cost about 9 ns of BenchmarkSendLog's 47 (the proxy's cost per
+// request).
 func (l *SendLog) search(t int64) (int, bool) {
-	return slices.BinarySearchFunc(l.sends, t, func(s send, t int64) int { return cmp.Compare(s.at, t) })
+	lo, hi := 0, len(l.sends)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if l.sends[m].at < t {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo, lo < len(l.sends) && l.sends[lo].at == t
 }
 
 // Len returns the number of requests in flight.

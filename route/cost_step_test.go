@@ -225,15 +225,6 @@ func TestSlotWaitCountsPrefillSentSince(t *testing.T) {
 		_, ex := explainedPick(t, cfg, &req, []Candidate{holder(tc.uncached...)})
 		require.InDelta(t, decode-0.3+float64(tc.stall)*p, ex.Replicas[0].SlotWait, 1e-9, tc.name)
 	}
-	// A slot that the even spacing expects later than the bound stands.
-	old := holder(0, 0, 0, 0)
-	var l SendLog
-	for range 4 {
-		l.Add(now-int64(decode*1000+500)*ms, 0)
-	}
-	old.Sends = &l
-	_, ex := explainedPick(t, cfg, &req, []Candidate{old})
-	require.InDelta(t, decode/2, ex.Replicas[0].SlotWait, 1e-9, "sent long ago: the even spacing")
 }
 
 // TestOutstandingCountsUnseenSendersOnce: without peers' reports the

@@ -225,6 +225,13 @@ func TestSlotWaitCountsPrefillSentSince(t *testing.T) {
 		_, ex := explainedPick(t, cfg, &req, []Candidate{holder(tc.uncached...)})
 		require.InDelta(t, decode-0.3+float64(tc.stall)*p, ex.Replicas[0].SlotWait, 1e-9, tc.name)
 	}
+	if raceEnabled {
+		return // the race detector makes sync.Pool drop items, which allocates
+	}
+	m, err := NewModel(cfg)
+	require.NoError(t, err)
+	c, cands, rng := NewCost(m), []Candidate{holder(3000, 3000, 1500, 600)}, NewRand(1)
+	require.Zero(t, testing.AllocsPerRun(100, func() { _ = c.Pick(&req, cands, &rng, nil) }), "the bound's path allocates nothing")
 }
 
 // TestOutstandingCountsUnseenSendersOnce: without peers' reports the

@@ -84,23 +84,22 @@ func TestTTFTTargetCharge(t *testing.T) {
 func TestHoldKeepsARecomputePastTheTarget(t *testing.T) {
 	// Four prefill chunks to recompute, one on the holder.
 	req := Request{TotalBlocks: 64, BlockTokens: 128, PromptTokens: 8192, MaxTokens: 128, Now: 1_000 * sec}
-	cands := holdCandidates
 	cfg := DefaultCostConfig()
 	cfg.MaxRunning = 8
-	d, ex := explainedPick(t, cfg, &req, cands(3))
+	d, ex := explainedPick(t, cfg, &req, holdCandidates(3))
 	require.Equal(t, SelectionCostSpread, d.Selection, "no target: the recompute")
 	recompute := ex.Replicas[d.Index].EstimatedTTFT
 	holder := ex.Replicas[0].EstimatedTTFT
 	require.Greater(t, holder, recompute)
 
 	cfg.TTFTTargetSeconds = recompute * 1.1
-	d, ex = explainedPick(t, cfg, &req, cands(3))
+	d, ex = explainedPick(t, cfg, &req, holdCandidates(3))
 	require.Equal(t, SelectionCostSpread, d.Selection, "the recompute meets the target")
 	require.Empty(t, ex.HeldFrom)
 
 	spreadTo := ex.Replicas[d.Index].Name
 	cfg.TTFTTargetSeconds = recompute * 0.9
-	d, ex = explainedPick(t, cfg, &req, cands(3))
+	d, ex = explainedPick(t, cfg, &req, holdCandidates(3))
 	require.Equal(t, 0, d.Index, "the recompute misses the target: held")
 	require.Equal(t, SelectionCostHeld, d.Selection)
 	require.Equal(t, spreadTo, ex.HeldFrom, "the explanation names the replica the scores ranked first")
@@ -114,7 +113,7 @@ func TestHoldKeepsARecomputePastTheTarget(t *testing.T) {
 		// every request.
 		"alone": func(cs []Candidate) { cs[0].InFlight, cs[0].LocalInFlight, cs[0].ScrapedInFlight = 20, 20, 20 },
 	} {
-		cs := cands(3)
+		cs := holdCandidates(3)
 		mod(cs)
 		d, _ = explainedPick(t, cfg, &req, cs)
 		require.Equal(t, SelectionCostSpread, d.Selection, name)
@@ -124,7 +123,7 @@ func TestHoldKeepsARecomputePastTheTarget(t *testing.T) {
 	// the holder, and Pick's near-tie ranking already weighed that.
 	small := req
 	small.TotalBlocks, small.PromptTokens = 8, 1024
-	cs := cands(3)
+	cs := holdCandidates(3)
 	cs[0].Matched = 8
 	tight := cfg
 	tight.TTFTTargetSeconds = 0.001 // every candidate misses it
@@ -139,12 +138,12 @@ func TestHoldKeepsARecomputePastTheTarget(t *testing.T) {
 	c := NewCost(m)
 	for range 20 {
 		rng := NewRand(1)
-		c.Pick(&req, cands(3), &rng, nil)
+		c.Pick(&req, holdCandidates(3), &rng, nil)
 	}
 	rng := NewRand(1)
-	d = c.Pick(&req, cands(hotPrefixReplicas+2), &rng, nil)
+	d = c.Pick(&req, holdCandidates(hotPrefixReplicas+2), &rng, nil)
 	require.Equal(t, SelectionCostSpread, d.Selection, "hot: the recompute")
-	d = c.Pick(&req, cands(hotPrefixReplicas), &rng, nil)
+	d = c.Pick(&req, holdCandidates(hotPrefixReplicas), &rng, nil)
 	require.Equal(t, SelectionCostHeld, d.Selection, "a share of one over as many candidates as the bound: held")
 }
 

@@ -212,7 +212,9 @@ func TestEPPShedsAtTheInFlightLimit(t *testing.T) {
 	// and the send log carries it for cost's slot wait.
 	a := n.tbl.Load().byName["a"]
 	require.Positive(t, a.queuedPrefill.Load())
-	require.Equal(t, int(a.queuedPrefill.Load()), a.sends.UncachedSince(0))
+	_, since, ok := a.sends.Recent(1)
+	require.True(t, ok)
+	require.Equal(t, int(a.queuedPrefill.Load()), since)
 	resp := postTo(t, base, "/v1/completions", `{"model":"m","prompt":"second"}`, nil)
 	got := readAll(t, resp)
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, got)

@@ -296,9 +296,11 @@ func TestProxyLogsSendsInFlight(t *testing.T) {
 	// are what the log carries, and all that is queued there.
 	queued := int(r.queuedPrefill.Load())
 	require.Positive(t, queued)
-	require.Equal(t, queued, l.UncachedSince(before), "the log carries each decision's uncached prompt")
+	_, since, ok := l.Recent(2)
+	require.True(t, ok)
+	require.Equal(t, queued, since, "the log carries each decision's uncached prompt")
 	for j := 1; j <= 2; j++ {
-		at, ok := l.Recent(j)
+		at, _, ok := l.Recent(j)
 		require.True(t, ok)
 		require.GreaterOrEqual(t, at, before)
 		require.LessOrEqual(t, at, nowNanos())

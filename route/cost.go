@@ -60,8 +60,8 @@ import (
 //     and in the seed grid (seeds 1..30) 25 → 23 of 240 rows miss.
 //     That request decodes only in the steps that prefill leaves it, so
 //     the bound adds the prefill sent there since it was sent, its own
-//     included: SendLog.UncachedSince·p (requests that have ended since
-//     no longer count, so it errs short). A full holder in the seed
+//     included, of requests still in flight or ended: SendLog.Recent's
+//     since·p. A full holder in the seed
 //     grid's cold phase (seed 102, round 2) that had taken three cold
 //     prompts since was estimated at 1.85 s for a request that took
 //     5.66 s, and at 5.26 s with the prefill. On the table (seeds 1–9)
@@ -259,8 +259,8 @@ func (c *Cost) estimate(req *Request, cand *Candidate, r replicaRates, sv *slotV
 		// requests there remain: not before the C−1-th most recent can
 		// have finished, its output decoded in the steps that the
 		// prefill sent there since (its own included) leaves it.
-		if at, ok := cand.Sends.Recent(capacity - 1); ok {
-			stall := req.tokens(cand.Sends.UncachedSince(at)) * r.prefillSecPerToken
+		if at, since, ok := cand.Sends.Recent(capacity - 1); ok {
+			stall := req.tokens(since) * r.prefillSecPerToken
 			slotWait = max(slotWait, float64(at-req.Now)/1e9+hold*r.decodeStep+stall)
 		}
 	}

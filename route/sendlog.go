@@ -1,35 +1,53 @@
 package route
 
-import "sync"
+import (
+	"math"
+	"sync"
+)
 
 // SendLog holds when a gateway sent the requests it has in flight to one
 // replica, and the prompt each left to compute there: the load view adds
 // a request as it is sent and removes it when its stream ends. The cost
-// model reads from it how soon a full running set frees a slot
-// (Candidate.Sends), and the load view how many requests a scrape may not
-// show yet (Unshown). It is safe for concurrent use; the zero value is
-// empty.
+// model reads from it how soon a full running set frees a slot, and how
+// much prefill the replica has taken since (Candidate.Sends, Recent), and
+// the load view how many requests a scrape may not show yet (Unshown).
+// It is safe for concurrent use; the zero value is empty.
 type SendLog struct {
 	mu    sync.Mutex
 	sends []send // oldest first
+	// total sums the uncached prompt of every request ever added, ended
+	// ones too: what was sent since a request is total less its before.
+	// It wraps around; the difference stays right while fewer than 2³²
+	// units are sent during one request's stream.
+	total uint32
 }
 
-// send is one request in a SendLog: when it was sent (Unix ns) and the
-// uncached prompt it sent (Route's Output.Uncached, in the keys' units).
+// send is one request in a SendLog: when it was sent (Unix ns), the
+// uncached prompt it sent (Route's Output.Uncached, in the keys' units)
+// and SendLog.total before it, in the order of the times sent. The two
+// counts are 32 bits wide to keep a send at 16 bytes: Remove moves the
+// sends after the one it forgets, and the proxy removes one a request.
 type send struct {
 	at       int64
-	uncached int
+	uncached int32
+	before   uint32
 }
 
 // Add notes a request sent at t (Unix ns) that leaves uncached prompt
 // units to compute on the replica.
 func (l *SendLog) Add(t int64, uncached int) {
 	l.mu.Lock()
-	l.sends = append(l.sends, send{at: t, uncached: uncached})
+	u := units(uncached)
+	l.sends = append(l.sends, send{at: t, uncached: u, before: l.total})
+	l.total += uint32(u)
 	// Concurrent senders may add out of order, by little: move t back
-	// to its place.
+	// to its place, the sends it passes then counting its prompt as sent
+	// before theirs.
 	for i := len(l.sends) - 1; i > 0 && l.sends[i-1].at > t; i-- {
-		l.sends[i-1], l.sends[i] = l.sends[i], l.sends[i-1]
+		a, b := &l.sends[i-1], &l.sends[i]
+		b.before = a.before
+		a.before += uint32(b.uncached)
+		*a, *b = *b, *a
 	}
 	l.mu.Unlock()
 }
@@ -44,14 +62,21 @@ func (l *SendLog) Remove(t int64, uncached int) {
 	if !found {
 		return
 	}
+	u := units(uncached)
 	for j := i; j < len(l.sends) && l.sends[j].at == t; j++ {
-		if l.sends[j].uncached == uncached {
+		if l.sends[j].uncached == u {
 			i = j
 			break
 		}
 	}
 	copy(l.sends[i:], l.sends[i+1:])
 	l.sends = l.sends[:len(l.sends)-1]
+}
+
+// units is an uncached prompt as a send keeps it: none when negative,
+// and no more than 32 bits hold.
+func units(uncached int) int32 {
+	return int32(min(max(uncached, 0), math.MaxInt32))
 }
 
 // search finds the first send at t or later, and whether one is at t;
@@ -90,37 +115,24 @@ func (l *SendLog) After(t int64) int {
 }
 
 // Recent returns when the j-th most recently sent request in flight was
-// sent (j = 1: the newest); ok is false when fewer than j are in flight,
-// when j < 1 and for a nil l.
-func (l *SendLog) Recent(j int) (at int64, ok bool) {
+// sent (j = 1: the newest) and since, the uncached prompt units sent to
+// the replica from that request on: its own and those of every request
+// sent after it, in flight or ended. That is the prefill the replica has
+// computed, or has still to compute, since that request arrived, and
+// every engine step that computes a chunk of it delays that request's
+// decode (see Cost's slot wait). ok is false when fewer than j are in
+// flight, when j < 1 and for a nil l.
+func (l *SendLog) Recent(j int) (at int64, since int, ok bool) {
 	if l == nil || j < 1 {
-		return 0, false
+		return 0, 0, false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if j > len(l.sends) {
-		return 0, false
+		return 0, 0, false
 	}
-	return l.sends[len(l.sends)-j].at, true
-}
-
-// UncachedSince sums the uncached prompt units of the requests in flight
-// sent at t (Unix ns) or later: the prefill the replica has computed, or
-// has still to compute, since the request sent at t arrived. Every
-// engine step that computes a chunk of it delays the decode of the
-// requests running there, that one's included (see Cost's slot wait).
-// It is 0 for a nil l.
-func (l *SendLog) UncachedSince(t int64) int {
-	if l == nil {
-		return 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	sum := 0
-	for i := len(l.sends) - 1; i >= 0 && l.sends[i].at >= t; i-- {
-		sum += max(l.sends[i].uncached, 0)
-	}
-	return sum
+	s := l.sends[len(l.sends)-j]
+	return s.at, int(l.total - s.before), true
 }
 
 // Unshown counts the requests in flight that a scrape bringing news of

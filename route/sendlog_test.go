@@ -1,6 +1,7 @@
 package route
 
 import (
+	"math"
 	"sync"
 	"testing"
 
@@ -18,13 +19,13 @@ func TestSendLog(t *testing.T) {
 	}
 	require.Equal(t, 5, l.Len())
 	for j, want := range []int64{40, 30, 20, 20, 10} {
-		at, ok := l.Recent(j + 1)
+		at, _, ok := l.Recent(j + 1)
 		require.True(t, ok, "j=%d", j+1)
 		require.Equal(t, want, at, "j=%d", j+1)
 	}
-	_, ok := l.Recent(6)
+	_, _, ok := l.Recent(6)
 	require.False(t, ok, "fewer than 6 in flight")
-	_, ok = l.Recent(0)
+	_, _, ok = l.Recent(0)
 	require.False(t, ok)
 	require.Equal(t, 4, l.After(19))
 	require.Equal(t, 2, l.After(20), "sent at t is not after t")
@@ -35,19 +36,21 @@ func TestSendLog(t *testing.T) {
 	require.Equal(t, 4, l.Len())
 	require.Equal(t, 2, l.After(20))
 	require.Equal(t, 3, l.After(10))
-	at, _ := l.Recent(3)
+	at, _, _ := l.Recent(3)
 	require.Equal(t, int64(20), at, "one of the two sent at 20 remains")
 
 	var none *SendLog
-	_, ok = none.Recent(1)
+	_, _, ok = none.Recent(1)
 	require.False(t, ok, "no log: nothing known")
 }
 
-// TestSendLogUncachedSince: the log sums the uncached prompt of the
-// requests in flight sent at a time or later, whatever order they were
-// added in; an ended request's prompt no longer counts, and of two sent
-// at one instant the one ending is forgotten with its own prompt.
-func TestSendLogUncachedSince(t *testing.T) {
+// TestSendLogSince: Recent sums the uncached prompt sent from the
+// request it names on, whatever order the requests were added in. A
+// request that has ended still counts for those sent before it (the
+// replica computed its prompt while they ran) and never for those sent
+// after it; of two sent at one instant, the one ending is forgotten with
+// its own prompt.
+func TestSendLogSince(t *testing.T) {
 	var l SendLog
 	for _, s := range []struct {
 		at       int64
@@ -55,22 +58,56 @@ func TestSendLogUncachedSince(t *testing.T) {
 	}{{10, 100}, {30, 300}, {20, 20}, {40, 4000}, {20, 2}} {
 		l.Add(s.at, s.uncached)
 	}
-	require.Equal(t, 4422, l.UncachedSince(0))
-	require.Equal(t, 4322, l.UncachedSince(20), "sent at t counts")
-	require.Equal(t, 4300, l.UncachedSince(21))
-	require.Zero(t, l.UncachedSince(41))
-	at, _ := l.Recent(1)
-	require.Equal(t, int64(40), at, "ordered by time, the prompts with them")
+	since := func(j int) (int64, int) {
+		t.Helper()
+		at, since, ok := l.Recent(j)
+		require.True(t, ok, "j=%d", j)
+		return at, since
+	}
+	for j, want := range []struct {
+		at    int64
+		since int
+	}{{40, 4000}, {30, 4300}, {20, 4302}, {20, 4322}, {10, 4422}} {
+		at, s := since(j + 1)
+		require.Equal(t, want.at, at, "j=%d", j+1)
+		require.Equal(t, want.since, s, "j=%d: the prompts moved with their times", j+1)
+	}
 
 	l.Remove(20, 2) // the second sent at 20
-	require.Equal(t, 4320, l.UncachedSince(20), "the one sent at 20 with 20 remains")
-	l.Remove(20, 7) // no such prompt at 20: one sent then goes
-	require.Equal(t, 4300, l.UncachedSince(20))
+	at, s := since(3)
+	require.Equal(t, int64(20), at, "the one sent at 20 with 20 remains")
+	require.Equal(t, 4322, s, "the ended one sent at 20 with 2 still counts")
 	l.Remove(40, 4000)
-	require.Equal(t, 300, l.UncachedSince(11))
+	_, s = since(1)
+	require.Equal(t, 4300, s, "sent at 30: 30's own and the ended 40's")
+	l.Remove(10, 100)
+	_, s = since(2)
+	require.Equal(t, 4322, s, "sent at 20: the ended 10's was sent before")
+	l.Remove(20, 7) // no such prompt at 20: one sent then goes
+	require.Equal(t, 1, l.Len())
+
+	// Added late, behind the 30 in flight and the ended 40, ahead of the
+	// ended 20.
+	l.Add(25, 5)
+	at, s = since(2)
+	require.Equal(t, int64(25), at)
+	require.Equal(t, 4305, s, "sent at 25: its own, 30's and 40's")
+	_, s = since(1)
+	require.Equal(t, 4300, s, "sent at 30: the one added later but sent before does not count")
+
+	// The running sum wraps around; what was sent since does not.
+	var w SendLog
+	w.total = math.MaxUint32 - 10
+	w.Add(1, 8)
+	w.Add(2, 30)
+	w.Add(3, -5) // nothing to compute
+	_, s, _ = w.Recent(3)
+	require.Equal(t, 38, s)
 
 	var none *SendLog
-	require.Zero(t, none.UncachedSince(0), "no log: nothing known")
+	_, s, ok := none.Recent(1)
+	require.False(t, ok)
+	require.Zero(t, s, "no log: nothing known")
 }
 
 // TestSendLogUnshown: at a scrape's news, the requests sent after the
@@ -99,10 +136,10 @@ func TestSendLogConcurrent(t *testing.T) {
 			for i := range 200 {
 				at := int64(i*8 + g)
 				l.Add(at, g)
-				newest, ok := l.Recent(1)
+				newest, since, ok := l.Recent(1)
 				assert.True(t, ok)
 				assert.GreaterOrEqual(t, newest, at, "at is in flight")
-				assert.GreaterOrEqual(t, l.UncachedSince(at), g, "at's own prompt counts")
+				assert.GreaterOrEqual(t, since, 0)
 				l.Remove(at, g)
 			}
 		})
@@ -121,11 +158,14 @@ func TestSendLogConcurrent(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, 400, l.Len())
 	require.Equal(t, l.Len(), l.After(-1))
-	require.Equal(t, 59900, l.UncachedSince(200), "the prompts moved with their times: 200+…+399")
+	at, since, _ := l.Recent(200)
+	require.Equal(t, int64(200), at)
+	require.Equal(t, 59900, since, "the prompts moved with their times: 200+…+399")
 	for j := 1; j < 400; j++ {
-		newer, _ := l.Recent(j)
-		older, _ := l.Recent(j + 1)
+		newer, newerSince, _ := l.Recent(j)
+		older, olderSince, _ := l.Recent(j + 1)
 		require.LessOrEqual(t, older, newer, "ordered, oldest first")
+		require.Equal(t, older, int64(olderSince-newerSince), "each request's own prompt, its time, between the two")
 	}
 }
 

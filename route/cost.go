@@ -60,8 +60,8 @@ import (
 //     and in the seed grid (seeds 1..30) 25 → 23 of 240 rows miss.
 //     That request decodes only in the steps that prefill leaves it, so
 //     the bound adds the prefill sent there since it was sent, its own
-//     included, of requests still in flight or ended: SendLog.Recent's
-//     since·p. A full holder in the seed
+//     included, whether those requests are still in flight or have
+//     ended (SendLog.Recent's since, times p). A full holder in the seed
 //     grid's cold phase (seed 102, round 2) that had taken three cold
 //     prompts since was estimated at 1.85 s for a request that took
 //     5.66 s, and at 5.26 s with the prefill. On the table (seeds 1–9)
@@ -70,7 +70,9 @@ import (
 //     by at most 14.7), and warm with KV events, which had missed in
 //     seeds 6 and 7 (−5, −11), meets in every seed (+3, +9). The synced
 //     and isolated cells, where the bound does not apply, did not move,
-//     nor did the seed grid.
+//     nor did the seed grid. Counting the ended requests too moved
+//     neither the table nor the grid: the study's requests all decode
+//     128 tokens, so one sent later seldom ends first.
 //     Where other senders show (peers' reports, or scrapes beyond this
 //     gateway's own requests), requests of unknown age fill the set, and
 //     its size is learned from scrapes as stale as those requests are

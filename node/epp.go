@@ -643,7 +643,7 @@ func (x *eppExchange) hold(rep *replica) {
 	}
 	if x.served != nil {
 		x.served.inflight.Add(-1)
-		x.served.ended(x.sentAt, x.dec.Uncached)
+		x.served.ended(x.sentAt, x.dec.Uncached, false) // it never had the request
 		x.served.mInflight.Dec()
 		x.served.queuedPrefill.Add(-x.queued)
 	}
@@ -780,7 +780,9 @@ func (x *eppExchange) finish() {
 	if x.served != nil {
 		x.releaseQueued()
 		x.served.inflight.Add(-1)
-		x.served.ended(x.sentAt, x.dec.Uncached)
+		// As the proxy: a successful response's first byte came.
+		prefilled := x.status >= 200 && x.status < 300 && x.res.firstAt != 0
+		x.served.ended(x.sentAt, x.dec.Uncached, prefilled)
 		x.served.mInflight.Dec()
 	}
 	if x.limited {

@@ -224,6 +224,85 @@ func TestEPPShedsAtTheInFlightLimit(t *testing.T) {
 	readAll(t, first)
 }
 
+// TestEPPTakesBackPromptsNeverComputed: as the proxy does
+// (TestProxyTakesBackPromptsNeverComputed), the endpoint picker's send
+// log keeps the prompt of a request that ended for the requests sent
+// before it only when its successful response began: an error answer's
+// is taken back.
+func TestEPPTakesBackPromptsNeverComputed(t *testing.T) {
+	release, releaseServed := make(chan struct{}), make(chan struct{})
+	firstSent := make(chan struct{}, 1)
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.URL.Path != "/v1/completions" { // health probes and scrapes
+			return
+		}
+		switch {
+		case strings.Contains(string(body), "refused"):
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"no","type":"BadRequestError","code":400}}`)
+			return
+		case strings.Contains(string(body), "served"):
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			_, _ = io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n")
+			w.(http.Flusher).Flush()
+			firstSent <- struct{}{}
+			<-releaseServed
+		default:
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer eng.Close()
+	n := startEPPNode(t, nil, rc("a", eng.URL))
+	_, base := dataPlane(t, extproc.Config{Pickers: []string{n.EPPAddr()}, TLS: true})
+	a := n.tbl.Load().byName["a"]
+	const tail = ", a prompt long enough to fill a block or two of characters for the index"
+	waiting := postTo(t, base, "/v1/completions", `{"model":"m","prompt":"waiting`+tail+`","stream":true}`, nil)
+	require.Equal(t, http.StatusOK, waiting.StatusCode)
+	defer readAll(t, waiting)
+	defer close(release)
+	own := int(a.queuedPrefill.Load())
+	require.Positive(t, own)
+	since := func() int {
+		t.Helper()
+		require.Eventually(t, func() bool { return a.sends.Len() == 1 }, 10*time.Second, time.Millisecond,
+			"the waiting request alone in flight")
+		_, since, ok := a.sends.Recent(1)
+		require.True(t, ok)
+		return since
+	}
+	require.Equal(t, own, since())
+
+	resp := postTo(t, base, "/v1/completions", `{"model":"m","prompt":"refused`+tail+`","stream":true}`, nil)
+	readAll(t, resp)
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	require.Equal(t, own, since(), "an error answer's prompt is taken back")
+
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		resp := postTo(t, base, "/v1/completions", `{"model":"m","prompt":"served`+tail+`","stream":true}`, nil)
+		readAll(t, resp)
+	}()
+	<-firstSent
+	require.Eventually(t, func() bool { return a.sends.Len() == 2 && a.queuedPrefill.Load() == int64(own) }, 10*time.Second, time.Millisecond,
+		"the first byte came: its queued prefill is released")
+	_, other, _ := a.sends.Recent(1)
+	require.Positive(t, other, "its own prompt")
+	close(releaseServed)
+	<-served
+	require.Equal(t, own+other, since(), "a served stream's prompt counts for the request sent before it")
+}
+
 func TestEPPFallbackServedIsConfirmed(t *testing.T) {
 	a := startSim(t, false)
 	dead := closedURL(t)

@@ -277,6 +277,9 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	rep.mInflight.Inc()
 	queued := int64(dec.Uncached)
 	rep.queuedPrefill.Add(queued)
+	// prefilled: a successful response's first byte came, so the replica
+	// computed the prompt (a stream's first token, or a whole answer).
+	prefilled := false
 	releaseQueued := func() {
 		if queued != 0 {
 			rep.queuedPrefill.Add(-queued)
@@ -286,7 +289,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	defer func() {
 		releaseQueued()
 		rep.inflight.Add(-1)
-		rep.ended(sentAt, dec.Uncached)
+		rep.ended(sentAt, dec.Uncached, prefilled)
 		rep.mInflight.Dec()
 	}()
 
@@ -368,6 +371,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		res = n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, rep, releaseQueued)
 	}
 	clean = !res.clientGone && res.err == nil && !res.dirty
+	prefilled = ok && res.firstAt != 0
 	n.m.request(rep.model, statusClass(resp.StatusCode)).Inc()
 	if !req.arrived.IsZero() {
 		n.m.duration(rep.model).Observe(time.Since(req.arrived).Seconds())

@@ -296,8 +296,11 @@ func (r *replica) sent(now int64, uncached int) {
 }
 
 // ended notes the end of the stream of the request sent at sentAt with
-// uncached units: it holds no slot there any more.
-func (r *replica) ended(sentAt int64, uncached int) { r.sends.Remove(sentAt, uncached) }
+// uncached units: it holds no slot there any more. prefilled says the
+// replica computed its prompt (route.SendLog.Remove).
+func (r *replica) ended(sentAt int64, uncached int, prefilled bool) {
+	r.sends.Remove(sentAt, uncached, prefilled)
+}
 
 // sawToken notes a token relayed from the replica at now (unix nanos)
 // whose stream's previous token came at prev (0 for its first). Engines

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -247,13 +248,13 @@ func TestScrapeNewsResetsUnshownSends(t *testing.T) {
 	assert.Equal(t, 3, c.ScrapedInFlight, "all three count as this gateway's")
 	for _, at := range sent[1:] {
 		r.inflight.Add(-1)
-		r.ended(at, 0)
+		r.ended(at, 0, true)
 	}
 	r.sawToken(nowNanos(), now-100*ms)
 	n.scrape(t.Context(), r)
 	assert.Equal(t, 0, view().UnshownSent, "only those still in flight")
 	r.inflight.Add(-1)
-	r.ended(sent[0], 0)
+	r.ended(sent[0], 0, true)
 }
 
 // TestProxyLogsSendsInFlight: the candidate carries when this gateway
@@ -267,11 +268,6 @@ func TestProxyLogsSendsInFlight(t *testing.T) {
 	e.firstDelay.Store(int64(time.Hour)) // streams stay open until cancelled
 	n := startNode(t, nil, rc("a", e.url()))
 	r := n.tbl.Load().byName["a"]
-	sends := func() *route.SendLog {
-		var c route.Candidate
-		(&scratch{reps: []*replica{r}}).Candidate(0, &c)
-		return c.Sends
-	}
 	before := nowNanos()
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
@@ -289,7 +285,7 @@ func TestProxyLogsSendsInFlight(t *testing.T) {
 	}
 	<-e.started
 	<-e.started
-	l := sends()
+	l := candidateSends(r)
 	require.NotNil(t, l)
 	require.Equal(t, 2, l.Len(), "both requests in flight")
 	// No first token yet: the prompts the two decisions left to compute
@@ -315,4 +311,93 @@ func TestProxyLogsSendsInFlight(t *testing.T) {
 	readAll(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Eventually(t, func() bool { return l.Len() == 0 }, 10*time.Second, time.Millisecond, "a completed stream leaves too")
+}
+
+// candidateSends is the send log the cost model reads for r
+// (route.Candidate.Sends).
+func candidateSends(r *replica) *route.SendLog {
+	var c route.Candidate
+	(&scratch{reps: []*replica{r}}).Candidate(0, &c)
+	return c.Sends
+}
+
+// TestProxyTakesBackPromptsNeverComputed: while a request waits for its
+// first token, the prompts of requests sent after it count as prefill the
+// replica computed meanwhile (route.SendLog.Recent, cost's slot wait)
+// once a successful response began, but not when the engine answered
+// with an error or the client left before the first token: the replica
+// never computed those.
+func TestProxyTakesBackPromptsNeverComputed(t *testing.T) {
+	e := newFakeEngine(t, "a")
+	e.firstDelay.Store(int64(time.Hour))
+	n := startNode(t, nil, rc("a", e.url()))
+	r := n.tbl.Load().byName["a"]
+	l := candidateSends(r)
+	// stream sends a streaming request for a prompt of its own and
+	// returns once the engine has it; cancel ends it, done tells when
+	// its response was read.
+	stream := func(prompt string) (cancel context.CancelFunc, done <-chan struct{}) {
+		ctx, cancel := context.WithCancel(t.Context())
+		ch := make(chan struct{})
+		body := fmt.Sprintf(`{"model":"m","prompt":"%s, a prompt long enough to fill a block or two of characters for the index","stream":true,"max_tokens":5}`, prompt)
+		go func() {
+			defer close(ch)
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", strings.NewReader(body))
+			if !assert.NoError(t, err) {
+				return
+			}
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+		<-e.started
+		return cancel, ch
+	}
+	since := func() int {
+		t.Helper()
+		require.Equal(t, 1, l.Len(), "the waiting request alone in flight")
+		_, since, ok := l.Recent(1)
+		require.True(t, ok)
+		return since
+	}
+
+	cancelWaiting, _ := stream("waiting")
+	defer cancelWaiting()
+	own := int(r.queuedPrefill.Load())
+	require.Positive(t, own)
+	require.Equal(t, own, since())
+
+	// The client leaves before the first token.
+	cancelLeft, left := stream("left")
+	cancelLeft()
+	<-left
+	require.Eventually(t, func() bool { return l.Len() == 1 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, own, since(), "a request that left before its first token is taken back")
+
+	// The engine answers with an error.
+	e.status.Store(http.StatusBadRequest)
+	resp := post(t, n, "/v1/completions", `{"model":"m","prompt":"refused, a prompt long enough to fill a block or two of characters for the index","stream":true,"max_tokens":5}`, nil)
+	readAll(t, resp)
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	<-e.started // the engine had it
+	e.status.Store(0)
+	require.Eventually(t, func() bool { return l.Len() == 1 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, own, since(), "an error answer's prompt is taken back")
+
+	// A stream that gets its first token, then waits: its prompt was
+	// computed, and still counts once the client leaves.
+	e.firstDelay.Store(0)
+	e.chunkDelay.Store(int64(time.Hour))
+	e.tailDelay.Store(int64(time.Hour))
+	cancelServed, served := stream("served")
+	require.Eventually(t, func() bool { return r.queuedPrefill.Load() == int64(own) }, 10*time.Second, time.Millisecond,
+		"the first token came: its queued prefill is released")
+	_, other, ok := l.Recent(1)
+	require.True(t, ok)
+	require.Positive(t, other, "its own prompt")
+	cancelServed()
+	<-served
+	require.Eventually(t, func() bool { return l.Len() == 1 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, own+other, since(), "a served stream's prompt counts for the request sent before it")
 }

@@ -192,7 +192,8 @@ func TestSlotWaitCountsRecentSends(t *testing.T) {
 // TestSlotWaitCountsPrefillSentSince: the C−1-th most recent request on
 // a full replica decodes only in the steps the prefill sent there since
 // leaves it, its own prompt's included and that of requests which have
-// ended since; prefill sent before it does not hold it back. Each
+// ended since after their prefill; prefill sent before it, or taken
+// back, does not hold it back. Each
 // uncached token sent since delays the free slot by the prefill time of
 // a token (a cold phase's full holder, seed grid, was estimated at
 // 1.85 s for a request that took 5.66 s without it).
@@ -205,33 +206,36 @@ func TestSlotWaitCountsPrefillSentSince(t *testing.T) {
 	p := 1 / cfg.PriorPrefillTokensPerSecond
 	// Four requests in flight, sent 400, 300, 200 and 100 ms ago; the
 	// slot frees once the third most recent (300 ms ago) has finished.
-	// One more, sent endedAgo ms ago with an ended prompt, has ended.
-	holder := func(endedAgo int64, ended int, uncached ...int) Candidate {
+	// One more, sent endedAgo ms ago with an ended prompt, has ended,
+	// after its prefill or (takenBack) before it.
+	holder := func(endedAgo int64, ended int, takenBack bool, uncached ...int) Candidate {
 		var l SendLog
 		for i, u := range uncached {
 			l.Add(now-int64(400-100*i)*ms, u)
 		}
 		if endedAgo > 0 {
 			l.Add(now-endedAgo*ms, ended)
-			l.Remove(now-endedAgo*ms, ended)
+			l.Remove(now-endedAgo*ms, ended, !takenBack)
 		}
 		return Candidate{Name: "full", Matched: 4, InFlight: 4, LocalInFlight: 4, Running: 4, Sends: &l}
 	}
 	for _, tc := range []struct {
 		name            string
 		endedAgo, ended int
+		takenBack       bool
 		uncached        []int
 		stall           int // tokens of prefill that hold the slot's request back
 	}{
-		{"all cached", 0, 0, []int{0, 0, 0, 0}, 0},
-		{"before it: no delay", 0, 0, []int{3000, 0, 0, 0}, 0},
-		{"its own prompt", 0, 0, []int{0, 3000, 0, 0}, 3000},
-		{"sent since", 0, 0, []int{0, 0, 1500, 600}, 2100},
-		{"every one since", 0, 0, []int{3000, 3000, 1500, 600}, 5100},
-		{"one sent since has ended", 250, 800, []int{0, 0, 1500, 600}, 2900},
-		{"one sent before it has ended", 350, 800, []int{0, 0, 1500, 600}, 2100},
+		{"all cached", 0, 0, false, []int{0, 0, 0, 0}, 0},
+		{"before it: no delay", 0, 0, false, []int{3000, 0, 0, 0}, 0},
+		{"its own prompt", 0, 0, false, []int{0, 3000, 0, 0}, 3000},
+		{"sent since", 0, 0, false, []int{0, 0, 1500, 600}, 2100},
+		{"every one since", 0, 0, false, []int{3000, 3000, 1500, 600}, 5100},
+		{"one sent since has ended", 250, 800, false, []int{0, 0, 1500, 600}, 2900},
+		{"one sent since ended before its prefill", 250, 800, true, []int{0, 0, 1500, 600}, 2100},
+		{"one sent before it has ended", 350, 800, false, []int{0, 0, 1500, 600}, 2100},
 	} {
-		_, ex := explainedPick(t, cfg, &req, []Candidate{holder(int64(tc.endedAgo), tc.ended, tc.uncached...)})
+		_, ex := explainedPick(t, cfg, &req, []Candidate{holder(int64(tc.endedAgo), tc.ended, tc.takenBack, tc.uncached...)})
 		require.InDelta(t, decode-0.3+float64(tc.stall)*p, ex.Replicas[0].SlotWait, 1e-9, tc.name)
 	}
 	if raceEnabled {
@@ -239,7 +243,7 @@ func TestSlotWaitCountsPrefillSentSince(t *testing.T) {
 	}
 	m, err := NewModel(cfg)
 	require.NoError(t, err)
-	c, cands, rng := NewCost(m), []Candidate{holder(250, 800, 3000, 3000, 1500, 600)}, NewRand(1)
+	c, cands, rng := NewCost(m), []Candidate{holder(250, 800, false, 3000, 3000, 1500, 600)}, NewRand(1)
 	require.Zero(t, testing.AllocsPerRun(100, func() { _ = c.Pick(&req, cands, &rng, nil) }), "the bound's path allocates nothing")
 }
 

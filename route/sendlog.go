@@ -54,8 +54,12 @@ func (l *SendLog) Add(t int64, uncached int) {
 
 // Remove forgets one request sent at t with uncached units, as Add was
 // given them, when its stream ends; of several sent at t it prefers one
-// with those units. It does nothing when no request was sent at t.
-func (l *SendLog) Remove(t int64, uncached int) {
+// with those units. prefilled says the replica computed the prompt (its
+// first token came): the prompt then still counts as sent for the
+// requests sent before it (Recent). A request that never reached the
+// replica, or ended before its first token, is taken back whole. Remove
+// does nothing when no request was sent at t.
+func (l *SendLog) Remove(t int64, uncached int, prefilled bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	i, found := l.search(t)
@@ -67,6 +71,13 @@ func (l *SendLog) Remove(t int64, uncached int) {
 		if l.sends[j].uncached == u {
 			i = j
 			break
+		}
+	}
+	if !prefilled {
+		back := uint32(l.sends[i].uncached)
+		l.total -= back
+		for k := i + 1; k < len(l.sends); k++ {
+			l.sends[k].before -= back
 		}
 	}
 	copy(l.sends[i:], l.sends[i+1:])
@@ -117,11 +128,11 @@ func (l *SendLog) After(t int64) int {
 // Recent returns when the j-th most recently sent request in flight was
 // sent (j = 1: the newest) and since, the uncached prompt units sent to
 // the replica from that request on: its own and those of every request
-// sent after it, in flight or ended. That is the prefill the replica has
-// computed, or has still to compute, since that request arrived, and
-// every engine step that computes a chunk of it delays that request's
-// decode (see Cost's slot wait). ok is false when fewer than j are in
-// flight, when j < 1 and for a nil l.
+// sent after it, in flight or ended after its prefill (see Remove). That
+// is the prefill the replica has computed, or has still to compute,
+// since that request arrived, and every engine step that computes a
+// chunk of it delays that request's decode (see Cost's slot wait). ok is
+// false when fewer than j are in flight, when j < 1 and for a nil l.
 func (l *SendLog) Recent(j int) (at int64, since int, ok bool) {
 	if l == nil || j < 1 {
 		return 0, 0, false

@@ -31,8 +31,8 @@ func TestSendLog(t *testing.T) {
 	require.Equal(t, 2, l.After(20), "sent at t is not after t")
 	require.Equal(t, 0, l.After(40))
 
-	l.Remove(20, 0)
-	l.Remove(99, 0) // never sent: nothing to forget
+	l.Remove(20, 0, true)
+	l.Remove(99, 0, true) // never sent: nothing to forget
 	require.Equal(t, 4, l.Len())
 	require.Equal(t, 2, l.After(20))
 	require.Equal(t, 3, l.After(10))
@@ -46,10 +46,10 @@ func TestSendLog(t *testing.T) {
 
 // TestSendLogSince: Recent sums the uncached prompt sent from the
 // request it names on, whatever order the requests were added in. A
-// request that has ended still counts for those sent before it (the
-// replica computed its prompt while they ran) and never for those sent
-// after it; of two sent at one instant, the one ending is forgotten with
-// its own prompt.
+// request that has ended after its prefill still counts for those sent
+// before it (the replica computed its prompt while they ran) and never
+// for those sent after it; one taken back counts for none; of two sent
+// at one instant, the one ending is forgotten with its own prompt.
 func TestSendLogSince(t *testing.T) {
 	var l SendLog
 	for _, s := range []struct {
@@ -73,17 +73,17 @@ func TestSendLogSince(t *testing.T) {
 		require.Equal(t, want.since, s, "j=%d: the prompts moved with their times", j+1)
 	}
 
-	l.Remove(20, 2) // the second sent at 20
+	l.Remove(20, 2, true) // the second sent at 20
 	at, s := since(3)
 	require.Equal(t, int64(20), at, "the one sent at 20 with 20 remains")
 	require.Equal(t, 4322, s, "the ended one sent at 20 with 2 still counts")
-	l.Remove(40, 4000)
+	l.Remove(40, 4000, true)
 	_, s = since(1)
 	require.Equal(t, 4300, s, "sent at 30: 30's own and the ended 40's")
-	l.Remove(10, 100)
+	l.Remove(10, 100, true)
 	_, s = since(2)
 	require.Equal(t, 4322, s, "sent at 20: the ended 10's was sent before")
-	l.Remove(20, 7) // no such prompt at 20: one sent then goes
+	l.Remove(20, 7, true) // no such prompt at 20: one sent then goes
 	require.Equal(t, 1, l.Len())
 
 	// Added late, behind the 30 in flight and the ended 40, ahead of the
@@ -94,6 +94,27 @@ func TestSendLogSince(t *testing.T) {
 	require.Equal(t, 4305, s, "sent at 25: its own, 30's and 40's")
 	_, s = since(1)
 	require.Equal(t, 4300, s, "sent at 30: the one added later but sent before does not count")
+
+	// A request taken back (it never reached the replica, or ended
+	// before its first token) counts for no one, and the requests sent
+	// after it keep their sums.
+	var b SendLog
+	for i, u := range []int{10, 200, 3000, 40000} {
+		b.Add(int64(i+1), u)
+	}
+	b.Remove(2, 200, false)
+	for j, want := range []int{40000, 43000, 43010} {
+		_, s, _ = b.Recent(j + 1)
+		require.Equal(t, want, s, "j=%d", j+1)
+	}
+	b.Add(5, 500)
+	b.Remove(5, 500, false)
+	b.Remove(4, 40000, true)
+	_, s, _ = b.Recent(2)
+	require.Equal(t, 43010, s, "sent at 1: 3's and the served 4's")
+	b.Add(6, 6)
+	_, s, _ = b.Recent(1)
+	require.Equal(t, 6, s)
 
 	// The running sum wraps around; what was sent since does not.
 	var w SendLog
@@ -141,7 +162,7 @@ func TestSendLogConcurrent(t *testing.T) {
 				newest, _, ok := l.Recent(1)
 				assert.True(t, ok)
 				assert.GreaterOrEqual(t, newest, at, "at is in flight")
-				l.Remove(at, g)
+				l.Remove(at, g, true)
 			}
 		})
 	}
@@ -181,7 +202,7 @@ func BenchmarkSendLog(b *testing.B) {
 	t := int64(64)
 	for b.Loop() {
 		l.Add(t, 16)
-		l.Remove(t-64, 16)
+		l.Remove(t-64, 16, true)
 		t++
 	}
 }

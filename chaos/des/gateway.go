@@ -288,7 +288,7 @@ func (g *gateway) release(f *flight, ok bool, fin *sim.Finished) {
 		return
 	}
 	g.addInflight(f.rep, -1)
-	g.sends[f.rep].Remove(f.sentAt, f.uncached)
+	g.sends[f.rep].Remove(f.sentAt, f.uncached, f.hasFirst)
 	g.releaseQueued(f)
 	if !ok || !f.hasFirst {
 		return

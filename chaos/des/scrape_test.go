@@ -136,12 +136,12 @@ func TestNewsKeepsSendsTheStepMayNotShow(t *testing.T) {
 		g.sawToken(0, now+ms, 100*ms, false)
 		got[2] = scrape()
 		g.inflight[0] = 1 // the oldest and the newest ended
-		g.sends[0].Remove(now-300*ms, 0)
-		g.sends[0].Remove(now-10*ms, 0)
+		g.sends[0].Remove(now-300*ms, 0, true)
+		g.sends[0].Remove(now-10*ms, 0, true)
 		g.sawToken(0, now+2*ms, 100*ms, false)
 		got[3] = scrape()
 		g.inflight[0] = 0
-		g.sends[0].Remove(now-50*ms, 0)
+		g.sends[0].Remove(now-50*ms, 0, true)
 		w.Close()
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -333,13 +333,16 @@ func TestProxyTakesBackPromptsNeverComputed(t *testing.T) {
 	n := startNode(t, nil, rc("a", e.url()))
 	r := n.tbl.Load().byName["a"]
 	l := candidateSends(r)
-	// stream sends a streaming request for a prompt of its own and
-	// returns once the engine has it; cancel ends it, done tells when
-	// its response was read.
-	stream := func(prompt string) (cancel context.CancelFunc, done <-chan struct{}) {
+	// body is a streaming request for a prompt of its own, named.
+	body := func(name string) string {
+		return fmt.Sprintf(`{"model":"m","prompt":"%s, a prompt long enough to fill a block or two of characters for the index","stream":true,"max_tokens":5}`, name)
+	}
+	// stream sends body(name) and returns once the engine has it; cancel
+	// ends it, done tells when its response was read.
+	stream := func(name string) (cancel context.CancelFunc, done <-chan struct{}) {
 		ctx, cancel := context.WithCancel(t.Context())
 		ch := make(chan struct{})
-		body := fmt.Sprintf(`{"model":"m","prompt":"%s, a prompt long enough to fill a block or two of characters for the index","stream":true,"max_tokens":5}`, prompt)
+		body := body(name)
 		go func() {
 			defer close(ch)
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", strings.NewReader(body))
@@ -377,7 +380,7 @@ func TestProxyTakesBackPromptsNeverComputed(t *testing.T) {
 
 	// The engine answers with an error.
 	e.status.Store(http.StatusBadRequest)
-	resp := post(t, n, "/v1/completions", `{"model":"m","prompt":"refused, a prompt long enough to fill a block or two of characters for the index","stream":true,"max_tokens":5}`, nil)
+	resp := post(t, n, "/v1/completions", body("refused"), nil)
 	readAll(t, resp)
 	require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	<-e.started // the engine had it

@@ -272,16 +272,7 @@ func TestProxyLogsSendsInFlight(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
 	for range 2 {
-		wg.Go(func() {
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", strings.NewReader(streamReq))
-			if !assert.NoError(t, err) {
-				return
-			}
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-		})
+		wg.Go(func() { postDrained(ctx, t, n, streamReq) })
 	}
 	<-e.started
 	<-e.started
@@ -313,6 +304,20 @@ func TestProxyLogsSendsInFlight(t *testing.T) {
 	require.Eventually(t, func() bool { return l.Len() == 0 }, 10*time.Second, time.Millisecond, "a completed stream leaves too")
 }
 
+// postDrained posts body to n's /v1/completions under ctx and reads the
+// answer, if one comes, to its end: ctx's cancellation is the client
+// leaving.
+func postDrained(ctx context.Context, t testing.TB, n *Node, body string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", strings.NewReader(body))
+	if !assert.NoError(t, err) {
+		return
+	}
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
 // candidateSends is the send log the cost model reads for r
 // (route.Candidate.Sends).
 func candidateSends(r *replica) *route.SendLog {
@@ -342,17 +347,9 @@ func TestProxyTakesBackPromptsNeverComputed(t *testing.T) {
 	stream := func(name string) (cancel context.CancelFunc, done <-chan struct{}) {
 		ctx, cancel := context.WithCancel(t.Context())
 		ch := make(chan struct{})
-		body := body(name)
 		go func() {
 			defer close(ch)
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+n.HTTPAddr()+"/v1/completions", strings.NewReader(body))
-			if !assert.NoError(t, err) {
-				return
-			}
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
+			postDrained(ctx, t, n, body(name))
 		}()
 		<-e.started
 		return cancel, ch

@@ -16,7 +16,8 @@ type SendLog struct {
 	mu    sync.Mutex
 	sends []send // oldest first
 	// total sums the uncached prompt of every request ever added, ended
-	// ones too: what was sent since a request is total less its before.
+	// ones too, less those taken back (Remove): what was sent since a
+	// request is total less its before.
 	// It wraps around; the difference stays right while fewer than 2³²
 	// units are sent during one request's stream.
 	total uint32

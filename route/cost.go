@@ -61,10 +61,12 @@ import (
 //     That request decodes only in the steps that prefill leaves it, so
 //     the bound adds the prefill sent there since it was sent, its own
 //     included, whether those requests are still in flight or have
-//     ended (SendLog.Recent's since, times p). A full holder in the seed
-//     grid's cold phase (seed 102, round 2) that had taken three cold
-//     prompts since was estimated at 1.85 s for a request that took
-//     5.66 s, and at 5.26 s with the prefill. On the table (seeds 1–9)
+//     ended after their prefill (SendLog.Recent's since, times p; a
+//     prompt the replica never computed is taken back: SendLog.Remove).
+//     A full holder in the seed grid's cold phase (seed 102, round 2)
+//     that had taken three cold prompts since was estimated at 1.85 s
+//     for a request that took 5.66 s, and at 5.26 s with the prefill.
+//     On the table (seeds 1–9)
 //     one gateway's cells moved by −0.8 to +9.0 passes a seed on
 //     average (of their 24 means over three seeds, 16 rose and 4 fell,
 //     by at most 14.7), and warm with KV events, which had missed in
@@ -72,7 +74,7 @@ import (
 //     and isolated cells, where the bound does not apply, did not move,
 //     nor did the seed grid. Counting the ended requests too moved
 //     neither the table nor the grid: the study's requests all decode
-//     128 tokens, so one sent later seldom ends first.
+//     128 tokens and none fails, so one sent later seldom ends first.
 //     Where other senders show (peers' reports, or scrapes beyond this
 //     gateway's own requests), requests of unknown age fill the set, and
 //     its size is learned from scrapes as stale as those requests are

@@ -780,9 +780,7 @@ func (x *eppExchange) finish() {
 	if x.served != nil {
 		x.releaseQueued()
 		x.served.inflight.Add(-1)
-		// As the proxy: a successful response's first byte came.
-		prefilled := x.status >= 200 && x.status < 300 && x.res.firstAt != 0
-		x.served.ended(x.sentAt, x.dec.Uncached, prefilled)
+		x.served.ended(x.sentAt, x.dec.Uncached, x.res.prefilled(x.status))
 		x.served.mInflight.Dec()
 	}
 	if x.limited {

@@ -277,9 +277,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 	rep.mInflight.Inc()
 	queued := int64(dec.Uncached)
 	rep.queuedPrefill.Add(queued)
-	// prefilled: a successful response's first byte came, so the replica
-	// computed the prompt (a stream's first token, or a whole answer).
-	prefilled := false
+	prefilled := false // relayResult.prefilled, once a response came
 	releaseQueued := func() {
 		if queued != 0 {
 			rep.queuedPrefill.Add(-queued)
@@ -371,7 +369,7 @@ func (n *Node) proxy(w http.ResponseWriter, r *http.Request, req *inferenceReque
 		res = n.relay(ctx, r.Context(), cancel, uc, w, flusher, resp.Body, streaming, rep, releaseQueued)
 	}
 	clean = !res.clientGone && res.err == nil && !res.dirty
-	prefilled = ok && res.firstAt != 0
+	prefilled = res.prefilled(resp.StatusCode)
 	n.m.request(rep.model, statusClass(resp.StatusCode)).Inc()
 	if !req.arrived.IsZero() {
 		n.m.duration(rep.model).Observe(time.Since(req.arrived).Seconds())
@@ -439,6 +437,15 @@ type relayResult struct {
 	idle        bool // err is the idle timeout (the proxy's own client)
 	dirty       bool // relayRaw: the replica sent bytes after the body
 	err         error
+}
+
+// prefilled says the replica computed the prompt of a request it answered
+// with status and res: a successful response's first body byte came (a
+// stream's first token, or a whole answer). The send log keeps the
+// prompt of such a request, and takes back any other's
+// (route.SendLog.Remove).
+func (res *relayResult) prefilled(status int) bool {
+	return status >= 200 && status < 300 && res.firstAt != 0
 }
 
 // relay copies body to w, flushing after every read so that each upstream

@@ -289,7 +289,8 @@ func (r *replica) load() (running, waiting int, kv float64) {
 
 // sent notes a request sent to the replica at now (unix nanos) with
 // uncached prompt units to compute there (the decision's Uncached): no
-// scrape shows it yet. Its stream's end calls ended(now, uncached).
+// scrape shows it yet. Its stream's end calls ended(now, uncached,
+// prefilled).
 func (r *replica) sent(now int64, uncached int) {
 	r.unshownSent.Add(1)
 	r.sends.Add(now, uncached)

@@ -66,11 +66,11 @@ import (
 //     A full holder in the seed grid's cold phase (seed 102, round 2)
 //     that had taken three cold prompts since was estimated at 1.85 s
 //     for a request that took 5.66 s, and at 5.26 s with the prefill.
-//     On the table (seeds 1–9)
-//     one gateway's cells moved by −0.8 to +9.0 passes a seed on
-//     average (of their 24 means over three seeds, 16 rose and 4 fell,
-//     by at most 14.7), and warm with KV events, which had missed in
-//     seeds 6 and 7 (−5, −11), meets in every seed (+3, +9). The synced
+//     On the table (seeds 1–9) one gateway's cells moved by −0.8 to
+//     +9.0 passes a seed on average (of their 24 means over three
+//     seeds, 16 rose and 4 fell, by at most 14.7), and warm with KV
+//     events, which had missed in seeds 6 and 7 (−5, −11), meets in
+//     every seed (+3, +9). The synced
 //     and isolated cells, where the bound does not apply, did not move,
 //     nor did the seed grid. Counting the ended requests too, and
 //     taking back those never computed, moved neither the table nor the

@@ -193,10 +193,10 @@ func TestSlotWaitCountsRecentSends(t *testing.T) {
 // a full replica decodes only in the steps the prefill sent there since
 // leaves it, its own prompt's included and that of requests which have
 // ended since after their prefill; prefill sent before it, or taken
-// back, does not hold it back. Each
-// uncached token sent since delays the free slot by the prefill time of
-// a token (a cold phase's full holder, seed grid, was estimated at
-// 1.85 s for a request that took 5.66 s without it).
+// back, does not hold it back. Each uncached token sent since delays the
+// free slot by the prefill time of a token (a cold phase's full holder,
+// seed grid, was estimated at 1.85 s for a request that took 5.66 s
+// without it).
 func TestSlotWaitCountsPrefillSentSince(t *testing.T) {
 	now := 1_000_000 * ms
 	req := Request{TotalBlocks: 4, BlockTokens: 128, PromptTokens: 512, MaxTokens: 100, Now: now}

@@ -70,14 +70,14 @@ import (
 //     +9.0 passes a seed on average (of their 24 means over three
 //     seeds, 16 rose and 4 fell, by at most 14.7), and warm with KV
 //     events, which had missed in seeds 6 and 7 (−5, −11), meets in
-//     every seed (+3, +9). The synced
-//     and isolated cells, where the bound does not apply, did not move,
-//     nor did the seed grid. Counting the ended requests too, and
-//     taking back those never computed, moved neither the table nor the
-//     grid: the study's requests all decode 128 tokens, so one sent
-//     later seldom ends first, and none of cost's failed (table seed 1,
-//     grid seed 102; least-request and prefix-cache lost up to 567 of
-//     3,072 in the table).
+//     every seed (+3, +9). The synced and isolated cells, where the
+//     bound does not apply, did not move, nor did the seed grid.
+//     Counting the ended requests too, and taking back those never
+//     computed, moved neither the table nor the grid: the study's
+//     requests all decode 128 tokens, so one sent later seldom ends
+//     first, and none of cost's failed (table seed 1, grid seed 102;
+//     least-request and prefix-cache lost up to 567 of 3,072 in the
+//     table).
 //     Where other senders show (peers' reports, or scrapes beyond this
 //     gateway's own requests), requests of unknown age fill the set, and
 //     its size is learned from scrapes as stale as those requests are
